@@ -1,0 +1,7 @@
+"""rmsnorm-kernel: a Triton RMSNorm for PyTorch with forward, backward, autograd and torch.compile support."""
+
+from rmsnorm_kernel.module import RMSNorm, swap_rms_norm
+from rmsnorm_kernel.ops import CALLS, reset_counters, rms_norm
+
+__all__ = ["CALLS", "RMSNorm", "reset_counters", "rms_norm", "swap_rms_norm"]
+__version__ = "0.1.0"

@@ -1,0 +1,5 @@
+import sys
+
+from rmsnorm_kernel.cli import main
+
+sys.exit(main())

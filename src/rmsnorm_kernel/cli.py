@@ -1,0 +1,60 @@
+"""`rmsnorm-kernel` (also `python -m rmsnorm_kernel`): the walkthrough, the suite and the gate as commands.
+
+Each subcommand lives in its own module, which exposes two functions:
+``configure(parser: argparse.ArgumentParser, command: str) -> None`` adds the subcommand's arguments and
+``run(args: argparse.Namespace) -> int`` does the work and returns the exit status.
+Modules are imported only when their subcommand runs, so ``--help`` stays fast and a CPU-only
+machine never imports GPU-only code it does not need.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> (module, one-line help). The order is the walkthrough's order.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "check-environment": ("rmsnorm_kernel.walkthrough", "versions, device, and one real kernel computed and checked"),
+    "reference": ("rmsnorm_kernel.walkthrough", "float64 gradcheck of the reference; synthetic data splits"),
+    "check-forward": ("rmsnorm_kernel.walkthrough", "forward case grid against the reference"),
+    "check-backward": ("rmsnorm_kernel.walkthrough", "dx case grid against the reference"),
+    "check-gamma": ("rmsnorm_kernel.walkthrough", "dw case grid against the reference"),
+    "train-integration": ("rmsnorm_kernel.training", "train the small network on both paths and compare"),
+    "benchmark": ("rmsnorm_kernel.bench", "fair comparison: eager, compiled, native, this kernel, peers"),
+    "exercise": ("rmsnorm_kernel.walkthrough", "the wrong-denominator variant made observable"),
+    "figures": ("rmsnorm_kernel.walkthrough", "PNG plots from the recorded outputs"),
+    "check-checkpoints": ("rmsnorm_kernel.walkthrough", "reload saved checkpoints and compare"),
+    "clean": ("rmsnorm_kernel.walkthrough", "delete generated files (preview with --dry-run)"),
+    "verdict": ("rmsnorm_kernel.verdict", "every check this machine can run, one table, non-zero exit on failure"),
+    "gate": ("rmsnorm_kernel.gate", "compare base and head results against regression.toml"),
+    "pr-verdict": ("rmsnorm_kernel.prverdict", "benchmark base and head interleaved, then gate them"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rmsnorm-kernel", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module_name, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, description=help_text)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        parser.parse_args(argv)  # prints help or the "invalid choice" error and exits
+        return 2
+    name = argv[0]
+    module_name, help_text = COMMANDS[name]
+    module = importlib.import_module(module_name)
+    sub = argparse.ArgumentParser(prog=f"rmsnorm-kernel {name}", description=help_text)
+    module.configure(sub, name)
+    args = sub.parse_args(argv[1:])
+    args.command = name
+    return int(module.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
