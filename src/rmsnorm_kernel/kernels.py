@@ -1,0 +1,293 @@
+"""Triton kernels of RMSNorm: forward, backward (dx and per-program partial dw), dw reduction.
+
+The math (see ``reference.py`` for the readable oracle), per row of N values:
+
+    forward    r  = rsqrt(sum(x^2) / N + eps)          squares and sum in fp32
+               xn = x * r
+               y  = xn * (offset + w)                  one cast, to y's dtype, at the store
+    backward   u  = dy * (offset + w)
+               c  = sum(u * xn) / N                    = r * mean(u * x)
+               dx = r * (u - xn * c)                   = r*u - x*r^3*mean(u*x)
+               dw = sum over rows of dy * xn           never divided by M; offset-free
+
+Layout contract shared by every kernel: rows are addressed as ``base + row * row_stride + col``
+(unit stride along the row, any row stride), so a slice or every-other-row view of a wider
+tensor is read in place. Masked lanes load 0, which leaves every sum unchanged, and the sums are
+divided by the true N, never by the block width.
+
+Two paths, same results:
+* tile: the whole row (BLOCK_N >= N) lives in registers; ROWS rows per program for narrow rows.
+* looped: rows wider than the largest tile are walked in BLOCK_N chunks, twice (sum, then scale).
+
+dw is deterministic: each backward program owns one row of a (programs x N) fp32 scratch and
+adds its rows into it in a fixed order; ``reduce_columns`` then sums that scratch over programs
+in a fixed order. No atomics, and the scratch is bounded by programs x N, not M x N.
+
+Casting modes (``CASTING``): 0 keeps everything in fp32 until the final store (the default and
+Gemma's behaviour); 1 rounds xn to the dtype of the normalised input before the weight multiply
+(Llama's behaviour), in the forward and for dw.
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+# The interpreter is chosen when Triton decorates the kernels below, so it is read once here.
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+CAST_FP32 = 0
+CAST_LLAMA = 1
+
+
+@triton.jit
+def forward_tile(
+    X,  # input rows, any float dtype                                      [M, N], row stride stride_x
+    RES,  # residual rows added to X before normalising (if HAS_RESIDUAL)   [M, N], row stride stride_res
+    W,  # weight (if HAS_WEIGHT)                                            [N]
+    Y,  # output                                                            [M, N], row stride stride_y
+    H,  # x + residual as stored for the next block (if HAS_RESIDUAL)       [M, N], row stride stride_h
+    RSTD,  # per-row r in fp32, read by the backward                         [M]
+    M,  # number of rows
+    N,  # row length: the true denominator of the mean
+    stride_x,
+    stride_res,
+    stride_y,
+    stride_h,
+    eps,  # added inside the square root
+    offset,  # y = xn * (offset + w); Gemma uses 1.0
+    HAS_WEIGHT: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    CASTING: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # power of two >= N
+    ROWS: tl.constexpr,  # rows handled together by one program
+):
+    pid = tl.program_id(0)
+    rows = pid * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    mask = row_ok[:, None] & (cols < N)[None, :]
+    rows64 = rows.to(tl.int64)[:, None]
+
+    x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        res = tl.load(RES + rows64 * stride_res + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        # Normalise exactly the h that is returned, so forward, backward and the unfused pair agree.
+        h = (x + res).to(H.dtype.element_ty)
+        tl.store(H + rows64 * stride_h + cols[None, :], h, mask=mask)
+        x = h.to(tl.float32)
+
+    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+    tl.store(RSTD + rows, rstd, mask=row_ok)
+
+    xn = x * rstd[:, None]
+    if CASTING == 1:
+        if HAS_RESIDUAL:
+            xn = xn.to(H.dtype.element_ty).to(tl.float32)
+        else:
+            xn = xn.to(X.dtype.element_ty).to(tl.float32)
+    if HAS_WEIGHT:
+        w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
+        xn = xn * (offset + w)[None, :]
+    tl.store(Y + rows64 * stride_y + cols[None, :], xn.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def forward_looped(
+    X,
+    RES,
+    W,
+    Y,
+    H,
+    RSTD,
+    M,
+    N,
+    stride_x,
+    stride_res,
+    stride_y,
+    stride_h,
+    eps,
+    offset,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    CASTING: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # chunk width; N may be any multiple or not
+):
+    """One row per program, walked twice in BLOCK_N chunks: the sum of squares, then the scale.
+    With a residual, h is written once in the first walk and read back in the second."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = X + row * stride_x
+    h_row = H + row * stride_h
+    cols = tl.arange(0, BLOCK_N)
+
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        c = start + cols
+        x = tl.load(x_row + c, mask=c < N, other=0.0).to(tl.float32)
+        if HAS_RESIDUAL:
+            res = tl.load(RES + row * stride_res + c, mask=c < N, other=0.0).to(tl.float32)
+            h = (x + res).to(H.dtype.element_ty)
+            tl.store(h_row + c, h, mask=c < N)
+            x = h.to(tl.float32)
+        acc += x * x
+    rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
+    tl.store(RSTD + row, rstd)
+
+    for start in range(0, N, BLOCK_N):
+        c = start + cols
+        if HAS_RESIDUAL:
+            x = tl.load(h_row + c, mask=c < N, other=0.0)
+        else:
+            x = tl.load(x_row + c, mask=c < N, other=0.0)
+        xn = x.to(tl.float32) * rstd
+        if CASTING == 1:
+            xn = xn.to(x.dtype).to(tl.float32)
+        if HAS_WEIGHT:
+            w = tl.load(W + c, mask=c < N, other=0.0).to(tl.float32)
+            xn = xn * (offset + w)
+        tl.store(Y + row * stride_y + c, xn.to(Y.dtype.element_ty), mask=c < N)
+
+
+@triton.jit
+def backward_tile(
+    X,  # the normalised input saved by the forward (x, or h with a residual)  [M, N]
+    W,  # weight (if HAS_WEIGHT)                                              [N]
+    DY,  # gradient of y                                                       [M, N]
+    DH,  # gradient arriving at h directly from downstream (if HAS_DH)         [M, N]
+    RSTD,  # per-row r from the forward, never recomputed                      [M]
+    DX,  # gradient of x (and of the residual)                                 [M, N]
+    DW_PARTIAL,  # fp32 scratch, one row per program (if COMPUTE_DW)          [programs, N]
+    M,
+    N,
+    programs,  # number of programs launched (the grid), passed so the loop step is a plain int
+    stride_x,
+    stride_dy,
+    stride_dh,
+    stride_dx,
+    offset,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_DH: tl.constexpr,
+    COMPUTE_DW: tl.constexpr,
+    CASTING: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr,
+):
+    """Persistent over rows: program p handles row blocks p, p + P, p + 2P, ... and keeps its
+    share of dw in registers, written once at the end to its own scratch row."""
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    if HAS_WEIGHT:
+        scale = offset + tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    dw_acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
+
+    for first in range(pid * ROWS, M, programs * ROWS):
+        rows = first + tl.arange(0, ROWS)
+        row_ok = rows < M
+        mask = row_ok[:, None] & col_ok[None, :]
+        rows64 = rows.to(tl.int64)[:, None]
+        x_raw = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0)
+        dy = tl.load(DY + rows64 * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
+
+        xn = x_raw.to(tl.float32) * rstd[:, None]
+        if HAS_WEIGHT:
+            u = dy * scale[None, :]
+        else:
+            u = dy
+        c = tl.sum(u * xn, axis=1) / N
+        dx = (u - xn * c[:, None]) * rstd[:, None]
+        if HAS_DH:
+            dx += tl.load(DH + rows64 * stride_dh + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        tl.store(DX + rows64 * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+
+        if COMPUTE_DW:
+            if CASTING == 1:
+                xn = xn.to(x_raw.dtype).to(tl.float32)
+            dw_acc += dy * xn
+
+    if COMPUTE_DW:
+        tl.store(DW_PARTIAL + pid.to(tl.int64) * N + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
+
+
+@triton.jit
+def backward_looped(
+    X,
+    W,
+    DY,
+    DH,
+    RSTD,
+    DX,
+    DW_PARTIAL,  # fp32 scratch, zero-initialised, one row per program  [programs, N]
+    M,
+    N,
+    programs,  # number of programs launched (the grid), passed so the loop step is a plain int
+    stride_x,
+    stride_dy,
+    stride_dh,
+    stride_dx,
+    offset,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_DH: tl.constexpr,
+    COMPUTE_DW: tl.constexpr,
+    CASTING: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Rows wider than a tile: per row, one walk for c = sum(u * xn) / N, a second for dx; the
+    program's dw share is accumulated in its own scratch row (read-modify-write, fixed order)."""
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    partial_row = DW_PARTIAL + pid.to(tl.int64) * N
+
+    for row in range(pid, M, programs):
+        row64 = tl.cast(row, tl.int64)
+        rstd = tl.load(RSTD + row)
+        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for start in range(0, N, BLOCK_N):
+            c = start + cols
+            x = tl.load(X + row64 * stride_x + c, mask=c < N, other=0.0).to(tl.float32)
+            u = tl.load(DY + row64 * stride_dy + c, mask=c < N, other=0.0).to(tl.float32)
+            if HAS_WEIGHT:
+                u = u * (offset + tl.load(W + c, mask=c < N, other=0.0).to(tl.float32))
+            acc += u * x
+        mean_uxn = tl.sum(acc, axis=0) * rstd / N
+
+        for start in range(0, N, BLOCK_N):
+            c = start + cols
+            x_raw = tl.load(X + row64 * stride_x + c, mask=c < N, other=0.0)
+            dy = tl.load(DY + row64 * stride_dy + c, mask=c < N, other=0.0).to(tl.float32)
+            xn = x_raw.to(tl.float32) * rstd
+            if HAS_WEIGHT:
+                u = dy * (offset + tl.load(W + c, mask=c < N, other=0.0).to(tl.float32))
+            else:
+                u = dy
+            dx = (u - xn * mean_uxn) * rstd
+            if HAS_DH:
+                dx += tl.load(DH + row64 * stride_dh + c, mask=c < N, other=0.0).to(tl.float32)
+            tl.store(DX + row64 * stride_dx + c, dx.to(DX.dtype.element_ty), mask=c < N)
+            if COMPUTE_DW:
+                if CASTING == 1:
+                    xn = xn.to(x_raw.dtype).to(tl.float32)
+                p = tl.load(partial_row + c, mask=c < N, other=0.0)
+                tl.store(partial_row + c, p + dy * xn, mask=c < N)
+
+
+@triton.jit
+def reduce_columns(
+    PARTIAL,  # fp32 [P, N], contiguous
+    OUT,  # [N], any float dtype
+    P,
+    N,
+    BLOCK_P: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """OUT[c] = sum over p of PARTIAL[p, c], always in the same order: deterministic dw."""
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    acc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
+    for start in range(0, P, BLOCK_P):
+        rows = start + tl.arange(0, BLOCK_P)
+        mask = (rows < P)[:, None] & (cols < N)[None, :]
+        acc += tl.load(PARTIAL + rows.to(tl.int64)[:, None] * N + cols[None, :], mask=mask, other=0.0)
+    tl.store(OUT + cols, tl.sum(acc, axis=0).to(OUT.dtype.element_ty), mask=cols < N)

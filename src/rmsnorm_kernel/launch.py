@@ -1,0 +1,229 @@
+"""Launchers: validate arguments, allocate outputs, pick a cached launch configuration, launch.
+
+Everything a user can get wrong is checked in ``validate`` before any kernel runs, and raises a
+``TypeError``/``ValueError`` that names the argument. The launchers below it assume valid input.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+
+from rmsnorm_kernel import kernels
+
+Tensor = torch.Tensor
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+CASTING_MODES = {"default": kernels.CAST_FP32, "gemma": kernels.CAST_FP32, "llama": kernels.CAST_LLAMA}
+
+# Widest row held in registers as one tile; wider rows take the looped path.
+MAX_TILE = 16384
+# Chunk width of the looped path.
+LOOP_BLOCK = 4096
+
+
+class UnsupportedInput(ValueError):
+    """Valid input that the kernels do not run (fp64, CPU tensors without the interpreter).
+    ``rms_norm(..., allow_fallback=True)`` routes such input to the reference instead."""
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def validate(
+    x: Tensor,
+    weight: Tensor | None,
+    residual: Tensor | None,
+    eps: float,
+    offset: float,
+    casting: str,
+    out_dtype: torch.dtype | None,
+    residual_dtype: torch.dtype | None,
+    n: int,
+) -> None:
+    """Raise TypeError/ValueError for invalid arguments, UnsupportedInput for valid ones the
+    kernels do not run. ``n`` is the normalised size (product of normalized_shape)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"x must be float32, float16 or bfloat16, got {_dtype_name(x.dtype)}")
+    if weight is not None:
+        if not isinstance(weight, torch.Tensor):
+            raise TypeError(f"weight must be a torch.Tensor or None, got {type(weight).__name__}")
+        if not weight.dtype.is_floating_point:
+            raise TypeError(f"weight must be float32, float16 or bfloat16, got {_dtype_name(weight.dtype)}")
+        if weight.numel() != n:
+            raise ValueError(f"weight must have {n} elements (the normalized shape), got shape {tuple(weight.shape)}")
+        if weight.device != x.device:
+            raise ValueError(f"weight must be on x's device {x.device}, got {weight.device}")
+    if residual is not None:
+        if not isinstance(residual, torch.Tensor):
+            raise TypeError(f"residual must be a torch.Tensor or None, got {type(residual).__name__}")
+        if not residual.dtype.is_floating_point:
+            raise TypeError(f"residual must be a float tensor, got {_dtype_name(residual.dtype)}")
+        if residual.shape != x.shape:
+            raise ValueError(f"residual must have x's shape {tuple(x.shape)}, got {tuple(residual.shape)}")
+        if residual.device != x.device:
+            raise ValueError(f"residual must be on x's device {x.device}, got {residual.device}")
+    elif residual_dtype is not None:
+        raise ValueError("residual_dtype is only meaningful with a residual")
+    for name, value in (("out_dtype", out_dtype), ("residual_dtype", residual_dtype)):
+        if value is not None and value not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name} must be float32, float16, bfloat16 or None, got {value}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise TypeError(f"eps must be a float, got {type(eps).__name__}")
+    if not math.isfinite(eps) or eps <= 0:
+        raise ValueError(f"eps must be a finite number > 0, got {eps}")
+    if isinstance(offset, bool) or not isinstance(offset, (int, float)) or not math.isfinite(offset):
+        raise ValueError(f"offset must be a finite float, got {offset!r}")
+    if offset != 0.0 and weight is None:
+        raise ValueError("offset needs a weight: y = x * r * (offset + weight)")
+    if casting not in CASTING_MODES:
+        raise ValueError(f"casting must be one of {sorted(CASTING_MODES)}, got {casting!r}")
+    if x.dim() == 0:
+        raise ValueError("x must have at least one dimension")
+    if n == 0:
+        raise ValueError("the normalized size N must be at least 1, got 0")
+    # Valid, but possibly not runnable by the kernels.
+    for name, t in (("x", x), ("weight", weight), ("residual", residual)):
+        if t is not None and t.dtype not in SUPPORTED_DTYPES:
+            raise UnsupportedInput(
+                f"{name} has dtype {_dtype_name(t.dtype)}; the kernels run float32, float16 and bfloat16 "
+                "(pass allow_fallback=True to run the reference instead)"
+            )
+    if x.device.type != "cuda" and not kernels.INTERPRET:
+        raise UnsupportedInput(
+            f"x is on {x.device}; the kernels run on CUDA, or on CPU under TRITON_INTERPRET=1 "
+            "(pass allow_fallback=True to run the reference instead)"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch configuration, cached per (N, element size, device)
+# ---------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def program_slots(device_index: int) -> int:
+    """Concurrent programs the persistent backward launches: a few per SM."""
+    if device_index < 0:  # interpreter on CPU: few programs, so the interpreter stays quick
+        return 4
+    return torch.cuda.get_device_properties(device_index).multi_processor_count * 4
+
+
+@functools.lru_cache(maxsize=None)
+def tile_config(n: int, elem_size: int) -> tuple[int, int, int]:
+    """(BLOCK_N, ROWS, num_warps) for the tile path: about 8-16 elements per thread, several rows
+    per program when rows are narrow."""
+    block_n = triton.next_power_of_2(n)
+    rows = max(1, min(16, 4096 // block_n))
+    elems = block_n * rows
+    num_warps = max(1, min(16, elems // 512))
+    return block_n, rows, num_warps
+
+
+def _device_index(t: Tensor) -> int:
+    return t.device.index if t.device.type == "cuda" and t.device.index is not None else (
+        torch.cuda.current_device() if t.device.type == "cuda" else -1
+    )
+
+
+def as_rows(t: Tensor, n: int) -> Tensor:
+    """A 2-D (M, n) view with unit stride along the row when the layout allows it (strided rows
+    are kept as they are), else a contiguous copy."""
+    if t.dim() >= 1 and t.shape[-1] == n and t.stride(-1) == 1:
+        try:
+            return t.view(-1, n)
+        except RuntimeError:
+            pass
+    return t.contiguous().view(-1, n)
+
+
+def forward(
+    x2: Tensor,
+    weight: Tensor | None,
+    res2: Tensor | None,
+    eps: float,
+    offset: float,
+    casting: int,
+    out_dtype: torch.dtype,
+    residual_dtype: torch.dtype,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """x2, res2: (M, N) with unit row stride. Returns y (M, N), rstd (M,) fp32, h (M, N) or empty."""
+    m, n = x2.shape
+    y = torch.empty((m, n), device=x2.device, dtype=out_dtype)
+    rstd = torch.empty((m,), device=x2.device, dtype=torch.float32)
+    h = torch.empty((m, n) if res2 is not None else (0,), device=x2.device, dtype=residual_dtype)
+    if m == 0:
+        return y, rstd, h
+    w = weight.reshape(n) if weight is not None else x2
+    r = res2 if res2 is not None else x2
+    hs = h if res2 is not None else y
+    common = dict(HAS_WEIGHT=weight is not None, HAS_RESIDUAL=res2 is not None, CASTING=casting)
+    if n <= MAX_TILE:
+        block_n, rows, num_warps = tile_config(n, x2.element_size())
+        kernels.forward_tile[(triton.cdiv(m, rows),)](
+            x2, r, w, y, hs, rstd, m, n,
+            x2.stride(0), r.stride(0), y.stride(0), hs.stride(0) if hs.dim() == 2 else 0,
+            eps, offset, BLOCK_N=block_n, ROWS=rows, num_warps=num_warps, **common,
+        )  # fmt: skip
+    else:
+        kernels.forward_looped[(m,)](
+            x2, r, w, y, hs, rstd, m, n,
+            x2.stride(0), r.stride(0), y.stride(0), hs.stride(0) if hs.dim() == 2 else 0,
+            eps, offset, BLOCK_N=LOOP_BLOCK, num_warps=8, **common,
+        )  # fmt: skip
+    return y, rstd, h
+
+
+def backward(
+    dy2: Tensor,
+    dh2: Tensor | None,
+    xh2: Tensor,
+    weight: Tensor | None,
+    rstd: Tensor,
+    offset: float,
+    casting: int,
+    need_dw: bool,
+    dx_dtype: torch.dtype,
+) -> tuple[Tensor, Tensor]:
+    """Returns dx (M, N) in dx_dtype and dw (N,) in the weight's dtype (empty when not needed)."""
+    m, n = xh2.shape
+    device = xh2.device
+    dx = torch.empty((m, n), device=device, dtype=dx_dtype)
+    compute_dw = need_dw and weight is not None
+    dw = torch.empty((n,) if compute_dw else (0,), device=device, dtype=weight.dtype if compute_dw else torch.float32)
+    if m == 0:
+        if compute_dw:
+            dw.zero_()
+        return dx, dw
+    w = weight.reshape(n) if weight is not None else xh2
+    dh = dh2 if dh2 is not None else dy2
+    common = dict(HAS_WEIGHT=weight is not None, HAS_DH=dh2 is not None, COMPUTE_DW=compute_dw, CASTING=casting)
+    slots = program_slots(_device_index(xh2))
+    if n <= MAX_TILE:
+        block_n, rows, num_warps = tile_config(n, xh2.element_size())
+        programs = min(triton.cdiv(m, rows), slots)
+        partial = torch.empty((programs, n) if compute_dw else (0,), device=device, dtype=torch.float32)
+        kernels.backward_tile[(programs,)](
+            xh2, w, dy2, dh, rstd, dx, partial, m, n, programs,
+            xh2.stride(0), dy2.stride(0), dh.stride(0), dx.stride(0),
+            offset, BLOCK_N=block_n, ROWS=rows, num_warps=num_warps, **common,
+        )  # fmt: skip
+    else:
+        programs = min(m, slots)
+        partial = torch.zeros((programs, n) if compute_dw else (0,), device=device, dtype=torch.float32)
+        kernels.backward_looped[(programs,)](
+            xh2, w, dy2, dh, rstd, dx, partial, m, n, programs,
+            xh2.stride(0), dy2.stride(0), dh.stride(0), dx.stride(0),
+            offset, BLOCK_N=LOOP_BLOCK, num_warps=8, **common,
+        )  # fmt: skip
+    if compute_dw:
+        block_c = 64 if n >= 64 else triton.next_power_of_2(n)
+        block_p = min(32, triton.next_power_of_2(programs))
+        kernels.reduce_columns[(triton.cdiv(n, block_c),)](partial, dw, programs, n, BLOCK_P=block_p, BLOCK_C=block_c)
+    return dx, dw

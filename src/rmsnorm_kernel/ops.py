@@ -1,0 +1,256 @@
+"""The op as PyTorch sees it: ``torch.library`` custom ops, their fake (meta) kernels, autograd,
+and the public ``rms_norm`` function.
+
+Two custom ops, ``rmsnorm_kernel::forward`` and ``rmsnorm_kernel::backward``, each opaque to
+``torch.compile`` (no graph break, no recompilation per batch size: the fake kernels only read
+shapes) and each callable inside a CUDA graph (no host synchronisation, no allocation that
+depends on values). Autograd is registered on the forward op, so the op composes with
+``torch.compile``'s AOT autograd and passes ``torch.library.opcheck``.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+
+import torch
+
+from rmsnorm_kernel import launch
+from rmsnorm_kernel.reference import default_out_dtype, rms_norm_reference
+
+Tensor = torch.Tensor
+
+# Calls that went through the kernels (counted by the op implementations themselves, so a run
+# that silently stayed on another path shows zero) and fallbacks to the reference.
+CALLS: dict[str, int] = {"forward": 0, "backward": 0, "fallback": 0}
+_warned_fallback = False
+
+
+def reset_counters() -> None:
+    for key in CALLS:
+        CALLS[key] = 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Custom ops
+# ---------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("rmsnorm_kernel::forward", mutates_args=())
+def forward_op(
+    x: Tensor,
+    weight: Tensor | None,
+    residual: Tensor | None,
+    eps: float,
+    offset: float,
+    casting: int,
+    out_dtype: torch.dtype,
+    residual_dtype: torch.dtype,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Normalise over the last dim. Returns (y, rstd, h); h = x + residual, or empty without one."""
+    n = x.shape[-1]
+    x2 = launch.as_rows(x, n)
+    r2 = launch.as_rows(residual, n) if residual is not None else None
+    y, rstd, h = launch.forward(x2, weight, r2, eps, offset, casting, out_dtype, residual_dtype)
+    CALLS["forward"] += 1
+    lead = x.shape[:-1]
+    return y.view(x.shape), rstd.view(lead), h.view(x.shape) if residual is not None else h
+
+
+@forward_op.register_fake
+def _forward_fake(x, weight, residual, eps, offset, casting, out_dtype, residual_dtype):
+    y = x.new_empty(x.shape, dtype=out_dtype)
+    rstd = x.new_empty(x.shape[:-1], dtype=torch.float32)
+    h = x.new_empty(x.shape if residual is not None else (0,), dtype=residual_dtype)
+    return y, rstd, h
+
+
+@torch.library.custom_op("rmsnorm_kernel::backward", mutates_args=())
+def backward_op(
+    dy: Tensor,
+    dh: Tensor | None,
+    xh: Tensor,
+    weight: Tensor | None,
+    rstd: Tensor,
+    offset: float,
+    casting: int,
+    need_dw: bool,
+    dx_dtype: torch.dtype,
+) -> tuple[Tensor, Tensor]:
+    """Returns (dx, dw): dx in dx_dtype with xh's shape; dw in the weight's dtype (empty when
+    need_dw is false or there is no weight)."""
+    n = xh.shape[-1]
+    dx, dw = launch.backward(
+        launch.as_rows(dy, n),
+        launch.as_rows(dh, n) if dh is not None else None,
+        launch.as_rows(xh, n),
+        weight,
+        rstd.reshape(-1),
+        offset,
+        casting,
+        need_dw,
+        dx_dtype,
+    )
+    CALLS["backward"] += 1
+    return dx.view(xh.shape), dw.view(weight.shape) if dw.numel() else dw
+
+
+@backward_op.register_fake
+def _backward_fake(dy, dh, xh, weight, rstd, offset, casting, need_dw, dx_dtype):
+    dx = xh.new_empty(xh.shape, dtype=dx_dtype)
+    if need_dw and weight is not None:
+        return dx, weight.new_empty(weight.shape)
+    return dx, xh.new_empty((0,), dtype=torch.float32)
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, residual, eps, offset, casting, out_dtype, residual_dtype = inputs
+    y, rstd, h = output
+    has_residual = residual is not None
+    ctx.save_for_backward(h if has_residual else x, weight, rstd)
+    ctx.offset, ctx.casting, ctx.has_residual = offset, casting, has_residual
+    ctx.x_dtype = x.dtype
+    ctx.residual_in_dtype = residual.dtype if has_residual else None
+
+
+def _backward(ctx, dy, _drstd, dh):
+    xh, weight, rstd = ctx.saved_tensors
+    need_x, need_w, need_res = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+    need_dw = weight is not None and need_w
+    if ctx.has_residual:
+        dx_dtype = torch.promote_types(ctx.x_dtype, ctx.residual_in_dtype)
+        dh = dh if dh is not None and dh.numel() else None
+    else:
+        dx_dtype, dh = ctx.x_dtype, None
+    if not (need_x or need_res or need_dw):
+        return None, None, None, None, None, None, None, None
+    dxh, dw = backward_op(dy, dh, xh, weight, rstd, ctx.offset, ctx.casting, need_dw, dx_dtype)
+    dx = dxh.to(ctx.x_dtype) if need_x else None
+    dres = dxh.to(ctx.residual_in_dtype) if ctx.has_residual and need_res else None
+    return dx, dw if need_dw else None, dres, None, None, None, None, None
+
+
+forward_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---------------------------------------------------------------------------------------------
+# Public function
+# ---------------------------------------------------------------------------------------------
+
+
+def _normalized_size(x: Tensor, normalized_shape, weight: Tensor | None) -> tuple[int, tuple[int, ...]]:
+    if normalized_shape is None:
+        if weight is not None:
+            normalized_shape = tuple(weight.shape)
+        elif isinstance(x, torch.Tensor) and x.dim() >= 1:
+            normalized_shape = (x.shape[-1],)
+        else:
+            normalized_shape = ()
+    if isinstance(normalized_shape, int):
+        normalized_shape = (normalized_shape,)
+    if not isinstance(normalized_shape, Sequence) or not all(
+        isinstance(d, int) and not isinstance(d, bool) for d in normalized_shape
+    ):
+        raise TypeError(f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}")
+    shape = tuple(int(d) for d in normalized_shape)
+    if isinstance(x, torch.Tensor) and tuple(x.shape[x.dim() - len(shape) :]) != shape or len(shape) == 0:
+        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"normalized_shape {shape} must be non-empty and match the trailing dims of x {got}")
+    if weight is not None and isinstance(weight, torch.Tensor) and tuple(weight.shape) != shape:
+        raise ValueError(f"weight must have shape normalized_shape {shape}, got {tuple(weight.shape)}")
+    return math.prod(shape), shape
+
+
+def rms_norm(
+    x: Tensor,
+    normalized_shape: int | Sequence[int] | None = None,
+    weight: Tensor | None = None,
+    eps: float | None = 1e-6,
+    *,
+    residual: Tensor | None = None,
+    residual_dtype: torch.dtype | None = None,
+    offset: float = 0.0,
+    casting: str = "default",
+    out_dtype: torch.dtype | None = None,
+    allow_fallback: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """RMSNorm over the trailing ``normalized_shape`` dims of ``x``:
+    ``y = x * rsqrt(mean(x^2) + eps) * (offset + weight)``, squares and sums in fp32.
+
+    Argument order follows ``torch.nn.functional.rms_norm``; ``normalized_shape`` defaults to the
+    weight's shape, else the last dim. ``eps=None`` means torch's default,
+    ``torch.finfo(x.dtype).eps``.
+
+    With ``residual``, computes ``h = x + residual`` (in fp32, stored in ``residual_dtype``,
+    default x's dtype), normalises h and returns ``(y, h)``. ``casting`` is "default" (fp32
+    throughout, one cast at the end), "gemma" (the same rounding; Gemma modules also use
+    offset=1.0) or "llama" (normalised activations cast to the input dtype before the weight
+    multiply; the output then takes the promoted dtype of input and weight). ``out_dtype``
+    overrides the output dtype.
+
+    fp64 inputs and CPU tensors (without ``TRITON_INTERPRET=1``) raise ``UnsupportedInput``
+    (a ValueError) unless ``allow_fallback=True``, which runs the reference instead, counts it in
+    ``CALLS["fallback"]`` and warns once.
+    """
+    n, shape = _normalized_size(x, normalized_shape, weight)
+    if eps is None:
+        eps = torch.finfo(x.dtype).eps if isinstance(x, torch.Tensor) and x.dtype.is_floating_point else 1e-6
+    try:
+        launch.validate(x, weight, residual, eps, offset, casting, out_dtype, residual_dtype, n)
+    except launch.UnsupportedInput:
+        if not allow_fallback:
+            raise
+        return _fallback(x, shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype)
+
+    if out_dtype is None:
+        out_dtype = default_out_dtype(residual.dtype if residual is not None else x.dtype, weight, casting)
+    if residual_dtype is None and residual is not None:
+        residual_dtype = x.dtype
+    k = len(shape)
+    if k > 1:  # collapse the normalised dims into one (a view when the layout allows)
+        x_in = x.reshape(*x.shape[:-k], n)
+        res_in = residual.reshape(*x.shape[:-k], n) if residual is not None else None
+    else:
+        x_in, res_in = x, residual
+    y, _rstd, h = forward_op(
+        x_in,
+        weight,
+        res_in,
+        float(eps),
+        float(offset),
+        launch.CASTING_MODES[casting],
+        out_dtype,
+        residual_dtype if residual_dtype is not None else x.dtype,
+    )
+    if k > 1:
+        y = y.view(x.shape)
+        h = h.view(x.shape) if residual is not None else h
+    return (y, h) if residual is not None else y
+
+
+def _fallback(x, shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype):
+    global _warned_fallback
+    CALLS["fallback"] += 1
+    if not _warned_fallback:
+        _warned_fallback = True
+        warnings.warn(
+            f"rmsnorm_kernel: input on {x.device} with dtype {x.dtype} is not run by the kernels; "
+            "using the reference implementation (allow_fallback=True). CALLS['fallback'] counts these.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    k = len(shape)
+    h = None
+    if residual is not None:
+        h = (x.to(torch.float64 if x.dtype == torch.float64 else torch.float32) + residual).to(
+            residual_dtype or x.dtype
+        )
+        inp = h
+    else:
+        inp = x
+    lead = inp.shape[: inp.dim() - k]
+    flat = inp.reshape(*lead, -1)
+    w = weight.reshape(-1) if weight is not None else None
+    y = rms_norm_reference(flat, w, eps, offset=offset, casting=casting, out_dtype=out_dtype).view(inp.shape)
+    return (y, h) if residual is not None else y
