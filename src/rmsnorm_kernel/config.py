@@ -325,7 +325,10 @@ def parse_config(mapping: Any, source: str = "<config>") -> Config:
     )
     i.done()
     t.done()
-    for key, size in (("training.batch_size", batch_size), ("training.interpret.batch_size", short.batch_size)):
+    for key, size in (
+        ("training.batch_size", batch_size),
+        ("training.interpret.batch_size", short.batch_size),
+    ):
         if size > data.train:
             top.fail(f"{key} must not exceed data.train ({data.train}), got {size}")
     training = TrainingConfig(
@@ -360,7 +363,9 @@ def load_config(path: str | Path = DEFAULT_CONFIG) -> Config:
     """Read and validate a YAML config file."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"--config: no such file {str(path)!r} (run from the project root, or pass --config PATH)")
+        raise ValueError(
+            f"--config: no such file {str(path)!r} (run from the project root, or pass --config PATH)"
+        )
     try:
         mapping = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:

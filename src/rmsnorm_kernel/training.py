@@ -56,7 +56,11 @@ def make_splits(cfg: Config) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     y = torch.tanh(x @ w1) @ w2 + d.noise * torch.randn(total, 1, generator=g)
     order = torch.randperm(total, generator=g)
     x, y = x[order], y[order]
-    bounds = {"train": (0, d.train), "validation": (d.train, d.train + d.validation), "test": (total - d.test, total)}
+    bounds = {
+        "train": (0, d.train),
+        "validation": (d.train, d.train + d.validation),
+        "test": (total - d.test, total),
+    }
     return {name: (x[a:b].contiguous(), y[a:b].contiguous()) for name, (a, b) in bounds.items()}
 
 
@@ -209,7 +213,9 @@ def load_checkpoint(path: Path, device: str) -> tuple[Run, dict]:
     model.load_state_dict(payload["model"])
     optimizer = make_optimizer(model, meta["lr"])
     optimizer.load_state_dict(payload["optimizer"])
-    return Run(model=model, optimizer=optimizer, losses=list(payload["losses"]), step=payload["step"]), payload
+    return Run(
+        model=model, optimizer=optimizer, losses=list(payload["losses"]), step=payload["step"]
+    ), payload
 
 
 @dataclass
@@ -228,6 +234,7 @@ def run_integration(cfg: Config, device: str, *, quiet: bool = False) -> dict:
     t0 = time.perf_counter()
     tc = cfg.training.for_device(device)
     splits = make_splits(cfg)
+    digest = splits_digest(splits)
     data = {k: (x.to(device), y.to(device)) for k, (x, y) in splits.items()}
     (x_train, y_train), (x_val, y_val), (x_test, y_test) = data["train"], data["validation"], data["test"]
     order = batch_order(len(x_train), tc.steps, tc.batch_size, cfg.seeds.batches)
@@ -243,6 +250,7 @@ def run_integration(cfg: Config, device: str, *, quiet: bool = False) -> dict:
             "steps": tc.steps,
             "batch_size": tc.batch_size,
             "device": device,
+            "splits_digest": digest,
         }
 
     def fresh(path: str) -> Run:
@@ -254,7 +262,9 @@ def run_integration(cfg: Config, device: str, *, quiet: bool = False) -> dict:
     # Identical initialisation, and the first step's output and gradient differences.
     ref, ker = fresh("reference"), fresh("kernel")
     init_diff = max_param_diff(ref.model, ker.model)
-    checks.append(Check("identical initialisation (max |param diff|)", f"{init_diff:.3g}", "0", init_diff == 0.0))
+    checks.append(
+        Check("identical initialisation (max |param diff|)", f"{init_diff:.3g}", "0", init_diff == 0.0)
+    )
     idx = order[0].to(device)
     outs, grads = [], []
     for r in (ref, ker):
@@ -283,7 +293,9 @@ def run_integration(cfg: Config, device: str, *, quiet: bool = False) -> dict:
     rel = abs(mse_ref["test"] - mse_ker["test"]) / max(mse_ref["test"], 1e-30)
     checks.append(Check("test MSE: reference path", f"{mse_ref['test']:.6f}", "info", None))
     checks.append(Check("test MSE: kernel path", f"{mse_ker['test']:.6f}", "info", None))
-    checks.append(Check("test MSE: relative difference", f"{rel:.3g}", f"<= {TEST_MSE_RTOL:g}", rel <= TEST_MSE_RTOL))
+    checks.append(
+        Check("test MSE: relative difference", f"{rel:.3g}", f"<= {TEST_MSE_RTOL:g}", rel <= TEST_MSE_RTOL)
+    )
     finite = all(math.isfinite(v) for v in ref.losses + ker.losses)
     checks.append(Check("all losses finite", str(finite), "True", finite))
 
@@ -300,7 +312,12 @@ def run_integration(cfg: Config, device: str, *, quiet: bool = False) -> dict:
             out_diff = (reloaded.model(x_test).cpu() - saved["test_predictions"]).abs().max().item()
         ok = param_diff == 0.0 and out_diff == 0.0
         checks.append(
-            Check(f"{path} checkpoint reload: max |param|, |output| diff", f"{param_diff:g}, {out_diff:g}", "0, 0", ok)
+            Check(
+                f"{path} checkpoint reload: max |param|, |output| diff",
+                f"{param_diff:g}, {out_diff:g}",
+                "0, 0",
+                ok,
+            )
         )
         checkpoints[path] = {"file": str(file), "digest": saved["digest"], "step": run.step}
 
@@ -310,13 +327,13 @@ def run_integration(cfg: Config, device: str, *, quiet: bool = False) -> dict:
         part = fresh("kernel")
         train_steps(part, x_train, y_train, order, tc.resume_step, f"kernel path to step {tc.resume_step}")
         file = ckpt_dir / f"kernel-step{tc.resume_step}.pt"
-        save_checkpoint(file, part, meta("kernel"), x_test)
+        saved = save_checkpoint(file, part, meta("kernel"), x_test)
         del part
         part, _ = load_checkpoint(file, device)
         train_steps(part, x_train, y_train, order, tc.steps, f"resumed from step {tc.resume_step}")
-        same_params = max_param_diff(part.model, ker.model) == 0.0 and state_digest(part.model) == state_digest(
-            ker.model
-        )
+        same_params = max_param_diff(part.model, ker.model) == 0.0 and state_digest(
+            part.model
+        ) == state_digest(ker.model)
         same_opt = tensors_equal(part.optimizer.state_dict(), ker.optimizer.state_dict())
         same_losses = part.losses == ker.losses
         ok = same_params and same_opt and same_losses
@@ -328,7 +345,7 @@ def run_integration(cfg: Config, device: str, *, quiet: bool = False) -> dict:
                 ok,
             )
         )
-        checkpoints["resume"] = {"file": str(file), "step": tc.resume_step}
+        checkpoints["resume"] = {"file": str(file), "digest": saved["digest"], "step": tc.resume_step}
         resumed = part.losses
 
     passed = all(c.ok is not False for c in checks)
@@ -346,7 +363,7 @@ def run_integration(cfg: Config, device: str, *, quiet: bool = False) -> dict:
             "resume_step": tc.resume_step,
             "short_variant": device != "cuda",
         },
-        "splits_digest": splits_digest(splits),
+        "splits_digest": digest,
         "test_mse_rtol": TEST_MSE_RTOL,
         "calls": calls,
         "mse": {"reference": mse_ref, "kernel": mse_ker},

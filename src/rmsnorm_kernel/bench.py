@@ -1,0 +1,793 @@
+"""The one timing harness: asv, pytest-benchmark, the ``benchmark`` command, ``pr-verdict`` and the
+performance page all measure through the functions here.
+
+Timing. CUDA events are recorded around whole calls (allocations, the autograd path and every
+launch of the call are inside the interval). Before every sample the harness writes a 256 MiB
+buffer, which evicts the 60 MB L2 of the H200 (and any smaller L2), so every call reads its
+inputs from HBM as it would in a model; the flush sits outside the timed interval. This was
+chosen over rotating input copies because one flush serves every shape, including the 8 KiB
+launch-bound ones that would otherwise need thousands of copies, and because the peers' anchor
+figures were taken the same way (``triton.testing.do_bench``). Each (provider, shape, mode) gets
+a warm-up, then ``samples`` timed calls per block; every sample is kept so that the gate can
+apply statistics, and the reported figure is the median.
+
+Bandwidth counts the fewest bytes a pass must move (:func:`rmsnorm_kernel.cases.bytes_moved`)
+and is also given as a fraction of a device-to-device copy measured in the same run (a 2 GiB
+bf16 copy, bytes read plus written).
+
+Errors are the relative L2 distance ``||out - ref|| / ||ref||`` to a float64 oracle computed
+from the same inputs: y for the forward mode, dx and dw for forward+backward.
+
+pr-verdict copies this file next to each worktree's package and runs it as a script
+(``--worker SPEC.json``), so base and head are timed by the same harness while each imports its
+own ``rmsnorm_kernel``. That is why this module imports nothing from the package at import time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import importlib
+import json
+import math
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SCHEMA = 1
+MODES: tuple[str, ...] = ("forward", "forward_backward")
+FLUSH_BYTES = 256 * 2**20  # written between samples; > 2x the 60 MB L2 of an H200
+COPY_ELEMENTS = 2**30  # bf16 elements of the copy-ceiling buffers (2 GiB each)
+DEFAULT_SAMPLES = 100  # per block
+DEFAULT_BLOCKS = 3
+DEFAULT_WARMUP_MS = 25.0
+DEVICE = "cuda"  # tests substitute "cpu" (with stand-in events) to check the run's plumbing
+NO_CUDA_MESSAGE = (
+    "CUDA is not available: the benchmarks time kernels on a CUDA device and are skipped on this machine "
+    "(torch {torch} reports no GPU)."
+)
+
+Fn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class BenchUnavailable(RuntimeError):
+    """Raised when the benchmarks cannot run here (no CUDA device)."""
+
+
+def cuda_message() -> str:
+    return NO_CUDA_MESSAGE.format(torch=torch.__version__)
+
+
+def require_cuda() -> None:
+    if not torch.cuda.is_available():
+        raise BenchUnavailable(cuda_message())
+
+
+# ---------------------------------------------------------------------------------------------
+# Providers: name -> builder(eps) -> fn(x, w) -> y
+# ---------------------------------------------------------------------------------------------
+
+
+def _build_kernel(eps: float) -> Fn:
+    from rmsnorm_kernel import rms_norm
+
+    return lambda x, w: rms_norm(x, weight=w, eps=eps)
+
+
+def _build_eager(eps: float) -> Fn:
+    from rmsnorm_kernel.reference import rms_norm_reference
+
+    return lambda x, w: rms_norm_reference(x, w, eps)
+
+
+def _build_native(eps: float) -> Fn:
+    import torch.nn.functional as F
+
+    return lambda x, w: F.rms_norm(x, (x.shape[-1],), w, eps)
+
+
+def _build_compiled(eps: float) -> Fn:
+    """torch.compile of the eager reference, static shapes. Dynamo's cache is reset when the
+    shape changes, so the per-function recompile limit is never reached and no call silently
+    falls back to eager; the two grad variants of one shape share the cache."""
+    from rmsnorm_kernel.reference import rms_norm_reference
+
+    def eager(x, w):
+        return rms_norm_reference(x, w, eps)
+
+    state: dict[str, Any] = {"key": None, "fn": None}
+
+    def fn(x, w):
+        key = (tuple(x.shape), x.dtype, w.dtype)
+        if state["key"] != key:
+            torch._dynamo.reset()
+            state["key"], state["fn"] = key, torch.compile(eager, dynamic=False)
+        return state["fn"](x, w)
+
+    return fn
+
+
+def _build_liger(eps: float) -> Fn:
+    from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+
+    return lambda x, w: LigerRMSNormFunction.apply(x, w, eps, 0.0, "llama", False)
+
+
+def _build_quack(eps: float) -> Fn:
+    from quack.rmsnorm import rmsnorm
+
+    return lambda x, w: rmsnorm(x, w, eps=eps)
+
+
+@dataclass(frozen=True)
+class Provider:
+    name: str
+    build: Callable[[float], Fn]
+    description: str
+    requires: str | None = None  # module that must import for an optional peer
+
+
+PROVIDERS: dict[str, Provider] = {
+    p.name: p
+    for p in (
+        Provider("kernel", _build_kernel, "rmsnorm_kernel.rms_norm (this project)"),
+        Provider("eager", _build_eager, "the readable fp32-compute reference, eager"),
+        Provider("native", _build_native, "torch.nn.functional.rms_norm"),
+        Provider("compiled", _build_compiled, "torch.compile of the eager reference, dynamic=False"),
+        Provider(
+            "liger",
+            _build_liger,
+            "Liger-Kernel LigerRMSNormFunction (llama casting)",
+            "liger_kernel.ops.rms_norm",
+        ),
+        Provider("quack", _build_quack, "quack.rmsnorm (CuTe DSL)", "quack.rmsnorm"),
+    )
+}
+CORE_PROVIDERS: tuple[str, ...] = ("kernel", "eager", "native", "compiled")
+_IMPORTABLE: dict[str, bool] = {}
+
+
+def provider_available(name: str) -> bool:
+    """True for the core providers; for a peer, whether its module imports here (cached)."""
+    provider = get_provider(name)
+    if provider.requires is None:
+        return True
+    if name not in _IMPORTABLE:
+        try:
+            importlib.import_module(provider.requires)
+            _IMPORTABLE[name] = True
+        except Exception:  # an optional peer may fail in many ways (missing module, CUDA toolkit, DSL)
+            _IMPORTABLE[name] = False
+    return _IMPORTABLE[name]
+
+
+def get_provider(name: str) -> Provider:
+    if name not in PROVIDERS:
+        raise ValueError(f"unknown provider {name!r}; expected one of {list(PROVIDERS)}")
+    return PROVIDERS[name]
+
+
+def available_providers() -> list[str]:
+    """The core providers and every peer that imports here, in registry order."""
+    return [name for name in PROVIDERS if provider_available(name)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Arithmetic
+# ---------------------------------------------------------------------------------------------
+
+
+def bandwidth_tbs(nbytes: int, ms: float) -> float:
+    """Bytes moved per second, in TB/s (1e12 bytes), for a call of ``ms`` milliseconds."""
+    if ms <= 0:
+        raise ValueError(f"ms must be > 0, got {ms!r}")
+    return nbytes / (ms * 1e-3) / 1e12
+
+
+def copy_bytes(elements: int, element_size: int = 2) -> int:
+    """A copy reads and writes every element."""
+    return 2 * elements * element_size
+
+
+def relative_l2(value: torch.Tensor, reference: torch.Tensor) -> float:
+    ref = reference.double()
+    denom = ref.norm().item()
+    diff = (value.double() - ref).norm().item()
+    return diff / denom if denom > 0 else diff
+
+
+def median(samples: Sequence[float]) -> float:
+    return float(statistics.median(samples))
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing
+# ---------------------------------------------------------------------------------------------
+
+
+def make_flush(nbytes: int = FLUSH_BYTES) -> torch.Tensor:
+    return torch.empty(nbytes, dtype=torch.int8, device=DEVICE)
+
+
+def time_cuda(
+    call: Callable[[], Any],
+    *,
+    samples: int,
+    warmup_ms: float = DEFAULT_WARMUP_MS,
+    min_warmup: int = 3,
+    flush: torch.Tensor | None = None,
+    grads: Sequence[torch.Tensor] = (),
+) -> list[float]:
+    """Milliseconds of ``samples`` calls, each between two CUDA events. Before each call the
+    ``grads`` tensors get ``.grad = None`` and ``flush`` is overwritten (both outside the interval)."""
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples!r}")
+
+    def prepare():
+        for t in grads:
+            t.grad = None
+        if flush is not None:
+            flush.zero_()
+
+    # one untimed call (compiles on first use), one timed estimate, then about warmup_ms of calls
+    prepare()
+    call()
+    torch.cuda.synchronize()
+    prepare()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    call()
+    end.record()
+    torch.cuda.synchronize()
+    estimate = max(start.elapsed_time(end), 1e-3)
+    for _ in range(max(min_warmup, min(1000, math.ceil(warmup_ms / estimate)))):
+        prepare()
+        call()
+    torch.cuda.synchronize()
+
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(samples)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(samples)]
+    for i in range(samples):
+        prepare()
+        starts[i].record()
+        call()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+
+def measure_copy(elements: int = COPY_ELEMENTS, samples: int = 50) -> dict[str, Any]:
+    """Device-to-device bf16 copy: the bandwidth ceiling of this device, measured in this run."""
+    a = torch.randn(elements, device=DEVICE, dtype=torch.bfloat16)
+    b = torch.empty_like(a)
+    times = time_cuda(functools.partial(b.copy_, a), samples=samples)
+    nbytes = copy_bytes(elements, 2)
+    ms = median(times)
+    del a, b
+    torch.cuda.empty_cache()
+    return {"bytes": nbytes, "samples_ms": times, "median_ms": ms, "tbs": bandwidth_tbs(nbytes, ms)}
+
+
+# ---------------------------------------------------------------------------------------------
+# One shape: inputs, oracle, errors, timing
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Case:
+    """A benchmark shape as the harness needs it (built from ``cases.BenchShape``, or from a
+    pr-verdict spec file)."""
+
+    name: str
+    m: int
+    n: int
+    dtype: torch.dtype
+    group: str
+    nbytes: dict[str, int]  # mode -> fewest bytes moved
+
+
+def case_from_bench_shape(shape) -> Case:
+    from rmsnorm_kernel import cases
+
+    return Case(
+        shape.name,
+        shape.m,
+        shape.n,
+        shape.dtype,
+        shape.group,
+        {m: cases.bytes_moved(shape, m) for m in MODES},
+    )
+
+
+def case_to_json(case: Case) -> dict[str, Any]:
+    return {
+        "name": case.name,
+        "m": case.m,
+        "n": case.n,
+        "dtype": str(case.dtype).removeprefix("torch."),
+        "group": case.group,
+        "bytes": dict(case.nbytes),
+    }
+
+
+def case_from_json(d: dict[str, Any]) -> Case:
+    return Case(d["name"], d["m"], d["n"], getattr(torch, d["dtype"]), d["group"], dict(d["bytes"]))
+
+
+def make_inputs(case: Case, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Seeded x ~ N(0, 1), w = 1 + 0.1 N(0, 1), dy ~ N(0, 1) on the GPU."""
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    x = torch.randn(case.m, case.n, device=DEVICE, dtype=torch.float32, generator=g).to(case.dtype)
+    w = (1 + 0.1 * torch.randn(case.n, device=DEVICE, dtype=torch.float32, generator=g)).to(case.dtype)
+    dy = torch.randn(case.m, case.n, device=DEVICE, dtype=torch.float32, generator=g).to(case.dtype)
+    return x, w, dy
+
+
+def oracle64(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, eps: float):
+    """y, dx, dw in float64 by autograd through the defining formula."""
+    xd = x.detach().double().requires_grad_()
+    wd = w.detach().double().requires_grad_()
+    y = xd * torch.rsqrt(xd.square().mean(-1, keepdim=True) + eps) * wd
+    y.backward(dy.double())
+    return y.detach(), xd.grad, wd.grad
+
+
+def provider_errors(fn: Fn, x, w, dy, oracle, modes: Iterable[str]) -> dict[str, dict[str, float]]:
+    """Relative L2 errors vs the float64 oracle: {"forward": {"y"}, "forward_backward": {"dx", "dw"}}."""
+    y64, dx64, dw64 = oracle
+    out: dict[str, dict[str, float]] = {}
+    modes = list(modes)
+    if "forward" in modes:
+        out["forward"] = {"y": relative_l2(fn(x, w), y64)}
+    if "forward_backward" in modes:
+        xg = x.detach().clone().requires_grad_()
+        wg = w.detach().clone().requires_grad_()
+        fn(xg, wg).backward(dy)
+        out["forward_backward"] = {"dx": relative_l2(xg.grad, dx64), "dw": relative_l2(wg.grad, dw64)}
+    return out
+
+
+def make_call(fn: Fn, x, w, dy, mode: str) -> tuple[Callable[[], Any], list[torch.Tensor]]:
+    """The timed call and the tensors whose grads are reset between calls."""
+    if mode == "forward":
+        return (lambda: fn(x, w)), []
+    if mode == "forward_backward":
+        xg = x.detach().clone().requires_grad_()
+        wg = w.detach().clone().requires_grad_()
+        return (lambda: fn(xg, wg).backward(dy)), [xg, wg]
+    raise ValueError(f"unknown mode {mode!r}; expected one of {list(MODES)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# A run
+# ---------------------------------------------------------------------------------------------
+
+
+def _git(args: list[str], cwd: Path) -> str | None:
+    try:
+        done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def git_info() -> dict[str, Any]:
+    """Commit of the imported rmsnorm_kernel's checkout (a worktree's, under pr-verdict)."""
+    try:
+        where = Path(importlib.import_module("rmsnorm_kernel").__file__).resolve().parent
+    except Exception:
+        return {"commit": None, "dirty": None}
+    commit = _git(["rev-parse", "HEAD"], where)
+    status = _git(["status", "--porcelain", "--untracked-files=no"], where)
+    return {"commit": commit, "dirty": None if status is None else bool(status)}
+
+
+def environment_info() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except Exception:
+        info["triton"] = None
+    for dist in ("liger-kernel", "quack-kernels"):
+        try:
+            from importlib.metadata import version
+
+            info[dist] = version(dist)
+        except Exception:
+            pass
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info["device"] = props.name
+        info["sms"] = props.multi_processor_count
+        info["capability"] = f"{props.major}.{props.minor}"
+        info["memory_gib"] = round(props.total_memory / 2**30, 1)
+    return info
+
+
+class _Progress:
+    """tqdm when installed, else a line on stderr every few steps."""
+
+    def __init__(self, total: int, desc: str, enabled: bool):
+        self.enabled = enabled
+        self.total = total
+        self.count = 0
+        self.bar = None
+        if enabled:
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=total, desc=desc, unit="step", file=sys.stderr, dynamic_ncols=True)
+            except ImportError:
+                self.bar = None
+
+    def step(self, label: str) -> None:
+        self.count += 1
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.set_postfix_str(label, refresh=False)
+            self.bar.update(1)
+        elif self.count == self.total or self.count % max(1, self.total // 20) == 0:
+            print(f"[{self.count}/{self.total}] {label}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def run_benchmarks(
+    cases_: Sequence[Case],
+    providers: Sequence[str],
+    modes: Sequence[str] = MODES,
+    *,
+    samples: int = DEFAULT_SAMPLES,
+    blocks: int = DEFAULT_BLOCKS,
+    warmup_ms: float = DEFAULT_WARMUP_MS,
+    eps: float = 1e-6,
+    seed: int = 0,
+    errors: bool = True,
+    copy_elements: int = COPY_ELEMENTS,
+    flush_bytes: int = FLUSH_BYTES,
+    progress: bool = True,
+    git: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Measure every (provider, case, mode): ``blocks`` blocks of ``samples`` samples, providers
+    rotated between blocks so that drift spreads over all of them. Returns the run as a
+    JSON-ready dict (see docs/gate.md for the format)."""
+    require_cuda()
+    for name in providers:
+        get_provider(name)
+    for mode in modes:
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; expected one of {list(MODES)}")
+    if blocks < 1:
+        raise ValueError(f"blocks must be >= 1, got {blocks!r}")
+    t0 = time.time()
+    run: dict[str, Any] = {
+        "schema": SCHEMA,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": environment_info(),
+        "git": git if git is not None else git_info(),
+        "settings": {
+            "samples_per_block": samples,
+            "blocks": blocks,
+            "warmup_ms": warmup_ms,
+            "eps": eps,
+            "seed": seed,
+            "timing": "CUDA events around whole calls; L2 flushed before each sample",
+            "flush_bytes": flush_bytes,
+        },
+    }
+    run["copy"] = measure_copy(copy_elements)
+    copy_tbs = run["copy"]["tbs"]
+    flush = make_flush(flush_bytes)
+    rows: list[dict[str, Any]] = []
+    bar = _Progress(len(cases_) * len(modes) * blocks * len(providers), "benchmark", progress)
+    fns: dict[str, Fn | None] = {}
+    build_errors: dict[str, str] = {}
+    for name in providers:
+        try:
+            fns[name] = get_provider(name).build(eps)
+        except Exception as exc:  # a peer that imports but cannot build: reported, not fatal
+            fns[name] = None
+            build_errors[name] = f"{type(exc).__name__}: {exc}"
+    try:
+        for case in cases_:
+            x, w, dy = make_inputs(case, seed)
+            by_key: dict[tuple[str, str], dict[str, Any]] = {}
+            for name in providers:
+                for mode in modes:
+                    by_key[name, mode] = {
+                        "provider": name,
+                        "shape": case.name,
+                        "m": case.m,
+                        "n": case.n,
+                        "dtype": str(case.dtype).removeprefix("torch."),
+                        "group": case.group,
+                        "mode": mode,
+                        "bytes": case.nbytes[mode],
+                        "status": "ok" if fns[name] is not None else "failed",
+                        "error": build_errors.get(name),
+                        "samples_ms": [],
+                        "block_medians_ms": [],
+                        "errors": {},
+                    }
+            if errors:
+                oracle = oracle64(x, w, dy, eps)
+                for name in providers:
+                    if fns[name] is None:
+                        continue
+                    try:
+                        for mode, errs in provider_errors(fns[name], x, w, dy, oracle, modes).items():
+                            by_key[name, mode]["errors"] = errs
+                    except Exception as exc:
+                        for mode in modes:
+                            _fail(by_key[name, mode], exc)
+                del oracle
+                torch.cuda.empty_cache()
+            for mode in modes:
+                for block in range(blocks):
+                    k = block % len(providers)
+                    for name in list(providers[k:]) + list(providers[:k]):
+                        row = by_key[name, mode]
+                        bar.step(f"{case.name} {mode} {name}")
+                        if row["status"] != "ok":
+                            continue
+                        try:
+                            call, grads = make_call(fns[name], x, w, dy, mode)
+                            times = time_cuda(
+                                call,
+                                samples=samples,
+                                warmup_ms=warmup_ms if block == 0 else warmup_ms / 5,
+                                flush=flush,
+                                grads=grads,
+                            )
+                        except Exception as exc:
+                            _fail(row, exc)
+                            continue
+                        row["samples_ms"].extend(times)
+                        row["block_medians_ms"].append(median(times))
+            for row in by_key.values():
+                _summarise(row, copy_tbs)
+                rows.append(row)
+            del x, w, dy
+            torch.cuda.empty_cache()
+    finally:
+        bar.close()
+    run["results"] = rows
+    run["wall_s"] = round(time.time() - t0, 1)
+    return run
+
+
+def _fail(row: dict[str, Any], exc: BaseException) -> None:
+    row["status"] = "failed"
+    row["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+    torch.cuda.empty_cache()
+
+
+def _summarise(row: dict[str, Any], copy_tbs: float) -> None:
+    if row["status"] == "ok" and row["samples_ms"]:
+        row["median_ms"] = median(row["samples_ms"])
+        row["tbs"] = bandwidth_tbs(row["bytes"], row["median_ms"])
+        row["fraction_of_copy"] = row["tbs"] / copy_tbs
+    else:
+        row["median_ms"] = row["tbs"] = row["fraction_of_copy"] = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading runs
+# ---------------------------------------------------------------------------------------------
+
+
+def load_run(path: str | Path) -> dict[str, Any]:
+    """Read a results file written by this module; ValueError naming the file when it is not one."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"no results file {str(path)!r}")
+    try:
+        run = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON: {exc}") from exc
+    if not isinstance(run, dict) or not isinstance(run.get("results"), list):
+        raise ValueError(f"{path}: not a benchmark results file (no 'results' list)")
+    return run
+
+
+def index_rows(run: dict[str, Any]) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """(provider, shape, mode) -> row."""
+    return {(r["provider"], r["shape"], r["mode"]): r for r in run["results"]}
+
+
+def write_run(run: dict[str, Any], out_dir: str | Path, stem: str | None = None) -> Path:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if stem is None:
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        commit = (run.get("git") or {}).get("commit") or "nogit"
+        stem = f"bench-{stamp}-{commit[:10]}"
+    path = out / f"{stem}.json"
+    path.write_text(json.dumps(run, indent=1) + "\n", encoding="utf-8")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# The `benchmark` command
+# ---------------------------------------------------------------------------------------------
+
+
+def select_cases(names: Sequence[str] | None) -> list[Case]:
+    """Shape names from cases.BENCH_SHAPES; "all", "large" and "small" select groups."""
+    from rmsnorm_kernel import cases
+
+    if not names:
+        names = ["all"]
+    out: list[Case] = []
+    for name in names:
+        if name in ("all", "large", "small"):
+            chosen = [s for s in cases.BENCH_SHAPES if name == "all" or s.group == name]
+        else:
+            chosen = [cases.bench_shape(name)]
+        out.extend(case_from_bench_shape(s) for s in chosen if s.name not in {c.name for c in out})
+    return out
+
+
+def configure(parser: argparse.ArgumentParser, command: str) -> None:
+    parser.add_argument(
+        "--shapes", nargs="+", default=["all"], metavar="SHAPE",
+        help='shape names such as 4096x4096-bfloat16, or "all", "large", "small" (default: all)',
+    )  # fmt: skip
+    parser.add_argument(
+        "--providers", nargs="+", default=None, metavar="NAME",
+        help=f"some of {list(PROVIDERS)} (default: every one importable here)",
+    )  # fmt: skip
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, help="timed calls per block")
+    parser.add_argument("--blocks", type=int, default=DEFAULT_BLOCKS, help="timing blocks per shape")
+    parser.add_argument("--warmup-ms", type=float, default=DEFAULT_WARMUP_MS)
+    parser.add_argument("--no-errors", action="store_true", help="skip the float64-oracle error check")
+    parser.add_argument("--config", default=None, help="walkthrough config (output_dir and seeds.checks)")
+    parser.add_argument(
+        "--out", default=None, help="folder for the results JSON (default: OUTPUT_DIR/benchmark)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the results JSON instead of the table")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.samples < 1:
+        raise ValueError(f"--samples must be >= 1, got {args.samples}")
+    if args.blocks < 1:
+        raise ValueError(f"--blocks must be >= 1, got {args.blocks}")
+    out_dir, seed = "outputs", 0
+    if args.config:
+        from rmsnorm_kernel.config import load_config
+
+        config = load_config(args.config)
+        out_dir, seed = config.output_dir, config.seeds.checks
+    out_dir = args.out or str(Path(out_dir) / "benchmark")
+    chosen = select_cases(args.shapes)
+    providers = args.providers or None
+    if providers:
+        for name in providers:
+            get_provider(name)
+        missing = [p for p in providers if not provider_available(p)]
+        if missing:
+            raise ValueError(
+                f"--providers: {missing} cannot be imported here; available: {available_providers()}"
+            )
+    if not torch.cuda.is_available():
+        print(cuda_message(), file=sys.stderr)
+        return 2
+    if providers is None:
+        providers = available_providers()
+    result = run_benchmarks(
+        chosen,
+        providers,
+        args.modes,
+        samples=args.samples,
+        blocks=args.blocks,
+        warmup_ms=args.warmup_ms,
+        seed=seed,
+        errors=not args.no_errors,
+        progress=not args.quiet,
+    )
+    path = write_run(result, out_dir)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(format_table(result))
+        print(f"\nresults: {path}")
+    failed = [r for r in result["results"] if r["status"] != "ok"]
+    for r in failed:
+        print(f"FAILED {r['provider']} {r['shape']} {r['mode']}: {r['error']}", file=sys.stderr)
+    return 1 if any(r["provider"] == "kernel" for r in failed) else 0
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """One line per (shape, mode, provider): median, the block medians, TB/s, fraction of the copy
+    ceiling, errors, and the time relative to this kernel (>1: slower than the kernel)."""
+    copy = result["copy"]
+    machine = result["machine"]
+    lines = [
+        f"device {machine.get('device')}  torch {machine.get('torch')}  triton {machine.get('triton')}  "
+        f"copy ceiling {copy['tbs']:.2f} TB/s",
+        "",
+    ]
+    head = (
+        f"{'shape':<22} {'mode':<16} {'provider':<9} {'median us':>10} {'blocks us':>22} "
+        f"{'TB/s':>6} {'copy%':>6} {'err':>17} {'vs kernel':>9}"
+    )
+    lines += [head, "-" * len(head)]
+    rows = index_rows(result)
+    for r in result["results"]:
+        if r["status"] != "ok" or r["median_ms"] is None:
+            lines.append(f"{r['shape']:<22} {r['mode']:<16} {r['provider']:<9} FAILED {str(r['error'])[:80]}")
+            continue
+        blocks = "/".join(f"{b * 1e3:.1f}" for b in r["block_medians_ms"])
+        errs = " ".join(f"{k}={v:.1e}" for k, v in r["errors"].items())
+        kernel = rows.get(("kernel", r["shape"], r["mode"]))
+        vs = f"{r['median_ms'] / kernel['median_ms']:.2f}x" if kernel and kernel.get("median_ms") else "-"
+        lines.append(
+            f"{r['shape']:<22} {r['mode']:<16} {r['provider']:<9} {r['median_ms'] * 1e3:>10.1f} {blocks:>22} "
+            f"{r['tbs']:>6.2f} {100 * r['fraction_of_copy']:>5.1f}% {errs:>17} {vs:>9}"
+        )
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker (pr-verdict): python bench.py --worker SPEC.json
+# ---------------------------------------------------------------------------------------------
+
+
+def worker_main(argv: Sequence[str]) -> int:
+    """Run one round described by a spec file and write its results where the spec says."""
+    parser = argparse.ArgumentParser(prog="bench.py")
+    parser.add_argument("--worker", required=True, metavar="SPEC.json")
+    args = parser.parse_args(argv)
+    spec = json.loads(Path(args.worker).read_text(encoding="utf-8"))
+    expected = spec.get("expect_package_under")
+    if expected:  # the op must come from the worktree, not from an installed copy
+        package = Path(importlib.import_module("rmsnorm_kernel").__file__).resolve()
+        if not package.is_relative_to(Path(expected).resolve()):
+            print(f"rmsnorm_kernel imported from {package}, expected under {expected}", file=sys.stderr)
+            return 2
+    try:
+        result = run_benchmarks(
+            [case_from_json(c) for c in spec["cases"]],
+            spec["providers"],
+            spec["modes"],
+            samples=spec["samples"],
+            blocks=1,
+            warmup_ms=spec.get("warmup_ms", DEFAULT_WARMUP_MS),
+            errors=spec.get("errors", True),
+            copy_elements=spec.get("copy_elements", COPY_ELEMENTS),
+            progress=False,
+            git={"commit": spec.get("commit"), "dirty": False},
+        )
+    except BenchUnavailable as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    result["label"] = spec.get("label")
+    result["round"] = spec.get("round")
+    Path(spec["out"]).write_text(json.dumps(result) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(worker_main(sys.argv[1:]))

@@ -1,0 +1,447 @@
+"""`rmsnorm-kernel verdict`: every check this machine can run, one table, non-zero exit on failure.
+
+On a CUDA machine the checks run on the GPU. Without CUDA they run the real Triton kernels on the
+CPU under the Triton interpreter; the interpreter has to be chosen before the kernels are defined,
+so when ``TRITON_INTERPRET`` is not set the command runs itself again in a subprocess with
+``TRITON_INTERPRET=1``. Checks that need hardware this machine lacks (CUDA graphs without CUDA)
+are reported as skipped with the reason, never as passed.
+
+Writes ``outputs/verdict.md`` and ``outputs/verdict.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rmsnorm_kernel import cases
+from rmsnorm_kernel.config import Config
+
+CHILD_ENV = "RMSNORM_KERNEL_VERDICT_CHILD"  # set in the re-run, so it never re-runs itself twice
+MUTANTS_FILE = Path("tests") / "mutants.py"
+
+PASS, FAIL, SKIP = "pass", "FAIL", "skipped"
+
+
+@dataclass
+class Outcome:
+    check: str
+    status: str  # pass, FAIL or skipped
+    figure: str  # the key figure, or the reason for a skip / failure
+    seconds: float = 0.0
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class Skip(Exception):
+    """Raised by a check that this machine cannot run; the message is the reason."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The checks. Each returns (passed, key figure, details) or raises Skip.
+# ---------------------------------------------------------------------------------------------
+
+
+def check_environment(cfg: Config, device: str):
+    from rmsnorm_kernel.walkthrough import environment_check, write_json
+
+    result = environment_check(device)
+    write_json(cfg.outputs / "environment.json", result)
+    v = result["versions"]
+    where = v.get("device_name", "cuda") if device == "cuda" else "cpu (Triton interpreter)"
+    figure = f"torch {v['torch']}, triton {v['triton']}, {where}"
+    if not result["passed"]:
+        figure += "; " + " ".join(result["diagnosis"]).splitlines()[0]
+    return result["passed"], figure, result
+
+
+def check_reference(cfg: Config, device: str):
+    from rmsnorm_kernel.walkthrough import reference_checks
+
+    rows = reference_checks(cfg.seeds.checks)
+    good = sum(r["passed"] for r in rows)
+    worst = max(max(r["formula_dx_max_abs_diff"], r["formula_dw_max_abs_diff"]) for r in rows)
+    return (
+        good == len(rows),
+        f"{good}/{len(rows)} shapes; formula vs autograd max diff {worst:.2g}",
+        {"shapes": rows},
+    )
+
+
+def _grid(kind: str):
+    def check(cfg: Config, device: str):
+        from rmsnorm_kernel.walkthrough import _num, grid_summary, run_case_grid, write_json
+
+        records = run_case_grid(kind, cfg, device)
+        failed = [r for r in records if not r["passed"]]
+        summary = grid_summary(records)
+        write_json(
+            cfg.outputs / f"check-{kind}.json",
+            {
+                "command": f"check-{kind}",
+                "kind": kind,
+                "device": device,
+                "config": cfg.source,
+                "passed": not failed and bool(records),
+                "summary": summary,
+                "cases": records,
+            },
+        )
+        worst = max((_num(r["max_abs"]) / r["atol"] for r in records if r["atol"]), default=math.nan)
+        figure = f"{len(records) - len(failed)}/{len(records)} cases; worst max abs err = {worst:.2g} x atol"
+        if failed:
+            figure += f"; first failure {failed[0]['name']}: {failed[0]['reason']}"
+        return not failed and bool(records), figure, {"summary": summary, "failed": failed}
+
+    return check
+
+
+def check_probes(cfg: Config, device: str):
+    from rmsnorm_kernel import checks
+
+    results = checks.run_probes(checks.kernel_impl, device, tolerances=cfg.checks.tolerances, progress=True)
+    failed = [r for r in results if not r.passed]
+    figure = f"{len(results) - len(failed)}/{len(results)} probes"
+    if failed:
+        figure += f"; {failed[0].check} {failed[0].kind}: {failed[0].reason}"
+    return not failed, figure, {"results": [r.to_dict() for r in results]}
+
+
+def load_mutants_module(path: Path = MUTANTS_FILE):
+    if not path.is_file():
+        raise Skip(f"{path} is not in this checkout (the catalogue lives with the tests)")
+    spec = importlib.util.spec_from_file_location("rmsnorm_kernel_mutants", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def check_mutants(cfg: Config, device: str):
+    """Every deliberately broken variant in the catalogue must be caught by the suite's checks."""
+    from rmsnorm_kernel import checks
+
+    module = load_mutants_module()
+    hunt = getattr(module, "hunt", None) or getattr(checks, "hunt", None)
+    catalogue = module.catalogue(device)
+    rows = []
+    for mutant in catalogue:
+        name = getattr(mutant, "name", str(mutant))
+        if hunt is not None:
+            caught = hunt(mutant, device)
+        else:  # probes first (one failure mode each), then the grid, until one check fails
+            impl = getattr(mutant, "impl", mutant)
+            caught = None
+            for result in checks.run_probes(impl, device, stop_at_first_failure=True):
+                if not result.passed:
+                    caught = result
+                    break
+            if caught is None:
+                for kind in checks.KINDS:
+                    for case in cfg.checks.grid_cases(device):
+                        result = checks.GRID_CHECKS[kind](impl, checks.Case(*case, device, cfg.seeds.checks))
+                        if not result.passed:
+                            caught = result
+                            break
+                    if caught is not None:
+                        break
+        if caught is None or caught is False:
+            rows.append({"mutant": name, "caught": False})
+        elif caught is True:
+            rows.append({"mutant": name, "caught": True})
+        else:
+            rows.append(
+                {
+                    "mutant": name,
+                    "caught": True,
+                    "by": f"{getattr(caught, 'check', '?')} {getattr(caught, 'kind', '')}".strip(),
+                    "case": getattr(caught, "name", ""),
+                }
+            )
+    survivors = [r["mutant"] for r in rows if not r["caught"]]
+    figure = f"{len(rows) - len(survivors)}/{len(rows)} mutants caught"
+    if survivors:
+        figure += f"; survivors: {', '.join(survivors)}"
+    return bool(rows) and not survivors, figure, {"mutants": rows}
+
+
+def check_opcheck(cfg: Config, device: str):
+    try:
+        from rmsnorm_kernel.ops import backward_op, forward_op
+    except ImportError as exc:
+        return False, f"rmsnorm_kernel.ops has no forward_op/backward_op custom op ({exc})", {}
+    g = torch.Generator().manual_seed(cfg.seeds.checks)
+    results = {}
+    for dtype in cfg.checks.dtypes:
+        x = torch.randn(5, 257, generator=g).to(dtype).to(device).requires_grad_(True)
+        w = (1 + 0.1 * torch.randn(257, generator=g)).to(dtype).to(device).requires_grad_(True)
+        name = cases.dtype_name(dtype)
+        results[f"forward {name}"] = torch.library.opcheck(
+            forward_op, (x, w, None, cases.EPS, 0.0, 0, dtype, dtype)
+        )
+        y, rstd, _ = forward_op(x.detach(), w.detach(), None, cases.EPS, 0.0, 0, dtype, dtype)
+        dy = torch.randn(5, 257, generator=g).to(dtype).to(device)
+        results[f"backward {name}"] = torch.library.opcheck(
+            backward_op, (dy, None, x.detach(), w.detach(), rstd, 0.0, 0, True, dtype)
+        )
+    bad = {k: v for k, r in results.items() for t, v in r.items() if v != "SUCCESS"}
+    tests = sum(len(r) for r in results.values())
+    return (
+        not bad,
+        f"{tests - len(bad)}/{tests} opcheck tests (forward and backward op, {len(results) // 2} dtypes)",
+        {"results": results},
+    )
+
+
+def check_compile(cfg: Config, device: str):
+    """torch.compile(fullgraph=True) of forward and backward: no graph break, the kernel runs inside
+    the compiled graph, and the results are bitwise those of eager mode; two batch sizes."""
+    import rmsnorm_kernel
+
+    torch._dynamo.reset()
+    fn = torch.compile(lambda x, w: rmsnorm_kernel.rms_norm(x, weight=w, eps=cases.EPS), fullgraph=True)
+    g = torch.Generator().manual_seed(cfg.seeds.checks)
+    details = {}
+    ok = True
+    for m in (8, 24):
+        x = torch.randn(m, 257, generator=g).to(device)
+        w = (1 + 0.1 * torch.randn(257, generator=g)).to(device)
+        dy = torch.randn(m, 257, generator=g).to(device)
+        grads = []
+        rmsnorm_kernel.reset_counters()
+        for f in (fn, lambda a, b: rmsnorm_kernel.rms_norm(a, weight=b, eps=cases.EPS)):
+            xg, wg = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+            y = f(xg, wg)
+            y.backward(dy)
+            grads.append((y.detach(), xg.grad, wg.grad))
+        calls = dict(rmsnorm_kernel.CALLS)
+        same = all(torch.equal(a, b) for a, b in zip(grads[0], grads[1]))
+        ran = calls["forward"] == 2 and calls["backward"] == 2 and calls["fallback"] == 0
+        details[f"M={m}"] = {"bitwise_equal_to_eager": same, "calls": calls}
+        ok = ok and same and ran
+    return ok, "fullgraph, forward+backward bitwise equal to eager at M=8 and M=24", details
+
+
+def check_cuda_graphs(cfg: Config, device: str):
+    if device != "cuda":
+        raise Skip("needs CUDA")
+    import rmsnorm_kernel
+
+    g = torch.Generator().manual_seed(cfg.seeds.checks)
+    x = torch.randn(64, 4097, generator=g).to(device).to(torch.bfloat16).requires_grad_(True)
+    w = (1 + 0.1 * torch.randn(4097, generator=g)).to(device).to(torch.bfloat16).requires_grad_(True)
+    dy = torch.randn(64, 4097, generator=g).to(device).to(torch.bfloat16)
+
+    def step():
+        x.grad = w.grad = None
+        y = rmsnorm_kernel.rms_norm(x, weight=w, eps=cases.EPS)
+        y.backward(dy)
+        return y
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):  # warm up (compilation, autotuning) outside the capture
+            eager = step().detach().clone()
+    torch.cuda.current_stream().wait_stream(stream)
+    eager_dx, eager_dw = x.grad.clone(), w.grad.clone()
+    graph = torch.cuda.CUDAGraph()
+    x.grad = w.grad = None
+    with torch.cuda.graph(graph):
+        y_static = rmsnorm_kernel.rms_norm(x, weight=w, eps=cases.EPS)
+        dx_static, dw_static = torch.autograd.grad(y_static, (x, w), dy)
+    graph.replay()
+    torch.cuda.synchronize()
+    same = (
+        torch.equal(y_static, eager) and torch.equal(dx_static, eager_dx) and torch.equal(dw_static, eager_dw)
+    )
+    return (
+        same,
+        "captured forward+backward replays bitwise equal to eager (64x4097 bf16)",
+        {"bitwise_equal": same},
+    )
+
+
+def check_training(cfg: Config, device: str):
+    from rmsnorm_kernel.training import RESULT_JSON, run_integration
+    from rmsnorm_kernel.walkthrough import write_json
+
+    result = run_integration(cfg, device)
+    write_json(cfg.outputs / RESULT_JSON, result)
+    t, calls = result["training"], result["calls"]
+    mse = result["mse"]
+    rel = abs(mse["reference"]["test"] - mse["kernel"]["test"]) / max(mse["reference"]["test"], 1e-30)
+    resumed = next((c for c in result["checks"] if c["name"].startswith("resume")), None)
+    figure = (
+        f"{t['steps']} steps (hidden {t['hidden']}): {calls.get('forward')} fwd/{calls.get('backward')} bwd; "
+        f"test MSE {mse['kernel']['test']:.5f}, rel diff {rel:.2g}; "
+        f"resume {'identical' if resumed and resumed['ok'] else 'DIFFERS'}"
+    )
+    failed = [c["name"] for c in result["checks"] if c["ok"] is False]
+    if failed:
+        figure += f"; failed: {', '.join(failed)}"
+    return result["passed"], figure, {k: v for k, v in result.items() if k != "losses"}
+
+
+CHECKS: tuple[tuple[str, Callable], ...] = (
+    ("environment", check_environment),
+    ("reference gradcheck", check_reference),
+    ("forward grid (y)", _grid("forward")),
+    ("backward grid (dx)", _grid("backward")),
+    ("gamma grid (dw)", _grid("gamma")),
+    ("probe checks", check_probes),
+    ("mutant catalogue", check_mutants),
+    ("opcheck", check_opcheck),
+    ("torch.compile fullgraph", check_compile),
+    ("CUDA graph capture", check_cuda_graphs),
+    ("training integration", check_training),
+)
+CHECK_NAMES = tuple(name for name, _ in CHECKS)
+
+
+def run_checks(cfg: Config, device: str, skip: set[str] = frozenset(), log=print) -> list[Outcome]:
+    outcomes = []
+    for name, fn in CHECKS:
+        if name in skip:
+            outcomes.append(Outcome(name, SKIP, "skipped: --skip"))
+            continue
+        log(f"[verdict] {name} ...")
+        t0 = time.perf_counter()
+        try:
+            passed, figure, details = fn(cfg, device)
+            outcome = Outcome(name, PASS if passed else FAIL, figure, details=_jsonable(details))
+        except Skip as exc:
+            outcome = Outcome(name, SKIP, f"skipped: {exc}")
+        except Exception as exc:  # a crashing check is a failed check, with its reason
+            outcome = Outcome(
+                name,
+                FAIL,
+                f"raised {type(exc).__name__}: {exc}".splitlines()[0],
+                details={"traceback": traceback.format_exc()},
+            )
+        outcome.seconds = round(time.perf_counter() - t0, 2)
+        log(f"[verdict] {name}: {outcome.status} ({outcome.seconds:.1f} s)")
+        outcomes.append(outcome)
+    return outcomes
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def table(outcomes: list[Outcome]) -> str:
+    from rmsnorm_kernel.walkthrough import format_table
+
+    return format_table(["check", "status", "key figure"], [[o.check, o.status, o.figure] for o in outcomes])
+
+
+def markdown(outcomes: list[Outcome], header: dict[str, Any]) -> str:
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    lines = [
+        f"# Verdict: {'PASS' if header['passed'] else 'FAIL'}",
+        "",
+        f"Device: {header['device']}. torch {header['torch']}, triton {header['triton']}, "
+        f"Python {header['python']}. Config: {header['config']}.",
+        "",
+        "| check | status | key figure |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {o.check} | {o.status} | {cell(o.figure)} |" for o in outcomes]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------------
+
+
+def configure(parser: argparse.ArgumentParser, command: str) -> None:
+    from rmsnorm_kernel.walkthrough import add_common_arguments
+
+    add_common_arguments(parser, json_flag=True, device=False)
+    parser.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        choices=CHECK_NAMES,
+        metavar="CHECK",
+        help=f"leave a check out (repeatable; reported as skipped): {', '.join(CHECK_NAMES)}",
+    )
+
+
+def child_argv(args: argparse.Namespace) -> list[str]:
+    argv = ["verdict"]
+    if args.config:
+        argv += ["--config", args.config]
+    if args.json:
+        argv.append("--json")
+    for name in args.skip:
+        argv += ["--skip", name]
+    return argv
+
+
+def run(args: argparse.Namespace) -> int:
+    from rmsnorm_kernel import walkthrough as w
+
+    cuda = torch.cuda.is_available()
+    interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    if not cuda and not interpret:
+        if os.environ.get(CHILD_ENV):
+            return w.fail("the re-run with TRITON_INTERPRET=1 still sees no interpreter; giving up")
+        print(
+            "[verdict] no CUDA device: running the checks on CPU under the Triton interpreter "
+            "(re-running with TRITON_INTERPRET=1)",
+            file=sys.stderr,
+            flush=True,
+        )
+        env = dict(os.environ, TRITON_INTERPRET="1", **{CHILD_ENV: "1"})
+        return subprocess.run([sys.executable, "-m", "rmsnorm_kernel", *child_argv(args)], env=env).returncode
+    try:
+        cfg = w.load(args)
+        device = w.resolve_device("auto", "verdict")
+    except (ValueError, w.DeviceUnavailable) as exc:
+        return w.fail(str(exc))
+
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)
+    log(f"[verdict] running on {'cuda' if device == 'cuda' else 'cpu under the Triton interpreter'}")
+    t0 = time.perf_counter()
+    outcomes = run_checks(cfg, device, set(args.skip), log)
+    passed = all(o.status != FAIL for o in outcomes)
+    versions = w.versions()
+    header = {
+        "passed": passed,
+        "device": versions.get("device_name", "cuda") if device == "cuda" else "cpu (Triton interpreter)",
+        "torch": versions["torch"],
+        "triton": versions.get("triton"),
+        "python": versions["python"],
+        "config": cfg.source,
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+    payload = {**header, "checks": [asdict(o) for o in outcomes]}
+    w.write_json(cfg.outputs / "verdict.json", payload)
+    md = cfg.outputs / "verdict.md"
+    md.write_text(markdown(outcomes, header), encoding="utf-8")
+    if args.json:
+        w.print_json(payload)
+    else:
+        print(table(outcomes))
+        counts = {s: sum(o.status == s for o in outcomes) for s in (PASS, FAIL, SKIP)}
+        print(
+            f"\n{'PASS' if passed else 'FAIL'}: {counts[PASS]} passed, {counts[FAIL]} failed, "
+            f"{counts[SKIP]} skipped in {header['seconds']} s; {md} and {cfg.outputs / 'verdict.json'}"
+        )
+    return 0 if passed else 1

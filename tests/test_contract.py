@@ -1,0 +1,172 @@
+"""The op's contract on any machine: bad input raises a clear error before any launch, the
+fallback is explicit and observable, and the reference's backward is right (float64 gradcheck).
+No kernel runs here."""
+
+import math
+import warnings
+
+import pytest
+import torch
+
+import rmsnorm_kernel
+from rmsnorm_kernel import ops
+from rmsnorm_kernel.launch import UnsupportedInput
+from rmsnorm_kernel.reference import rms_norm_backward_reference, rms_norm_reference
+
+
+def x_(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype)
+
+
+# (description, call, expected exception, message fragment)
+BAD_INPUT = [
+    ("integer x", lambda: rmsnorm_kernel.rms_norm(torch.ones(2, 4, dtype=torch.int32)), TypeError, "x must be"),
+    ("bool x", lambda: rmsnorm_kernel.rms_norm(torch.ones(2, 4, dtype=torch.bool)), TypeError, "x must be"),
+    ("x not a tensor", lambda: rmsnorm_kernel.rms_norm([[1.0, 2.0]], 2), TypeError, "x must be a torch.Tensor"),
+    ("integer weight", lambda: rmsnorm_kernel.rms_norm(x_(2, 4), weight=torch.ones(4, dtype=torch.int64)),
+     TypeError, "weight must be"),
+    ("weight shape", lambda: rmsnorm_kernel.rms_norm(x_(2, 4), 4, torch.ones(5)), ValueError, "weight"),
+    ("weight shape vs x", lambda: rmsnorm_kernel.rms_norm(x_(2, 4), weight=torch.ones(5)), ValueError, "normalized_shape"),
+    ("normalized_shape vs x", lambda: rmsnorm_kernel.rms_norm(x_(2, 4), (3,)), ValueError, "normalized_shape"),
+    ("normalized_shape type", lambda: rmsnorm_kernel.rms_norm(x_(2, 4), "4"), TypeError, "normalized_shape"),
+    ("eps zero", lambda: rmsnorm_kernel.rms_norm(x_(2, 4), eps=0.0), ValueError, "eps"),
+    ("eps negative", lambda: rmsnorm_kernel.rms_norm(x_(2, 4), eps=-1e-6), ValueError, "eps"),
+    ("eps nan", lambda: rmsnorm_kernel.rms_norm(x_(2, 4), eps=math.nan), ValueError, "eps"),
+    ("eps inf", lambda: rmsnorm_kernel.rms_norm(x_(2, 4), eps=math.inf), ValueError, "eps"),
+    ("eps string", lambda: rmsnorm_kernel.rms_norm(x_(2, 4), eps="1e-6"), TypeError, "eps"),
+    ("N = 0", lambda: rmsnorm_kernel.rms_norm(x_(2, 0)), ValueError, "N must be at least 1"),
+    ("scalar x", lambda: rmsnorm_kernel.rms_norm(torch.tensor(1.0)), ValueError, "normalized_shape"),
+    ("residual shape", lambda: rmsnorm_kernel.rms_norm(x_(2, 4), residual=x_(2, 5)), ValueError, "residual"),
+    ("residual dtype", lambda: rmsnorm_kernel.rms_norm(x_(2, 4), residual=torch.ones(2, 4, dtype=torch.int8)),
+     TypeError, "residual"),
+    ("residual_dtype alone", lambda: rmsnorm_kernel.rms_norm(x_(2, 4), residual_dtype=torch.float32),
+     ValueError, "residual_dtype"),
+    ("out_dtype int", lambda: rmsnorm_kernel.rms_norm(x_(2, 4), out_dtype=torch.int32), TypeError, "out_dtype"),
+    ("casting", lambda: rmsnorm_kernel.rms_norm(x_(2, 4), casting="mistral"), ValueError, "casting"),
+    ("offset without weight", lambda: rmsnorm_kernel.rms_norm(x_(2, 4), offset=1.0), ValueError, "offset"),
+    ("offset nan", lambda: rmsnorm_kernel.rms_norm(x_(2, 4), weight=torch.ones(4), offset=math.nan),
+     ValueError, "offset"),
+]
+
+
+@pytest.mark.parametrize(("case", "call", "error", "fragment"), BAD_INPUT, ids=[b[0] for b in BAD_INPUT])
+def test_bad_input_raises_before_launch(case, call, error, fragment):
+    before = dict(rmsnorm_kernel.CALLS)
+    with pytest.raises(error, match=fragment):
+        call()
+    assert rmsnorm_kernel.CALLS == before, "nothing may run when the input is rejected"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="device mismatch needs a CUDA device beside the CPU")
+def test_weight_on_other_device():
+    with pytest.raises(ValueError, match="device"):
+        rmsnorm_kernel.rms_norm(x_(2, 4).cuda(), weight=torch.ones(4))
+
+
+def test_float64_raises_by_default():
+    with pytest.raises(UnsupportedInput, match="allow_fallback"):
+        rmsnorm_kernel.rms_norm(x_(3, 8, dtype=torch.float64))
+
+
+def test_fallback_is_explicit_counted_and_warns_once(monkeypatch):
+    monkeypatch.setattr(ops, "_warned_fallback", False)
+    rmsnorm_kernel.reset_counters()
+    x = x_(3, 8, dtype=torch.float64)
+    w = torch.rand(8, dtype=torch.float64) + 0.5
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        y1 = rmsnorm_kernel.rms_norm(x, weight=w, allow_fallback=True)
+        y2 = rmsnorm_kernel.rms_norm(x, weight=w, allow_fallback=True)
+    assert rmsnorm_kernel.CALLS["fallback"] == 2
+    assert rmsnorm_kernel.CALLS["forward"] == 0
+    assert sum("reference implementation" in str(c.message) for c in caught) == 1
+    torch.testing.assert_close(y1, rms_norm_reference(x, w), rtol=0, atol=0)
+    assert torch.equal(y1, y2)
+
+
+def test_fallback_residual_returns_h():
+    x, r = x_(2, 6, dtype=torch.float64), x_(2, 6, dtype=torch.float64)
+    y, h = rmsnorm_kernel.rms_norm(x, residual=r, allow_fallback=True)
+    torch.testing.assert_close(h, x + r)
+    torch.testing.assert_close(y, rms_norm_reference(x + r))
+
+
+# ---------------------------------------------------------------------------------------------
+# The reference: the tutorial's worked examples, and its backward against float64 autograd
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("gamma", "expected"),
+    [([1.0, 1.0], [0.848528, 1.131371]), ([2.0, 0.5], [1.697056, 0.565685])],
+)
+def test_reference_worked_example(gamma, expected):
+    y = rms_norm_reference(torch.tensor([[3.0, 4.0]], dtype=torch.float64), torch.tensor(gamma, dtype=torch.float64))
+    torch.testing.assert_close(y[0], torch.tensor(expected, dtype=torch.float64), atol=1e-6, rtol=0)
+
+
+def test_reference_backward_worked_example():
+    x = torch.tensor([[3.0, 4.0]], dtype=torch.float64)
+    dx, dw = rms_norm_backward_reference(x, torch.ones(2, dtype=torch.float64), torch.tensor([[1.0, 2.0]]).double())
+    torch.testing.assert_close(dx[0], torch.tensor([-0.090510, 0.067882], dtype=torch.float64), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (17, 257), (2, 3, 5)])
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_reference_gradcheck(shape, offset):
+    torch.manual_seed(0)
+    x = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(shape[-1], dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: rms_norm_reference(a, b, 1e-6, offset=offset), (x, w))
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (17, 257), (2, 3, 5)])
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_explicit_backward_matches_autograd(shape, offset):
+    torch.manual_seed(1)
+    x = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(shape[-1], dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(*shape, dtype=torch.float64)
+    rms_norm_reference(x, w, offset=offset).backward(dy)
+    dx, dw = rms_norm_backward_reference(x.detach(), w.detach(), dy, offset=offset)
+    torch.testing.assert_close(dx, x.grad, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(dw, w.grad, rtol=1e-12, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# The module: a drop-in torch.nn.RMSNorm
+# ---------------------------------------------------------------------------------------------
+
+
+def test_module_is_a_drop_in():
+    ours = rmsnorm_kernel.RMSNorm((4, 8), eps=1e-5)
+    theirs = torch.nn.RMSNorm((4, 8), eps=1e-5)
+    assert isinstance(ours, torch.nn.RMSNorm)
+    assert ours.state_dict().keys() == theirs.state_dict().keys()
+    theirs.load_state_dict(ours.state_dict())
+    ours.load_state_dict(theirs.state_dict())
+    assert rmsnorm_kernel.RMSNorm(8, elementwise_affine=False).weight is None
+    assert rmsnorm_kernel.RMSNorm(8).eps is None  # None means torch's default, finfo(dtype).eps
+
+
+def test_swap_rms_norm_replaces_and_shares_weights():
+    class LlamaRMSNorm(torch.nn.Module):  # a Hugging Face-style module
+        def __init__(self, n, eps=1e-6):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(n))
+            self.variance_epsilon = eps
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.RMSNorm(8, eps=1e-5), LlamaRMSNorm(8))
+    weights = [model[1].weight, model[2].weight]
+    replaced = rmsnorm_kernel.swap_rms_norm(model)
+    assert replaced == ["1", "2"]
+    assert isinstance(model[1], rmsnorm_kernel.RMSNorm) and model[1].casting == "default" and model[1].eps == 1e-5
+    assert isinstance(model[2], rmsnorm_kernel.RMSNorm) and model[2].casting == "llama" and model[2].eps == 1e-6
+    assert model[1].weight is weights[0] and model[2].weight is weights[1]
+    assert rmsnorm_kernel.swap_rms_norm(model) == []  # idempotent
+
+
+def test_swap_rms_norm_rejects_non_module():
+    with pytest.raises(TypeError, match="model"):
+        rmsnorm_kernel.swap_rms_norm("not a model")

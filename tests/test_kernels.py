@@ -1,0 +1,212 @@
+"""The real Triton kernels against the reference: layouts, dtypes, features, determinism and the
+torch integration (opcheck, torch.compile, CUDA graphs). Each test runs under the interpreter on
+CPU (nox -s interpret) and on CUDA (nox -s gpu); tolerances come from rmsnorm_kernel.cases."""
+
+import pytest
+import torch
+
+import rmsnorm_kernel
+from rmsnorm_kernel import ops
+from rmsnorm_kernel.cases import TOLERANCES
+from rmsnorm_kernel.reference import rms_norm_backward_reference, rms_norm_reference
+
+from .conftest import HAS_CUDA, KERNEL_DEVICES
+
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+
+
+def assert_close(actual, expected, dtype):
+    """Element-wise bound of the declared tolerance: the row of the coarser of ``dtype`` (x's)
+    and the result's own dtype (a bf16 dw of fp32 activations carries bf16 rounding)."""
+    coarser = max((dtype, actual.dtype), key=lambda d: torch.finfo(d).eps)
+    tol = TOLERANCES[coarser]
+    torch.testing.assert_close(actual.float(), expected.float(), atol=tol.atol, rtol=tol.rtol)
+
+
+def make(shape, dtype, device, seed=0, weight_dtype=None, n=None):
+    g = torch.Generator().manual_seed(seed)
+    n = n or shape[-1]
+    x = torch.randn(*shape, generator=g).to(dtype)
+    w = (1 + 0.1 * torch.randn(n, generator=g)).to(weight_dtype or dtype)
+    dy = torch.randn(*shape, generator=g).to(dtype)
+    return x.to(device), w.to(device), dy.to(device)
+
+
+def run_kernel(x, w, dy, **kwargs):
+    xg = x.detach().clone().requires_grad_()
+    wg = w.detach().clone().requires_grad_() if w is not None else None
+    y = rmsnorm_kernel.rms_norm(xg, weight=wg, **kwargs)
+    y.backward(dy)
+    return y.detach(), xg.grad, (wg.grad if wg is not None else None)
+
+
+def check_against_reference(x, w, dy, dtype, eps=1e-6):
+    y, dx, dw = run_kernel(x, w, dy, eps=eps)
+    assert y.dtype == x.dtype and dx.dtype == x.dtype
+    assert_close(y, rms_norm_reference(x, w, eps), dtype)
+    dx_ref, dw_ref = rms_norm_backward_reference(x, w, dy, eps)
+    assert_close(dx, dx_ref, dtype)
+    if w is not None:
+        assert dw.dtype == w.dtype
+        assert_close(dw, dw_ref, dtype)
+    return y, dx, dw
+
+
+# (M, N): odd sizes, M = 0, 1, 17; N = 1, 257, 4097 and one N above the largest tile (65537).
+SHAPES = [(0, 257), (1, 1), (1, 257), (17, 257), (17, 4097), (1, 65537), (3, 65537), (17, 64)]
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("dtype", [F32, F16, BF16])
+@pytest.mark.parametrize(("m", "n"), SHAPES)
+def test_forward_and_backward(device, dtype, m, n):
+    x, w, dy = make((m, n), dtype, device)
+    check_against_reference(x, w, dy, dtype)
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_three_d_input(device, dtype):
+    x, w, dy = make((2, 3, 257), dtype, device)
+    y, _, _ = check_against_reference(x, w, dy, dtype)
+    assert y.shape == (2, 3, 257)
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_normalized_shape_over_two_dims(device):
+    x, w, dy = make((5, 4, 33), F32, device, n=4 * 33)
+    w = w.view(4, 33)
+    y = rmsnorm_kernel.rms_norm(x, (4, 33), w)
+    expected = rms_norm_reference(x.view(5, -1), w.reshape(-1)).view(5, 4, 33)
+    assert_close(y, expected, F32)
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("layout", ["column slice", "every other row", "3-D every other row", "transposed"])
+def test_strided_inputs_are_read_in_place_or_copied_correctly(device, layout):
+    base, w, _ = make((34, 600), F16, device)
+    w = w[:257].contiguous()
+    x = {
+        "column slice": base[:17, 100:357],  # rows of a wider tensor: row stride 600
+        "every other row": base[::2, :257],  # row stride 1200
+        "3-D every other row": base[:, :257].reshape(2, 17, 257)[:, ::2],  # not viewable as 2-D: copied
+        "transposed": base[:, :257].t().contiguous().t()[:17],  # last-dim stride 34: copied
+    }[layout]
+    dy = torch.randn(x.shape, dtype=F16, device=device)
+    before = base.clone()
+    check_against_reference(x, w, dy, F16)
+    assert torch.equal(base, before), "the input must not be modified"
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize(("x_dtype", "w_dtype"), [(BF16, F32), (F16, F32), (F32, BF16), (BF16, F16)])
+def test_mixed_weight_dtype(device, x_dtype, w_dtype):
+    x, w, dy = make((17, 257), x_dtype, device, weight_dtype=w_dtype)
+    check_against_reference(x, w, dy, x_dtype)
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_no_weight(device, dtype):
+    x, _, dy = make((17, 257), dtype, device)
+    check_against_reference(x, None, dy, dtype)
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("n", [257, 65537])
+def test_dw_is_bitwise_deterministic_and_dy_untouched(device, n):
+    x, w, dy = make((33, n), BF16, device)
+    dy_before = dy.clone()
+    results = [run_kernel(x, w, dy) for _ in range(3)]
+    for y, dx, dw in results[1:]:
+        assert torch.equal(dw, results[0][2]) and torch.equal(dx, results[0][1]) and torch.equal(y, results[0][0])
+    assert torch.equal(dy, dy_before), "dy must never be modified in place"
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_dw_skipped_when_weight_frozen(device):
+    x, w, dy = make((17, 257), F32, device)
+    xg = x.clone().requires_grad_()
+    y = rmsnorm_kernel.rms_norm(xg, weight=w)  # w does not require grad
+    y.backward(dy)
+    assert w.grad is None
+    assert_close(xg.grad, rms_norm_backward_reference(x, w, dy)[0], F32)
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_eps_none_is_torch_default(device):
+    x, w, _ = make((4, 64), F32, device)
+    y = rmsnorm_kernel.RMSNorm(64, eps=None).to(device)(x)
+    assert_close(y, torch.nn.functional.rms_norm(x, (64,), None, None) * 1.0, F32)
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_module_matches_torch_module(device):
+    x, _, _ = make((17, 257), BF16, device)
+    ours = rmsnorm_kernel.RMSNorm(257, eps=1e-5, device=device, dtype=BF16)
+    theirs = torch.nn.RMSNorm(257, eps=1e-5, device=device, dtype=BF16)
+    with torch.no_grad():
+        ours.weight.normal_()
+    theirs.load_state_dict(ours.state_dict())
+    assert_close(ours(x), theirs(x), BF16)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch integration
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_opcheck(device, with_residual):
+    x, w, _ = make((5, 64), F32, device)
+    res = torch.randn_like(x) if with_residual else None
+    args = (x.requires_grad_(), w.requires_grad_(), res, 1e-6, 0.0, 0, F32, F32)
+    torch.library.opcheck(ops.forward_op, args)
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_compile_fullgraph_without_recompiling_per_batch(device):
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), rmsnorm_kernel.RMSNorm(64, eps=1e-6), torch.nn.SiLU())
+    model = model.to(device)
+    compiled = torch.compile(model, fullgraph=True, dynamic=None)
+    counts = []
+    for batch in (3, 5, 7, 9):
+        torch._dynamo.utils.counters.clear()
+        x = torch.randn(batch, 32, device=device, requires_grad=True)
+        out = compiled(x)
+        out.sum().backward()
+        torch.testing.assert_close(out, model(x), atol=1e-5, rtol=1e-4)
+        counts.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    # The first batch size compiles static, the second marks the batch dim dynamic; after that
+    # no new graph may appear.
+    assert counts[2:] == [0, 0], f"recompiled for new batch sizes: {counts}"
+    assert not torch._dynamo.utils.counters["graph_break"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="CUDA graphs need a CUDA device")
+@pytest.mark.parametrize("n", [4096, 65537])
+def test_cuda_graph_capture_forward_and_backward(n):
+    x, w, dy = make((64, n), BF16, "cuda")
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up (compiles the kernels) outside the capture
+        for _ in range(2):
+            rmsnorm_kernel.rms_norm(xg, weight=wg).backward(dy)
+            xg.grad = wg.grad = None
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = rmsnorm_kernel.rms_norm(xg, weight=wg)
+        y.backward(dy)
+    with torch.no_grad():
+        xg.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close(y, rms_norm_reference(xg.detach(), w), BF16)
+    dx_ref, dw_ref = rms_norm_backward_reference(xg.detach(), w, dy)
+    assert_close(xg.grad, dx_ref, BF16)
+    assert_close(wg.grad, dw_ref, BF16)
