@@ -20,9 +20,11 @@ SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 CASTING_MODES = {"default": kernels.CAST_FP32, "gemma": kernels.CAST_FP32, "llama": kernels.CAST_LLAMA}
 
 # Widest row held in registers as one tile; wider rows take the looped path.
-MAX_TILE = 16384
-# Chunk width of the looped path.
+FORWARD_MAX_TILE = 16384
+BACKWARD_MAX_TILE = 16384
+# Chunk width and warps of the looped path.
 LOOP_BLOCK = 4096
+LOOP_WARPS = 8
 
 
 class UnsupportedInput(ValueError):
@@ -103,8 +105,65 @@ def validate(
 
 
 # ---------------------------------------------------------------------------------------------
+# Kernel launch with a lean host path
+# ---------------------------------------------------------------------------------------------
+
+
+def _spec(arg) -> tuple:
+    """What Triton specialises a compiled kernel on, for one argument: tensors on dtype and
+    16-byte alignment, ints on == 1, divisibility by 16 and width. A key made of these is at
+    least as fine as Triton's own, so a cached kernel is never reused where Triton would
+    compile a different one."""
+    if isinstance(arg, torch.Tensor):
+        return (arg.dtype, arg.data_ptr() % 16 == 0)
+    if isinstance(arg, bool):
+        return ("b", arg)
+    if isinstance(arg, int):
+        return ("i", arg == 1, arg % 16 == 0, -(2**31) <= arg < 2**31)
+    return ("f",)
+
+
+class Launcher:
+    """``launcher(grid, args, num_warps=..., **constexprs)`` launches ``kernel`` like
+    ``kernel[grid](*args, ...)``. The first launch per specialisation goes through Triton
+    (compiling if needed); later ones call the compiled kernel directly, skipping Triton's
+    per-call argument binding, which costs more than the kernel itself at small shapes. Under
+    the interpreter every launch goes through Triton."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel = kernel
+        self.compiled: dict[tuple, object] = {}
+        # The compiled kernel takes every parameter positionally, constexprs included.
+        params = [] if kernels.INTERPRET else kernel.params
+        self.constexpr_names = [p.name for p in params if p.is_constexpr]
+
+    def __call__(self, grid: tuple[int, ...], args: tuple, num_warps: int, **constexprs) -> None:
+        if kernels.INTERPRET:
+            self.kernel[grid](*args, num_warps=num_warps, **constexprs)
+            return
+        const_values = tuple(constexprs[name] for name in self.constexpr_names)
+        key = (args[0].device.index, num_warps, const_values, tuple(_spec(a) for a in args))
+        compiled = self.compiled.get(key)
+        if compiled is None:
+            self.compiled[key] = self.kernel[grid](*args, num_warps=num_warps, **constexprs)
+            return
+        grid3 = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
+        compiled[grid3](*args, *const_values)
+
+
+_forward_tile = Launcher(kernels.forward_tile)
+_forward_looped = Launcher(kernels.forward_looped)
+_backward_tile = Launcher(kernels.backward_tile)
+_backward_looped = Launcher(kernels.backward_looped)
+_reduce_columns = Launcher(kernels.reduce_columns)
+
+
+# ---------------------------------------------------------------------------------------------
 # Launch configuration, cached per (N, element size, device)
 # ---------------------------------------------------------------------------------------------
+
+
+PROGRAMS_PER_SM = 4
 
 
 @functools.lru_cache(maxsize=None)
@@ -112,13 +171,23 @@ def program_slots(device_index: int) -> int:
     """Concurrent programs the persistent backward launches: a few per SM."""
     if device_index < 0:  # interpreter on CPU: few programs, so the interpreter stays quick
         return 4
-    return torch.cuda.get_device_properties(device_index).multi_processor_count * 4
+    return torch.cuda.get_device_properties(device_index).multi_processor_count * PROGRAMS_PER_SM
 
 
 @functools.lru_cache(maxsize=None)
-def tile_config(n: int, elem_size: int) -> tuple[int, int, int]:
-    """(BLOCK_N, ROWS, num_warps) for the tile path: about 8-16 elements per thread, several rows
-    per program when rows are narrow."""
+def forward_config(n: int, elem_size: int) -> tuple[int, int, int]:
+    """(BLOCK_N, ROWS, num_warps) of the forward tile path."""
+    return _tile_config(n)
+
+
+@functools.lru_cache(maxsize=None)
+def backward_config(n: int, elem_size: int) -> tuple[int, int, int]:
+    """(BLOCK_N, ROWS, num_warps) of the backward tile path."""
+    return _tile_config(n)
+
+
+def _tile_config(n: int) -> tuple[int, int, int]:
+    """About 8-16 elements per thread; several rows per program when rows are narrow."""
     block_n = triton.next_power_of_2(n)
     rows = max(1, min(16, 4096 // block_n))
     elems = block_n * rows
@@ -164,18 +233,18 @@ def forward(
     r = res2 if res2 is not None else x2
     hs = h if res2 is not None else y
     common = dict(HAS_WEIGHT=weight is not None, HAS_RESIDUAL=res2 is not None, CASTING=casting)
-    if n <= MAX_TILE:
-        block_n, rows, num_warps = tile_config(n, x2.element_size())
-        kernels.forward_tile[(triton.cdiv(m, rows),)](
-            x2, r, w, y, hs, rstd, m, n,
-            x2.stride(0), r.stride(0), y.stride(0), hs.stride(0) if hs.dim() == 2 else 0,
-            eps, offset, BLOCK_N=block_n, ROWS=rows, num_warps=num_warps, **common,
+    if n <= FORWARD_MAX_TILE:
+        block_n, rows, num_warps = forward_config(n, x2.element_size())
+        _forward_tile(
+            (triton.cdiv(m, rows),),
+            (x2, r, w, y, hs, rstd, m, n, x2.stride(0), r.stride(0), y.stride(0), hs.stride(0), eps, offset),
+            num_warps, **common, BLOCK_N=block_n, ROWS=rows,
         )  # fmt: skip
     else:
-        kernels.forward_looped[(m,)](
-            x2, r, w, y, hs, rstd, m, n,
-            x2.stride(0), r.stride(0), y.stride(0), hs.stride(0) if hs.dim() == 2 else 0,
-            eps, offset, BLOCK_N=LOOP_BLOCK, num_warps=8, **common,
+        _forward_looped(
+            (m,),
+            (x2, r, w, y, hs, rstd, m, n, x2.stride(0), r.stride(0), y.stride(0), hs.stride(0), eps, offset),
+            LOOP_WARPS, **common, BLOCK_N=LOOP_BLOCK,
         )  # fmt: skip
     return y, rstd, h
 
@@ -205,25 +274,27 @@ def backward(
     dh = dh2 if dh2 is not None else dy2
     common = dict(HAS_WEIGHT=weight is not None, HAS_DH=dh2 is not None, COMPUTE_DW=compute_dw, CASTING=casting)
     slots = program_slots(_device_index(xh2))
-    if n <= MAX_TILE:
-        block_n, rows, num_warps = tile_config(n, xh2.element_size())
+    if n <= BACKWARD_MAX_TILE:
+        block_n, rows, num_warps = backward_config(n, xh2.element_size())
         programs = min(triton.cdiv(m, rows), slots)
         partial = torch.empty((programs, n) if compute_dw else (0,), device=device, dtype=torch.float32)
-        kernels.backward_tile[(programs,)](
-            xh2, w, dy2, dh, rstd, dx, partial, m, n, programs,
-            xh2.stride(0), dy2.stride(0), dh.stride(0), dx.stride(0),
-            offset, BLOCK_N=block_n, ROWS=rows, num_warps=num_warps, **common,
+        _backward_tile(
+            (programs,),
+            (xh2, w, dy2, dh, rstd, dx, partial, m, n, programs,
+             xh2.stride(0), dy2.stride(0), dh.stride(0), dx.stride(0), offset),
+            num_warps, **common, BLOCK_N=block_n, ROWS=rows,
         )  # fmt: skip
     else:
         programs = min(m, slots)
         partial = torch.zeros((programs, n) if compute_dw else (0,), device=device, dtype=torch.float32)
-        kernels.backward_looped[(programs,)](
-            xh2, w, dy2, dh, rstd, dx, partial, m, n, programs,
-            xh2.stride(0), dy2.stride(0), dh.stride(0), dx.stride(0),
-            offset, BLOCK_N=LOOP_BLOCK, num_warps=8, **common,
+        _backward_looped(
+            (programs,),
+            (xh2, w, dy2, dh, rstd, dx, partial, m, n, programs,
+             xh2.stride(0), dy2.stride(0), dh.stride(0), dx.stride(0), offset),
+            LOOP_WARPS, **common, BLOCK_N=LOOP_BLOCK,
         )  # fmt: skip
     if compute_dw:
         block_c = 64 if n >= 64 else triton.next_power_of_2(n)
         block_p = min(32, triton.next_power_of_2(programs))
-        kernels.reduce_columns[(triton.cdiv(n, block_c),)](partial, dw, programs, n, BLOCK_P=block_p, BLOCK_C=block_c)
+        _reduce_columns((triton.cdiv(n, block_c),), (partial, dw, programs, n), 4, BLOCK_P=block_p, BLOCK_C=block_c)
     return dx, dw

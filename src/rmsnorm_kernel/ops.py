@@ -37,8 +37,7 @@ def reset_counters() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("rmsnorm_kernel::forward", mutates_args=())
-def forward_op(
+def _forward_impl(
     x: Tensor,
     weight: Tensor | None,
     residual: Tensor | None,
@@ -58,6 +57,9 @@ def forward_op(
     return y.view(x.shape), rstd.view(lead), h.view(x.shape) if residual is not None else h
 
 
+forward_op = torch.library.custom_op("rmsnorm_kernel::forward", _forward_impl, mutates_args=())
+
+
 @forward_op.register_fake
 def _forward_fake(x, weight, residual, eps, offset, casting, out_dtype, residual_dtype):
     y = x.new_empty(x.shape, dtype=out_dtype)
@@ -66,8 +68,7 @@ def _forward_fake(x, weight, residual, eps, offset, casting, out_dtype, residual
     return y, rstd, h
 
 
-@torch.library.custom_op("rmsnorm_kernel::backward", mutates_args=())
-def backward_op(
+def _backward_impl(
     dy: Tensor,
     dh: Tensor | None,
     xh: Tensor,
@@ -96,6 +97,9 @@ def backward_op(
     return dx.view(xh.shape), dw.view(weight.shape) if dw.numel() else dw
 
 
+backward_op = torch.library.custom_op("rmsnorm_kernel::backward", _backward_impl, mutates_args=())
+
+
 @backward_op.register_fake
 def _backward_fake(dy, dh, xh, weight, rstd, offset, casting, need_dw, dx_dtype):
     dx = xh.new_empty(xh.shape, dtype=dx_dtype)
@@ -114,7 +118,7 @@ def _setup_context(ctx, inputs, output):
     ctx.residual_in_dtype = residual.dtype if has_residual else None
 
 
-def _backward(ctx, dy, _drstd, dh):
+def _backward(ctx, dy, _drstd, dh, backward=backward_op):
     xh, weight, rstd = ctx.saved_tensors
     need_x, need_w, need_res = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
     need_dw = weight is not None and need_w
@@ -125,13 +129,29 @@ def _backward(ctx, dy, _drstd, dh):
         dx_dtype, dh = ctx.x_dtype, None
     if not (need_x or need_res or need_dw):
         return None, None, None, None, None, None, None, None
-    dxh, dw = backward_op(dy, dh, xh, weight, rstd, ctx.offset, ctx.casting, need_dw, dx_dtype)
+    dxh, dw = backward(dy, dh, xh, weight, rstd, ctx.offset, ctx.casting, need_dw, dx_dtype)
     dx = dxh.to(ctx.x_dtype) if need_x else None
     dres = dxh.to(ctx.residual_in_dtype) if ctx.has_residual and need_res else None
     return dx, dw if need_dw else None, dres, None, None, None, None, None
 
 
 forward_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _EagerFunction(torch.autograd.Function):
+    """The same forward, backward and saved state as the custom op's autograd, without the
+    dispatcher round trip: eager calls take this path, traced ones (torch.compile) the op."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = _forward_impl(*inputs)
+        _setup_context(ctx, inputs, output)
+        ctx.mark_non_differentiable(output[1])
+        return output
+
+    @staticmethod
+    def backward(ctx, dy, drstd, dh):
+        return _backward(ctx, dy, drstd, dh, backward=_backward_impl)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -213,7 +233,8 @@ def rms_norm(
         res_in = residual.reshape(*x.shape[:-k], n) if residual is not None else None
     else:
         x_in, res_in = x, residual
-    y, _rstd, h = forward_op(
+    op = forward_op if torch.compiler.is_compiling() else _EagerFunction.apply
+    y, _rstd, h = op(
         x_in,
         weight,
         res_in,

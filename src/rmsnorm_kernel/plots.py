@@ -34,14 +34,21 @@ def _as_run(run: dict[str, Any] | str | Path) -> dict[str, Any]:
 def bandwidth_series(
     run: dict[str, Any], mode: str, *, dtype: str = "bfloat16", group: str = "large"
 ) -> dict[str, list[tuple[int, float]]]:
-    """provider -> [(N, TB/s)] sorted by N, for the successful rows of one mode, dtype and group."""
-    series: dict[str, list[tuple[int, float]]] = {}
+    """provider -> [(N, TB/s)] sorted by N, for the successful rows of one mode, dtype and group.
+    Where two shapes share N (32768x4096 and 4096x4096), the one with more rows is kept: the
+    curve is the sweep over N at a fixed, large tensor size."""
+    best: dict[tuple[str, int], tuple[int, float]] = {}
     for r in run["results"]:
         if r["mode"] != mode or r["dtype"] != dtype or r["group"] != group:
             continue
         if r["status"] != "ok" or r.get("tbs") is None:
             continue
-        series.setdefault(r["provider"], []).append((r["n"], r["tbs"]))
+        key = (r["provider"], r["n"])
+        if key not in best or r["m"] > best[key][0]:
+            best[key] = (r["m"], r["tbs"])
+    series: dict[str, list[tuple[int, float]]] = {}
+    for (provider, n), (_, tbs) in best.items():
+        series.setdefault(provider, []).append((n, tbs))
     return {p: sorted(points) for p, points in series.items()}
 
 
@@ -67,9 +74,18 @@ def plot_bandwidth(
         for provider, points in series.items():
             color, marker = PROVIDER_STYLE.get(provider, (None, "x"))
             ns, tbs = zip(*points)
-            ax.plot(ns, tbs, marker=marker, color=color, label=provider, linewidth=2 if provider == "kernel" else 1)
+            ax.plot(
+                ns,
+                tbs,
+                marker=marker,
+                color=color,
+                label=provider,
+                linewidth=2 if provider == "kernel" else 1,
+            )
         if copy_tbs:
-            ax.axhline(copy_tbs, color="black", linestyle="--", linewidth=1, label=f"copy {copy_tbs:.2f} TB/s")
+            ax.axhline(
+                copy_tbs, color="black", linestyle="--", linewidth=1, label=f"copy {copy_tbs:.2f} TB/s"
+            )
         ax.set_xscale("log", base=2)
         ax.set_xlabel("N (row width)")
         ax.set_ylabel("TB/s (fewest bytes moved)")
@@ -147,7 +163,9 @@ def _order(run: dict[str, Any], key: tuple[str, str]) -> tuple[int, int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rmsnorm_kernel.plots", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m rmsnorm_kernel.plots", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--results", default=None, help="a results JSON; default: run the benchmarks now")
     parser.add_argument("--markdown", default="docs/performance.md")
     parser.add_argument("--png", default="docs/performance-bandwidth.png")
@@ -165,8 +183,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     png = plot_bandwidth(run, args.png)
     md = Path(args.markdown)
     md.parent.mkdir(parents=True, exist_ok=True)
-    rel = Path(png).resolve().relative_to(md.parent.resolve()) if md.parent.resolve() in png.resolve().parents else png
-    md.write_text(performance_markdown(run, str(rel)), encoding="utf-8")
+    try:  # the page links the plot relative to itself
+        link = png.resolve().relative_to(md.parent.resolve())
+    except ValueError:
+        link = png
+    md.write_text(performance_markdown(run, str(link)), encoding="utf-8")
     print(f"wrote {md} and {png}")
     return 0
 

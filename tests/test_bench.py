@@ -1,0 +1,295 @@
+"""The timing harness without a GPU: bytes and bandwidth arithmetic, the provider registry, the
+message shown where CUDA is absent, and the plumbing of a run (on CPU tensors with stand-in
+CUDA events), down to the results file, the table and the plot."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from rmsnorm_kernel import bench, cases, cli, gate, plots
+
+ROOT_THRESHOLDS = gate.load_thresholds(Path(__file__).resolve().parents[1] / "regression.toml")
+
+# (shape name, mode, fewest bytes moved): forward 2 M N elem, forward+backward 5 M N elem
+BYTES = [
+    ("32768x4096-bfloat16", "forward", 2 * 32768 * 4096 * 2),
+    ("32768x4096-bfloat16", "forward_backward", 5 * 32768 * 4096 * 2),
+    ("4096x4096-float32", "forward", 2 * 4096 * 4096 * 4),
+    ("128x257-float16", "forward_backward", 5 * 128 * 257 * 2),
+    ("1x4096-bfloat16", "forward", 2 * 4096 * 2),
+]
+
+
+@pytest.mark.parametrize("shape, mode, expected", BYTES)
+def test_cases_carry_the_bytes_moved(shape, mode, expected):
+    case = bench.case_from_bench_shape(cases.bench_shape(shape))
+    assert case.nbytes[mode] == expected == cases.bytes_moved(cases.bench_shape(shape), mode)
+
+
+# (bytes, milliseconds, TB/s)
+BANDWIDTH = [
+    (2 * 32768 * 4096 * 2, 0.1337, 536870912 / 0.1337e-3 / 1e12),  # 4.0155 TB/s
+    (10**12, 1000.0, 1.0),  # a terabyte in a second
+    (4 * 2**30, 1.0107679963111877, 4.249211799022668),  # the H200 copy ceiling of the peers' anchor run
+]
+
+
+@pytest.mark.parametrize("nbytes, ms, tbs", BANDWIDTH)
+def test_bandwidth(nbytes, ms, tbs):
+    assert bench.bandwidth_tbs(nbytes, ms) == pytest.approx(tbs, rel=1e-12)
+
+
+def test_copy_counts_read_and_write():
+    assert bench.copy_bytes(2**30, 2) == 4 * 2**30
+
+
+@pytest.mark.parametrize("ms", [0.0, -1.0])
+def test_bandwidth_rejects_non_positive_time(ms):
+    with pytest.raises(ValueError, match="ms must be > 0"):
+        bench.bandwidth_tbs(100, ms)
+
+
+# (value, reference, relative L2 error)
+REL_L2 = [
+    ([3.0, 4.0], [3.0, 4.0], 0.0),
+    ([3.0, 4.5], [3.0, 4.0], 0.1),  # |(0, 0.5)| / |(3, 4)|
+    ([0.0, 0.0], [3.0, 4.0], 1.0),
+    ([1.0, 0.0], [0.0, 0.0], 1.0),  # zero reference: the absolute distance
+]
+
+
+@pytest.mark.parametrize("value, reference, expected", REL_L2)
+def test_relative_l2(value, reference, expected):
+    got = bench.relative_l2(torch.tensor(value, dtype=torch.bfloat16 if expected == 0.1 else torch.float32),
+                            torch.tensor(reference, dtype=torch.float64))  # fmt: skip
+    assert got == pytest.approx(expected, abs=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# Providers
+# ---------------------------------------------------------------------------------------------
+
+
+def test_provider_registry():
+    assert list(bench.PROVIDERS) == ["kernel", "eager", "native", "compiled", "liger", "quack"]
+    assert all(bench.provider_available(p) for p in bench.CORE_PROVIDERS)
+    assert [p for p in bench.PROVIDERS if bench.PROVIDERS[p].requires is None] == list(bench.CORE_PROVIDERS)
+
+
+@pytest.mark.parametrize("peer, module", [("liger", "liger_kernel.ops.rms_norm"), ("quack", "quack.rmsnorm")])
+def test_peers_listed_only_when_importable(peer, module):
+    try:
+        importlib.import_module(module)
+        importable = True
+    except Exception:
+        importable = False
+    assert bench.provider_available(peer) is importable
+    assert (peer in bench.available_providers()) is importable
+
+
+def test_unknown_provider_is_named():
+    with pytest.raises(ValueError, match="unknown provider 'apex'"):
+        bench.get_provider("apex")
+
+
+@pytest.mark.parametrize("provider", ["eager", "native"])
+def test_cpu_providers_match_the_float64_oracle(provider):
+    torch.manual_seed(0)
+    x, w, dy = torch.randn(17, 257), 1 + 0.1 * torch.randn(257), torch.randn(17, 257)
+    fn = bench.get_provider(provider).build(cases.EPS)
+    y64, dx64, dw64 = bench.oracle64(x, w, dy, cases.EPS)
+    errs = bench.provider_errors(fn, x, w, dy, (y64, dx64, dw64), bench.MODES)
+    assert set(errs) == {"forward", "forward_backward"}
+    assert set(errs["forward_backward"]) == {"dx", "dw"}
+    # fp32 compute against float64: a few fp32 roundings at most
+    assert max(errs["forward"]["y"], *errs["forward_backward"].values()) < 1e-6
+
+
+def test_select_cases():
+    assert [c.name for c in bench.select_cases(["small"])] == [
+        s.name for s in cases.BENCH_SHAPES if s.group == "small"
+    ]
+    assert len(bench.select_cases(["all"])) == len(cases.BENCH_SHAPES)
+    assert [c.name for c in bench.select_cases(["1x4096-bfloat16", "small"])][0] == "1x4096-bfloat16"
+    assert len(bench.select_cases(["1x4096-bfloat16", "small"])) == 4  # no duplicate
+    with pytest.raises(ValueError, match="unknown benchmark shape '3x3-float32'"):
+        bench.select_cases(["3x3-float32"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Without CUDA
+# ---------------------------------------------------------------------------------------------
+
+no_cuda = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="checks the behaviour on machines without CUDA"
+)
+
+
+@no_cuda
+def test_run_without_cuda_raises_a_clear_error():
+    with pytest.raises(bench.BenchUnavailable, match="CUDA is not available"):
+        bench.run_benchmarks(bench.select_cases(["small"]), ["native"])
+
+
+@no_cuda
+def test_benchmark_command_without_cuda(capsys, tmp_path):
+    assert cli.main(["benchmark", "--shapes", "small", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "CUDA is not available" in err and "skipped" in err
+    assert not list(tmp_path.iterdir())
+
+
+def test_benchmark_command_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="--samples"):
+        cli.main(["benchmark", "--samples", "0"])
+    with pytest.raises(ValueError, match="unknown provider"):
+        cli.main(["benchmark", "--providers", "apex"])
+
+
+# ---------------------------------------------------------------------------------------------
+# A run on CPU tensors with stand-in CUDA events
+# ---------------------------------------------------------------------------------------------
+
+
+class FakeEvent:
+    def __init__(self, enable_timing=True):
+        self.t = None
+
+    def record(self):
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, end):
+        return (end.t - self.t) * 1e3
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(bench, "require_cuda", lambda: None)
+    monkeypatch.setattr(
+        bench, "environment_info", lambda: {"device": "cpu stand-in", "torch": torch.__version__}
+    )
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+
+
+def tiny(m: int, n: int, dtype: torch.dtype, group: str) -> bench.Case:
+    size = torch.empty((), dtype=dtype).element_size()
+    nbytes = {"forward": 2 * m * n * size, "forward_backward": 5 * m * n * size}
+    return bench.Case(f"{m}x{n}-{cases.dtype_name(dtype)}", m, n, dtype, group, nbytes)
+
+
+TINY = [tiny(8, 64, torch.float32, "small"), tiny(4, 33, torch.bfloat16, "large")]
+
+
+@pytest.fixture
+def cpu_run(fake_cuda):
+    return bench.run_benchmarks(
+        TINY, ["native", "eager", "kernel"], bench.MODES, samples=6, blocks=3, warmup_ms=0.1,
+        copy_elements=4096, flush_bytes=1024, progress=False, git={"commit": "f" * 40, "dirty": False},
+    )  # fmt: skip
+
+
+def test_run_records_every_sample_and_summary(cpu_run):
+    rows = bench.index_rows(cpu_run)
+    assert len(rows) == len(TINY) * 3 * 2
+    assert cpu_run["copy"]["bytes"] == 2 * 4096 * 2
+    for case in TINY:
+        for mode in bench.MODES:
+            row = rows["native", case.name, mode]
+            assert row["status"] == "ok" and row["bytes"] == case.nbytes[mode]
+            assert len(row["samples_ms"]) == 18 and len(row["block_medians_ms"]) == 3
+            assert row["median_ms"] == statistics.median(row["samples_ms"])
+            assert row["tbs"] == pytest.approx(case.nbytes[mode] / (row["median_ms"] * 1e-3) / 1e12)
+            assert row["fraction_of_copy"] == pytest.approx(row["tbs"] / cpu_run["copy"]["tbs"])
+            assert set(row["errors"]) == set(gate.QUANTITIES[mode])
+
+
+def test_run_errors_are_small_for_fp32_compute_paths(cpu_run):
+    for row in cpu_run["results"]:
+        if row["provider"] in ("native", "eager") and row["dtype"] == "float32":
+            assert all(v < 1e-6 for v in row["errors"].values())
+
+
+def test_a_failing_provider_is_recorded_not_fatal(cpu_run):
+    """The kernel refuses CPU tensors without the interpreter: each of its rows says so."""
+    kernel = [r for r in cpu_run["results"] if r["provider"] == "kernel"]
+    assert kernel and all(r["status"] == "failed" and r["error"] and r["median_ms"] is None for r in kernel)
+
+
+def test_results_file_round_trip_and_table(cpu_run, tmp_path):
+    path = bench.write_run(cpu_run, tmp_path)
+    assert path.name.startswith("bench-") and path.name.endswith("-ffffffffff.json")
+    again = bench.load_run(path)
+    assert again["results"] == json.loads(json.dumps(cpu_run["results"]))
+    table = bench.format_table(again)
+    assert "copy ceiling" in table and table.count("FAILED") == 4
+    assert "8x64-float32" in table and "4x33-bfloat16" in table
+
+
+def test_the_gate_can_judge_a_run_against_itself(cpu_run):
+    verdict = gate.judge(cpu_run, cpu_run, ROOT_THRESHOLDS, provider="native")
+    assert verdict.status == "error"  # 18 samples per side; regression.toml asks for 20
+    lax = gate.Thresholds(ROOT_THRESHOLDS.latency, ROOT_THRESHOLDS.numerics, min_samples=5)
+    verdict = gate.judge(cpu_run, cpu_run, lax, provider="native")
+    assert verdict.status == "pass", verdict.summary
+
+
+def test_worker_writes_its_round(fake_cuda, tmp_path):
+    out = tmp_path / "round.json"
+    spec = {
+        "cases": [bench.case_to_json(TINY[0])], "providers": ["native"], "modes": ["forward"],
+        "samples": 5, "warmup_ms": 0.1, "copy_elements": 1024, "label": "head", "round": 3,
+        "commit": "abc", "out": str(out),
+    }  # fmt: skip
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    assert bench.worker_main(["--worker", str(spec_path)]) == 0
+    run = bench.load_run(out)
+    assert (run["label"], run["round"], run["git"]["commit"]) == ("head", 3, "abc")
+    assert len(run["results"]) == 1 and len(run["results"][0]["samples_ms"]) == 5
+
+
+def test_worker_refuses_a_package_from_elsewhere(fake_cuda, tmp_path, capsys):
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps({"expect_package_under": str(tmp_path / "src"), "out": "x"}))
+    assert bench.worker_main(["--worker", str(spec_path)]) == 2
+    assert "expected under" in capsys.readouterr().err
+
+
+def test_case_json_round_trip():
+    case = bench.case_from_bench_shape(cases.bench_shape("4096x4096-bfloat16"))
+    assert bench.case_from_json(json.loads(json.dumps(bench.case_to_json(case)))) == case
+
+
+# ---------------------------------------------------------------------------------------------
+# The plot and the performance page
+# ---------------------------------------------------------------------------------------------
+
+
+def test_bandwidth_plot(cpu_run, tmp_path):
+    png = plots.plot_bandwidth(cpu_run, tmp_path / "bw.png", dtype="bfloat16", group="large")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    series = plots.bandwidth_series(cpu_run, "forward", dtype="bfloat16", group="large")
+    assert set(series) == {"native", "eager"}  # the failed kernel rows are left out
+    with pytest.raises(ValueError, match="no successful large float16 rows"):
+        plots.plot_bandwidth(cpu_run, tmp_path / "none.png", dtype="float16")
+
+
+def test_performance_markdown(cpu_run):
+    text = plots.performance_markdown(cpu_run, "bw.png")
+    lines = text.splitlines()
+    header = lines.index(
+        "| shape | mode | kernel µs | kernel TB/s | of copy | best peer | peer µs | peer/kernel |"
+    )
+    table = lines[header + 2 : header + 2 + len(TINY) * 2]
+    assert all(line.startswith("| ") and line.count(" | ") == 7 for line in table)
+    assert "failed" in table[0] and "![bandwidth against N per provider](bw.png)" in text

@@ -1,0 +1,443 @@
+"""The regression gate on synthetic result sets (CPU, no kernel runs): the statistics, the
+verdicts and exit codes, the verdict files, regression.toml, and pr-verdict's merging of rounds."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from rmsnorm_kernel import cases, cli, gate, prverdict
+
+ROOT = Path(__file__).resolve().parents[1]
+THRESHOLDS = gate.load_thresholds(ROOT / "regression.toml")
+# Typical errors against the float64 oracle for the benchmark inputs (fp32-compute paths, H200).
+TYPICAL_ERROR = {"float32": 6e-8, "float16": 2.1e-4, "bfloat16": 1.65e-3}
+SAMPLES = 300
+
+# ---------------------------------------------------------------------------------------------
+# Mann-Whitney U
+# ---------------------------------------------------------------------------------------------
+
+# (x, y, expected one-sided p for "x larger", where the figure comes from)
+MW_KNOWN = [
+    # by hand: ranks of x are 4, 5, 6 -> U = 15 - 6 = 9; mean 4.5; var = 9/12 * 7 = 5.25 (no ties);
+    # z = (9 - 4.5 - 0.5) / sqrt(5.25) = 1.74574; p = erfc(z / sqrt 2) / 2 = 0.0404278
+    ([4, 5, 6], [1, 2, 3], 0.040427799185026, "hand"),
+    # by hand, the mirror image: U = 0, z = (0 - 4.5 - 0.5) / sqrt(5.25) = -2.18218; p = 0.985452
+    ([1, 2, 3], [4, 5, 6], 0.985452, "hand"),
+    # the next three were computed here with scipy 1.17.1:
+    # scipy.stats.mannwhitneyu(x, y, alternative="greater", method="asymptotic").pvalue
+    ([1, 2, 2, 3, 3, 3], [2, 3, 3, 4, 4, 5, 5], 0.9842074769241854, "scipy, ties"),
+    ([3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8, 2, 8], 0.6759431702861924, "scipy, ties"),
+    ([1.0, 2.0], [1.0, 2.0], 0.6674972289489854, "scipy, identical"),
+    # every value tied: no evidence either way (scipy also gives 1.0)
+    ([1.0, 1.0], [1.0, 1.0], 1.0, "all tied"),
+]
+
+
+@pytest.mark.parametrize(
+    "x, y, expected, source", MW_KNOWN, ids=[f"{i}-{c[3]}" for i, c in enumerate(MW_KNOWN)]
+)
+def test_mann_whitney_known_values(x, y, expected, source):
+    assert gate.mann_whitney_greater(x, y) == pytest.approx(expected, rel=1e-6)
+
+
+def test_mann_whitney_hand_case_from_formula():
+    z = (9 - 4.5 - 0.5) / math.sqrt(5.25)
+    assert gate.mann_whitney_greater([6, 4, 5], [3, 1, 2]) == pytest.approx(0.5 * math.erfc(z / math.sqrt(2)))
+
+
+@pytest.mark.parametrize("x, y", [([], [1.0]), ([1.0], [])])
+def test_mann_whitney_rejects_empty(x, y):
+    with pytest.raises(ValueError, match="non-empty"):
+        gate.mann_whitney_greater(x, y)
+
+
+# ---------------------------------------------------------------------------------------------
+# Synthetic runs
+# ---------------------------------------------------------------------------------------------
+
+
+def base_ms(shape: cases.BenchShape, mode: str) -> float:
+    """A plausible median: bytes at 3.5 TB/s, plus 10 us of launch."""
+    return cases.bytes_moved(shape, mode) / 3.5e12 * 1e3 + 0.010
+
+
+def make_run(seed: int, *, slower: dict | None = None, noise: float = 0.01, n: int = SAMPLES, errors=None):
+    """A results file as bench.run_benchmarks writes it, kernel provider only: every benchmark
+    shape and mode, samples ~ median x (1 + noise N(0, 1)); ``slower`` maps (shape, mode) or "*"
+    to a factor."""
+    rng = random.Random(seed)
+    slower = slower or {}
+    rows = []
+    for shape in cases.BENCH_SHAPES:
+        dtype = cases.dtype_name(shape.dtype)
+        for mode in cases.BENCH_MODES:
+            factor = slower.get((shape.name, mode), slower.get("*", 1.0))
+            center = base_ms(shape, mode) * factor
+            samples = [center * (1 + noise * rng.gauss(0, 1)) for _ in range(n)]
+            errs = {q: TYPICAL_ERROR[dtype] for q in gate.QUANTITIES[mode]}
+            if errors:
+                errs.update(errors.get((shape.name, mode), {}))
+            rows.append(
+                {
+                    "provider": "kernel",
+                    "shape": shape.name,
+                    "m": shape.m,
+                    "n": shape.n,
+                    "dtype": dtype,
+                    "group": shape.group,
+                    "mode": mode,
+                    "bytes": cases.bytes_moved(shape, mode),
+                    "status": "ok",
+                    "error": None,
+                    "samples_ms": samples,
+                    "block_medians_ms": [gate.median(samples)],
+                    "median_ms": gate.median(samples),
+                    "errors": errs,
+                }
+            )
+    return {
+        "schema": 1,
+        "machine": {"device": "synthetic"},
+        "git": {"commit": f"{seed:040x}"},
+        "copy": {"tbs": 4.25},
+        "results": rows,
+    }
+
+
+LARGE = "32768x4096-bfloat16"
+FP32 = "4096x4096-float32"
+SMALL = "128x257-float32"
+
+
+def drop(run, shape, mode):
+    run["results"] = [r for r in run["results"] if (r["shape"], r["mode"]) != (shape, mode)]
+    return run
+
+
+def fail(run, shape, mode):
+    for r in run["results"]:
+        if (r["shape"], r["mode"]) == (shape, mode):
+            r["status"], r["error"], r["samples_ms"] = "failed", "RuntimeError: out of resources", []
+    return run
+
+
+def few_samples(run, shape, mode):
+    for r in run["results"]:
+        if (r["shape"], r["mode"]) == (shape, mode):
+            r["samples_ms"] = r["samples_ms"][:5]
+    return run
+
+
+def no_kernel(run):
+    for r in run["results"]:
+        r["provider"] = "native"
+    return run
+
+
+def remove_error(run, shape, mode, quantity):
+    for r in run["results"]:
+        if (r["shape"], r["mode"]) == (shape, mode):
+            del r["errors"][quantity]
+    return run
+
+
+# (name, head run, expected status, checks expected to regress or error)
+SCENARIOS = [
+    ("A/A same distribution", lambda: make_run(2), "pass", []),
+    ("A/A, noisier", lambda: make_run(3, noise=0.03), "pass", []),
+    ("8% slower everywhere", lambda: make_run(4, slower={"*": 1.08}), "regression", ["latency"]),
+    ("8% slower at one shape", lambda: make_run(5, slower={(LARGE, "forward"): 1.08}), "regression",
+     [f"latency {LARGE} forward"]),
+    ("3% slower everywhere", lambda: make_run(6, slower={"*": 1.03}), "pass", []),
+    ("faster", lambda: make_run(8, slower={"*": 0.8}), "pass", []),
+    ("fp32 y error x8 (eps outside the sqrt)",
+     lambda: make_run(9, errors={(FP32, "forward"): {"y": 8 * TYPICAL_ERROR["float32"]}}), "regression",
+     [f"error y {FP32}"]),
+    ("fp32 dx error x3", lambda: make_run(10, errors={(SMALL, "forward_backward"): {"dx": 1.8e-7}}),
+     "regression", [f"error dx {SMALL}"]),
+    ("bf16 dw error above the ceiling",
+     lambda: make_run(11, errors={(LARGE, "forward_backward"): {"dw": 1.9e-3}}), "regression",
+     [f"error dw {LARGE}"]),
+    ("bf16 error grows 3%, under the ceiling and growth",
+     lambda: make_run(12, errors={(LARGE, "forward"): {"y": 1.03 * TYPICAL_ERROR["bfloat16"]}}), "pass", []),
+    ("NaN error", lambda: make_run(13, errors={(FP32, "forward"): {"y": float("nan")}}), "regression",
+     [f"error y {FP32}"]),
+    ("missing shape in head", lambda: drop(make_run(14), SMALL, "forward"), "error",
+     [f"latency {SMALL} forward"]),
+    ("failed benchmark in head", lambda: fail(make_run(15), LARGE, "forward_backward"), "error",
+     [f"latency {LARGE} forward_backward"]),
+    ("too few samples", lambda: few_samples(make_run(16), LARGE, "forward"), "error",
+     [f"latency {LARGE} forward"]),
+    ("head without kernel rows", lambda: no_kernel(make_run(17)), "error", ["latency"]),
+    ("head without an error figure", lambda: remove_error(make_run(18), FP32, "forward", "y"), "error",
+     [f"error y {FP32}"]),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def base_run():
+    return make_run(1)
+
+
+@pytest.mark.parametrize("name, head, status, flagged", SCENARIOS, ids=[s[0] for s in SCENARIOS])
+def test_gate_scenarios(base_run, name, head, status, flagged):
+    verdict = gate.judge(copy.deepcopy(base_run), head(), THRESHOLDS)
+    assert verdict.status == status, verdict.summary
+    assert verdict.exit_code == {"pass": 0, "regression": 1, "error": 2}[status]
+    bad = [r.check for r in verdict.rows if r.verdict != "pass"]
+    if status == "pass":
+        assert bad == []
+    for prefix in flagged:
+        assert any(c.startswith(prefix) for c in bad), (prefix, bad)
+    assert verdict.summary.startswith(status.upper())
+
+
+def test_gate_checks_every_shape_and_mode(base_run):
+    verdict = gate.judge(base_run, make_run(2), THRESHOLDS)
+    latency = [r for r in verdict.rows if r.kind == "latency"]
+    numerics = [r for r in verdict.rows if r.kind == "numerics"]
+    assert len(latency) == len(cases.BENCH_SHAPES) * len(cases.BENCH_MODES)
+    assert len(numerics) == len(cases.BENCH_SHAPES) * 3  # y; dx and dw
+    assert all(0.0 <= r.p_value <= 1.0 for r in latency)
+
+
+def test_slower_but_within_factor_is_significant_yet_passes(base_run):
+    verdict = gate.judge(base_run, make_run(6, slower={"*": 1.03}), THRESHOLDS)
+    latency = [r for r in verdict.rows if r.kind == "latency"]
+    assert all(r.p_value < 0.01 and 1.0 < r.ratio < 1.05 for r in latency)  # the factor decides
+
+
+def set_samples(run, shape, mode, samples):
+    for r in run["results"]:
+        if (r["shape"], r["mode"]) == (shape, mode):
+            r["samples_ms"] = list(samples)
+    return run
+
+
+def test_slower_above_factor_needs_significance():
+    """Bimodal samples: base 10 x 1.0 and 10 x 2.0 (median 1.5), head 9 x 1.0 and 11 x 2.0 (median
+    2.0): the medians say +33%, the distributions barely differ, so no regression."""
+    base = set_samples(make_run(1), LARGE, "forward", [1.0] * 10 + [2.0] * 10)
+    head = set_samples(make_run(2), LARGE, "forward", [1.0] * 9 + [2.0] * 11)
+    verdict = gate.judge(base, head, THRESHOLDS)
+    row = next(r for r in verdict.rows if r.check == f"latency {LARGE} forward")
+    assert row.ratio == pytest.approx(2.0 / 1.5)
+    assert row.p_value > 0.2 and row.verdict == "pass" and "not significant" in row.note
+    assert verdict.status == "pass"
+
+
+def test_missing_base_file_is_error():
+    verdict = gate.judge(None, make_run(2), THRESHOLDS, missing={"base": "no results file 'x.json'"})
+    assert verdict.status == "error"
+    assert verdict.rows[0].check == "base results" and "x.json" in verdict.rows[0].note
+
+
+def test_extra_rows_decide_too(base_run):
+    failing = gate.Row("gpu tests (head)", None, None, None, None, "regression", "run", note="2 failed")
+    verdict = gate.judge(base_run, make_run(2), THRESHOLDS, extra_rows=[failing])
+    assert verdict.status == "regression"
+    assert verdict.rows[0] is failing
+
+
+def test_error_takes_precedence_over_regression(base_run):
+    head = drop(make_run(4, slower={"*": 1.08}), SMALL, "forward")
+    verdict = gate.judge(base_run, head, THRESHOLDS)
+    assert verdict.status == "error" and "regressed" in verdict.summary
+
+
+# ---------------------------------------------------------------------------------------------
+# Verdict files and the command
+# ---------------------------------------------------------------------------------------------
+
+ROW_KEYS = {"check", "base", "head", "ratio", "threshold", "verdict"}
+
+
+def write(tmp_path: Path, name: str, run) -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(run))
+    return path
+
+
+def test_verdict_files_shape(tmp_path, base_run):
+    verdict = gate.judge(base_run, make_run(4, slower={(LARGE, "forward"): 1.08}), THRESHOLDS)
+    md, js = gate.write_verdict(verdict, tmp_path)
+    lines = md.read_text().splitlines()
+    assert lines[0] == f"**{verdict.summary}**"
+    header = lines.index("| check | base | head | ratio | threshold | verdict |")
+    assert lines[header + 1] == "|---|---|---|---|---|---|"
+    table = lines[header + 2 :]
+    assert len(table) == len(verdict.rows)
+    assert all(line.count(" | ") == 5 for line in table)
+    assert any(LARGE in line and "**regression**" in line for line in table)
+    data = json.loads(js.read_text())
+    assert data["status"] == "regression" and data["summary"] == verdict.summary
+    assert all(ROW_KEYS <= set(row) and row["verdict"] in gate.STATUSES for row in data["rows"])
+    assert data["head"]["commit"] == f"{4:040x}"
+
+
+# (scenario, base file content or None for a missing file, head content, exit status)
+CLI_CASES = [
+    ("pass", lambda: make_run(1), lambda: make_run(2), 0),
+    ("regression", lambda: make_run(1), lambda: make_run(4, slower={"*": 1.08}), 1),
+    ("missing head file", lambda: make_run(1), None, 2),
+    ("not a results file", lambda: make_run(1), lambda: {"hello": 1}, 2),
+    ("failed benchmark", lambda: make_run(1), lambda: fail(make_run(2), SMALL, "forward"), 2),
+]
+
+
+@pytest.mark.parametrize("name, base, head, code", CLI_CASES, ids=[c[0] for c in CLI_CASES])
+def test_gate_command(tmp_path, capsys, name, base, head, code):
+    base_path = write(tmp_path, "base.json", base())
+    head_path = write(tmp_path, "head.json", head()) if head else tmp_path / "absent.json"
+    out = tmp_path / "verdict"
+    argv = ["gate", "--base", str(base_path), "--head", str(head_path), "--out", str(out)]
+    assert cli.main([*argv, "--thresholds", str(ROOT / "regression.toml")]) == code
+    data = json.loads((out / "verdict.json").read_text())
+    assert data["status"] == {0: "pass", 1: "regression", 2: "error"}[code]
+    assert capsys.readouterr().out.splitlines()[0] == data["summary"]
+
+
+def test_gate_command_without_thresholds_cannot_judge(tmp_path, capsys):
+    base = write(tmp_path, "b.json", make_run(1))
+    argv = ["gate", "--base", str(base), "--head", str(base), "--thresholds", str(tmp_path / "none.toml")]
+    assert cli.main(argv) == 2
+    assert "none.toml" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# regression.toml
+# ---------------------------------------------------------------------------------------------
+
+
+def test_thresholds_cover_the_benchmark_matrix():
+    for shape in cases.BENCH_SHAPES:
+        for mode in cases.BENCH_MODES:
+            assert (shape.group, mode) in THRESHOLDS.latency
+        rule = THRESHOLDS.numerics[cases.dtype_name(shape.dtype)]
+        assert set(rule.ceiling) == {"y", "dx", "dw"}
+
+
+def test_thresholds_are_as_declared():
+    assert all(rule.factor == 1.05 for (group, mode), rule in THRESHOLDS.latency.items() if group == "large")
+    assert all(0 < rule.alpha <= 0.05 for rule in THRESHOLDS.latency.values())
+    for dtype, factor in cases.ORACLE_ERROR_FACTOR.items():
+        assert THRESHOLDS.numerics[cases.dtype_name(dtype)].growth == factor
+
+
+def test_fp32_ceiling_catches_eps_outside_the_sqrt():
+    """eps outside the sqrt moves y by about eps/2 relative for rows with mean square 1: far below
+    half-precision rounding, so only the fp32 rows can see it, and their ceilings must."""
+    torch.manual_seed(0)
+    x = torch.randn(256, 4096, dtype=torch.float64)
+    eps = cases.EPS
+    ms = x.square().mean(-1, keepdim=True)
+    right = x / torch.sqrt(ms + eps)
+    wrong = x / (torch.sqrt(ms) + eps)
+    shift = ((wrong - right).norm() / right.norm()).item()
+    assert shift > THRESHOLDS.numerics["float32"].ceiling["y"]
+    assert shift < THRESHOLDS.numerics["float16"].ceiling["y"] / 10
+
+
+LATENCY_OK = "[latency.large.forward]\nfactor = 1.05\nalpha = 0.01\n"
+NUMERICS_OK = "[numerics.float32]\ngrowth = 2.0\nceiling = { y = 1e-7 }\n"
+# (name, the file's text, what the error must name)
+BAD_TOML = [
+    ("factor below 1", "[latency.large.forward]\nfactor = 0.9\nalpha = 0.01\n" + NUMERICS_OK,
+     "latency.large.forward.factor"),
+    ("alpha missing", "[latency.large.forward]\nfactor = 1.05\n" + NUMERICS_OK,
+     "latency.large.forward.alpha is missing"),
+    ("unknown mode", "[latency.large.backward]\nfactor = 1.05\nalpha = 0.01\n" + NUMERICS_OK,
+     "unknown mode 'backward'"),
+    ("alpha as text", "[latency.small.forward]\nfactor = 1.05\nalpha = 'low'\n" + NUMERICS_OK,
+     "latency.small.forward.alpha"),
+    ("unknown quantity", LATENCY_OK + "[numerics.float32]\ngrowth = 2.0\nceiling = { z = 1e-7 }\n",
+     "numerics.float32.ceiling"),
+    ("negative ceiling", LATENCY_OK + "[numerics.float32]\ngrowth = 2.0\nceiling = { y = -1e-7 }\n",
+     "numerics.float32.ceiling.y"),
+    ("unknown section", LATENCY_OK + NUMERICS_OK + "[latencies]\n", "unknown key(s) ['latencies']"),
+    ("min_samples 1", "[gate]\nmin_samples = 1\n" + LATENCY_OK + NUMERICS_OK, "gate.min_samples"),
+    ("no latency table", NUMERICS_OK, "latency must be a table"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, text, message", BAD_TOML, ids=[c[0] for c in BAD_TOML])
+def test_bad_thresholds_name_the_key(tmp_path, name, text, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match="bad.toml") as info:
+        gate.load_thresholds(path)
+    assert message in str(info.value)
+
+
+def test_invalid_toml_is_reported(tmp_path):
+    path = tmp_path / "broken.toml"
+    path.write_text("[latency\n")
+    with pytest.raises(ValueError, match="not valid TOML"):
+        gate.load_thresholds(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# pr-verdict: interleaving and merging
+# ---------------------------------------------------------------------------------------------
+
+
+def test_rounds_alternate_abba():
+    assert [prverdict.round_order(k) for k in range(4)] == [
+        ("base", "head"),
+        ("head", "base"),
+        ("base", "head"),
+        ("head", "base"),
+    ]
+
+
+def test_merge_rounds_concatenates_samples_and_keeps_the_worst_error():
+    rounds = [make_run(20, n=40), make_run(21, n=40, errors={(FP32, "forward"): {"y": 1e-7}})]
+    merged = prverdict.merge_rounds(rounds, "head", "abc")
+    rows = {(r["shape"], r["mode"]): r for r in merged["results"]}
+    row = rows[FP32, "forward"]
+    assert len(row["samples_ms"]) == 80 and len(row["block_medians_ms"]) == 2
+    assert row["errors"]["y"] == 1e-7
+    assert row["median_ms"] == pytest.approx(gate.median(row["samples_ms"]))
+    assert row["fraction_of_copy"] == pytest.approx(row["tbs"] / 4.25)
+    assert merged["git"]["commit"] == "abc" and merged["settings"]["rounds"] == 2
+
+
+def test_merge_rounds_marks_a_failure_in_any_round():
+    rounds = [make_run(22, n=40), fail(make_run(23, n=40), LARGE, "forward")]
+    rows = {(r["shape"], r["mode"]): r for r in prverdict.merge_rounds(rounds, "base", None)["results"]}
+    assert rows[LARGE, "forward"]["status"] == "failed" and "round 1" in rows[LARGE, "forward"]["error"]
+    assert rows[SMALL, "forward"]["status"] == "ok"
+
+
+def test_merged_rounds_feed_the_gate():
+    base = prverdict.merge_rounds([make_run(30, n=50), make_run(31, n=50)], "base", "b")
+    head = prverdict.merge_rounds([make_run(32, n=50, slower={"*": 1.08}), make_run(33, n=50)], "head", "h")
+    verdict = gate.judge(base, head, THRESHOLDS)
+    assert verdict.status == "pass"  # one slow round of two: the medians stay within the factor
+    head = prverdict.merge_rounds([make_run(34, n=50, slower={"*": 1.08}) for _ in range(2)], "head", "h")
+    assert gate.judge(base, head, THRESHOLDS).status == "regression"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown on machines without CUDA")
+def test_pr_verdict_without_cuda_cannot_judge(tmp_path, capsys):
+    out = tmp_path / "pr"
+    assert cli.main(["pr-verdict", "--base", "HEAD", "--head", "HEAD", "--out", str(out)]) == 2
+    data = json.loads((out / "verdict.json").read_text())
+    assert data["status"] == "error" and "CUDA is not available" in data["summary"]
+    assert "CUDA is not available" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message", [(["--rounds", "1"], "--rounds"), (["--samples", "0"], "--samples")]
+)
+def test_pr_verdict_rejects_bad_arguments(tmp_path, argv, message):
+    with pytest.raises(ValueError, match=message):
+        cli.main(["pr-verdict", "--base", "HEAD", "--head", "HEAD", "--out", str(tmp_path), *argv])

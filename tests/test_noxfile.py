@@ -1,0 +1,160 @@
+"""The nox sessions as the README and CI promise them: names, tags, defaults, the quickstart
+commands, and GPU sessions that stop (never pass) without CUDA."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import re
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+NOXFILE = ROOT / "noxfile.py"
+README = ROOT / "README.md"
+CI_RUN = ROOT / ".ci" / "run"
+
+# name -> tags: the session names everyone (README, workflows, docs) uses.
+EXPECTED_SESSIONS = {
+    "lint": {"cpu"},
+    "tests": {"cpu"},
+    "interpret": {"cpu"},
+    "gpu": {"gpu"},
+    "verdict": {"cpu", "gpu"},
+    "bench": {"gpu"},
+    "asv": {"gpu"},
+    "pr_verdict": {"gpu"},
+    "history": {"cpu"},
+    "perf_docs": {"gpu"},
+}
+GPU_SESSIONS = sorted(name for name, tags in EXPECTED_SESSIONS.items() if tags == {"gpu"})
+HAS_NOX = importlib.util.find_spec("nox") is not None
+
+
+def _literal_kw(call: ast.Call, name: str, default=None):
+    for kw in call.keywords:
+        if kw.arg == name:
+            return ast.literal_eval(kw.value)
+    return default
+
+
+def noxfile_sessions(path: Path = NOXFILE) -> dict[str, dict]:
+    """Sessions declared in a noxfile, read with ast (nox need not be importable):
+    name -> {"tags": set, "doc": str}."""
+    sessions = {}
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        for deco in node.decorator_list:
+            call = deco if isinstance(deco, ast.Call) else None
+            target = call.func if call else deco
+            if ast.unparse(target) not in ("nox.session", "session"):
+                continue
+            name = _literal_kw(call, "name", node.name) if call else node.name
+            tags = set(_literal_kw(call, "tags", []) if call else [])
+            sessions[name] = {"tags": tags, "doc": ast.get_docstring(node) or ""}
+    return sessions
+
+
+def noxfile_default_sessions(path: Path = NOXFILE) -> list[str]:
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "nox.options.sessions":
+            return list(ast.literal_eval(node.value))
+    return []
+
+
+def quickstart_commands() -> list[str]:
+    """The command lines of the README's Quickstart code block."""
+    text = README.read_text(encoding="utf-8")
+    section = text.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```(?:bash|sh)?\n(.*?)```", section, re.S)
+    assert block, "README: the Quickstart section has no code block"
+    return [line for line in block.group(1).splitlines() if line.strip() and not line.startswith("#")]
+
+
+def test_sessions_are_the_agreed_ones_with_their_tags():
+    found = {name: s["tags"] for name, s in noxfile_sessions().items()}
+    assert found == EXPECTED_SESSIONS
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_SESSIONS))
+def test_session_has_a_description_for_nox_list(name):
+    doc = noxfile_sessions()[name]["doc"]
+    assert doc and len(doc.splitlines()[0]) <= 105, f"{name}: needs a one-line docstring for `nox -l`"
+
+
+def test_plain_nox_runs_the_cpu_test_sessions():
+    assert noxfile_default_sessions() == ["lint", "tests", "interpret"]
+
+
+def test_readme_quickstart_is_two_commands_verdict_then_tests():
+    commands = quickstart_commands()
+    assert len(commands) == 2, commands
+    verdict, tests = commands
+    assert verdict.endswith("nox -s verdict")
+    assert tests.endswith("/nox") or tests.endswith(" nox")
+    for command in commands:
+        assert "-r requirements/nox.txt" in command
+        assert (ROOT / "requirements" / "nox.txt").is_file()
+
+
+def test_ci_run_runs_the_readme_test_command():
+    text = CI_RUN.read_text(encoding="utf-8")
+    assert quickstart_commands()[1] in text.splitlines()
+    assert "set -euo pipefail" in text
+    assert CI_RUN.stat().st_mode & stat.S_IXUSR, ".ci/run must be executable"
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_SESSIONS))
+def test_readme_session_table_lists_every_session(name):
+    lines = README.read_text(encoding="utf-8").splitlines()
+    rows = [line for line in lines if line.startswith(f"| `{name}` |")]
+    assert len(rows) == 1, f"README: no row for session {name}"
+    runs_on = {t.strip() for t in rows[0].split("|")[2].split(",")}
+    assert runs_on == EXPECTED_SESSIONS[name]
+
+
+def test_pinned_requirement_files_pin_every_line():
+    for path in sorted((ROOT / "requirements").glob("*.txt")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            requirement = line.split("#", 1)[0].strip()
+            if requirement:
+                assert re.fullmatch(r"[A-Za-z0-9_.-]+==[\w.]+", requirement), f"{path.name}: {line!r}"
+
+
+def _nox(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "nox", "-f", str(NOXFILE), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.mark.skipif(not HAS_NOX, reason="nox is not installed in this environment")
+def test_nox_lists_the_same_sessions_as_parsed():
+    import json
+
+    result = _nox("-l", "--json", "-t", "cpu", "gpu")  # every session carries one of the two tags
+    assert result.returncode == 0, result.stderr
+    listed = {s["name"]: set(s["tags"]) for s in json.loads(result.stdout)}
+    assert listed == EXPECTED_SESSIONS
+
+
+@pytest.mark.skipif(not HAS_NOX, reason="nox is not installed in this environment")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given where CUDA is absent")
+@pytest.mark.parametrize("name", GPU_SESSIONS)
+def test_gpu_session_without_cuda_stops_with_a_clear_message(name):
+    result = _nox("--no-venv", "-s", name, env={"RMSNORM_BASE_SHA": "HEAD", "RMSNORM_HEAD_SHA": "HEAD"})
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "needs a CUDA device" in output, output
+    assert f"Session {name} aborted" in output, output
