@@ -77,8 +77,11 @@ def main():
             tf = bytes_moved(s, "forward") / f / 1e9
             tb = bytes_moved(s, "forward_backward") / fb / 1e9
             rows.append(dict(shape=s.name, impl=name, fwd_us=f * 1e3, fb_us=fb * 1e3, fwd_tbs=tf, fb_tbs=tb))
-            print(f"{s.name:>22} {name:>9} fwd {f*1e3:9.1f} us {tf:5.2f} TB/s ({tf/copy:4.0%})"
-                  f" | f+b {fb*1e3:9.1f} us {tb:5.2f} TB/s ({tb/copy:4.0%})", flush=True)
+            print(
+                f"{s.name:>22} {name:>9} fwd {f * 1e3:9.1f} us {tf:5.2f} TB/s ({tf / copy:4.0%})"
+                f" | f+b {fb * 1e3:9.1f} us {tb:5.2f} TB/s ({tb / copy:4.0%})",
+                flush=True,
+            )
         del x, dy
         torch.cuda.empty_cache()
     out = os.environ.get("OUT", ".")

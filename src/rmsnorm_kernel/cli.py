@@ -15,7 +15,10 @@ import sys
 
 # subcommand -> (module, one-line help). The order is the walkthrough's order.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "check-environment": ("rmsnorm_kernel.walkthrough", "versions, device, and one real kernel computed and checked"),
+    "check-environment": (
+        "rmsnorm_kernel.walkthrough",
+        "versions, device, and one real kernel computed and checked",
+    ),
     "reference": ("rmsnorm_kernel.walkthrough", "float64 gradcheck of the reference; synthetic data splits"),
     "check-forward": ("rmsnorm_kernel.walkthrough", "forward case grid against the reference"),
     "check-backward": ("rmsnorm_kernel.walkthrough", "dx case grid against the reference"),
@@ -26,7 +29,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "figures": ("rmsnorm_kernel.walkthrough", "PNG plots from the recorded outputs"),
     "check-checkpoints": ("rmsnorm_kernel.walkthrough", "reload saved checkpoints and compare"),
     "clean": ("rmsnorm_kernel.walkthrough", "delete generated files (preview with --dry-run)"),
-    "verdict": ("rmsnorm_kernel.verdict", "every check this machine can run, one table, non-zero exit on failure"),
+    "verdict": (
+        "rmsnorm_kernel.verdict",
+        "every check this machine can run, one table, non-zero exit on failure",
+    ),
     "gate": ("rmsnorm_kernel.gate", "compare base and head results against regression.toml"),
     "pr-verdict": ("rmsnorm_kernel.prverdict", "benchmark base and head interleaved, then gate them"),
 }

@@ -17,7 +17,9 @@ divided by the true N, never by the block width.
 
 Two paths, same results:
 * tile: the whole row (BLOCK_N >= N) lives in registers; ROWS rows per program for narrow rows.
-* looped: rows wider than the largest tile are walked in BLOCK_N chunks, twice (sum, then scale).
+* wide: rows wider than the largest tile. The forward walks each row in chunks twice (sum, then
+  scale) with few enough programs that the second walk hits L2. The backward splits each row
+  into segments: one launch sums u * x per segment, a second computes dx per segment.
 
 dw is deterministic: each backward program owns one row of a (programs x N) fp32 scratch and
 adds its rows into it in a fixed order; ``reduce_columns`` then sums that scratch over programs
@@ -104,6 +106,7 @@ def forward_looped(
     RSTD,
     M,
     N,
+    programs,  # number of programs launched: each walks rows pid, pid + programs, ...
     stride_x,
     stride_res,
     stride_y,
@@ -115,39 +118,42 @@ def forward_looped(
     CASTING: tl.constexpr,
     BLOCK_N: tl.constexpr,  # chunk width; N may be any multiple or not
 ):
-    """One row per program, walked twice in BLOCK_N chunks: the sum of squares, then the scale.
-    With a residual, h is written once in the first walk and read back in the second."""
-    row = tl.program_id(0).to(tl.int64)
-    x_row = X + row * stride_x
-    h_row = H + row * stride_h
+    """Rows wider than a tile, walked twice in BLOCK_N chunks: the sum of squares, then the
+    scale. Persistent, about one program per SM, so the rows being walked (programs x N
+    elements) stay in L2 and the second walk costs no HBM traffic. With a residual, h is written
+    once in the first walk and read back in the second."""
+    pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
+    for row in range(pid, M, programs):
+        row64 = tl.cast(row, tl.int64)
+        x_row = X + row64 * stride_x
+        h_row = H + row64 * stride_h
+        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for start in range(0, N, BLOCK_N):
+            c = start + cols
+            x = tl.load(x_row + c, mask=c < N, other=0.0).to(tl.float32)
+            if HAS_RESIDUAL:
+                res = tl.load(RES + row64 * stride_res + c, mask=c < N, other=0.0).to(tl.float32)
+                h = (x + res).to(H.dtype.element_ty)
+                tl.store(h_row + c, h, mask=c < N)
+                x = h.to(tl.float32)
+            acc += x * x
+        rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
+        tl.store(RSTD + row, rstd)
 
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for start in range(0, N, BLOCK_N):
-        c = start + cols
-        x = tl.load(x_row + c, mask=c < N, other=0.0).to(tl.float32)
-        if HAS_RESIDUAL:
-            res = tl.load(RES + row * stride_res + c, mask=c < N, other=0.0).to(tl.float32)
-            h = (x + res).to(H.dtype.element_ty)
-            tl.store(h_row + c, h, mask=c < N)
-            x = h.to(tl.float32)
-        acc += x * x
-    rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
-    tl.store(RSTD + row, rstd)
-
-    for start in range(0, N, BLOCK_N):
-        c = start + cols
-        if HAS_RESIDUAL:
-            x = tl.load(h_row + c, mask=c < N, other=0.0)
-        else:
-            x = tl.load(x_row + c, mask=c < N, other=0.0)
-        xn = x.to(tl.float32) * rstd
-        if CASTING == 1:
-            xn = xn.to(x.dtype).to(tl.float32)
-        if HAS_WEIGHT:
-            w = tl.load(W + c, mask=c < N, other=0.0).to(tl.float32)
-            xn = xn * (offset + w)
-        tl.store(Y + row * stride_y + c, xn.to(Y.dtype.element_ty), mask=c < N)
+        for start in range(0, N, BLOCK_N):
+            c = start + cols
+            if HAS_RESIDUAL:
+                x = tl.load(h_row + c, mask=c < N, other=0.0)
+            else:
+                x = tl.load(x_row + c, mask=c < N, other=0.0)
+            xn = x.to(tl.float32) * rstd
+            if CASTING == 1:
+                xn = xn.to(x.dtype).to(tl.float32)
+            if HAS_WEIGHT:
+                w = tl.load(W + c, mask=c < N, other=0.0).to(tl.float32)
+                xn = xn * (offset + w)
+            tl.store(Y + row64 * stride_y + c, xn.to(Y.dtype.element_ty), mask=c < N)
 
 
 @triton.jit
@@ -213,65 +219,89 @@ def backward_tile(
 
 
 @triton.jit
-def backward_looped(
+def backward_wide_dot(
+    X,
+    W,
+    DY,
+    DOT_PARTIAL,  # fp32 [M, SEGMENTS]: sum of u * x over each segment of each row
+    N,
+    stride_x,
+    stride_dy,
+    offset,
+    SEGMENTS,
+    HAS_WEIGHT: tl.constexpr,
+    BLOCK_S: tl.constexpr,  # segment width
+):
+    """Wide rows, step 1 of 2: program (row, segment) writes that segment's sum of u * x."""
+    row = tl.program_id(0).to(tl.int64)
+    seg = tl.program_id(1)
+    c = seg * BLOCK_S + tl.arange(0, BLOCK_S)
+    x = tl.load(X + row * stride_x + c, mask=c < N, other=0.0).to(tl.float32)
+    u = tl.load(DY + row * stride_dy + c, mask=c < N, other=0.0).to(tl.float32)
+    if HAS_WEIGHT:
+        u = u * (offset + tl.load(W + c, mask=c < N, other=0.0).to(tl.float32))
+    tl.store(DOT_PARTIAL + row * SEGMENTS + seg, tl.sum(u * x, axis=0))
+
+
+@triton.jit
+def backward_wide(
     X,
     W,
     DY,
     DH,
     RSTD,
+    DOT_PARTIAL,  # fp32 [M, SEGMENTS] from backward_wide_dot
     DX,
-    DW_PARTIAL,  # fp32 scratch, zero-initialised, one row per program  [programs, N]
+    DW_PARTIAL,  # fp32 [row groups, N]: one row per row group
     M,
     N,
-    programs,  # number of programs launched (the grid), passed so the loop step is a plain int
+    groups,  # row groups: program (g, segment) handles rows g, g + groups, ...
     stride_x,
     stride_dy,
     stride_dh,
     stride_dx,
     offset,
+    SEGMENTS,
     HAS_WEIGHT: tl.constexpr,
     HAS_DH: tl.constexpr,
     COMPUTE_DW: tl.constexpr,
     CASTING: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    SEGMENTS_POW2: tl.constexpr,
 ):
-    """Rows wider than a tile: per row, one walk for c = sum(u * xn) / N, a second for dx; the
-    program's dw share is accumulated in its own scratch row (read-modify-write, fixed order)."""
-    pid = tl.program_id(0)
-    cols = tl.arange(0, BLOCK_N)
-    partial_row = DW_PARTIAL + pid.to(tl.int64) * N
-
-    for row in range(pid, M, programs):
+    """Wide rows, step 2 of 2: program (g, segment) owns one column segment for a group of rows,
+    so its share of dw stays in registers; c for each row is the fixed-order sum of the row's
+    segment sums from step 1."""
+    g = tl.program_id(0)
+    seg = tl.program_id(1)
+    c = seg * BLOCK_S + tl.arange(0, BLOCK_S)
+    col_ok = c < N
+    if HAS_WEIGHT:
+        scale = offset + tl.load(W + c, mask=col_ok, other=0.0).to(tl.float32)
+    segs = tl.arange(0, SEGMENTS_POW2)
+    dw_acc = tl.zeros((BLOCK_S,), dtype=tl.float32)
+    for row in range(g, M, groups):
         row64 = tl.cast(row, tl.int64)
         rstd = tl.load(RSTD + row)
-        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        for start in range(0, N, BLOCK_N):
-            c = start + cols
-            x = tl.load(X + row64 * stride_x + c, mask=c < N, other=0.0).to(tl.float32)
-            u = tl.load(DY + row64 * stride_dy + c, mask=c < N, other=0.0).to(tl.float32)
-            if HAS_WEIGHT:
-                u = u * (offset + tl.load(W + c, mask=c < N, other=0.0).to(tl.float32))
-            acc += u * x
-        mean_uxn = tl.sum(acc, axis=0) * rstd / N
-
-        for start in range(0, N, BLOCK_N):
-            c = start + cols
-            x_raw = tl.load(X + row64 * stride_x + c, mask=c < N, other=0.0)
-            dy = tl.load(DY + row64 * stride_dy + c, mask=c < N, other=0.0).to(tl.float32)
-            xn = x_raw.to(tl.float32) * rstd
-            if HAS_WEIGHT:
-                u = dy * (offset + tl.load(W + c, mask=c < N, other=0.0).to(tl.float32))
-            else:
-                u = dy
-            dx = (u - xn * mean_uxn) * rstd
-            if HAS_DH:
-                dx += tl.load(DH + row64 * stride_dh + c, mask=c < N, other=0.0).to(tl.float32)
-            tl.store(DX + row64 * stride_dx + c, dx.to(DX.dtype.element_ty), mask=c < N)
-            if COMPUTE_DW:
-                if CASTING == 1:
-                    xn = xn.to(x_raw.dtype).to(tl.float32)
-                p = tl.load(partial_row + c, mask=c < N, other=0.0)
-                tl.store(partial_row + c, p + dy * xn, mask=c < N)
+        dot = tl.sum(tl.load(DOT_PARTIAL + row64 * SEGMENTS + segs, mask=segs < SEGMENTS, other=0.0), axis=0)
+        mean_uxn = dot * rstd / N
+        x_raw = tl.load(X + row64 * stride_x + c, mask=col_ok, other=0.0)
+        dy = tl.load(DY + row64 * stride_dy + c, mask=col_ok, other=0.0).to(tl.float32)
+        xn = x_raw.to(tl.float32) * rstd
+        if HAS_WEIGHT:
+            u = dy * scale
+        else:
+            u = dy
+        dx = (u - xn * mean_uxn) * rstd
+        if HAS_DH:
+            dx += tl.load(DH + row64 * stride_dh + c, mask=col_ok, other=0.0).to(tl.float32)
+        tl.store(DX + row64 * stride_dx + c, dx.to(DX.dtype.element_ty), mask=col_ok)
+        if COMPUTE_DW:
+            if CASTING == 1:
+                xn = xn.to(x_raw.dtype).to(tl.float32)
+            dw_acc += dy * xn
+    if COMPUTE_DW:
+        tl.store(DW_PARTIAL + g.to(tl.int64) * N + c, dw_acc, mask=col_ok)
 
 
 @triton.jit

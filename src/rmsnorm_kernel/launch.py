@@ -19,12 +19,16 @@ Tensor = torch.Tensor
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 CASTING_MODES = {"default": kernels.CAST_FP32, "gemma": kernels.CAST_FP32, "llama": kernels.CAST_LLAMA}
 
-# Widest row held in registers as one tile; wider rows take the looped path.
+# Widest row held in registers as one tile; wider rows take the wide path.
 FORWARD_MAX_TILE = 16384
 BACKWARD_MAX_TILE = 16384
-# Chunk width and warps of the looped path.
-LOOP_BLOCK = 4096
-LOOP_WARPS = 8
+# Wide path: chunk width, warps and programs per SM of the forward walk; segment width and
+# warps of the backward.
+LOOP_BLOCK = 8192
+LOOP_WARPS = 16
+LOOP_PROGRAMS_PER_SM = 1
+SEGMENT = 4096
+SEGMENT_WARPS = 8
 
 
 class UnsupportedInput(ValueError):
@@ -59,7 +63,9 @@ def validate(
         if not weight.dtype.is_floating_point:
             raise TypeError(f"weight must be float32, float16 or bfloat16, got {_dtype_name(weight.dtype)}")
         if weight.numel() != n:
-            raise ValueError(f"weight must have {n} elements (the normalized shape), got shape {tuple(weight.shape)}")
+            raise ValueError(
+                f"weight must have {n} elements (the normalized shape), got shape {tuple(weight.shape)}"
+            )
         if weight.device != x.device:
             raise ValueError(f"weight must be on x's device {x.device}, got {weight.device}")
     if residual is not None:
@@ -154,7 +160,8 @@ class Launcher:
 _forward_tile = Launcher(kernels.forward_tile)
 _forward_looped = Launcher(kernels.forward_looped)
 _backward_tile = Launcher(kernels.backward_tile)
-_backward_looped = Launcher(kernels.backward_looped)
+_backward_wide_dot = Launcher(kernels.backward_wide_dot)
+_backward_wide = Launcher(kernels.backward_wide)
 _reduce_columns = Launcher(kernels.reduce_columns)
 
 
@@ -163,42 +170,43 @@ _reduce_columns = Launcher(kernels.reduce_columns)
 # ---------------------------------------------------------------------------------------------
 
 
-PROGRAMS_PER_SM = 4
+@functools.cache
+def sm_count(device_index: int) -> int:
+    if device_index < 0:  # the interpreter on CPU: a few programs keep it quick
+        return 2
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-@functools.lru_cache(maxsize=None)
-def program_slots(device_index: int) -> int:
-    """Concurrent programs the persistent backward launches: a few per SM."""
-    if device_index < 0:  # interpreter on CPU: few programs, so the interpreter stays quick
-        return 4
-    return torch.cuda.get_device_properties(device_index).multi_processor_count * PROGRAMS_PER_SM
+# Launch configurations of the tile path, by BLOCK_N: (rows per program, warps) for the forward,
+# (rows per program, warps, programs per SM) for the persistent backward. Measured on an H200
+# (bf16; tools/tune_sweep.py): one or two programs per SM with 8-16 warps keep the backward's
+# loads in flight without spilling its register-resident dw share.
+FORWARD_TILE = {1024: (2, 4), 2048: (1, 4), 4096: (1, 8), 8192: (1, 16), 16384: (1, 8)}
+BACKWARD_TILE = {1024: (2, 4, 4), 2048: (1, 4, 4), 4096: (1, 8, 2), 8192: (1, 16, 2), 16384: (1, 8, 2)}
 
 
-@functools.lru_cache(maxsize=None)
-def forward_config(n: int, elem_size: int) -> tuple[int, int, int]:
+@functools.cache
+def forward_config(n: int) -> tuple[int, int, int]:
     """(BLOCK_N, ROWS, num_warps) of the forward tile path."""
-    return _tile_config(n)
-
-
-@functools.lru_cache(maxsize=None)
-def backward_config(n: int, elem_size: int) -> tuple[int, int, int]:
-    """(BLOCK_N, ROWS, num_warps) of the backward tile path."""
-    return _tile_config(n)
-
-
-def _tile_config(n: int) -> tuple[int, int, int]:
-    """About 8-16 elements per thread; several rows per program when rows are narrow."""
     block_n = triton.next_power_of_2(n)
-    rows = max(1, min(16, 4096 // block_n))
-    elems = block_n * rows
-    num_warps = max(1, min(16, elems // 512))
-    return block_n, rows, num_warps
+    if block_n in FORWARD_TILE:
+        return (block_n, *FORWARD_TILE[block_n])
+    return block_n, max(1, 1024 // block_n), 4  # narrow rows: about 1024 elements per program
+
+
+@functools.cache
+def backward_config(n: int) -> tuple[int, int, int, int]:
+    """(BLOCK_N, ROWS, num_warps, programs per SM) of the backward tile path."""
+    block_n = triton.next_power_of_2(n)
+    if block_n in BACKWARD_TILE:
+        return (block_n, *BACKWARD_TILE[block_n])
+    return block_n, max(1, 1024 // block_n), 4, 4
 
 
 def _device_index(t: Tensor) -> int:
-    return t.device.index if t.device.type == "cuda" and t.device.index is not None else (
-        torch.cuda.current_device() if t.device.type == "cuda" else -1
-    )
+    if t.device.type != "cuda":
+        return -1
+    return t.device.index if t.device.index is not None else torch.cuda.current_device()
 
 
 def as_rows(t: Tensor, n: int) -> Tensor:
@@ -229,23 +237,21 @@ def forward(
     h = torch.empty((m, n) if res2 is not None else (0,), device=x2.device, dtype=residual_dtype)
     if m == 0:
         return y, rstd, h
-    w = weight.reshape(n) if weight is not None else x2
+    w = weight.reshape(n) if weight is not None else x2  # unused pointers get any valid tensor
     r = res2 if res2 is not None else x2
     hs = h if res2 is not None else y
     common = dict(HAS_WEIGHT=weight is not None, HAS_RESIDUAL=res2 is not None, CASTING=casting)
+    strides = (x2.stride(0), r.stride(0), y.stride(0), hs.stride(0), eps, offset)
     if n <= FORWARD_MAX_TILE:
-        block_n, rows, num_warps = forward_config(n, x2.element_size())
+        block_n, rows, num_warps = forward_config(n)
+        grid = (triton.cdiv(m, rows),)
         _forward_tile(
-            (triton.cdiv(m, rows),),
-            (x2, r, w, y, hs, rstd, m, n, x2.stride(0), r.stride(0), y.stride(0), hs.stride(0), eps, offset),
-            num_warps, **common, BLOCK_N=block_n, ROWS=rows,
-        )  # fmt: skip
+            grid, (x2, r, w, y, hs, rstd, m, n, *strides), num_warps, **common, BLOCK_N=block_n, ROWS=rows
+        )
     else:
-        _forward_looped(
-            (m,),
-            (x2, r, w, y, hs, rstd, m, n, x2.stride(0), r.stride(0), y.stride(0), hs.stride(0), eps, offset),
-            LOOP_WARPS, **common, BLOCK_N=LOOP_BLOCK,
-        )  # fmt: skip
+        programs = min(m, sm_count(_device_index(x2)) * LOOP_PROGRAMS_PER_SM)
+        args = (x2, r, w, y, hs, rstd, m, n, programs, *strides)
+        _forward_looped((programs,), args, LOOP_WARPS, **common, BLOCK_N=LOOP_BLOCK)
     return y, rstd, h
 
 
@@ -265,36 +271,42 @@ def backward(
     device = xh2.device
     dx = torch.empty((m, n), device=device, dtype=dx_dtype)
     compute_dw = need_dw and weight is not None
-    dw = torch.empty((n,) if compute_dw else (0,), device=device, dtype=weight.dtype if compute_dw else torch.float32)
+    dw = torch.empty(
+        (n,) if compute_dw else (0,), device=device, dtype=weight.dtype if compute_dw else torch.float32
+    )
     if m == 0:
         if compute_dw:
             dw.zero_()
         return dx, dw
     w = weight.reshape(n) if weight is not None else xh2
     dh = dh2 if dh2 is not None else dy2
-    common = dict(HAS_WEIGHT=weight is not None, HAS_DH=dh2 is not None, COMPUTE_DW=compute_dw, CASTING=casting)
-    slots = program_slots(_device_index(xh2))
+    common = dict(
+        HAS_WEIGHT=weight is not None, HAS_DH=dh2 is not None, COMPUTE_DW=compute_dw, CASTING=casting
+    )
+    sms = sm_count(_device_index(xh2))
+    strides = (xh2.stride(0), dy2.stride(0), dh.stride(0), dx.stride(0), offset)
     if n <= BACKWARD_MAX_TILE:
-        block_n, rows, num_warps = backward_config(n, xh2.element_size())
-        programs = min(triton.cdiv(m, rows), slots)
+        block_n, rows, num_warps, per_sm = backward_config(n)
+        programs = min(triton.cdiv(m, rows), sms * per_sm)
         partial = torch.empty((programs, n) if compute_dw else (0,), device=device, dtype=torch.float32)
-        _backward_tile(
-            (programs,),
-            (xh2, w, dy2, dh, rstd, dx, partial, m, n, programs,
-             xh2.stride(0), dy2.stride(0), dh.stride(0), dx.stride(0), offset),
-            num_warps, **common, BLOCK_N=block_n, ROWS=rows,
-        )  # fmt: skip
+        args = (xh2, w, dy2, dh, rstd, dx, partial, m, n, programs, *strides)
+        _backward_tile((programs,), args, num_warps, **common, BLOCK_N=block_n, ROWS=rows)
     else:
-        programs = min(m, slots)
-        partial = torch.zeros((programs, n) if compute_dw else (0,), device=device, dtype=torch.float32)
-        _backward_looped(
-            (programs,),
-            (xh2, w, dy2, dh, rstd, dx, partial, m, n, programs,
-             xh2.stride(0), dy2.stride(0), dh.stride(0), dx.stride(0), offset),
-            LOOP_WARPS, **common, BLOCK_N=LOOP_BLOCK,
-        )  # fmt: skip
+        segments = triton.cdiv(n, SEGMENT)
+        dot = torch.empty((m, segments), device=device, dtype=torch.float32)
+        args = (xh2, w, dy2, dot, n, xh2.stride(0), dy2.stride(0), offset, segments)
+        _backward_wide_dot((m, segments), args, SEGMENT_WARPS, HAS_WEIGHT=weight is not None, BLOCK_S=SEGMENT)
+        programs = min(m, max(1, 2 * sms // segments))  # row groups
+        partial = torch.empty((programs, n) if compute_dw else (0,), device=device, dtype=torch.float32)
+        args = (xh2, w, dy2, dh, rstd, dot, dx, partial, m, n, programs, *strides, segments)
+        seg_pow2 = triton.next_power_of_2(segments)
+        _backward_wide(
+            (programs, segments), args, SEGMENT_WARPS, **common, BLOCK_S=SEGMENT, SEGMENTS_POW2=seg_pow2
+        )
     if compute_dw:
         block_c = 64 if n >= 64 else triton.next_power_of_2(n)
         block_p = min(32, triton.next_power_of_2(programs))
-        _reduce_columns((triton.cdiv(n, block_c),), (partial, dw, programs, n), 4, BLOCK_P=block_p, BLOCK_C=block_c)
+        _reduce_columns(
+            (triton.cdiv(n, block_c),), (partial, dw, programs, n), 4, BLOCK_P=block_p, BLOCK_C=block_c
+        )
     return dx, dw

@@ -29,7 +29,9 @@ class RMSNorm(nn.RMSNorm):
         offset: float = 0.0,
         casting: str = "default",
     ) -> None:
-        super().__init__(normalized_shape, eps=eps, elementwise_affine=elementwise_affine, device=device, dtype=dtype)
+        super().__init__(
+            normalized_shape, eps=eps, elementwise_affine=elementwise_affine, device=device, dtype=dtype
+        )
         self.offset = float(offset)
         self.casting = casting
 
@@ -83,7 +85,9 @@ def swap_rms_norm(model: nn.Module) -> list[str]:
         if isinstance(module, RMSNorm) or qualified == "":
             continue
         if isinstance(module, nn.RMSNorm):
-            new = RMSNorm(module.normalized_shape, eps=module.eps, elementwise_affine=module.elementwise_affine)
+            new = RMSNorm(
+                module.normalized_shape, eps=module.eps, elementwise_affine=module.elementwise_affine
+            )
             new.weight = module.weight
         else:
             style = _hf_style(module)
