@@ -82,7 +82,7 @@ def main():
                 f" | f+b {fb * 1e3:9.1f} us {tb:5.2f} TB/s ({tb / copy:4.0%})",
                 flush=True,
             )
-        del x, dy
+        x = dy = None  # free before the next shape
         torch.cuda.empty_cache()
     out = os.environ.get("OUT", ".")
     with open(os.path.join(out, "perf_probe.json"), "w") as fh:

@@ -75,7 +75,7 @@ def main():
                 f"{3 * nbytes / tb / 1e9:4.2f} TB/s",
                 flush=True,
             )
-        del x, dy
+        x = dy = None  # free before the next shape
         torch.cuda.empty_cache()
     with open(os.path.join(os.environ.get("OUT", "."), "sweep.json"), "w") as fh:
         json.dump(dict(copy_tbs=copy, rows=results), fh)
