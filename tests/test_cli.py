@@ -3,6 +3,7 @@ JSON output, and (under the interpreter) the commands that run the kernels."""
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -266,6 +267,37 @@ def test_figures_from_recorded_outputs(project, capsys):
     assert (out / "figures" / "errors.png").stat().st_size > 0
     assert (out / "figures" / "losses.png").stat().st_size > 0
     assert "skipped bandwidth plot" in stdout
+
+
+def test_bandwidth_figure_from_the_latest_benchmark(project, capsys):
+    from rmsnorm_kernel import bench
+
+    rows = [
+        {
+            "provider": p,
+            "mode": mode,
+            "dtype": "bfloat16",
+            "group": "large",
+            "status": "ok",
+            "m": 4096,
+            "n": n,
+            "tbs": t,
+        }
+        for p, t in (("kernel", 3.0), ("native", 2.0))
+        for mode in bench.MODES
+        for n in (1024, 4096)
+    ]
+    folder = project / "outputs" / walkthrough.BENCH_DIR
+    folder.mkdir(parents=True)
+    (folder / "bench-old.json").write_text("not json, and older")
+    newest = folder / "bench-new.json"
+    newest.write_text(json.dumps({"results": rows, "copy": {"tbs": 4.0}, "machine": {"device": "test"}}))
+    os.utime(folder / "bench-old.json", (1, 1))
+    assert walkthrough.latest_bench_json(project / "outputs") == newest
+    rc, out, _ = run_cli(capsys, "figures")
+    assert rc == 0, out
+    assert f"from {newest.relative_to(project)}" in out
+    assert (project / "outputs" / "figures" / "bandwidth.png").stat().st_size > 0
 
 
 @pytest.mark.skipif(

@@ -28,6 +28,8 @@ pytestmark = [
     # deprecates that), and the fp16 mutants overflow on purpose.
     pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"),
     pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore:divide by zero encountered:RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
 ]
 
 OUTPUTS = Path(__file__).resolve().parents[1] / "outputs"

@@ -40,6 +40,39 @@ import triton.language as tl
 # The interpreter is chosen when Triton decorates the kernels below, so it is read once here.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
+
+def _interpreter_rounds_bf16_to_nearest_even() -> None:
+    """Make the Triton interpreter round fp32 -> bf16 to nearest even, as the GPU does.
+
+    Triton 3.6's interpreter truncates that cast (and its explicit "rtne" mode rounds half up
+    without carrying into the exponent), so bf16 results on CPU would carry up to twice the GPU's
+    rounding error and fail checks the GPU passes. Only the interpreter's cast is changed;
+    compiled kernels are untouched.
+    """
+    import numpy as np
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    if getattr(builder, "_rmsnorm_kernel_rtne", False):
+        return
+    original = builder.cast_impl
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            bits = np.ascontiguousarray(src.data, dtype=np.float32).view(np.uint32)
+            rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+            rounded = np.where(np.isnan(src.data), np.uint16(0x7FC0), rounded)
+            return interpreter.TensorHandle(rounded, dst_type.scalar)
+        return original(self, src, dst_type)
+
+    builder.cast_impl = cast_impl
+    builder.create_fp_trunc = lambda self, src, dst_type: self.cast_impl(src, dst_type)
+    builder._rmsnorm_kernel_rtne = True
+
+
+if INTERPRET:
+    _interpreter_rounds_bf16_to_nearest_even()
+
 CAST_FP32 = 0
 CAST_LLAMA = 1
 

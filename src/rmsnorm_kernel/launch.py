@@ -130,11 +130,14 @@ def _spec(arg) -> tuple:
 
 
 class Launcher:
-    """``launcher(grid, args, num_warps=..., **constexprs)`` launches ``kernel`` like
-    ``kernel[grid](*args, ...)``. The first launch per specialisation goes through Triton
-    (compiling if needed); later ones call the compiled kernel directly, skipping Triton's
-    per-call argument binding, which costs more than the kernel itself at small shapes. Under
-    the interpreter every launch goes through Triton."""
+    """``launcher(grid, args, num_warps, **constexprs)`` launches ``kernel`` like
+    ``kernel[grid](*args, num_warps=num_warps, **constexprs)``.
+
+    The first launch per specialisation goes through Triton (compiling if needed); later ones
+    hand the arguments straight to the compiled kernel's launcher on the current stream,
+    skipping Triton's per-call argument binding, which costs more host time than the kernel
+    takes on the GPU at small shapes. Under the interpreter every launch goes through Triton.
+    """
 
     def __init__(self, kernel) -> None:
         self.kernel = kernel
@@ -148,13 +151,26 @@ class Launcher:
             self.kernel[grid](*args, num_warps=num_warps, **constexprs)
             return
         const_values = tuple(constexprs[name] for name in self.constexpr_names)
-        key = (args[0].device.index, num_warps, const_values, tuple(_spec(a) for a in args))
+        device = args[0].device.index
+        key = (device, num_warps, const_values, *map(_spec, args))
         compiled = self.compiled.get(key)
         if compiled is None:
             self.compiled[key] = self.kernel[grid](*args, num_warps=num_warps, **constexprs)
             return
-        grid3 = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
-        compiled[grid3](*args, *const_values)
+        stream = torch._C._cuda_getCurrentRawStream(device)
+        compiled.run(
+            grid[0],
+            grid[1] if len(grid) > 1 else 1,
+            grid[2] if len(grid) > 2 else 1,
+            stream,
+            compiled.function,
+            compiled.packed_metadata,
+            None,  # launch metadata, only built for launch hooks (profilers), which this path skips
+            None,
+            None,
+            *args,
+            *const_values,
+        )
 
 
 _forward_tile = Launcher(kernels.forward_tile)
@@ -212,6 +228,8 @@ def _device_index(t: Tensor) -> int:
 def as_rows(t: Tensor, n: int) -> Tensor:
     """A 2-D (M, n) view with unit stride along the row when the layout allows it (strided rows
     are kept as they are), else a contiguous copy."""
+    if t.dim() == 2 and t.stride(1) == 1:
+        return t
     if t.dim() >= 1 and t.shape[-1] == n and t.stride(-1) == 1:
         try:
             return t.view(-1, n)
@@ -237,7 +255,7 @@ def forward(
     h = torch.empty((m, n) if res2 is not None else (0,), device=x2.device, dtype=residual_dtype)
     if m == 0:
         return y, rstd, h
-    w = weight.reshape(n) if weight is not None else x2  # unused pointers get any valid tensor
+    w = weight if weight is not None else x2  # unused pointers get any valid tensor; weight is 1-D
     r = res2 if res2 is not None else x2
     hs = h if res2 is not None else y
     common = dict(HAS_WEIGHT=weight is not None, HAS_RESIDUAL=res2 is not None, CASTING=casting)
@@ -278,7 +296,7 @@ def backward(
         if compute_dw:
             dw.zero_()
         return dx, dw
-    w = weight.reshape(n) if weight is not None else xh2
+    w = weight if weight is not None else xh2
     dh = dh2 if dh2 is not None else dy2
     common = dict(
         HAS_WEIGHT=weight is not None, HAS_DH=dh2 is not None, COMPUTE_DW=compute_dw, CASTING=casting

@@ -51,10 +51,12 @@ def _forward_impl(
     n = x.shape[-1]
     x2 = launch.as_rows(x, n)
     r2 = launch.as_rows(residual, n) if residual is not None else None
-    y, rstd, h = launch.forward(x2, weight, r2, eps, offset, casting, out_dtype, residual_dtype)
+    w = weight.view(n) if weight is not None and weight.dim() != 1 else weight
+    y, rstd, h = launch.forward(x2, w, r2, eps, offset, casting, out_dtype, residual_dtype)
     CALLS["forward"] += 1
-    lead = x.shape[:-1]
-    return y.view(x.shape), rstd.view(lead), h.view(x.shape) if residual is not None else h
+    if x.dim() == 2:
+        return y, rstd, h
+    return y.view(x.shape), rstd.view(x.shape[:-1]), h.view(x.shape) if residual is not None else h
 
 
 forward_op = torch.library.custom_op("rmsnorm_kernel::forward", _forward_impl, mutates_args=())
@@ -82,19 +84,22 @@ def _backward_impl(
     """Returns (dx, dw): dx in dx_dtype with xh's shape; dw in the weight's dtype (empty when
     need_dw is false or there is no weight)."""
     n = xh.shape[-1]
+    w = weight.view(n) if weight is not None and weight.dim() != 1 else weight
     dx, dw = launch.backward(
         launch.as_rows(dy, n),
         launch.as_rows(dh, n) if dh is not None else None,
         launch.as_rows(xh, n),
-        weight,
-        rstd.reshape(-1),
+        w,
+        rstd.view(-1) if rstd.dim() != 1 else rstd,
         offset,
         casting,
         need_dw,
         dx_dtype,
     )
     CALLS["backward"] += 1
-    return dx.view(xh.shape), dw.view(weight.shape) if dw.numel() else dw
+    if xh.dim() != 2:
+        dx = dx.view(xh.shape)
+    return dx, dw.view(weight.shape) if dw.numel() and weight.dim() != 1 else dw
 
 
 backward_op = torch.library.custom_op("rmsnorm_kernel::backward", _backward_impl, mutates_args=())
@@ -233,7 +238,16 @@ def rms_norm(
         res_in = residual.reshape(*x.shape[:-k], n) if residual is not None else None
     else:
         x_in, res_in = x, residual
-    op = forward_op if torch.compiler.is_compiling() else _EagerFunction.apply
+    if torch.compiler.is_compiling():
+        op = forward_op
+    elif torch.is_grad_enabled() and (
+        x.requires_grad
+        or (weight is not None and weight.requires_grad)
+        or (residual is not None and residual.requires_grad)
+    ):
+        op = _EagerFunction.apply
+    else:  # nothing to differentiate: skip autograd's bookkeeping
+        op = _forward_impl
     y, _rstd, h = op(
         x_in,
         weight,

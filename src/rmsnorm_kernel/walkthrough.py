@@ -635,7 +635,7 @@ def exercise_table(row: dict[str, Any]) -> str:
     headers = [
         "quantity",
         f"expected (/{n})",
-        "kernel (real)",
+        "kernel (real, fp32)",
         f"expected (/{block})",
         f"wrong variant (/{block})",
     ]

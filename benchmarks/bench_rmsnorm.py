@@ -1,0 +1,92 @@
+"""asv benchmarks: every provider at every shape of ``cases.BENCH_SHAPES``, forward and forward+backward.
+
+asv's own timers measure host wall time; these benchmarks instead report the figures of the
+project's harness (:mod:`rmsnorm_kernel.bench`: CUDA events around whole calls, L2 flushed before
+each sample, three blocks of samples, the median) as ``track_`` values, so that the asv history,
+the gate, pytest-benchmark's extra info and docs/performance.md all show the same numbers.
+
+One ``setup_cache`` (shared by both classes: asv keys it by its source line) measures everything
+once, with the device-to-device copy ceiling of the same run. Without CUDA, or for a peer that
+does not import here, ``setup`` raises NotImplementedError and asv records the benchmark as
+skipped.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rmsnorm_kernel import bench, cases
+
+SHAPES = [s.name for s in cases.BENCH_SHAPES]
+PROVIDERS = list(bench.PROVIDERS)
+
+
+class _Suite:
+    mode = ""
+    params = (SHAPES, PROVIDERS)
+    param_names = ("shape", "provider")
+    timeout = 600
+
+    def setup_cache(self):
+        if not torch.cuda.is_available():
+            return {"skip": bench.cuda_message()}
+        run = bench.run_benchmarks(
+            bench.select_cases(["all"]), bench.available_providers(), bench.MODES, progress=False
+        )
+        rows = {(r["provider"], r["shape"], r["mode"]): r for r in run["results"]}
+        for row in rows.values():
+            del row["samples_ms"]  # the medians are what asv tracks; keep the cache small
+        return {"rows": rows, "copy_tbs": run["copy"]["tbs"], "machine": run["machine"]}
+
+    setup_cache.timeout = 3600
+
+    def setup(self, cache, shape, provider):
+        if "skip" in cache:
+            raise NotImplementedError(cache["skip"])
+        row = cache["rows"].get((provider, shape, self.mode))
+        if row is None:
+            raise NotImplementedError(f"{provider} is not importable here")
+        if row["status"] != "ok":
+            raise NotImplementedError(f"{provider} failed at {shape} {self.mode}: {row['error']}")
+        self.row = row
+
+    def track_median_ms(self, cache, shape, provider):
+        return self.row["median_ms"]
+
+    track_median_ms.unit = "ms"
+
+    def track_bandwidth(self, cache, shape, provider):
+        return self.row["tbs"]
+
+    track_bandwidth.unit = "TB/s"
+
+    def track_fraction_of_copy(self, cache, shape, provider):
+        return self.row["fraction_of_copy"]
+
+    track_fraction_of_copy.unit = "fraction of a device copy"
+
+
+class Forward(_Suite):
+    mode = "forward"
+
+    def track_error_y(self, cache, shape, provider):
+        """Relative L2 error of y against the float64 oracle."""
+        return self.row["errors"]["y"]
+
+    track_error_y.unit = "relative L2 error"
+
+
+class ForwardBackward(_Suite):
+    mode = "forward_backward"
+
+    def track_error_dx(self, cache, shape, provider):
+        """Relative L2 error of dx against the float64 oracle."""
+        return self.row["errors"]["dx"]
+
+    track_error_dx.unit = "relative L2 error"
+
+    def track_error_dw(self, cache, shape, provider):
+        """Relative L2 error of dw against the float64 oracle."""
+        return self.row["errors"]["dw"]
+
+    track_error_dw.unit = "relative L2 error"

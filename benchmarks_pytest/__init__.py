@@ -1,0 +1,1 @@
+"""pytest-benchmark comparisons (GPU); see test_rmsnorm_benchmarks.py and docs/gate.md."""

@@ -1,0 +1,231 @@
+"""The regression suite as nox sessions: `nox` runs the CPU sessions, `nox -l` lists every session.
+
+Each session installs what it needs into its own virtualenv (torch and triton from the pins below,
+then the package with extras), or, under ``nox --no-venv``, installs nothing and uses the
+environment it runs in: that is how a GPU runner without network runs them. Arguments after
+``--`` go to pytest (or to the command a session runs).
+
+Environment variables:
+  RMSNORM_TORCH        torch requirement (default ``torch==2.13.0``)
+  RMSNORM_TRITON       triton requirement, installed together with torch. Unset: keep the triton
+                       that torch brings (CUDA builds pin their own), else install ``triton==3.6.0``.
+  RMSNORM_TORCH_INDEX  extra package index for the torch install (a CPU-only wheel index, say)
+  RMSNORM_ASV_MACHINE  asv machine name of this runner (the `asv` session)
+  RMSNORM_BASE_SHA, RMSNORM_HEAD_SHA
+                       commits compared by `pr_verdict` when not given as --base/--head
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import nox
+
+nox.needs_version = ">=2025.2.9"
+nox.options.sessions = ["lint", "tests", "interpret"]
+nox.options.reuse_venv = "yes"  # torch is large: a second run reuses the virtualenv
+nox.options.error_on_external_run = True
+
+ROOT = Path(__file__).resolve().parent
+TORCH = os.environ.get("RMSNORM_TORCH", "torch==2.13.0")
+DEFAULT_TRITON = "triton==3.6.0"
+TORCH_INDEX = os.environ.get("RMSNORM_TORCH_INDEX", "")
+LINT_REQUIREMENTS = "requirements/lint.txt"
+NOX_REQUIREMENTS = "requirements/nox.txt"
+EXTRAS = ("test", "bench")  # pytest and pytest-benchmark; asv and matplotlib (plots are tested on CPU too)
+WORKFLOWS = ".github/workflows"
+HISTORY_PAGE_TEST = "tests/test_history_page.py"
+PYTEST_FLAGS = ("-ra", "--strict-markers", "--strict-config", "--tb=short", "--durations=10")
+
+
+def is_passthrough(session: nox.Session) -> bool:
+    """True under ``--no-venv`` (or ``venv_backend="none"``): nothing may be installed or downloaded."""
+    return session.venv_backend == "none"
+
+
+def run(session: nox.Session, program: str, *args: str, **kwargs) -> str | bool | None:
+    """session.run, except that under --no-venv the programs beside the python running nox come first.
+
+    Without a virtualenv nox looks programs up on PATH, where ``python`` may be another interpreter
+    than the one that has the dependencies.
+    """
+    if is_passthrough(session):
+        bindir = str(Path(sys.executable).parent)
+        program = sys.executable if program == "python" else shutil.which(program, path=bindir) or program
+    return session.run(program, *args, **kwargs)
+
+
+def use_outer_environment(session: nox.Session) -> None:
+    """Under --no-venv: the tree's ``src`` on PYTHONPATH, the running python's programs first on PATH."""
+    session.log(f"no virtualenv: using the packages of {sys.executable}, downloading nothing")
+    paths = [str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]
+    session.env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    session.env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+
+
+def install(session: nox.Session, extras: tuple[str, ...] = EXTRAS) -> None:
+    """Install torch, triton and the package with ``extras``; under --no-venv, install nothing."""
+    if is_passthrough(session):
+        use_outer_environment(session)
+        return
+    index = ["--extra-index-url", TORCH_INDEX] if TORCH_INDEX else []
+    triton = os.environ.get("RMSNORM_TRITON", "")
+    if triton:
+        session.install(*index, TORCH, triton)
+    else:
+        session.install(*index, TORCH)
+        if not distribution_version(session, "triton"):
+            session.install(DEFAULT_TRITON)
+    session.install(f".[{','.join(extras)}]" if extras else ".")
+
+
+def distribution_version(session: nox.Session, name: str) -> str:
+    """The installed version of ``name`` in the session's python, or "" when it is not installed."""
+    code = (
+        "import importlib.metadata as m\n"
+        f"try:\n    print(m.version({name!r}))\n"
+        "except m.PackageNotFoundError:\n    print('')"
+    )
+    lines = str(run(session, "python", "-c", code, silent=True) or "").strip().splitlines()
+    return lines[-1].strip() if lines else ""
+
+
+def cuda_report(session: nox.Session) -> str:
+    """Asks the session's own python, so the answer is about the torch the session will use."""
+    code = "import torch; print(f'cuda={torch.cuda.is_available()} torch={torch.__version__}')"
+    lines = str(run(session, "python", "-c", code, silent=True) or "").strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+def require_cuda(session: nox.Session) -> None:
+    report = cuda_report(session)
+    if "cuda=True" not in report:
+        session.error(
+            f"the {session.name} session needs a CUDA device, and torch.cuda.is_available() is False "
+            f"here ({report.split()[-1] if report else 'torch not importable'}). Run it on a GPU machine "
+            f"(`nox --no-venv -s {session.name}` where the dependencies are installed); "
+            "the CPU sessions: `nox -t cpu`."
+        )
+    session.env["TRITON_INTERPRET"] = None  # GPU sessions time and check the compiled kernels
+
+
+def pytest(session: nox.Session, *args: str) -> None:
+    run(session, "python", "-m", "pytest", *PYTEST_FLAGS, *args, *session.posargs)
+
+
+def git(session: nox.Session, *args: str) -> str:
+    return str(session.run("git", *args, silent=True, external=True) or "").strip()
+
+
+@nox.session(tags=["cpu"])
+def lint(session: nox.Session) -> None:
+    """Ruff check and format check, shellcheck, actionlint, zizmor --offline, github-workflows schema."""
+    if is_passthrough(session):
+        use_outer_environment(session)
+    else:
+        session.install("-r", LINT_REQUIREMENTS)
+    run(session, "ruff", "check", ".")
+    run(session, "ruff", "format", "--check", "--diff", ".")
+    run(session, "shellcheck", ".ci/run")
+    run(session, "actionlint")  # reads .github/actionlint.yaml; checks run: scripts with shellcheck
+    run(session, "zizmor", "--offline", WORKFLOWS)
+    workflows = sorted(str(p.relative_to(ROOT)) for p in (ROOT / WORKFLOWS).glob("*.yml"))
+    run(session, "check-jsonschema", "--builtin-schema", "vendor.github-workflows", *workflows)
+
+
+@nox.session(tags=["cpu"])
+def tests(session: nox.Session) -> None:
+    """CPU tests: contract, negative cases, reference gradcheck, gate, CLI, workflow checks."""
+    install(session)
+    if not is_passthrough(session):
+        session.install("-r", NOX_REQUIREMENTS)  # tests/test_noxfile.py runs `nox -l` and GPU sessions
+    pytest(session, "-m", "not gpu and not interpret")
+
+
+@nox.session(tags=["cpu"])
+def interpret(session: nox.Session) -> None:
+    """Real Triton kernels on CPU under TRITON_INTERPRET=1: numerics, mutant catalogue, short training."""
+    install(session)
+    session.env["TRITON_INTERPRET"] = "1"
+    pytest(session, "-m", "interpret and not gpu")
+
+
+@nox.session(tags=["gpu"])
+def gpu(session: nox.Session) -> None:
+    """GPU numerics, gradients, training integration, compile, CUDA graphs, determinism (-m gpu)."""
+    install(session)
+    require_cuda(session)
+    pytest(session, "-m", "gpu")
+
+
+@nox.session(tags=["cpu", "gpu"])
+def verdict(session: nox.Session) -> None:
+    """`rmsnorm-kernel verdict`: every check this machine can run, one table (md + json), fails on any."""
+    install(session)
+    run(session, "python", "-m", "rmsnorm_kernel", "verdict", *session.posargs)
+
+
+@nox.session(tags=["gpu"])
+def bench(session: nox.Session) -> None:
+    """pytest-benchmark over benchmarks_pytest/: autosaves each run and compares with the previous one."""
+    install(session)
+    require_cuda(session)
+    args = ["benchmarks_pytest", "--benchmark-only", "--benchmark-autosave"]
+    if any((ROOT / ".benchmarks").rglob("*.json")):
+        args.append("--benchmark-compare")
+    pytest(session, *args)
+
+
+@nox.session(tags=["gpu"])
+def asv(session: nox.Session) -> None:
+    """asv run of the current commit in this environment (asv machine: $RMSNORM_ASV_MACHINE)."""
+    install(session)
+    require_cuda(session)
+    # asv drops PYTHONPATH from the benchmark processes but honours ASV_PYTHONPATH: the
+    # benchmarks import this tree's package, also where it is not installed (--no-venv).
+    session.env["ASV_PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(ROOT / "src"), os.environ.get("ASV_PYTHONPATH")) if p
+    )
+    machine = os.environ.get("RMSNORM_ASV_MACHINE", "")
+    machine_args = ["--machine", machine] if machine else []
+    run(session, "asv", "machine", "--yes", *machine_args)
+    head = git(session, "rev-parse", "HEAD")
+    run(
+        session, "asv", "run", "--python=same", f"--set-commit-hash={head}", "--show-stderr", *machine_args,
+        *session.posargs,
+    )  # fmt: skip
+
+
+@nox.session(name="pr_verdict", tags=["gpu"])
+def pr_verdict(session: nox.Session) -> None:
+    """`rmsnorm-kernel pr-verdict`: base and head timed interleaved, then gated (-- --base SHA --head SHA)."""
+    parser = argparse.ArgumentParser(prog="nox -s pr_verdict --", allow_abbrev=False)
+    parser.add_argument("--base", default=os.environ.get("RMSNORM_BASE_SHA", ""))
+    parser.add_argument("--head", default=os.environ.get("RMSNORM_HEAD_SHA", ""))
+    args, rest = parser.parse_known_args(session.posargs)
+    base = args.base or git(session, "rev-parse", "HEAD~1")
+    head = args.head or git(session, "rev-parse", "HEAD")
+    install(session)
+    require_cuda(session)
+    run(session, "python", "-m", "rmsnorm_kernel", "pr-verdict", "--base", base, "--head", head, *rest)
+
+
+@nox.session(tags=["cpu"])
+def history(session: nox.Session) -> None:
+    """asv publish of the stored results, then a headless-Chromium test of the page (browse: asv preview)."""
+    install(session)
+    run(session, "asv", "publish", *session.posargs)
+    run(session, "python", "-m", "pytest", *PYTEST_FLAGS, HISTORY_PAGE_TEST)
+
+
+@nox.session(name="perf_docs", tags=["gpu"])
+def perf_docs(session: nox.Session) -> None:
+    """Regenerate docs/performance.md and its plot from a fresh benchmark run on this GPU."""
+    install(session)
+    if not any(arg.startswith("--results") for arg in session.posargs):
+        require_cuda(session)  # redrawing from a saved results file (-- --results FILE) needs no GPU
+    run(session, "python", "-m", "rmsnorm_kernel.plots", *session.posargs)
