@@ -142,6 +142,7 @@ class Launcher:
     def __init__(self, kernel) -> None:
         self.kernel = kernel
         self.compiled: dict[tuple, object] = {}
+        self.slow_launches = 0  # launches that went through Triton's own path (first per specialisation)
         # The compiled kernel takes every parameter positionally, constexprs included.
         params = [] if kernels.INTERPRET else kernel.params
         self.constexpr_names = [p.name for p in params if p.is_constexpr]
@@ -155,6 +156,7 @@ class Launcher:
         key = (device, num_warps, const_values, *map(_spec, args))
         compiled = self.compiled.get(key)
         if compiled is None:
+            self.slow_launches += 1
             self.compiled[key] = self.kernel[grid](*args, num_warps=num_warps, **constexprs)
             return
         stream = torch._C._cuda_getCurrentRawStream(device)
