@@ -248,7 +248,9 @@ def backward_tile(
             dw_acc += dy * xn
 
     if COMPUTE_DW:
-        tl.store(DW_PARTIAL + pid.to(tl.int64) * N + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
+        # With a single program the launcher passes dw itself here: the cast makes it final.
+        dw_row = tl.sum(dw_acc, axis=0).to(DW_PARTIAL.dtype.element_ty)
+        tl.store(DW_PARTIAL + pid.to(tl.int64) * N + cols, dw_row, mask=col_ok)
 
 
 @triton.jit

@@ -115,18 +115,21 @@ def validate(
 # ---------------------------------------------------------------------------------------------
 
 
-def _spec(arg) -> tuple:
-    """What Triton specialises a compiled kernel on, for one argument: tensors on dtype and
-    16-byte alignment, ints on == 1, divisibility by 16 and width. A key made of these is at
-    least as fine as Triton's own, so a cached kernel is never reused where Triton would
-    compile a different one."""
-    if isinstance(arg, torch.Tensor):
-        return (arg.dtype, arg.data_ptr() % 16 == 0)
-    if isinstance(arg, bool):
-        return ("b", arg)
-    if isinstance(arg, int):
-        return ("i", arg == 1, arg % 16 == 0, -(2**31) <= arg < 2**31)
-    return ("f",)
+def _spec_key(args: tuple) -> tuple:
+    """What Triton specialises a compiled kernel on: tensors on dtype and 16-byte alignment,
+    ints on == 1, divisibility by 16 and width; floats not at all. A key made of these is at
+    least as fine as Triton's own, so a cached kernel is never reused where Triton would compile
+    a different one."""
+    return tuple(
+        [
+            (a.dtype, a.data_ptr() % 16 == 0)
+            if isinstance(a, torch.Tensor)
+            else (a == 1, a % 16 == 0, -(2**31) <= a < 2**31)
+            if type(a) is int
+            else type(a)
+            for a in args
+        ]
+    )
 
 
 class Launcher:
@@ -153,7 +156,7 @@ class Launcher:
             return
         const_values = tuple(constexprs[name] for name in self.constexpr_names)
         device = args[0].device.index
-        key = (device, num_warps, const_values, *map(_spec, args))
+        key = (device, num_warps, const_values, _spec_key(args))
         compiled = self.compiled.get(key)
         if compiled is None:
             self.slow_launches += 1
@@ -308,7 +311,10 @@ def backward(
     if n <= BACKWARD_MAX_TILE:
         block_n, rows, num_warps, per_sm = backward_config(n)
         programs = min(triton.cdiv(m, rows), sms * per_sm)
-        partial = torch.empty((programs, n) if compute_dw else (0,), device=device, dtype=torch.float32)
+        if programs == 1:  # one program sums every row itself and writes the final dw
+            partial = dw
+        else:
+            partial = torch.empty((programs, n) if compute_dw else (0,), device=device, dtype=torch.float32)
         args = (xh2, w, dy2, dh, rstd, dx, partial, m, n, programs, *strides)
         _backward_tile((programs,), args, num_warps, **common, BLOCK_N=block_n, ROWS=rows)
     else:
@@ -323,7 +329,7 @@ def backward(
         _backward_wide(
             (programs, segments), args, SEGMENT_WARPS, **common, BLOCK_S=SEGMENT, SEGMENTS_POW2=seg_pow2
         )
-    if compute_dw:
+    if compute_dw and partial is not dw:
         block_c = 64 if n >= 64 else triton.next_power_of_2(n)
         block_p = min(32, triton.next_power_of_2(programs))
         _reduce_columns(

@@ -132,9 +132,12 @@ def _backward(ctx, dy, _drstd, dh, backward=backward_op):
         dh = dh if dh is not None and dh.numel() else None
     else:
         dx_dtype, dh = ctx.x_dtype, None
-    if not (need_x or need_res or need_dw):
+    if not (need_x or need_res or need_dw) or (dy is None and dh is None):
         return None, None, None, None, None, None, None, None
-    dxh, dw = backward(dy, dh, xh, weight, rstd, ctx.offset, ctx.casting, need_dw, dx_dtype)
+    if dy is None:  # only h was used downstream: its gradient passes straight to x and residual
+        dxh, dw, need_dw = dh.to(dx_dtype), None, False
+    else:
+        dxh, dw = backward(dy, dh, xh, weight, rstd, ctx.offset, ctx.casting, need_dw, dx_dtype)
     dx = dxh.to(ctx.x_dtype) if need_x else None
     dres = dxh.to(ctx.residual_in_dtype) if ctx.has_residual and need_res else None
     return dx, dw if need_dw else None, dres, None, None, None, None, None
@@ -152,6 +155,7 @@ class _EagerFunction(torch.autograd.Function):
         output = _forward_impl(*inputs)
         _setup_context(ctx, inputs, output)
         ctx.mark_non_differentiable(output[1])
+        ctx.set_materialize_grads(False)  # no zero-filled gradients for rstd and an unused h
         return output
 
     @staticmethod
