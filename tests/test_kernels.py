@@ -115,7 +115,7 @@ def test_no_weight(device, dtype):
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
 @pytest.mark.parametrize("n", [257, 65537])
 def test_dw_is_bitwise_deterministic_and_dy_untouched(device, n):
-    x, w, dy = make((33, n), BF16, device)
+    x, w, dy = make((9, n), BF16, device)
     dy_before = dy.clone()
     results = [run_kernel(x, w, dy) for _ in range(3)]
     for y, dx, dw in results[1:]:

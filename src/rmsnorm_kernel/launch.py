@@ -24,10 +24,10 @@ FORWARD_MAX_TILE = 16384
 BACKWARD_MAX_TILE = 16384
 # Wide path: chunk width, warps and programs per SM of the forward walk; segment width and
 # warps of the backward.
-LOOP_BLOCK = 8192
-LOOP_WARPS = 16
+LOOP_BLOCK = 16384
+LOOP_WARPS = 32
 LOOP_PROGRAMS_PER_SM = 1
-SEGMENT = 4096
+SEGMENT = 8192
 SEGMENT_WARPS = 8
 
 
