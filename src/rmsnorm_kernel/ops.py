@@ -227,15 +227,20 @@ def rms_norm(
         eps = torch.finfo(x.dtype).eps if isinstance(x, torch.Tensor) and x.dtype.is_floating_point else 1e-6
     try:
         launch.validate(x, weight, residual, eps, offset, casting, out_dtype, residual_dtype, n)
+        unsupported = False
     except launch.UnsupportedInput:
         if not allow_fallback:
             raise
-        return _fallback(x, shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype)
-
-    if out_dtype is None:
-        out_dtype = default_out_dtype(residual.dtype if residual is not None else x.dtype, weight, casting)
+        unsupported = True
     if residual_dtype is None and residual is not None:
         residual_dtype = x.dtype
+    if out_dtype is None:
+        if casting == "llama":  # Llama's output: weight x activations of the normalised input's dtype
+            out_dtype = default_out_dtype(residual_dtype if residual is not None else x.dtype, weight, casting)
+        else:
+            out_dtype = x.dtype
+    if unsupported:
+        return _fallback(x, shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype)
     k = len(shape)
     if k > 1:  # collapse the normalised dims into one (a view when the layout allows)
         x_in = x.reshape(*x.shape[:-k], n)
