@@ -31,7 +31,11 @@ def main():
         w = torch.randn(n, device="cuda", dtype=dtype)
         dy = torch.randn_like(x)
         xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+        y, rstd, _ = launch.forward(x, w, None, 1e-6, 0.0, 0, dtype, dtype)
         cases = {
+            "launch.forward": lambda: launch.forward(x, w, None, 1e-6, 0.0, 0, dtype, dtype),
+            "launch.backward": lambda: launch.backward(dy, None, x, w, rstd, 0.0, 0, True, dtype),
+            "autograd no-op": lambda: (xg * 1).backward(dy),
             "native fwd": lambda: F.rms_norm(x, (n,), w, 1e-6),
             "kernel fwd": lambda: rmsnorm_kernel.rms_norm(x, weight=w),
             "native fwd+bwd": lambda: F.rms_norm(xg, (n,), wg, 1e-6).backward(dy),
