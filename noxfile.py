@@ -10,6 +10,8 @@ Environment variables:
   RMSNORM_TRITON       triton requirement, installed together with torch. Unset: keep the triton
                        that torch brings (CUDA builds pin their own), else install ``triton==3.6.0``.
   RMSNORM_TORCH_INDEX  extra package index for the torch install (a CPU-only wheel index, say)
+  RMSNORM_EXTRA_PINS   more requirements installed with torch, space-separated (CI's oldest-torch
+                       job: ``numpy<2.4``, which triton 3.2's interpreter needs)
   RMSNORM_ASV_MACHINE  asv machine name of this runner (the `asv` session)
   RMSNORM_BASE_SHA, RMSNORM_HEAD_SHA
                        commits compared by `pr_verdict` when not given as --base/--head
@@ -38,7 +40,7 @@ LINT_REQUIREMENTS = "requirements/lint.txt"
 NOX_REQUIREMENTS = "requirements/nox.txt"
 EXTRAS = ("test", "bench")  # pytest and pytest-benchmark; asv and matplotlib (plots are tested on CPU too)
 WORKFLOWS = ".github/workflows"
-HISTORY_PAGE_TEST = "tests/test_history_page.py"
+HISTORY_PAGE_TEST = "tests/test_asv_page.py"  # headless Chromium; skips, with the reason, without it
 PYTEST_FLAGS = ("-ra", "--strict-markers", "--strict-config", "--tb=short", "--durations=10")
 
 
@@ -73,11 +75,12 @@ def install(session: nox.Session, extras: tuple[str, ...] = EXTRAS) -> None:
         use_outer_environment(session)
         return
     index = ["--extra-index-url", TORCH_INDEX] if TORCH_INDEX else []
+    pins = os.environ.get("RMSNORM_EXTRA_PINS", "").split()
     triton = os.environ.get("RMSNORM_TRITON", "")
     if triton:
-        session.install(*index, TORCH, triton)
+        session.install(*index, TORCH, triton, *pins)
     else:
-        session.install(*index, TORCH)
+        session.install(*index, TORCH, *pins)
         if not distribution_version(session, "triton"):
             session.install(DEFAULT_TRITON)
     session.install(f".[{','.join(extras)}]" if extras else ".")
@@ -130,7 +133,8 @@ def lint(session: nox.Session) -> None:
         session.install("-r", LINT_REQUIREMENTS)
     run(session, "ruff", "check", ".")
     run(session, "ruff", "format", "--check", "--diff", ".")
-    run(session, "shellcheck", ".ci/run")
+    scripts = [".ci/run", *sorted(str(p.relative_to(ROOT)) for p in ROOT.glob(".github/scripts/*.sh"))]
+    run(session, "shellcheck", *scripts)
     run(session, "actionlint")  # reads .github/actionlint.yaml; checks run: scripts with shellcheck
     run(session, "zizmor", "--offline", WORKFLOWS)
     workflows = sorted(str(p.relative_to(ROOT)) for p in (ROOT / WORKFLOWS).glob("*.yml"))

@@ -59,7 +59,9 @@ pytestmark = [
         not (HTML / "index.html").is_file(),
         reason="no published asv page (.asv/html/index.html): run `asv publish` (nox -s history) first",
     ),
-    pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed (apt-get install chromium)"),
+    pytest.mark.skipif(
+        CHROMIUM is None, reason="headless Chromium is not installed (apt-get install chromium)"
+    ),
 ]
 
 

@@ -190,10 +190,18 @@ def tiny(m: int, n: int, dtype: torch.dtype, group: str) -> bench.Case:
 TINY = [tiny(8, 64, torch.float32, "small"), tiny(4, 33, torch.bfloat16, "large")]
 
 
+def _broken(eps):
+    def fn(x, w):
+        raise RuntimeError("this provider always fails")
+
+    return fn
+
+
 @pytest.fixture
-def cpu_run(fake_cuda):
+def cpu_run(fake_cuda, monkeypatch):
+    monkeypatch.setitem(bench.PROVIDERS, "broken", bench.Provider("broken", _broken, "always fails"))
     return bench.run_benchmarks(
-        TINY, ["native", "eager", "kernel"], bench.MODES, samples=6, blocks=3, warmup_ms=0.1,
+        TINY, ["native", "eager", "broken"], bench.MODES, samples=6, blocks=3, warmup_ms=0.1,
         copy_elements=4096, flush_bytes=1024, progress=False, git={"commit": "f" * 40, "dirty": False},
     )  # fmt: skip
 
@@ -220,9 +228,11 @@ def test_run_errors_are_small_for_fp32_compute_paths(cpu_run):
 
 
 def test_a_failing_provider_is_recorded_not_fatal(cpu_run):
-    """The kernel refuses CPU tensors without the interpreter: each of its rows says so."""
-    kernel = [r for r in cpu_run["results"] if r["provider"] == "kernel"]
-    assert kernel and all(r["status"] == "failed" and r["error"] and r["median_ms"] is None for r in kernel)
+    broken = [r for r in cpu_run["results"] if r["provider"] == "broken"]
+    assert len(broken) == len(TINY) * 2
+    assert all(
+        r["status"] == "failed" and "always fails" in r["error"] and r["median_ms"] is None for r in broken
+    )
 
 
 def test_results_file_round_trip_and_table(cpu_run, tmp_path):
@@ -276,20 +286,57 @@ def test_case_json_round_trip():
 
 
 def test_bandwidth_plot(cpu_run, tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib (the bench extra) is not installed")
     png = plots.plot_bandwidth(cpu_run, tmp_path / "bw.png", dtype="bfloat16", group="large")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     series = plots.bandwidth_series(cpu_run, "forward", dtype="bfloat16", group="large")
-    assert set(series) == {"native", "eager"}  # the failed kernel rows are left out
+    assert set(series) == {"native", "eager"}  # the failed rows are left out
     with pytest.raises(ValueError, match="no successful large float16 rows"):
         plots.plot_bandwidth(cpu_run, tmp_path / "none.png", dtype="float16")
 
 
 def test_performance_markdown(cpu_run):
-    text = plots.performance_markdown(cpu_run, "bw.png")
+    run = json.loads(json.dumps(cpu_run))
+    for row in run["results"]:  # let the eager rows stand for the kernel
+        row["provider"] = "kernel" if row["provider"] == "eager" else row["provider"]
+    text = plots.performance_markdown(run, "bw.png")
     lines = text.splitlines()
-    header = lines.index(
-        "| shape | mode | kernel µs | kernel TB/s | of copy | best peer | peer µs | peer/kernel |"
-    )
-    table = lines[header + 2 : header + 2 + len(TINY) * 2]
+    columns = "| shape | mode | kernel µs | kernel TB/s | of copy | best peer | peer µs | peer/kernel |"
+    table = lines[lines.index(columns) + 2 :][: len(TINY) * 2]
     assert all(line.startswith("| ") and line.count(" | ") == 7 for line in table)
-    assert "failed" in table[0] and "![bandwidth against N per provider](bw.png)" in text
+    rows = bench.index_rows(run)
+    kernel, native = rows["kernel", "8x64-float32", "forward"], rows["native", "8x64-float32", "forward"]
+    cells = table[0].strip("| ").split(" | ")
+    assert cells[:3] == ["8x64-float32", "forward", f"{kernel['median_ms'] * 1e3:.1f}"]
+    assert cells[5:] == [
+        "native",
+        f"{native['median_ms'] * 1e3:.1f}",
+        f"{native['median_ms'] / kernel['median_ms']:.2f}",
+    ]
+    assert "![bandwidth against N per provider](bw.png)" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# On a GPU: the harness itself, on two shapes
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (nox -s gpu)")
+def test_harness_on_the_gpu():
+    """A short real run: every row succeeds, the figures are physical (no call beats the copy
+    ceiling by more than the L2 could explain), the kernel's errors are within the gate's
+    ceilings, and the gate passes a run against itself."""
+    chosen = bench.select_cases(["4096x4096-bfloat16", "128x257-float32"])
+    run = bench.run_benchmarks(
+        chosen, ["kernel", "native"], bench.MODES, samples=25, blocks=2, copy_elements=2**28
+    )
+    assert 0.5 < run["copy"]["tbs"] < 20
+    for row in run["results"]:
+        assert row["status"] == "ok", row["error"]
+        assert len(row["samples_ms"]) == 50 and row["median_ms"] > 0
+        assert row["fraction_of_copy"] < 1.5
+        if row["provider"] == "kernel":
+            ceiling = ROOT_THRESHOLDS.numerics[row["dtype"]].ceiling
+            assert all(value <= ceiling[q] for q, value in row["errors"].items()), row["errors"]
+    assert gate.judge(run, run, ROOT_THRESHOLDS).status == "pass"

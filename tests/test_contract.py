@@ -20,14 +20,38 @@ def x_(*shape, dtype=torch.float32):
 
 # (description, call, expected exception, message fragment)
 BAD_INPUT = [
-    ("integer x", lambda: rmsnorm_kernel.rms_norm(torch.ones(2, 4, dtype=torch.int32)), TypeError, "x must be"),
+    (
+        "integer x",
+        lambda: rmsnorm_kernel.rms_norm(torch.ones(2, 4, dtype=torch.int32)),
+        TypeError,
+        "x must be",
+    ),
     ("bool x", lambda: rmsnorm_kernel.rms_norm(torch.ones(2, 4, dtype=torch.bool)), TypeError, "x must be"),
-    ("x not a tensor", lambda: rmsnorm_kernel.rms_norm([[1.0, 2.0]], 2), TypeError, "x must be a torch.Tensor"),
-    ("integer weight", lambda: rmsnorm_kernel.rms_norm(x_(2, 4), weight=torch.ones(4, dtype=torch.int64)),
-     TypeError, "weight must be"),
+    (
+        "x not a tensor",
+        lambda: rmsnorm_kernel.rms_norm([[1.0, 2.0]], 2),
+        TypeError,
+        "x must be a torch.Tensor",
+    ),
+    (
+        "integer weight",
+        lambda: rmsnorm_kernel.rms_norm(x_(2, 4), weight=torch.ones(4, dtype=torch.int64)),
+        TypeError,
+        "weight must be",
+    ),
     ("weight shape", lambda: rmsnorm_kernel.rms_norm(x_(2, 4), 4, torch.ones(5)), ValueError, "weight"),
-    ("weight shape vs x", lambda: rmsnorm_kernel.rms_norm(x_(2, 4), weight=torch.ones(5)), ValueError, "normalized_shape"),
-    ("normalized_shape vs x", lambda: rmsnorm_kernel.rms_norm(x_(2, 4), (3,)), ValueError, "normalized_shape"),
+    (
+        "weight shape vs x",
+        lambda: rmsnorm_kernel.rms_norm(x_(2, 4), weight=torch.ones(5)),
+        ValueError,
+        "normalized_shape",
+    ),
+    (
+        "normalized_shape vs x",
+        lambda: rmsnorm_kernel.rms_norm(x_(2, 4), (3,)),
+        ValueError,
+        "normalized_shape",
+    ),
     ("normalized_shape type", lambda: rmsnorm_kernel.rms_norm(x_(2, 4), "4"), TypeError, "normalized_shape"),
     ("eps zero", lambda: rmsnorm_kernel.rms_norm(x_(2, 4), eps=0.0), ValueError, "eps"),
     ("eps negative", lambda: rmsnorm_kernel.rms_norm(x_(2, 4), eps=-1e-6), ValueError, "eps"),
@@ -37,15 +61,32 @@ BAD_INPUT = [
     ("N = 0", lambda: rmsnorm_kernel.rms_norm(x_(2, 0)), ValueError, "N must be at least 1"),
     ("scalar x", lambda: rmsnorm_kernel.rms_norm(torch.tensor(1.0)), ValueError, "normalized_shape"),
     ("residual shape", lambda: rmsnorm_kernel.rms_norm(x_(2, 4), residual=x_(2, 5)), ValueError, "residual"),
-    ("residual dtype", lambda: rmsnorm_kernel.rms_norm(x_(2, 4), residual=torch.ones(2, 4, dtype=torch.int8)),
-     TypeError, "residual"),
-    ("residual_dtype alone", lambda: rmsnorm_kernel.rms_norm(x_(2, 4), residual_dtype=torch.float32),
-     ValueError, "residual_dtype"),
-    ("out_dtype int", lambda: rmsnorm_kernel.rms_norm(x_(2, 4), out_dtype=torch.int32), TypeError, "out_dtype"),
+    (
+        "residual dtype",
+        lambda: rmsnorm_kernel.rms_norm(x_(2, 4), residual=torch.ones(2, 4, dtype=torch.int8)),
+        TypeError,
+        "residual",
+    ),
+    (
+        "residual_dtype alone",
+        lambda: rmsnorm_kernel.rms_norm(x_(2, 4), residual_dtype=torch.float32),
+        ValueError,
+        "residual_dtype",
+    ),
+    (
+        "out_dtype int",
+        lambda: rmsnorm_kernel.rms_norm(x_(2, 4), out_dtype=torch.int32),
+        TypeError,
+        "out_dtype",
+    ),
     ("casting", lambda: rmsnorm_kernel.rms_norm(x_(2, 4), casting="mistral"), ValueError, "casting"),
     ("offset without weight", lambda: rmsnorm_kernel.rms_norm(x_(2, 4), offset=1.0), ValueError, "offset"),
-    ("offset nan", lambda: rmsnorm_kernel.rms_norm(x_(2, 4), weight=torch.ones(4), offset=math.nan),
-     ValueError, "offset"),
+    (
+        "offset nan",
+        lambda: rmsnorm_kernel.rms_norm(x_(2, 4), weight=torch.ones(4), offset=math.nan),
+        ValueError,
+        "offset",
+    ),
 ]
 
 
@@ -58,7 +99,9 @@ def test_bad_input_raises_before_launch(case, call, error, fragment):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="device mismatch needs a CUDA device beside the CPU")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="device mismatch needs a CUDA device beside the CPU"
+)
 def test_weight_on_other_device():
     with pytest.raises(ValueError, match="device"):
         rmsnorm_kernel.rms_norm(x_(2, 4).cuda(), weight=torch.ones(4))
@@ -102,14 +145,20 @@ def test_fallback_residual_returns_h():
     [([1.0, 1.0], [0.848528, 1.131371]), ([2.0, 0.5], [1.697056, 0.565685])],
 )
 def test_reference_worked_example(gamma, expected):
-    y = rms_norm_reference(torch.tensor([[3.0, 4.0]], dtype=torch.float64), torch.tensor(gamma, dtype=torch.float64))
+    y = rms_norm_reference(
+        torch.tensor([[3.0, 4.0]], dtype=torch.float64), torch.tensor(gamma, dtype=torch.float64)
+    )
     torch.testing.assert_close(y[0], torch.tensor(expected, dtype=torch.float64), atol=1e-6, rtol=0)
 
 
 def test_reference_backward_worked_example():
     x = torch.tensor([[3.0, 4.0]], dtype=torch.float64)
-    dx, dw = rms_norm_backward_reference(x, torch.ones(2, dtype=torch.float64), torch.tensor([[1.0, 2.0]]).double())
-    torch.testing.assert_close(dx[0], torch.tensor([-0.090510, 0.067882], dtype=torch.float64), atol=1e-6, rtol=0)
+    dx, dw = rms_norm_backward_reference(
+        x, torch.ones(2, dtype=torch.float64), torch.tensor([[1.0, 2.0]]).double()
+    )
+    torch.testing.assert_close(
+        dx[0], torch.tensor([-0.090510, 0.067882], dtype=torch.float64), atol=1e-6, rtol=0
+    )
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (3, 7), (17, 257), (2, 3, 5)])
@@ -161,8 +210,14 @@ def test_swap_rms_norm_replaces_and_shares_weights():
     weights = [model[1].weight, model[2].weight]
     replaced = rmsnorm_kernel.swap_rms_norm(model)
     assert replaced == ["1", "2"]
-    assert isinstance(model[1], rmsnorm_kernel.RMSNorm) and model[1].casting == "default" and model[1].eps == 1e-5
-    assert isinstance(model[2], rmsnorm_kernel.RMSNorm) and model[2].casting == "llama" and model[2].eps == 1e-6
+    assert (
+        isinstance(model[1], rmsnorm_kernel.RMSNorm)
+        and model[1].casting == "default"
+        and model[1].eps == 1e-5
+    )
+    assert (
+        isinstance(model[2], rmsnorm_kernel.RMSNorm) and model[2].casting == "llama" and model[2].eps == 1e-6
+    )
     assert model[1].weight is weights[0] and model[2].weight is weights[1]
     assert rmsnorm_kernel.swap_rms_norm(model) == []  # idempotent
 

@@ -293,7 +293,10 @@ HF_CASES = [
 @pytest.mark.parametrize(("style", "x_dtype", "w_dtype"), HF_CASES)
 def test_casting_mode_matches_hugging_face(device, style, x_dtype, w_dtype):
     """RMSNorm(offset=..., casting=style) against Hugging Face's module of that style: the output
-    dtype (Llama: promote(x, weight); Gemma: x's), y, dx and dw."""
+    dtype (Llama: promote(x, weight); Gemma: x's), y and dx. dw against the fp32 autograd of the
+    same formula: Hugging Face's Llama multiplies in the weight's dtype, so with a half-precision
+    weight its own dw carries one rounding per product, which near-cancelling columns magnify
+    beyond the tolerance."""
     _, center, offset = HF_MODULES[style]
     x, w, _ = make((8, 257), x_dtype, device, weight_dtype=w_dtype, weight_center=center)
     theirs = hf_module(style, 257, w, device)
@@ -308,7 +311,12 @@ def test_casting_mode_matches_hugging_face(device, style, x_dtype, w_dtype):
     y_ours.backward(dy)
     y_theirs.backward(dy)
     assert_close(x_ours.grad, x_theirs.grad, tol_dtype)
-    assert_close(ours.weight.grad, theirs.weight.grad, coarser(tol_dtype, w_dtype))
+    (dw_ref,) = grads_of(
+        lambda w_: rms_norm_reference(x, w_, EPS, offset=offset, casting=style),
+        lambda y: (y.float() * dy.float()).sum(),
+        w,
+    )
+    assert_close(ours.weight.grad, dw_ref, coarser(tol_dtype, w_dtype))
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)

@@ -7,6 +7,7 @@ import copy
 import json
 import math
 import random
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -441,3 +442,107 @@ def test_pr_verdict_without_cuda_cannot_judge(tmp_path, capsys):
 def test_pr_verdict_rejects_bad_arguments(tmp_path, argv, message):
     with pytest.raises(ValueError, match=message):
         cli.main(["pr-verdict", "--base", "HEAD", "--head", "HEAD", "--out", str(tmp_path), *argv])
+
+
+# ---------------------------------------------------------------------------------------------
+# pr-verdict end to end on CPU: real git worktrees, rounds and GPU tests stood in for
+# ---------------------------------------------------------------------------------------------
+
+
+def git(repo: Path, *args: str) -> str:
+    done = subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args],
+        cwd=repo, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return done.stdout.strip()
+
+
+def commit(repo: Path, speed: float, thresholds: str, message: str) -> str:
+    (repo / "speed.txt").write_text(str(speed))
+    (repo / "regression.toml").write_text(thresholds)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", message)
+    return git(repo, "rev-parse", "HEAD")
+
+
+@pytest.fixture
+def pr_repo(tmp_path, monkeypatch):
+    """A repository with three commits (base; head 8% slower; head 8% slower that also loosens
+    its own latency factor to 2.0), and pr-verdict's GPU parts replaced by stand-ins that read
+    the worktree they are given."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    toml = (ROOT / "regression.toml").read_text()
+    shas = {
+        "base": commit(repo, 1.0, toml, "base"),
+        "slow": commit(repo, 1.08, toml, "slow"),
+        "slow+loose": commit(repo, 1.08, toml.replace("factor = 1.05", "factor = 2.0"), "loosened"),
+    }
+    calls = []
+
+    def fake_round(harness, worktree, spec, spec_path, log_path):
+        assert Path(harness).is_file() and spec["providers"] == ["kernel"]
+        calls.append((spec["label"], spec["round"]))
+        speed = float((Path(worktree) / "speed.txt").read_text())
+        run = make_run(100 * len(calls), slower={"*": speed}, n=spec["samples"])
+        names = {c["name"] for c in spec["cases"]}
+        run["results"] = [r for r in run["results"] if r["shape"] in names and r["mode"] in spec["modes"]]
+        Path(spec["out"]).write_text(json.dumps(run))
+        return None
+
+    def fake_tests(worktree, log_path):
+        return gate.Row("gpu tests (head)", None, None, None, None, "pass", "run", note="stand-in")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(prverdict, "run_round", fake_round)
+    monkeypatch.setattr(prverdict, "run_gpu_tests", fake_tests)
+    return repo, shas, calls
+
+
+# (head commit, expected exit status)
+PR_CASES = [("base", 0), ("slow", 1), ("slow+loose", 1)]
+
+
+@pytest.mark.parametrize("head, code", PR_CASES, ids=[c[0] for c in PR_CASES])
+def test_pr_verdict_end_to_end(pr_repo, tmp_path, capsys, head, code):
+    repo, shas, calls = pr_repo
+    out = tmp_path / "verdict"
+    argv = [
+        "pr-verdict",
+        "--repo",
+        str(repo),
+        "--base",
+        shas["base"],
+        "--head",
+        shas[head],
+        "--out",
+        str(out),
+    ]
+    assert cli.main([*argv, "--shapes", "large", "--rounds", "4", "--samples", "30"]) == code
+    assert calls == [
+        ("base", 0),
+        ("head", 0),
+        ("head", 1),
+        ("base", 1),
+        ("base", 2),
+        ("head", 2),
+        ("head", 3),
+        ("base", 3),
+    ]
+    data = json.loads((out / "verdict.json").read_text())
+    assert data["status"] == ["pass", "regression"][code]
+    assert data["rows"][0]["check"] == "gpu tests (head)"
+    assert data["thresholds"] == "regression.toml of base"  # a pull request cannot loosen its own gate
+    assert data["pr"]["head"] == shas[head] and data["pr"]["rounds"] == 4
+    merged = json.loads((out / "head.json").read_text())
+    assert {len(r["samples_ms"]) for r in merged["results"]} == {4 * 30}
+    assert (out / "verdict.md").read_text().startswith(f"**{data['summary']}**")
+    assert git(repo, "worktree", "list").count("\n") == 0  # the temporary worktrees are gone
+
+
+def test_pr_verdict_names_a_bad_commit(pr_repo, tmp_path):
+    repo, shas, _ = pr_repo
+    argv = ["pr-verdict", "--repo", str(repo), "--base", "no-such-rev", "--head", shas["base"]]
+    with pytest.raises(ValueError, match="--base: 'no-such-rev' is not a commit"):
+        cli.main([*argv, "--out", str(tmp_path / "v")])

@@ -119,7 +119,11 @@ def test_dw_is_bitwise_deterministic_and_dy_untouched(device, n):
     dy_before = dy.clone()
     results = [run_kernel(x, w, dy) for _ in range(3)]
     for y, dx, dw in results[1:]:
-        assert torch.equal(dw, results[0][2]) and torch.equal(dx, results[0][1]) and torch.equal(y, results[0][0])
+        assert (
+            torch.equal(dw, results[0][2])
+            and torch.equal(dx, results[0][1])
+            and torch.equal(y, results[0][0])
+        )
     assert torch.equal(dy, dy_before), "dy must never be modified in place"
 
 
@@ -168,7 +172,9 @@ def test_opcheck(device, with_residual):
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
 def test_compile_fullgraph_without_recompiling_per_batch(device):
     torch._dynamo.reset()
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), rmsnorm_kernel.RMSNorm(64, eps=1e-6), torch.nn.SiLU())
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, 64), rmsnorm_kernel.RMSNorm(64, eps=1e-6), torch.nn.SiLU()
+    )
     model = model.to(device)
     compiled = torch.compile(model, fullgraph=True, dynamic=None)
     counts = []

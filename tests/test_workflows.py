@@ -386,7 +386,7 @@ def fake_github():
     FakeGitHub.comments = [{"id": 1, "body": "an unrelated comment"}]
     FakeGitHub.calls = []
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeGitHub)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()

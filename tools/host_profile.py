@@ -44,7 +44,9 @@ def main():
         before = {k: v.slow_launches for k, v in launchers.items()}
         for name, fn in cases.items():
             print(f"{m}x{n} {dtype}: {name:>16}: {per_call_us(fn):7.1f} us per call (host)")
-        print("  slow launches during timing:", {k: v.slow_launches - before[k] for k, v in launchers.items()})
+        print(
+            "  slow launches during timing:", {k: v.slow_launches - before[k] for k, v in launchers.items()}
+        )
         prof = cProfile.Profile()
         prof.enable()
         for _ in range(300):

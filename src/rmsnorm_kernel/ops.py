@@ -236,7 +236,9 @@ def rms_norm(
         residual_dtype = x.dtype
     if out_dtype is None:
         if casting == "llama":  # Llama's output: weight x activations of the normalised input's dtype
-            out_dtype = default_out_dtype(residual_dtype if residual is not None else x.dtype, weight, casting)
+            out_dtype = default_out_dtype(
+                residual_dtype if residual is not None else x.dtype, weight, casting
+            )
         else:
             out_dtype = x.dtype
     if unsupported:
