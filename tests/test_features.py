@@ -20,7 +20,7 @@ from rmsnorm_kernel.cases import EPS, TOLERANCES
 from rmsnorm_kernel.reference import rms_norm_reference
 
 from . import mutants
-from .conftest import KERNEL_DEVICES
+from .conftest import INTERPRET, KERNEL_DEVICES
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 
@@ -144,23 +144,51 @@ def test_residual_forward(device, x_dtype, r_dtype, residual_dtype, shape):
     assert y.shape == x.shape
     assert torch.equal(y, rmsnorm_kernel.rms_norm(h, weight=w, eps=EPS, out_dtype=y.dtype))
     assert_close(y, rms_norm_reference(h, w, EPS, out_dtype=y.dtype), y.dtype)
-    if r_dtype == x_dtype:
-        assert y.dtype == x_dtype, "the output takes the input's dtype"
+    assert y.dtype == x_dtype, "the output takes x's dtype"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug, reported: with a residual, y's default dtype is taken from the residual tensor's dtype "
-    "(rms_norm's default_out_dtype(residual.dtype, ...)), not from x or h",
+DEFAULT_DTYPES = [
+    # (x dtype, residual dtype, residual_dtype argument, casting, weight dtype, y dtype, h dtype)
+    (BF16, F32, None, "default", BF16, BF16, BF16),  # y in x's dtype, whatever the residual's
+    (BF16, BF16, F32, "default", BF16, BF16, F32),
+    (BF16, BF16, None, "llama", F32, F32, BF16),  # llama: promote(h's dtype, the weight's)
+    (BF16, BF16, F32, "llama", BF16, F32, F32),
+    (F32, BF16, BF16, "llama", BF16, BF16, BF16),
+]
+# The kernels, and the reference fallback (CPU tensors without the interpreter): the same dtypes.
+PATHS = [
+    *KERNEL_DEVICES,
+    pytest.param(
+        "fallback",
+        marks=pytest.mark.skipif(INTERPRET, reason="under TRITON_INTERPRET=1 CPU tensors run the kernels"),
+        id="fallback",
+    ),
+]
+
+
+@pytest.mark.filterwarnings("ignore:rmsnorm_kernel.*reference implementation:RuntimeWarning")
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize(
+    ("x_dtype", "r_dtype", "residual_dtype", "casting", "w_dtype", "y_dtype", "h_dtype"), DEFAULT_DTYPES
 )
-@pytest.mark.parametrize("device", KERNEL_DEVICES)
-def test_default_output_dtype_does_not_depend_on_the_residual_tensor_dtype(device):
-    """x and h are bf16 in both calls; only the residual tensor's own dtype differs."""
-    x, w, r = make((5, 64), BF16, device, residual_dtype=F32)
-    y_same, _ = rmsnorm_kernel.rms_norm(x, weight=w, residual=r.to(BF16))
-    y_fp32_residual, h = rmsnorm_kernel.rms_norm(x, weight=w, residual=r, residual_dtype=BF16)
-    assert h.dtype == BF16
-    assert y_fp32_residual.dtype == y_same.dtype
+def test_default_dtypes_with_a_residual(
+    path, x_dtype, r_dtype, residual_dtype, casting, w_dtype, y_dtype, h_dtype
+):
+    device = "cpu" if path == "fallback" else path
+    x, w, r = make((5, 64), x_dtype, device, weight_dtype=w_dtype, residual_dtype=r_dtype)
+    y, h = rmsnorm_kernel.rms_norm(
+        x,
+        weight=w,
+        eps=EPS,
+        residual=r,
+        residual_dtype=residual_dtype,
+        casting=casting,
+        allow_fallback=path == "fallback",
+    )
+    assert (y.dtype, h.dtype) == (y_dtype, h_dtype)
+    assert torch.equal(h, (x.float() + r.float()).to(h_dtype))
+    tol_dtype = coarser(h_dtype, y_dtype) if casting == "llama" else y_dtype
+    assert_close(y, rms_norm_reference(h, w, EPS, casting=casting, out_dtype=y_dtype), tol_dtype)
 
 
 RESIDUAL_BACKWARD = [

@@ -24,6 +24,18 @@ def per_call_us(fn, calls=1000):
     return (time.perf_counter() - t) / calls * 1e6
 
 
+class _Identity(torch.autograd.Function):
+    """The cheapest Python autograd node: its backward cost is the engine's cost of any Python node."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
 def main():
     launchers = {name: obj for name, obj in vars(launch).items() if isinstance(obj, launch.Launcher)}
     for m, n, dtype in [(1, 4096, torch.bfloat16), (128, 257, torch.float32)]:
@@ -36,6 +48,7 @@ def main():
             "launch.forward": lambda: launch.forward(x, w, None, 1e-6, 0.0, 0, dtype, dtype),
             "launch.backward": lambda: launch.backward(dy, None, x, w, rstd, 0.0, 0, True, dtype),
             "autograd no-op": lambda: (xg * 1).backward(dy),
+            "python node no-op": lambda: _Identity.apply(xg).backward(dy),
             "native fwd": lambda: F.rms_norm(x, (n,), w, 1e-6),
             "kernel fwd": lambda: rmsnorm_kernel.rms_norm(x, weight=w),
             "native fwd+bwd": lambda: F.rms_norm(xg, (n,), wg, 1e-6).backward(dy),

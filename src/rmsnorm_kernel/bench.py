@@ -3,7 +3,7 @@ performance page all measure through the functions here.
 
 Timing. CUDA events are recorded around whole calls (allocations, the autograd path and every
 launch of the call are inside the interval). Before every sample the harness writes a 256 MiB
-buffer, which evicts the 60 MB L2 of the H200 (and any smaller L2), so every call reads its
+buffer, over four times the H200's L2 (50-60 MB on Hopper parts), so every call reads its
 inputs from HBM as it would in a model; the flush sits outside the timed interval. This was
 chosen over rotating input copies because one flush serves every shape, including the 8 KiB
 launch-bound ones that would otherwise need thousands of copies, and because the peers' anchor
@@ -45,7 +45,7 @@ import torch
 
 SCHEMA = 1
 MODES: tuple[str, ...] = ("forward", "forward_backward")
-FLUSH_BYTES = 256 * 2**20  # written between samples; > 2x the 60 MB L2 of an H200
+FLUSH_BYTES = 256 * 2**20  # written between samples; over 4x the L2 of a Hopper GPU
 COPY_ELEMENTS = 2**30  # bf16 elements of the copy-ceiling buffers (2 GiB each)
 DEFAULT_SAMPLES = 100  # per block
 DEFAULT_BLOCKS = 3
