@@ -815,15 +815,16 @@ def _tolerance_dtype(case: FeatureCase, kind: str, dtype: torch.dtype) -> torch.
 
     * default/gemma casting round nothing before the result (h is rounded identically by the
       reference), so the result's own dtype applies;
-    * "llama" rounds xn to x's dtype, where a one-ulp difference in r may flip a rounding: the
-      coarser of x's dtype and the result's;
+    * "llama" rounds xn to the normalised input's dtype (x's, or h's with a residual), where a
+      one-ulp difference in r may flip a rounding: the coarser of that dtype and the result's;
     * with a residual, dx and dresidual of the unfused pair pass through h, whose gradient is a
       tensor of h's dtype there: the coarser of h's dtype and the result's.
     """
+    h_dtype = case.opts.get("residual_dtype") or case.x_dtype
     if case.opts.get("casting") == "llama":
-        return _coarser(case.x_dtype, dtype)
+        return _coarser(h_dtype if case.r_dtype is not None else case.x_dtype, dtype)
     if case.r_dtype is not None and kind in ("dx", "dresidual"):
-        return _coarser(case.opts.get("residual_dtype") or case.x_dtype, dtype)
+        return _coarser(h_dtype, dtype)
     return dtype
 
 
@@ -862,11 +863,11 @@ def run_feature_case(
         )
     if opts.get("casting") == "llama":
         tol_dtype = _tolerance_dtype(case, "y", ref_y.dtype)
-        hf = hf_llama_rms_norm(x, w, opts["eps"])
+        hf = hf_llama_rms_norm(ref_h if r is not None else x, w, opts["eps"])
         results.append(_judge_close(check, "y vs Hugging Face", case, y, hf, tol_dtype))
         fp32_opts = {**opts, "casting": "default", "out_dtype": ref_y.dtype}
-        fp32_y = reference_feature_impl.forward(x, w, None, **fp32_opts)[0]
-        fp32_dw = reference_feature_impl.backward(x, w, None, dy, None, **fp32_opts)[2]
+        fp32_y = reference_feature_impl.forward(x, w, r, **fp32_opts)[0]
+        fp32_dw = reference_feature_impl.backward(x, w, r, dy, dh, **fp32_opts)[2]
         results.append(_judge_closer(check, "y rounding", case, y, hf, fp32_y, tol_dtype, "llama", "fp32"))
         results.append(
             _judge_closer(check, "dw rounding", case, dw, ref_dw, fp32_dw, tol_dtype, "llama", "fp32")
@@ -932,6 +933,15 @@ LLAMA_CASES = (
     FeatureCase("llama, bf16, fp32 weight", _BF16, _F32, options=(("casting", "llama"),)),
     FeatureCase("llama, fp16, bf16 weight", _F16, _BF16, options=(("casting", "llama"),)),
     FeatureCase("llama, bf16, bf16 weight", _BF16, _BF16, options=(("casting", "llama"),)),
+    # a decoder layer's `hidden = residual + hidden; norm(hidden)`, fused
+    FeatureCase(
+        "llama, x bf16 + r bf16 -> h bf16, h used, fp32 weight",
+        _BF16,
+        _F32,
+        r_dtype=_BF16,
+        options=(("casting", "llama"),),
+        with_dh=True,
+    ),
 )
 
 

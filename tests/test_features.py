@@ -5,8 +5,9 @@ swap_rms_norm. Numeric tests run under the interpreter on CPU (nox -s interpret)
 
 Tolerance rows, by what a result went through (the same rule as tests/mutants.py):
 * default and "gemma" casting round nothing before the result: the result's own dtype;
-* "llama" rounds the normalised activations to x's dtype, where a one-ulp difference in r between
-  two correct fp32 computations may flip that rounding: the coarser of x's dtype and the result's;
+* "llama" rounds the normalised activations to the normalised input's dtype, where a one-ulp
+  difference in r between two correct fp32 computations may flip that rounding: the coarser of
+  that dtype and the result's;
 * with a residual, the unfused pair's gradient passes through h, a tensor of h's dtype: dx and
   dresidual get the coarser of h's dtype and their own.
 """
@@ -89,10 +90,11 @@ class GemmaRMSNorm(nn.Module):
         return output.type_as(x)
 
 
+# style: (class, weight center, offset). Gemma stores its weight as an offset from 1.
 HF_MODULES = {
     "llama": (LlamaRMSNorm, 1.0, 0.0),
     "gemma": (GemmaRMSNorm, 0.0, 1.0),
-}  # class, weight center, offset
+}
 
 
 def hf_module(style, n, weight, device):

@@ -2,7 +2,7 @@
 
 The math (see ``reference.py`` for the readable oracle), per row of N values:
 
-    forward    r  = rsqrt(sum(x^2) / N + eps)          squares and sum in fp32
+    forward    r  = 1 / sqrt(sum(x^2) / N + eps)       squares and sum in fp32, r correctly rounded
                xn = x * r
                y  = xn * (offset + w)                  one cast, to y's dtype, at the store
     backward   u  = dy * (offset + w)
@@ -78,6 +78,14 @@ CAST_LLAMA = 1
 
 
 @triton.jit
+def _rsqrt_rn(v):
+    """1 / sqrt(v) from the correctly rounded sqrt and division. The hardware rsqrt is off by up
+    to two ulps; r multiplies every element of its row and dw sums r over all rows, so that error
+    would grow with M (visible in fp32 dw at M = 2048). One per row: the cost is nil."""
+    return tl.div_rn(1.0, tl.sqrt_rn(v))
+
+
+@triton.jit
 def forward_tile(
     X,  # input rows, any float dtype                                      [M, N], row stride stride_x
     RES,  # residual rows added to X before normalising (if HAS_RESIDUAL)   [M, N], row stride stride_res
@@ -114,7 +122,7 @@ def forward_tile(
         tl.store(H + rows64 * stride_h + cols[None, :], h, mask=mask)
         x = h.to(tl.float32)
 
-    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+    rstd = _rsqrt_rn(tl.sum(x * x, axis=1) / N + eps)
     tl.store(RSTD + rows, rstd, mask=row_ok)
 
     xn = x * rstd[:, None]
@@ -171,7 +179,7 @@ def forward_looped(
                 tl.store(h_row + c, h, mask=c < N)
                 x = h.to(tl.float32)
             acc += x * x
-        rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
+        rstd = _rsqrt_rn(tl.sum(acc, axis=0) / N + eps)
         tl.store(RSTD + row, rstd)
 
         for start in range(0, N, BLOCK_N):
