@@ -632,14 +632,14 @@ def write_run(run: dict[str, Any], out_dir: str | Path, stem: str | None = None)
 
 
 def select_cases(names: Sequence[str] | None) -> list[Case]:
-    """Shape names from cases.BENCH_SHAPES; "all", "large" and "small" select groups."""
+    """Shape names from cases.BENCH_SHAPES; "all" and the group names select groups."""
     from rmsnorm_kernel import cases
 
     if not names:
         names = ["all"]
     out: list[Case] = []
     for name in names:
-        if name in ("all", "large", "small"):
+        if name in ("all", "large", "medium", "small"):
             chosen = [s for s in cases.BENCH_SHAPES if name == "all" or s.group == name]
         else:
             chosen = [cases.bench_shape(name)]
@@ -650,7 +650,7 @@ def select_cases(names: Sequence[str] | None) -> list[Case]:
 def configure(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument(
         "--shapes", nargs="+", default=["all"], metavar="SHAPE",
-        help='shape names such as 4096x4096-bfloat16, or "all", "large", "small" (default: all)',
+        help='shape names such as 4096x4096-bfloat16, or "all", "large", "medium", "small" (default: all)',
     )  # fmt: skip
     parser.add_argument(
         "--providers", nargs="+", default=None, metavar="NAME",

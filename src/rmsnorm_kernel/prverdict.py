@@ -154,7 +154,7 @@ def configure(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument("--out", default="outputs/pr-verdict", metavar="DIR")
     parser.add_argument(
         "--shapes", nargs="+", default=["all"], metavar="SHAPE",
-        help='benchmark shape names, or "all", "large", "small" (default: all)',
+        help='benchmark shape names, or "all", "large", "medium", "small" (default: all)',
     )  # fmt: skip
     parser.add_argument("--modes", nargs="+", default=list(bench.MODES), choices=bench.MODES)
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="interleaved rounds per side")
