@@ -199,6 +199,20 @@ def test_module_is_a_drop_in():
     assert rmsnorm_kernel.RMSNorm(8).eps is None  # None means torch's default, finfo(dtype).eps
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"casting": "mistral"}, "casting"),
+        ({"offset": float("nan")}, "offset"),
+        ({"offset": "1"}, "offset"),
+        ({"offset": 1.0, "elementwise_affine": False}, "offset needs a weight"),
+    ],
+)
+def test_module_rejects_bad_options_at_construction(kwargs, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        rmsnorm_kernel.RMSNorm(8, **kwargs)
+
+
 def test_swap_rms_norm_replaces_and_shares_weights():
     class LlamaRMSNorm(torch.nn.Module):  # a Hugging Face-style module
         def __init__(self, n, eps=1e-6):

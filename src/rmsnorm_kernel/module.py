@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
+from rmsnorm_kernel.launch import CASTING_MODES
 from rmsnorm_kernel.ops import rms_norm
 
 
@@ -29,6 +32,14 @@ class RMSNorm(nn.RMSNorm):
         offset: float = 0.0,
         casting: str = "default",
     ) -> None:
+        if casting not in CASTING_MODES:
+            raise ValueError(f"casting must be one of {sorted(CASTING_MODES)}, got {casting!r}")
+        if isinstance(offset, bool) or not isinstance(offset, (int, float)) or not math.isfinite(offset):
+            raise ValueError(f"offset must be a finite float, got {offset!r}")
+        if offset and not elementwise_affine:
+            raise ValueError(
+                "offset needs a weight: y = x * r * (offset + weight); elementwise_affine is False"
+            )
         super().__init__(
             normalized_shape, eps=eps, elementwise_affine=elementwise_affine, device=device, dtype=dtype
         )
