@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -78,9 +79,10 @@ def test_relative_l2(value, reference, expected):
 
 
 def test_provider_registry():
-    assert list(bench.PROVIDERS) == ["kernel", "eager", "native", "compiled", "liger", "quack"]
+    plain = [p for p in bench.PROVIDERS if not bench.PROVIDERS[p].residual]
+    assert plain == ["kernel", "eager", "native", "compiled", "liger", "quack"]
     assert all(bench.provider_available(p) for p in bench.CORE_PROVIDERS)
-    assert [p for p in bench.PROVIDERS if bench.PROVIDERS[p].requires is None] == list(bench.CORE_PROVIDERS)
+    assert [p for p in plain if bench.PROVIDERS[p].requires is None] == list(bench.CORE_PROVIDERS)
 
 
 @pytest.mark.parametrize("peer, module", [("liger", "liger_kernel.ops.rms_norm"), ("quack", "quack.rmsnorm")])
@@ -340,3 +342,50 @@ def test_harness_on_the_gpu():
             ceiling = ROOT_THRESHOLDS.numerics[row["dtype"]].ceiling
             assert all(value <= ceiling[q] for q, value in row["errors"].items()), row["errors"]
     assert gate.judge(run, run, ROOT_THRESHOLDS).status == "pass"
+
+
+# ---------------------------------------------------------------------------------------------
+# The fused residual add + RMSNorm providers
+# ---------------------------------------------------------------------------------------------
+
+
+def test_residual_providers_are_separate_from_the_plain_ones():
+    assert set(bench.RESIDUAL_PROVIDERS) == {"kernel_residual", "unfused_residual", "liger_residual"}
+    assert not set(bench.available_providers()) & set(bench.RESIDUAL_PROVIDERS)
+    assert {"kernel_residual", "unfused_residual"} <= set(bench.available_providers(residual=True))
+
+
+@pytest.mark.parametrize("shape", cases.BENCH_SHAPES, ids=lambda s: s.name)
+@pytest.mark.parametrize("mode", cases.BENCH_MODES)
+def test_residual_bytes_match_the_declared_count(shape, mode):
+    case = bench.case_from_bench_shape(shape)
+    assert bench._residual_bytes(case, mode) == cases.residual_bytes_moved(shape, mode)
+
+
+def test_performance_page_ignores_residual_rows():
+    from rmsnorm_kernel import plots
+
+    def row(provider, ms, residual=False):
+        return {
+            "provider": provider, "shape": "4096x4096-bfloat16", "m": 4096, "n": 4096, "dtype": "bfloat16",
+            "group": "medium", "mode": "forward", "status": "ok", "median_ms": ms, "tbs": 1.0,
+            "fraction_of_copy": 0.5, "residual": residual,
+        }  # fmt: skip
+
+    run = {
+        "results": [row("kernel", 0.030), row("native", 0.040), row("unfused_residual", 0.001, True)],
+        "copy": {"tbs": 4.0},
+    }
+    page = plots.performance_markdown(run)
+    assert "native" in page and "unfused_residual" not in page
+
+
+@pytest.mark.interpret
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
+def test_residual_providers_compute_the_same_function_on_cpu():
+    torch.manual_seed(0)
+    x, r = torch.randn(5, 257), torch.randn(5, 257)
+    w = 1 + 0.1 * torch.randn(257)
+    fused = bench.get_provider("kernel_residual").build(1e-6)(x, w, r)
+    unfused = bench.get_provider("unfused_residual").build(1e-6)(x, w, r)
+    torch.testing.assert_close(fused, unfused, atol=cases.TOLERANCES[torch.float32].atol, rtol=1e-4)

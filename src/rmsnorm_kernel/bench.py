@@ -57,6 +57,7 @@ NO_CUDA_MESSAGE = (
 )
 
 Fn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+ResidualFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class BenchUnavailable(RuntimeError):
@@ -128,12 +129,34 @@ def _build_quack(eps: float) -> Fn:
     return lambda x, w: rmsnorm(x, w, eps=eps)
 
 
+def _build_kernel_residual(eps: float) -> ResidualFn:
+    from rmsnorm_kernel import rms_norm
+
+    return lambda x, w, r: rms_norm(x, weight=w, eps=eps, residual=r)[0]
+
+
+def _build_unfused_residual(eps: float) -> ResidualFn:
+    """The two-op sequence the fused path replaces: h = x + r in x's dtype, then F.rms_norm."""
+    import torch.nn.functional as F
+
+    return lambda x, w, r: F.rms_norm(x + r, (x.shape[-1],), w, eps)
+
+
+def _build_liger_residual(eps: float) -> ResidualFn:
+    from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
+
+    return lambda x, w, r: LigerFusedAddRMSNormFunction.apply(x, r, w, eps, 0.0, "llama", False)[0]
+
+
 @dataclass(frozen=True)
 class Provider:
     name: str
     build: Callable[[float], Fn]
     description: str
     requires: str | None = None  # module that must import for an optional peer
+    # A residual provider computes y = norm(x + r) with a residual r the harness makes per shape;
+    # it is run only when asked for by name, and compared with residual providers only.
+    residual: bool = False
 
 
 PROVIDERS: dict[str, Provider] = {
@@ -150,8 +173,28 @@ PROVIDERS: dict[str, Provider] = {
             "liger_kernel.ops.rms_norm",
         ),
         Provider("quack", _build_quack, "quack.rmsnorm (CuTe DSL)", "quack.rmsnorm"),
+        Provider(
+            "kernel_residual",
+            _build_kernel_residual,
+            "rmsnorm_kernel.rms_norm(x, residual=r): fused add + RMSNorm, returns (y, h)",
+            residual=True,
+        ),
+        Provider(
+            "unfused_residual",
+            _build_unfused_residual,
+            "h = x + r, then torch.nn.functional.rms_norm(h)",
+            residual=True,
+        ),
+        Provider(
+            "liger_residual",
+            _build_liger_residual,
+            "Liger-Kernel LigerFusedAddRMSNormFunction (llama casting)",
+            "liger_kernel.ops.fused_add_rms_norm",
+            residual=True,
+        ),
     )
 }
+RESIDUAL_PROVIDERS: tuple[str, ...] = tuple(name for name, p in PROVIDERS.items() if p.residual)
 CORE_PROVIDERS: tuple[str, ...] = ("kernel", "eager", "native", "compiled")
 _IMPORTABLE: dict[str, bool] = {}
 
@@ -176,9 +219,10 @@ def get_provider(name: str) -> Provider:
     return PROVIDERS[name]
 
 
-def available_providers() -> list[str]:
-    """The core providers and every peer that imports here, in registry order."""
-    return [name for name in PROVIDERS if provider_available(name)]
+def available_providers(residual: bool = False) -> list[str]:
+    """The core providers and every peer that imports here, in registry order: the plain
+    RMSNorm providers, or with ``residual`` the fused residual add + RMSNorm ones."""
+    return [name for name, p in PROVIDERS.items() if p.residual == residual and provider_available(name)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -330,6 +374,12 @@ def make_inputs(case: Case, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, 
     w = (1 + 0.1 * torch.randn(case.n, device=DEVICE, dtype=torch.float32, generator=g)).to(case.dtype)
     dy = torch.randn(case.m, case.n, device=DEVICE, dtype=torch.float32, generator=g).to(case.dtype)
     return x, w, dy
+
+
+def make_residual(case: Case, seed: int = 0) -> torch.Tensor:
+    """The residual stream r ~ N(0, 1) for the residual providers, seeded apart from x."""
+    g = torch.Generator(device=DEVICE).manual_seed(seed + 1)
+    return torch.randn(case.m, case.n, device=DEVICE, dtype=torch.float32, generator=g).to(case.dtype)
 
 
 def oracle64(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, eps: float):
@@ -499,17 +549,23 @@ def run_benchmarks(
     flush = make_flush(flush_bytes)
     rows: list[dict[str, Any]] = []
     bar = _Progress(len(cases_) * len(modes) * blocks * len(providers), "benchmark", progress)
-    fns: dict[str, Fn | None] = {}
+    builds: dict[str, Any] = {}
     build_errors: dict[str, str] = {}
     for name in providers:
         try:
-            fns[name] = get_provider(name).build(eps)
+            builds[name] = get_provider(name).build(eps)
         except Exception as exc:  # a peer that imports but cannot build: reported, not fatal
-            fns[name] = None
+            builds[name] = None
             build_errors[name] = f"{type(exc).__name__}: {exc}"
+    residual_names = [name for name in providers if get_provider(name).residual]
     try:
         for case in cases_:
             x, w, dy = make_inputs(case, seed)
+            r = make_residual(case, seed) if residual_names else None
+            fns: dict[str, Fn | None] = {
+                name: (None if b is None else _bind_residual(b, r) if name in residual_names else b)
+                for name, b in builds.items()
+            }
             by_key: dict[tuple[str, str], dict[str, Any]] = {}
             for name in providers:
                 for mode in modes:
@@ -521,7 +577,8 @@ def run_benchmarks(
                         "dtype": str(case.dtype).removeprefix("torch."),
                         "group": case.group,
                         "mode": mode,
-                        "bytes": case.nbytes[mode],
+                        "residual": name in residual_names,
+                        "bytes": _residual_bytes(case, mode) if name in residual_names else case.nbytes[mode],
                         "status": "ok" if fns[name] is not None else "failed",
                         "error": build_errors.get(name),
                         "samples_ms": [],
@@ -530,16 +587,20 @@ def run_benchmarks(
                     }
             if errors:
                 oracle = oracle64(x, w, dy, eps)
+                # The residual providers normalise h = x + r: their oracle is the formula on the
+                # exact h, and dx = dh.
+                oracle_res = oracle64(x.double() + r.double(), w, dy, eps) if residual_names else None
                 for name in providers:
                     if fns[name] is None:
                         continue
                     for mode in modes:  # a provider may fail in one mode only (no backward, say)
                         try:
-                            errs = provider_errors(fns[name], x, w, dy, oracle, [mode])
+                            this_oracle = oracle_res if name in residual_names else oracle
+                            errs = provider_errors(fns[name], x, w, dy, this_oracle, [mode])
                             by_key[name, mode]["errors"] = errs[mode]
                         except Exception as exc:
                             _fail(by_key[name, mode], exc)
-                del oracle
+                del oracle, oracle_res
                 torch.cuda.empty_cache()
             for mode in modes:
                 for block in range(blocks):
@@ -566,13 +627,25 @@ def run_benchmarks(
             for row in by_key.values():
                 _summarise(row, copy_tbs)
                 rows.append(row)
-            del x, w, dy
+            del x, w, dy, r
             torch.cuda.empty_cache()
     finally:
         bar.close()
     run["results"] = rows
     run["wall_s"] = round(time.time() - t0, 1)
     return run
+
+
+def _residual_bytes(case: Case, mode: str) -> int:
+    """cases.residual_bytes_moved from the plain op's bytes: 4 against 2 units forward, 7 against
+    5 forward+backward."""
+    units, plain = {"forward": (4, 2), "forward_backward": (7, 5)}[mode]
+    return case.nbytes[mode] // plain * units
+
+
+def _bind_residual(fn: ResidualFn, r: torch.Tensor) -> Fn:
+    """A residual provider as a plain (x, w) -> y provider for one shape's residual r."""
+    return lambda x, w: fn(x, w, r)
 
 
 def _fail(row: dict[str, Any], exc: BaseException) -> None:
@@ -665,6 +738,11 @@ def configure(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument(
         "--out", default=None, help="folder for the results JSON (default: OUTPUT_DIR/benchmark)"
     )
+    parser.add_argument(
+        "--residual",
+        action="store_true",
+        help="benchmark the fused residual add + RMSNorm (this kernel, the unfused pair, peers) instead",
+    )
     parser.add_argument("--json", action="store_true", help="print the results JSON instead of the table")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -695,7 +773,7 @@ def run(args: argparse.Namespace) -> int:
         print(cuda_message(), file=sys.stderr)
         return 2
     if providers is None:
-        providers = available_providers()
+        providers = available_providers(residual=args.residual)
     result = run_benchmarks(
         chosen,
         providers,
@@ -741,7 +819,7 @@ def format_table(result: dict[str, Any]) -> str:
             continue
         blocks = "/".join(f"{b * 1e3:.1f}" for b in r["block_medians_ms"])
         errs = " ".join(f"{k}={v:.1e}" for k, v in r["errors"].items())
-        kernel = rows.get(("kernel", r["shape"], r["mode"]))
+        kernel = rows.get(("kernel_residual" if r.get("residual") else "kernel", r["shape"], r["mode"]))
         vs = f"{r['median_ms'] / kernel['median_ms']:.2f}x" if kernel and kernel.get("median_ms") else "-"
         lines.append(
             f"{r['shape']:<22} {r['mode']:<16} {r['provider']:<9} {r['median_ms'] * 1e3:>10.1f} {blocks:>22} "

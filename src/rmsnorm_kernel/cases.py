@@ -133,6 +133,14 @@ def bench_shape(name: str) -> BenchShape:
     raise ValueError(f"unknown benchmark shape {name!r}; expected one of {[s.name for s in BENCH_SHAPES]}")
 
 
+def residual_bytes_moved(shape: BenchShape, mode: str) -> int:
+    """Fewest bytes of the fused residual add + RMSNorm (h = x + r, y = norm(h)): the forward reads
+    x and r and writes y and h (4 M N elements); forward+backward adds reading h and dy and writing
+    dx (7 M N elements in all; dx serves as the residual's gradient too)."""
+    per = {"forward": 4, "forward_backward": 7}[mode]
+    return per * shape.m * shape.n * torch.empty((), dtype=shape.dtype).element_size()
+
+
 def bytes_moved(shape: BenchShape, mode: str) -> int:
     """Fewest bytes a pass must move: forward reads x and writes y (2 M N elements);
     forward+backward adds reading x and dy and writing dx (5 M N elements in all)."""

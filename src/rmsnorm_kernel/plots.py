@@ -39,7 +39,7 @@ def bandwidth_series(
     curve is the sweep over N at a fixed, large tensor size."""
     best: dict[tuple[str, int], tuple[int, float]] = {}
     for r in run["results"]:
-        if r["mode"] != mode or r["dtype"] != dtype or r["group"] != group:
+        if r["mode"] != mode or r["dtype"] != dtype or r["group"] != group or r.get("residual"):
             continue
         if r["status"] != "ok" or r.get("tbs") is None:
             continue
@@ -128,7 +128,12 @@ def performance_markdown(run: dict[str, Any], png: str | None = None) -> str:
         peers = [
             r
             for (p, s, m), r in rows.items()
-            if s == shape and m == mode and p != "kernel" and r["status"] == "ok" and r.get("median_ms")
+            if s == shape
+            and m == mode
+            and p != "kernel"
+            and not r.get("residual")  # the fused residual pass is a different operation
+            and r["status"] == "ok"
+            and r.get("median_ms")
         ]
         best = min(peers, key=lambda r: r["median_ms"]) if peers else None
         if kernel is None or kernel["status"] != "ok":
