@@ -298,23 +298,9 @@ def run_suite(impl: checks.Impl, device="cpu") -> list[checks.CaseResult]:
     return results
 
 
-def hunt(name: str, device="cpu") -> dict:
-    """Run every probe on one mutant, then, if no probe caught it, the case grids until one case
-    fails. The entry names the first check that caught it, the case that exposed it and why, and
-    every other probe that also caught it. Feature mutants are hunted by the feature checks."""
-    if name in FEATURE_MUTANTS:
-        return hunt_feature(name, device)
-    description = MUTANTS[name][0]
-    impl = as_impl(name)
-    start = time.perf_counter()
-    failed: list[checks.CaseResult] = []
-    for _, _, run in _probe_steps(device):
-        failed += [r for r in run(impl) if not r.passed]
-    if not failed:
-        for _, _, run in _grid_steps(device):
-            failed += [r for r in run(impl) if not r.passed]
-            if failed:
-                break
+def _entry(name: str, description: str, failed: list[checks.CaseResult], start: float) -> dict:
+    """A catalogue entry: the first check that caught the mutant, the case that exposed it and
+    why, and every other check that also caught it."""
     entry = {
         "mutant": name,
         "description": description,
@@ -334,6 +320,26 @@ def hunt(name: str, device="cpu") -> dict:
             ),
         )
     return entry
+
+
+def hunt(name: str, device="cpu") -> dict:
+    """Run every probe on one mutant, then, if no probe caught it, the case grids until one case
+    fails. The entry names the first check that caught it, the case that exposed it and why, and
+    every other probe that also caught it. Feature mutants are hunted by the feature checks."""
+    if name in FEATURE_MUTANTS:
+        return hunt_feature(name, device)
+    description = MUTANTS[name][0]
+    impl = as_impl(name)
+    start = time.perf_counter()
+    failed: list[checks.CaseResult] = []
+    for _, _, run in _probe_steps(device):
+        failed += [r for r in run(impl) if not r.passed]
+    if not failed:
+        for _, _, run in _grid_steps(device):
+            failed += [r for r in run(impl) if not r.passed]
+            if failed:
+                break
+    return _entry(name, description, failed, start)
 
 
 def catalogue(device="cpu", *, progress: bool = True) -> list[dict]:
@@ -1010,22 +1016,4 @@ def hunt_feature(name: str, device="cpu") -> dict:
     description, impl = FEATURE_MUTANTS[name]
     start = time.perf_counter()
     failed = [r for r in run_feature_suite(impl, device) if not r.passed]
-    entry = {
-        "mutant": name,
-        "description": description,
-        "caught": bool(failed),
-        "seconds": round(time.perf_counter() - start, 2),
-    }
-    if failed:
-        first = failed[0]
-        entry.update(
-            check=first.check,
-            kind=first.kind,
-            case=first.name,
-            reason=first.reason,
-            result=first.to_dict(),
-            also_caught_by=sorted(
-                {f"{r.check}/{r.kind}" for r in failed[1:]} - {f"{first.check}/{first.kind}"}
-            ),
-        )
-    return entry
+    return _entry(name, description, failed, start)
