@@ -402,7 +402,7 @@ def _compare(
     if bad:
         first = tuple(int(i) for i in (~ok).nonzero()[0])
         result.reason = (
-            f"{bad}/{ok.numel()} elements of {what} outside atol+rtol*|ref| "
+            f"{bad}/{ok.numel()} elements of {what} outside atol+rtol*|ref|+2u*envelope "
             f"(first at {first}: {v[first].item():.6g} vs {r[first].item():.6g})"
         )
     elif not result.oracle_error <= limit:

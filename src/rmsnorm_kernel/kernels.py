@@ -65,8 +65,7 @@ def _interpreter_rounds_bf16_to_nearest_even() -> None:
             return interpreter.TensorHandle(rounded, dst_type.scalar)
         return original(self, src, dst_type)
 
-    builder.cast_impl = cast_impl
-    builder.create_fp_trunc = lambda self, src, dst_type: self.cast_impl(src, dst_type)
+    builder.cast_impl = cast_impl  # create_fp_trunc and the other casts dispatch through it
     builder._rmsnorm_kernel_rtne = True
 
 
