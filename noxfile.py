@@ -223,6 +223,9 @@ def history(session: nox.Session) -> None:
     """asv publish of the stored results, then a headless-Chromium test of the page (browse: asv preview)."""
     install(session)
     run(session, "asv", "publish", *session.posargs)
+    # local copies of the page's CDN scripts (bash tools/fetch_asv_js.sh), used when present
+    if "RMSNORM_ASV_JS" not in os.environ and (ROOT / ".asv" / "js").is_dir():
+        session.env["RMSNORM_ASV_JS"] = str(ROOT / ".asv" / "js")
     run(session, "python", "-m", "pytest", *PYTEST_FLAGS, HISTORY_PAGE_TEST)
 
 
