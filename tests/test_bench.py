@@ -181,6 +181,19 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(bench, "capture_graph", FakeGraph)
+
+
+class FakeGraph:
+    """Stands in for a captured CUDA graph on CPU: a replay runs the calls again."""
+
+    def __init__(self, call, reps):
+        call()  # warm-up, as the real capture does
+        self.call, self.reps = call, reps
+
+    def replay(self):
+        for _ in range(self.reps):
+            self.call()
 
 
 def tiny(m: int, n: int, dtype: torch.dtype, group: str) -> bench.Case:
@@ -221,12 +234,33 @@ def test_run_records_every_sample_and_summary(cpu_run):
             assert row["tbs"] == pytest.approx(case.nbytes[mode] / (row["median_ms"] * 1e-3) / 1e12)
             assert row["fraction_of_copy"] == pytest.approx(row["tbs"] / cpu_run["copy"]["tbs"])
             assert set(row["errors"]) == set(gate.QUANTITIES[mode])
+            # GPU-only samples: as many as the host-inclusive ones, per call
+            assert row["device_error"] is None and 1 <= row["device_reps"] <= bench.DEVICE_MAX_REPS
+            assert len(row["device_samples_ms"]) == 18
+            assert row["device_median_ms"] == statistics.median(row["device_samples_ms"])
+            assert row["device_fraction_of_copy"] == pytest.approx(row["device_tbs"] / cpu_run["copy"]["tbs"])
 
 
 def test_run_errors_are_small_for_fp32_compute_paths(cpu_run):
     for row in cpu_run["results"]:
         if row["provider"] in ("native", "eager") and row["dtype"] == "float32":
             assert all(v < 1e-6 for v in row["errors"].values())
+
+
+def test_a_provider_that_cannot_be_captured_keeps_its_host_figures(fake_cuda, monkeypatch):
+    def refuse(call, reps):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(bench, "capture_graph", refuse)
+    run = bench.run_benchmarks(
+        TINY[:1], ["native"], ["forward"], samples=4, blocks=2, warmup_ms=0.1, copy_elements=4096,
+        flush_bytes=1024, progress=False, git={"commit": None, "dirty": False},
+    )  # fmt: skip
+    (row,) = run["results"]
+    assert row["status"] == "ok" and len(row["samples_ms"]) == 8 and row["median_ms"] > 0
+    assert "not permitted" in row["device_error"] and row["device_samples_ms"] == []
+    assert row["device_median_ms"] is None
+    assert "-" in bench.format_table(run).splitlines()[-1]
 
 
 def test_a_failing_provider_is_recorded_not_fatal(cpu_run):
@@ -250,7 +284,12 @@ def test_results_file_round_trip_and_table(cpu_run, tmp_path):
 def test_the_gate_can_judge_a_run_against_itself(cpu_run):
     verdict = gate.judge(cpu_run, cpu_run, ROOT_THRESHOLDS, provider="native")
     assert verdict.status == "error"  # 18 samples per side; regression.toml asks for 20
-    lax = gate.Thresholds(ROOT_THRESHOLDS.latency, ROOT_THRESHOLDS.numerics, min_samples=5)
+    lax = gate.Thresholds(
+        ROOT_THRESHOLDS.latency,
+        ROOT_THRESHOLDS.numerics,
+        min_samples=5,
+        device_latency=ROOT_THRESHOLDS.device_latency,
+    )
     verdict = gate.judge(cpu_run, cpu_run, lax, provider="native")
     assert verdict.status == "pass", verdict.summary
 
@@ -316,6 +355,18 @@ def test_performance_markdown(cpu_run):
         f"{native['median_ms'] / kernel['median_ms']:.2f}",
     ]
     assert "![bandwidth against N per provider](bw.png)" in text
+    # the second table reads the GPU-only figures
+    assert lines.count(columns) == 2 and "## GPU time alone" in text
+    device_table = lines[len(lines) - lines[::-1].index(columns) + 1 :][: len(TINY) * 2]
+    cells = device_table[0].strip("| ").split(" | ")
+    assert cells[2] == f"{kernel['device_median_ms'] * 1e3:.1f}"
+    best = min((r for r in (native, rows["broken", "8x64-float32", "forward"]) if r.get("device_median_ms")),
+               key=lambda r: r["device_median_ms"])  # fmt: skip
+    assert cells[5:] == [
+        "native",
+        f"{best['device_median_ms'] * 1e3:.1f}",
+        f"{best['device_median_ms'] / kernel['device_median_ms']:.2f}",
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -338,6 +389,9 @@ def test_harness_on_the_gpu():
         assert row["status"] == "ok", row["error"]
         assert len(row["samples_ms"]) == 50 and row["median_ms"] > 0
         assert row["fraction_of_copy"] < 1.5
+        # graph replays: captured, GPU time no longer than the whole call, physical bandwidth
+        assert row["device_error"] is None and len(row["device_samples_ms"]) == 50
+        assert 0 < row["device_median_ms"] <= row["median_ms"] * 1.05 and row["device_fraction_of_copy"] < 1.5
         if row["provider"] == "kernel":
             ceiling = ROOT_THRESHOLDS.numerics[row["dtype"]].ceiling
             assert all(value <= ceiling[q] for q, value in row["errors"].items()), row["errors"]

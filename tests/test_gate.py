@@ -70,12 +70,27 @@ def base_ms(shape: cases.BenchShape, mode: str) -> float:
     return cases.bytes_moved(shape, mode) / 3.5e12 * 1e3 + 0.010
 
 
-def make_run(seed: int, *, slower: dict | None = None, noise: float = 0.01, n: int = SAMPLES, errors=None):
+def device_ms(shape: cases.BenchShape, mode: str) -> float:
+    """A plausible GPU-only median: bytes at 3.8 TB/s plus 2 us."""
+    return cases.bytes_moved(shape, mode) / 3.8e12 * 1e3 + 0.002
+
+
+def make_run(
+    seed: int,
+    *,
+    slower: dict | None = None,
+    noise: float = 0.01,
+    n: int = SAMPLES,
+    errors=None,
+    device_slower: dict | None = None,
+):
     """A results file as bench.run_benchmarks writes it, kernel provider only: every benchmark
     shape and mode, samples ~ median x (1 + noise N(0, 1)); ``slower`` maps (shape, mode) or "*"
-    to a factor."""
+    to a factor (host-inclusive and device samples alike), ``device_slower`` likewise for the
+    device samples alone (applied on top of ``slower``)."""
     rng = random.Random(seed)
     slower = slower or {}
+    device_slower = device_slower or {}
     rows = []
     for shape in cases.BENCH_SHAPES:
         dtype = cases.dtype_name(shape.dtype)
@@ -83,6 +98,12 @@ def make_run(seed: int, *, slower: dict | None = None, noise: float = 0.01, n: i
             factor = slower.get((shape.name, mode), slower.get("*", 1.0))
             center = base_ms(shape, mode) * factor
             samples = [center * (1 + noise * rng.gauss(0, 1)) for _ in range(n)]
+            gpu = (
+                device_ms(shape, mode)
+                * factor
+                * device_slower.get((shape.name, mode), device_slower.get("*", 1.0))
+            )
+            device_samples = [gpu * (1 + noise / 2 * rng.gauss(0, 1)) for _ in range(n)]
             errs = {q: TYPICAL_ERROR[dtype] for q in gate.QUANTITIES[mode]}
             if errors:
                 errs.update(errors.get((shape.name, mode), {}))
@@ -101,6 +122,9 @@ def make_run(seed: int, *, slower: dict | None = None, noise: float = 0.01, n: i
                     "samples_ms": samples,
                     "block_medians_ms": [gate.median(samples)],
                     "median_ms": gate.median(samples),
+                    "device_samples_ms": device_samples,
+                    "device_reps": 1,
+                    "device_error": None,
                     "errors": errs,
                 }
             )
@@ -137,6 +161,13 @@ def few_samples(run, shape, mode):
     return run
 
 
+def no_device(run, shape, mode, why):
+    for r in run["results"]:
+        if (r["shape"], r["mode"]) == (shape, mode):
+            r["device_samples_ms"], r["device_error"] = [], why
+    return run
+
+
 def no_kernel(run):
     for r in run["results"]:
         r["provider"] = "native"
@@ -158,6 +189,15 @@ SCENARIOS = [
     ("8% slower at one shape", lambda: make_run(5, slower={(LARGE, "forward"): 1.08}), "regression",
      [f"latency {LARGE} forward"]),
     ("3% slower everywhere", lambda: make_run(6, slower={"*": 1.03}), "pass", []),
+    ("6% slower on the GPU at a launch-bound shape, hidden in host time",
+     lambda: make_run(7, device_slower={(SMALL, "forward_backward"): 1.06}), "regression",
+     [f"device {SMALL} forward_backward"]),
+    ("graph capture failed in head",
+     lambda: no_device(make_run(19), LARGE, "forward", "RuntimeError: operation not permitted when stream is capturing"),
+     "error", [f"device {LARGE} forward"]),
+    ("head timed without device samples",
+     lambda: no_device(make_run(20), SMALL, "forward", "device time not measured in this run"), "error",
+     [f"device {SMALL} forward"]),
     ("faster", lambda: make_run(8, slower={"*": 0.8}), "pass", []),
     ("fp32 y error x8 (eps outside the sqrt)",
      lambda: make_run(9, errors={(FP32, "forward"): {"y": 8 * TYPICAL_ERROR["float32"]}}), "regression",
@@ -205,7 +245,8 @@ def test_gate_checks_every_shape_and_mode(base_run):
     verdict = gate.judge(base_run, make_run(2), THRESHOLDS)
     latency = [r for r in verdict.rows if r.kind == "latency"]
     numerics = [r for r in verdict.rows if r.kind == "numerics"]
-    assert len(latency) == len(cases.BENCH_SHAPES) * len(cases.BENCH_MODES)
+    assert len(latency) == 2 * len(cases.BENCH_SHAPES) * len(cases.BENCH_MODES)  # host-inclusive, device
+    assert sum(r.check.startswith("device ") for r in latency) == len(latency) // 2
     assert len(numerics) == len(cases.BENCH_SHAPES) * 3  # y; dx and dw
     assert all(0.0 <= r.p_value <= 1.0 for r in latency)
 
@@ -332,6 +373,9 @@ def test_thresholds_are_as_declared():
     assert {(g, m) for g in cases.GROUPS for m in cases.BENCH_MODES} <= set(THRESHOLDS.latency)
     assert all(1.0 < rule.factor <= 1.5 for rule in THRESHOLDS.latency.values())
     assert all(0 < rule.alpha <= 0.05 for rule in THRESHOLDS.latency.values())
+    # GPU-only latency: every group and mode declared, at the 5% the project promises to catch
+    assert set(THRESHOLDS.device_latency) == {(g, m) for g in cases.GROUPS for m in cases.BENCH_MODES}
+    assert all(rule.factor == 1.05 and rule.alpha <= 0.01 for rule in THRESHOLDS.device_latency.values())
     for dtype, factor in cases.ORACLE_ERROR_FACTOR.items():
         assert THRESHOLDS.numerics[cases.dtype_name(dtype)].growth == factor
 
@@ -369,6 +413,8 @@ BAD_TOML = [
     ("unknown section", LATENCY_OK + NUMERICS_OK + "[latencies]\n", "unknown key(s) ['latencies']"),
     ("min_samples 1", "[gate]\nmin_samples = 1\n" + LATENCY_OK + NUMERICS_OK, "gate.min_samples"),
     ("no latency table", NUMERICS_OK, "latency must be a table"),
+    ("device factor below 1", LATENCY_OK + "[device_latency.small.forward]\nfactor = 0.95\nalpha = 0.01\n"
+     + NUMERICS_OK, "device_latency.small.forward.factor"),
 ]  # fmt: skip
 
 

@@ -11,6 +11,17 @@ figures were taken the same way (``triton.testing.do_bench``). Each (provider, s
 a warm-up, then ``samples`` timed calls per block; every sample is kept so that the gate can
 apply statistics, and the reported figure is the median.
 
+Device time. Host-inclusive latency follows the speed of the host that issues the calls: where
+the GPU work of a call is shorter than its host work (forward+backward at most shapes, every
+launch-bound shape), it measures Python and the autograd engine more than the kernels, and on a
+shared host it moves by tens of percent between runs. So every row also gets GPU-only samples:
+the call is captured in a CUDA graph (``reps`` back-to-back calls, enough for about
+``DEVICE_TARGET_MS`` of GPU work) and each sample is one replay between two CUDA events, the L2
+flushed before it, divided by ``reps``. Replays issue no host work per call, so these samples
+depend on the kernels alone; the gate judges them with a tight factor. forward+backward is
+captured as ``torch.autograd.grad`` (fresh gradients, no accumulation). A provider that cannot be
+captured keeps its host-inclusive figures and records why under ``device_error``.
+
 Bandwidth counts the fewest bytes a pass must move (:func:`rmsnorm_kernel.cases.bytes_moved`)
 and is also given as a fraction of a device-to-device copy measured in the same run (a 2 GiB
 bf16 copy, bytes read plus written).
@@ -50,6 +61,8 @@ COPY_ELEMENTS = 2**30  # bf16 elements of the copy-ceiling buffers (2 GiB each)
 DEFAULT_SAMPLES = 100  # per block
 DEFAULT_BLOCKS = 3
 DEFAULT_WARMUP_MS = 25.0
+DEVICE_TARGET_MS = 0.1  # GPU time per graph replay; shorter calls are captured several times over
+DEVICE_MAX_REPS = 64
 DEVICE = "cuda"  # tests substitute "cpu" (with stand-in events) to check the run's plumbing
 NO_CUDA_MESSAGE = (
     "CUDA is not available: the benchmarks time kernels on a CUDA device and are skipped on this machine "
@@ -309,6 +322,51 @@ def time_cuda(
     return [s.elapsed_time(e) for s, e in zip(starts, ends)]
 
 
+def capture_graph(call: Callable[[], Any], reps: int) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of ``reps`` back-to-back calls. Two warm-up calls run first on a side stream,
+    as graph capture requires (lazy initialisation, compilation, autotuning happen there)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            call()
+    return graph
+
+
+def time_graph(graph, reps: int, samples: int, flush: torch.Tensor | None = None) -> list[float]:
+    """Milliseconds per call: ``samples`` replays of ``graph`` (``reps`` calls each), each between
+    two CUDA events, the L2 flushed before each replay (outside the interval)."""
+    graph.replay()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(samples)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(samples)]
+    for i in range(samples):
+        if flush is not None:
+            flush.zero_()
+        starts[i].record()
+        graph.replay()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) / reps for s, e in zip(starts, ends)]
+
+
+def graph_for(call: Callable[[], Any], flush: torch.Tensor | None) -> tuple[Any, int]:
+    """(graph, reps): a one-call graph, timed, then recaptured with enough calls per replay for
+    about DEVICE_TARGET_MS of GPU work, so that short calls are not lost in event resolution."""
+    graph = capture_graph(call, 1)
+    one = median(time_graph(graph, 1, 5, flush))
+    reps = max(1, min(DEVICE_MAX_REPS, math.ceil(DEVICE_TARGET_MS / max(one, 1e-4))))
+    if reps > 1:
+        del graph
+        graph = capture_graph(call, reps)
+    return graph, reps
+
+
 def measure_copy(elements: int = COPY_ELEMENTS, samples: int = 50) -> dict[str, Any]:
     """Device-to-device bf16 copy: the bandwidth ceiling of this device, measured in this run."""
     a = torch.randn(elements, device=DEVICE, dtype=torch.bfloat16)
@@ -417,6 +475,18 @@ def make_call(fn: Fn, x, w, dy, mode: str) -> tuple[Callable[[], Any], list[torc
     raise ValueError(f"unknown mode {mode!r}; expected one of {list(MODES)}")
 
 
+def make_graph_call(fn: Fn, x, w, dy, mode: str) -> Callable[[], Any]:
+    """The call captured for device time: forward+backward as torch.autograd.grad, so that
+    repeated calls in one graph write fresh gradients instead of accumulating into .grad."""
+    if mode == "forward":
+        return lambda: fn(x, w)
+    if mode == "forward_backward":
+        xg = x.detach().clone().requires_grad_()
+        wg = w.detach().clone().requires_grad_()
+        return lambda: torch.autograd.grad(fn(xg, wg), (xg, wg), dy)
+    raise ValueError(f"unknown mode {mode!r}; expected one of {list(MODES)}")
+
+
 # ---------------------------------------------------------------------------------------------
 # A run
 # ---------------------------------------------------------------------------------------------
@@ -516,9 +586,11 @@ def run_benchmarks(
     flush_bytes: int = FLUSH_BYTES,
     progress: bool = True,
     git: dict[str, Any] | None = None,
+    device_time: bool = True,
 ) -> dict[str, Any]:
     """Measure every (provider, case, mode): ``blocks`` blocks of ``samples`` samples, providers
-    rotated between blocks so that drift spreads over all of them. Returns the run as a
+    rotated between blocks so that drift spreads over all of them; with ``device_time``, each
+    block also takes as many graph-replay samples (GPU time only). Returns the run as a
     JSON-ready dict (see docs/gate.md for the format)."""
     require_cuda()
     for name in providers:
@@ -541,6 +613,12 @@ def run_benchmarks(
             "eps": eps,
             "seed": seed,
             "timing": "CUDA events around whole calls; L2 flushed before each sample",
+            "device_timing": (
+                f"CUDA graph replays of back-to-back calls (about {DEVICE_TARGET_MS} ms of GPU work each), "
+                "per call; L2 flushed before each replay"
+                if device_time
+                else None
+            ),
             "flush_bytes": flush_bytes,
         },
     }
@@ -583,6 +661,9 @@ def run_benchmarks(
                         "error": build_errors.get(name),
                         "samples_ms": [],
                         "block_medians_ms": [],
+                        "device_samples_ms": [],
+                        "device_reps": None,
+                        "device_error": None if device_time else "device time not measured in this run",
                         "errors": {},
                     }
             if errors:
@@ -602,6 +683,7 @@ def run_benchmarks(
                             _fail(by_key[name, mode], exc)
                 del oracle, oracle_res
                 torch.cuda.empty_cache()
+            graphs: dict[tuple[str, str], tuple[Any, int]] = {}
             for mode in modes:
                 for block in range(blocks):
                     k = block % len(providers)
@@ -624,6 +706,9 @@ def run_benchmarks(
                             continue
                         row["samples_ms"].extend(times)
                         row["block_medians_ms"].append(median(times))
+                        if row["device_error"] is None:
+                            _time_device(row, graphs, (name, mode), fns[name], x, w, dy, samples, flush)
+            graphs.clear()
             for row in by_key.values():
                 _summarise(row, copy_tbs)
                 rows.append(row)
@@ -648,6 +733,23 @@ def _bind_residual(fn: ResidualFn, r: torch.Tensor) -> Fn:
     return lambda x, w: fn(x, w, r)
 
 
+def _time_device(row, graphs, key, fn, x, w, dy, samples, flush) -> None:
+    """One block of graph-replay samples for ``row``; the graph is captured on first use per case.
+    A capture that fails is recorded in the row (a peer may not be capturable), not raised."""
+    try:
+        if key not in graphs:
+            graphs[key] = graph_for(make_graph_call(fn, x, w, dy, key[1]), flush)
+        graph, reps = graphs[key]
+        row["device_samples_ms"].extend(time_graph(graph, reps, samples, flush))
+        row["device_reps"] = reps
+    except Exception as exc:
+        graphs.pop(key, None)
+        row["device_samples_ms"], row["device_reps"] = [], None
+        row["device_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
 def _fail(row: dict[str, Any], exc: BaseException) -> None:
     row["status"] = "failed"
     row["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
@@ -661,6 +763,12 @@ def _summarise(row: dict[str, Any], copy_tbs: float) -> None:
         row["fraction_of_copy"] = row["tbs"] / copy_tbs
     else:
         row["median_ms"] = row["tbs"] = row["fraction_of_copy"] = None
+    if row["status"] == "ok" and row.get("device_samples_ms"):
+        row["device_median_ms"] = median(row["device_samples_ms"])
+        row["device_tbs"] = bandwidth_tbs(row["bytes"], row["device_median_ms"])
+        row["device_fraction_of_copy"] = row["device_tbs"] / copy_tbs
+    else:
+        row["device_median_ms"] = row["device_tbs"] = row["device_fraction_of_copy"] = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -743,6 +851,9 @@ def configure(parser: argparse.ArgumentParser, command: str) -> None:
         action="store_true",
         help="benchmark the fused residual add + RMSNorm (this kernel, the unfused pair, peers) instead",
     )
+    parser.add_argument(
+        "--no-device-time", action="store_true", help="skip the CUDA-graph (GPU time only) samples"
+    )
     parser.add_argument("--json", action="store_true", help="print the results JSON instead of the table")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -784,6 +895,7 @@ def run(args: argparse.Namespace) -> int:
         seed=seed,
         errors=not args.no_errors,
         progress=not args.quiet,
+        device_time=not args.no_device_time,
     )
     path = write_run(result, out_dir)
     if args.json:
@@ -809,7 +921,7 @@ def format_table(result: dict[str, Any]) -> str:
     ]
     head = (
         f"{'shape':<22} {'mode':<16} {'provider':<9} {'median us':>10} {'blocks us':>22} "
-        f"{'TB/s':>6} {'copy%':>6} {'err':>17} {'vs kernel':>9}"
+        f"{'TB/s':>6} {'copy%':>6} {'err':>17} {'vs kernel':>9} {'gpu us':>8} {'gpu copy%':>9}"
     )
     lines += [head, "-" * len(head)]
     rows = index_rows(result)
@@ -821,9 +933,13 @@ def format_table(result: dict[str, Any]) -> str:
         errs = " ".join(f"{k}={v:.1e}" for k, v in r["errors"].items())
         kernel = rows.get(("kernel_residual" if r.get("residual") else "kernel", r["shape"], r["mode"]))
         vs = f"{r['median_ms'] / kernel['median_ms']:.2f}x" if kernel and kernel.get("median_ms") else "-"
+        if r.get("device_median_ms"):
+            gpu = f"{r['device_median_ms'] * 1e3:>8.1f} {100 * r['device_fraction_of_copy']:>8.1f}%"
+        else:
+            gpu = f"{'-':>8} {'-':>9}"
         lines.append(
             f"{r['shape']:<22} {r['mode']:<16} {r['provider']:<9} {r['median_ms'] * 1e3:>10.1f} {blocks:>22} "
-            f"{r['tbs']:>6.2f} {100 * r['fraction_of_copy']:>5.1f}% {errs:>17} {vs:>9}"
+            f"{r['tbs']:>6.2f} {100 * r['fraction_of_copy']:>5.1f}% {errs:>17} {vs:>9} {gpu}"
         )
     return "\n".join(lines)
 
@@ -857,6 +973,7 @@ def worker_main(argv: Sequence[str]) -> int:
             copy_elements=spec.get("copy_elements", COPY_ELEMENTS),
             progress=False,
             git={"commit": spec.get("commit"), "dirty": False},
+            device_time=spec.get("device_time", True),
         )
     except BenchUnavailable as exc:
         print(exc, file=sys.stderr)

@@ -4,6 +4,10 @@ Latency, per (shape, mode) of the "kernel" provider: a regression when the ratio
 head/base exceeds the group's factor AND a one-sided Mann-Whitney U test on the samples says
 head is slower at the group's significance level. The factor keeps a significant but tiny
 shift from failing a pull request; the test keeps a noisy large ratio from failing one.
+Two latencies are judged, each with its own table of factors: host-inclusive latency (whole
+calls: Python, autograd, launches and kernels; ``[latency]``) and device latency (CUDA-graph
+replays: the kernels' GPU time alone; ``[device_latency]``), which does not follow the host's
+speed and so can be held to a tight factor at every shape.
 
 Numerics, per (shape, quantity): a regression when the head's relative error against the
 float64 oracle exceeds min(ceiling, base error x growth) of the shape's dtype.
@@ -97,10 +101,11 @@ class NumericRule:
 
 @dataclass(frozen=True)
 class Thresholds:
-    latency: dict[tuple[str, str], LatencyRule]  # (group, mode) -> rule
+    latency: dict[tuple[str, str], LatencyRule]  # (group, mode) -> rule, host-inclusive latency
     numerics: dict[str, NumericRule]  # dtype name -> rule
     min_samples: int = 20
     source: str = "<thresholds>"
+    device_latency: dict[tuple[str, str], LatencyRule] = field(default_factory=dict)  # GPU time only
 
 
 def _number(
@@ -129,27 +134,14 @@ def _only(where: str, table: dict[str, Any], allowed: Sequence[str]) -> None:
 def parse_thresholds(data: dict[str, Any], source: str = "<thresholds>") -> Thresholds:
     """Validate a parsed regression.toml; errors name the file and the key."""
     try:
-        _only("top level", data, ["gate", "latency", "numerics"])
+        _only("top level", data, ["gate", "latency", "device_latency", "numerics"])
         gate = _table("gate", data.get("gate", {}))
         _only("gate", gate, ["min_samples"])
         min_samples = gate.get("min_samples", 20)
         if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 2:
             raise ValueError(f"gate.min_samples must be an integer >= 2, got {min_samples!r}")
-        latency: dict[tuple[str, str], LatencyRule] = {}
-        for group, modes in _table("latency", data.get("latency")).items():
-            for mode, rule in _table(f"latency.{group}", modes).items():
-                where = f"latency.{group}.{mode}"
-                if mode not in QUANTITIES:
-                    raise ValueError(f"{where}: unknown mode {mode!r}; expected one of {list(QUANTITIES)}")
-                rule = _table(where, rule)
-                _only(where, rule, ["factor", "alpha"])
-                for key in ("factor", "alpha"):
-                    if key not in rule:
-                        raise ValueError(f"{where}.{key} is missing")
-                latency[group, mode] = LatencyRule(
-                    factor=_number(f"{where}.factor", rule["factor"], low=1.0, low_inclusive=True),
-                    alpha=_number(f"{where}.alpha", rule["alpha"], low=0.0, high=0.5),
-                )
+        latency = _latency_rules("latency", data.get("latency"))
+        device_latency = _latency_rules("device_latency", data.get("device_latency", {}))
         numerics: dict[str, NumericRule] = {}
         for dtype, rule in _table("numerics", data.get("numerics")).items():
             where = f"numerics.{dtype}"
@@ -166,7 +158,33 @@ def parse_thresholds(data: dict[str, Any], source: str = "<thresholds>") -> Thre
             )
     except ValueError as exc:
         raise ValueError(f"{source}: {exc}") from None
-    return Thresholds(latency=latency, numerics=numerics, min_samples=min_samples, source=source)
+    return Thresholds(
+        latency=latency,
+        numerics=numerics,
+        min_samples=min_samples,
+        source=source,
+        device_latency=device_latency,
+    )
+
+
+def _latency_rules(table: str, value: Any) -> dict[tuple[str, str], LatencyRule]:
+    """[table.GROUP.MODE] = {factor, alpha} -> {(group, mode): rule}."""
+    rules: dict[tuple[str, str], LatencyRule] = {}
+    for group, modes in _table(table, value).items():
+        for mode, rule in _table(f"{table}.{group}", modes).items():
+            where = f"{table}.{group}.{mode}"
+            if mode not in QUANTITIES:
+                raise ValueError(f"{where}: unknown mode {mode!r}; expected one of {list(QUANTITIES)}")
+            rule = _table(where, rule)
+            _only(where, rule, ["factor", "alpha"])
+            for key in ("factor", "alpha"):
+                if key not in rule:
+                    raise ValueError(f"{where}.{key} is missing")
+            rules[group, mode] = LatencyRule(
+                factor=_number(f"{where}.factor", rule["factor"], low=1.0, low_inclusive=True),
+                alpha=_number(f"{where}.alpha", rule["alpha"], low=0.0, high=0.5),
+            )
+    return rules
 
 
 def load_thresholds(path: str | Path = DEFAULT_THRESHOLDS) -> Thresholds:
@@ -291,20 +309,36 @@ def judge(
             rows.append(Row(f"latency {name}", None, None, None, None, "error", note=note[:300]))
             continue
         rows.append(_latency_row(name, br, hr, thresholds))
+        if thresholds.device_latency:
+            rows.append(_latency_row(name, br, hr, thresholds, device=True))
         rows.extend(_numeric_rows(shape, mode, br, hr, thresholds))
     return _verdict(rows, base, head, thresholds)
 
 
-def _latency_row(name: str, br: dict[str, Any], hr: dict[str, Any], th: Thresholds) -> Row:
-    check = f"latency {name}"
+def _latency_row(
+    name: str, br: dict[str, Any], hr: dict[str, Any], th: Thresholds, device: bool = False
+) -> Row:
+    """Host-inclusive latency (``samples_ms``, [latency]) or, with ``device``, GPU time from graph
+    replays (``device_samples_ms``, [device_latency])."""
+    check, table, key = ("device " if device else "latency ") + name, "latency", "samples_ms"
+    if device:
+        table, key = "device_latency", "device_samples_ms"
     group, mode = hr.get("group"), hr.get("mode")
-    rule = th.latency.get((group, mode))
-    bs, hs = br.get("samples_ms") or [], hr.get("samples_ms") or []
+    rule = (th.device_latency if device else th.latency).get((group, mode))
+    bs, hs = br.get(key) or [], hr.get(key) or []
     bm, hm = (median(bs) if bs else None), (median(hs) if hs else None)
     if rule is None:
         return Row(
-            check, bm, hm, None, None, "error", note=f"no threshold latency.{group}.{mode} in {th.source}"
+            check, bm, hm, None, None, "error", note=f"no threshold {table}.{group}.{mode} in {th.source}"
         )
+    if device:
+        broken = [
+            f"{side}: {r.get('device_error')}"
+            for side, r in (("base", br), ("head", hr))
+            if r.get("device_error")
+        ]
+        if broken:
+            return Row(check, bm, hm, None, rule.factor, "error", note="; ".join(broken)[:300])
     if len(bs) < th.min_samples or len(hs) < th.min_samples:
         note = f"too few samples (base {len(bs)}, head {len(hs)}; need {th.min_samples})"
         return Row(check, bm, hm, None, rule.factor, "error", note=note)
@@ -372,10 +406,12 @@ def _verdict(rows: list[Row], base, head, th: Thresholds) -> Verdict:
         if len(regressions) > 4:
             summary += f", and {len(regressions) - 4} more"
     else:
-        n_lat = sum(r.kind == "latency" for r in rows)
+        n_dev = sum(r.kind == "latency" and r.check.startswith("device ") for r in rows)
+        n_lat = sum(r.kind == "latency" for r in rows) - n_dev
         n_num = sum(r.kind == "numerics" for r in rows)
         status = "pass"
-        summary = f"all {judged} checks pass ({n_lat} latency, {n_num} numerics)"
+        device = f"{n_dev} device latency, " if n_dev else ""
+        summary = f"all {judged} checks pass ({n_lat} latency, {device}{n_num} numerics)"
     return Verdict(status, f"{status.upper()}: {summary}", rows, _describe(base), _describe(head), th.source)
 
 
@@ -420,7 +456,9 @@ def to_markdown(verdict: Verdict) -> str:
         f"base `{(b.get('commit') or '?')[:12]}` · head `{(h.get('commit') or '?')[:12]}` · "
         f"device {h.get('device') or b.get('device') or '?'} · thresholds `{verdict.thresholds}`. "
         "A latency check regresses when head/base of the medians exceeds the factor and a one-sided "
-        "Mann-Whitney test is significant; the threshold column says what a regression needs.",
+        "Mann-Whitney test is significant; the threshold column says what a regression needs. "
+        "`latency` rows time whole calls (host work included); `device` rows time CUDA-graph "
+        "replays (the kernels' GPU time alone).",
         "",
         "| check | base | head | ratio | threshold | verdict |",
         "|---|---|---|---|---|---|",

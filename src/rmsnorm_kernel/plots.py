@@ -102,10 +102,11 @@ def plot_bandwidth(
 
 
 def performance_markdown(run: dict[str, Any], png: str | None = None) -> str:
-    """The performance table: this kernel's time, the best peer and its time, the ratio
-    (peer/kernel: above 1 the kernel is faster), bandwidth and fraction of the copy ceiling."""
-    rows = bench.index_rows(run)
+    """The performance tables: this kernel's time, the best peer and its time, the ratio
+    (peer/kernel: above 1 the kernel is faster), bandwidth and fraction of the copy ceiling; once
+    for whole calls (host work included), once for GPU time alone (CUDA-graph replays)."""
     machine, git, copy = run.get("machine") or {}, run.get("git") or {}, run.get("copy") or {}
+    settings = run.get("settings") or {}
     lines = [
         "# Performance",
         "",
@@ -114,11 +115,37 @@ def performance_markdown(run: dict[str, Any], png: str | None = None) -> str:
         f"Device {machine.get('device')}, torch {machine.get('torch')}, triton {machine.get('triton')}, "
         f"commit `{(git.get('commit') or '?')[:12]}`, measured {run.get('created')}. Device-to-device copy "
         f"ceiling measured in the same run: **{copy.get('tbs', float('nan')):.2f} TB/s**. Timing: "
-        f"{(run.get('settings') or {}).get('timing')}; medians of "
-        f"{(run.get('settings') or {}).get('blocks')} blocks x "
-        f"{(run.get('settings') or {}).get('samples_per_block')} samples. Bandwidth counts the fewest "
+        f"{settings.get('timing')}; medians of {settings.get('blocks')} blocks x "
+        f"{settings.get('samples_per_block')} samples. Bandwidth counts the fewest "
         "bytes (forward 2·M·N·elem, forward+backward 5·M·N·elem).",
         "",
+        "## Whole calls",
+        "",
+        "What a caller waits for: host work (Python, autograd, launches) and the kernels.",
+        "",
+        *_table(run, ""),
+    ]
+    if any(r.get("device_median_ms") for r in run["results"]):
+        lines += [
+            "",
+            "## GPU time alone",
+            "",
+            f"Timing: {settings.get('device_timing')}. The kernels without the host work that issues "
+            "them: what a model running under CUDA graphs (or with enough work queued) sees.",
+            "",
+            *_table(run, "device_"),
+        ]
+    if png:
+        lines += ["", f"![bandwidth against N per provider]({png})"]
+    return "\n".join(lines) + "\n"
+
+
+def _table(run: dict[str, Any], prefix: str) -> list[str]:
+    """Rows of one table; ``prefix`` "" reads median_ms/tbs/fraction_of_copy, "device_" the
+    GPU-only figures."""
+    rows = bench.index_rows(run)
+    med, tbs, frac = f"{prefix}median_ms", f"{prefix}tbs", f"{prefix}fraction_of_copy"
+    lines = [
         "| shape | mode | kernel µs | kernel TB/s | of copy | best peer | peer µs | peer/kernel |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -133,30 +160,21 @@ def performance_markdown(run: dict[str, Any], png: str | None = None) -> str:
             and p != "kernel"
             and not r.get("residual")  # the fused residual pass is a different operation
             and r["status"] == "ok"
-            and r.get("median_ms")
+            and r.get(med)
         ]
-        best = min(peers, key=lambda r: r["median_ms"]) if peers else None
-        if kernel is None or kernel["status"] != "ok":
-            k_cells = ["failed" if kernel else "-", "-", "-"]
+        best = min(peers, key=lambda r: r[med]) if peers else None
+        kernel_ok = kernel is not None and kernel["status"] == "ok" and kernel.get(med)
+        if not kernel_ok:
+            k_cells = ["failed" if kernel and kernel["status"] != "ok" else "-", "-", "-"]
         else:
-            k_cells = [
-                f"{kernel['median_ms'] * 1e3:.1f}",
-                f"{kernel['tbs']:.2f}",
-                f"{100 * kernel['fraction_of_copy']:.0f}%",
-            ]
+            k_cells = [f"{kernel[med] * 1e3:.1f}", f"{kernel[tbs]:.2f}", f"{100 * kernel[frac]:.0f}%"]
         if best is None:
             p_cells = ["-", "-", "-"]
         else:
-            ratio = (
-                f"{best['median_ms'] / kernel['median_ms']:.2f}"
-                if kernel and kernel["status"] == "ok" and kernel.get("median_ms")
-                else "-"
-            )
-            p_cells = [best["provider"], f"{best['median_ms'] * 1e3:.1f}", ratio]
+            ratio = f"{best[med] / kernel[med]:.2f}" if kernel_ok else "-"
+            p_cells = [best["provider"], f"{best[med] * 1e3:.1f}", ratio]
         lines.append(f"| {shape} | {mode.replace('_', '+')} | " + " | ".join(k_cells + p_cells) + " |")
-    if png:
-        lines += ["", f"![bandwidth against N per provider]({png})"]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _order(run: dict[str, Any], key: tuple[str, str]) -> tuple[int, int]:

@@ -55,12 +55,19 @@ def merge_rounds(runs: Sequence[dict[str, Any]], label: str, commit: str | None)
             if into is None:
                 into = merged[key] = {**row, "samples_ms": [], "block_medians_ms": [], "errors": {}}
                 into["status"], into["error"] = "ok", None
+                into["device_samples_ms"], into["device_error"] = [], None
             if row["status"] != "ok":
                 if into["status"] == "ok":
                     into["status"], into["error"] = "failed", f"round {k}: {row.get('error')}"
                 continue
             into["samples_ms"].extend(row["samples_ms"])
             into["block_medians_ms"].append(bench.median(row["samples_ms"]))
+            if row.get("device_error") or not row.get("device_samples_ms"):
+                into["device_error"] = (
+                    into["device_error"] or f"round {k}: {row.get('device_error') or 'none'}"
+                )
+            else:
+                into["device_samples_ms"].extend(row["device_samples_ms"])
             for q, v in row.get("errors", {}).items():
                 into["errors"][q] = max(v, into["errors"].get(q, v))
     copies = [r["copy"]["tbs"] for r in runs if r.get("copy")]
