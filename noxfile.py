@@ -13,6 +13,8 @@ Environment variables:
   RMSNORM_EXTRA_PINS   more requirements installed with torch, space-separated (CI's oldest-torch
                        job: ``numpy<2.4``, which triton 3.2's interpreter needs)
   RMSNORM_ASV_MACHINE  asv machine name of this runner (the `asv` session)
+  RMSNORM_ASV_JS       folder with local copies of the asv page's scripts (`history`; default
+                       .asv/js when present: bash tools/fetch_asv_js.sh)
   RMSNORM_BASE_SHA, RMSNORM_HEAD_SHA
                        commits compared by `pr_verdict` when not given as --base/--head
 """
@@ -133,7 +135,8 @@ def lint(session: nox.Session) -> None:
         session.install("-r", LINT_REQUIREMENTS)
     run(session, "ruff", "check", ".")
     run(session, "ruff", "format", "--check", "--diff", ".")
-    scripts = [".ci/run", *sorted(str(p.relative_to(ROOT)) for p in ROOT.glob(".github/scripts/*.sh"))]
+    shell = [*ROOT.glob(".github/scripts/*.sh"), *ROOT.glob("tools/*.sh")]
+    scripts = [".ci/run", *sorted(str(p.relative_to(ROOT)) for p in shell)]
     run(session, "shellcheck", *scripts)
     run(session, "actionlint")  # reads .github/actionlint.yaml; checks run: scripts with shellcheck
     run(session, "zizmor", "--offline", WORKFLOWS)
