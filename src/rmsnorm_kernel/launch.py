@@ -119,13 +119,15 @@ def _spec_key(args: tuple) -> tuple:
     """What Triton specialises a compiled kernel on: tensors on dtype and 16-byte alignment,
     ints on == 1, divisibility by 16 and width; floats not at all. A key made of these is at
     least as fine as Triton's own, so a cached kernel is never reused where Triton would compile
-    a different one."""
+    a different one. (Ints come first: most arguments are ints, and that test is the cheapest.)"""
     return tuple(
         [
-            (a.dtype, a.data_ptr() % 16 == 0)
-            if isinstance(a, torch.Tensor)
-            else (a == 1, a % 16 == 0, -(2**31) <= a < 2**31)
+            (a == 1, a % 16 == 0, -(2**31) <= a < 2**31)
             if type(a) is int
+            else float
+            if type(a) is float
+            else (a.dtype, a.data_ptr() % 16 == 0)
+            if isinstance(a, Tensor)
             else type(a)
             for a in args
         ]
@@ -133,8 +135,10 @@ def _spec_key(args: tuple) -> tuple:
 
 
 class Launcher:
-    """``launcher(grid, args, num_warps, **constexprs)`` launches ``kernel`` like
-    ``kernel[grid](*args, num_warps=num_warps, **constexprs)``.
+    """``launcher(grid, args, num_warps, constexprs)`` launches ``kernel`` like
+    ``kernel[grid](*args, *constexprs, num_warps=num_warps)``: ``grid`` has three dims and
+    ``constexprs`` holds the values of the kernel's constexpr parameters in their order (they
+    come last in every kernel here), so a hot call builds no keyword dict.
 
     The first launch per specialisation goes through Triton (compiling if needed); later ones
     hand the arguments straight to the compiled kernel's launcher on the current stream,
@@ -146,35 +150,29 @@ class Launcher:
         self.kernel = kernel
         self.compiled: dict[tuple, object] = {}
         self.slow_launches = 0  # launches that went through Triton's own path (first per specialisation)
-        # The compiled kernel takes every parameter positionally, constexprs included.
-        params = [] if kernels.INTERPRET else kernel.params
-        self.constexpr_names = [p.name for p in params if p.is_constexpr]
 
-    def __call__(self, grid: tuple[int, ...], args: tuple, num_warps: int, **constexprs) -> None:
+    def __call__(self, grid: tuple[int, int, int], args: tuple, num_warps: int, constexprs: tuple) -> None:
         if kernels.INTERPRET:
-            self.kernel[grid](*args, num_warps=num_warps, **constexprs)
+            self.kernel[grid](*args, *constexprs, num_warps=num_warps)
             return
-        const_values = tuple(constexprs[name] for name in self.constexpr_names)
         device = args[0].device.index
-        key = (device, num_warps, const_values, _spec_key(args))
+        key = (device, num_warps, constexprs, _spec_key(args))
         compiled = self.compiled.get(key)
         if compiled is None:
             self.slow_launches += 1
-            self.compiled[key] = self.kernel[grid](*args, num_warps=num_warps, **constexprs)
+            self.compiled[key] = self.kernel[grid](*args, *constexprs, num_warps=num_warps)
             return
-        stream = torch._C._cuda_getCurrentRawStream(device)
+        # The compiled kernel takes every parameter positionally, constexprs included.
         compiled.run(
-            grid[0],
-            grid[1] if len(grid) > 1 else 1,
-            grid[2] if len(grid) > 2 else 1,
-            stream,
+            *grid,
+            torch._C._cuda_getCurrentRawStream(device),
             compiled.function,
             compiled.packed_metadata,
             None,  # launch metadata, only built for launch hooks (profilers), which this path skips
             None,
             None,
             *args,
-            *const_values,
+            *constexprs,
         )
 
 
@@ -196,6 +194,28 @@ def sm_count(device_index: int) -> int:
     if device_index < 0:  # the interpreter on CPU: a few programs keep it quick
         return 2
     return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+_SM_COUNTS: dict[torch.device, int] = {}
+
+
+def _sm_count_of(device: torch.device) -> int:
+    """sm_count of a tensor's device, cached per device (a CUDA tensor's device has its index)."""
+    sms = _SM_COUNTS.get(device)
+    if sms is None:
+        if device.type != "cuda":
+            sms = sm_count(-1)
+        elif device.index is None:  # not a tensor's device: the current one, not cached
+            return sm_count(torch.cuda.current_device())
+        else:
+            sms = sm_count(device.index)
+        _SM_COUNTS[device] = sms
+    return sms
+
+
+def _next_power_of_2(v: int) -> int:
+    """triton.next_power_of_2 for v >= 1, without its per-call overhead in the host path."""
+    return 1 << (v - 1).bit_length()
 
 
 # Launch configurations of the tile path, by BLOCK_N: (rows per program, warps) for the forward,
@@ -224,10 +244,31 @@ def backward_config(n: int) -> tuple[int, int, int, int]:
     return block_n, max(1, 1024 // block_n), 4, 4
 
 
-def _device_index(t: Tensor) -> int:
-    if t.device.type != "cuda":
-        return -1
-    return t.device.index if t.device.index is not None else torch.cuda.current_device()
+# The tile paths' launch parameters, built once per configuration so that a call only looks
+# them up. (The wide paths read their module-level knobs at every call: tools/tune_sweep.py
+# overrides them between runs.)
+
+
+@functools.cache
+def _forward_tile_plan(n: int, has_weight: bool, has_residual: bool, casting: int) -> tuple:
+    """(ROWS, num_warps, constexprs) of forward_tile."""
+    block_n, rows, num_warps = forward_config(n)
+    return rows, num_warps, (has_weight, has_residual, casting, block_n, rows)
+
+
+@functools.cache
+def _backward_tile_plan(n: int, has_weight: bool, has_dh: bool, compute_dw: bool, casting: int) -> tuple:
+    """(ROWS, num_warps, programs per SM, constexprs) of backward_tile."""
+    block_n, rows, num_warps, per_sm = backward_config(n)
+    return rows, num_warps, per_sm, (has_weight, has_dh, compute_dw, casting, block_n, rows)
+
+
+@functools.cache
+def _reduce_plan(n: int, programs: int) -> tuple:
+    """(grid, constexprs) of reduce_columns over a (programs, n) scratch."""
+    block_c = 64 if n >= 64 else _next_power_of_2(n)
+    block_p = min(32, _next_power_of_2(programs))
+    return ((n + block_c - 1) // block_c, 1, 1), (block_p, block_c)  # BLOCK_P, BLOCK_C
 
 
 def as_rows(t: Tensor, n: int) -> Tensor:
@@ -252,29 +293,40 @@ def forward(
     casting: int,
     out_dtype: torch.dtype,
     residual_dtype: torch.dtype,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """x2, res2: (M, N) with unit row stride. Returns y (M, N), rstd (M,) fp32, h (M, N) or empty."""
+    shape: tuple[int, ...] | None = None,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """x2, res2: (M, N) with unit row stride. Returns y, rstd (fp32) and h = x + residual (None
+    without a residual): y and h of shape ``shape``, rstd of ``shape[:-1]``. ``shape`` (at least
+    2-D, M * N elements) defaults to (M, N); a caller passes its input's shape to get outputs it
+    needs no views of."""
     m, n = x2.shape
-    y = torch.empty((m, n), device=x2.device, dtype=out_dtype)
-    rstd = torch.empty((m,), device=x2.device, dtype=torch.float32)
-    h = torch.empty((m, n) if res2 is not None else (0,), device=x2.device, dtype=residual_dtype)
+    device = x2.device
+    if shape is None:
+        shape = (m, n)
+    # Sizes go to torch.empty as separate ints: its parser takes them faster than a tuple.
+    y = torch.empty(*shape, dtype=out_dtype, device=device)
+    rstd = torch.empty(*shape[:-1], dtype=torch.float32, device=device)
+    h = torch.empty(*shape, dtype=residual_dtype, device=device) if res2 is not None else None
     if m == 0:
         return y, rstd, h
-    w = weight if weight is not None else x2  # unused pointers get any valid tensor; weight is 1-D
-    r = res2 if res2 is not None else x2
-    hs = h if res2 is not None else y
-    common = dict(HAS_WEIGHT=weight is not None, HAS_RESIDUAL=res2 is not None, CASTING=casting)
-    strides = (x2.stride(0), r.stride(0), y.stride(0), hs.stride(0), eps, offset)
-    if n <= FORWARD_MAX_TILE:
-        block_n, rows, num_warps = forward_config(n)
-        grid = (triton.cdiv(m, rows),)
-        _forward_tile(
-            grid, (x2, r, w, y, hs, rstd, m, n, *strides), num_warps, **common, BLOCK_N=block_n, ROWS=rows
-        )
+    # Pointers a kernel does not use get any valid tensor; weight is 1-D. y and h are fresh and
+    # contiguous: their row stride is n.
+    w = weight if weight is not None else x2
+    stride_x = x2.stride(0)
+    if res2 is None:
+        r, hs, stride_r = x2, y, stride_x
     else:
-        programs = min(m, sm_count(_device_index(x2)) * LOOP_PROGRAMS_PER_SM)
-        args = (x2, r, w, y, hs, rstd, m, n, programs, *strides)
-        _forward_looped((programs,), args, LOOP_WARPS, **common, BLOCK_N=LOOP_BLOCK)
+        r, hs, stride_r = res2, h, res2.stride(0)
+    if n <= FORWARD_MAX_TILE:
+        rows, num_warps, constexprs = _forward_tile_plan(n, weight is not None, res2 is not None, casting)
+        args = (x2, r, w, y, hs, rstd, m, n, stride_x, stride_r, n, n, eps, offset)
+        _forward_tile(((m + rows - 1) // rows, 1, 1), args, num_warps, constexprs)
+    else:
+        programs = min(m, _sm_count_of(device) * LOOP_PROGRAMS_PER_SM)
+        args = (x2, r, w, y, hs, rstd, m, n, programs, stride_x, stride_r, n, n, eps, offset)
+        # HAS_WEIGHT, HAS_RESIDUAL, CASTING, BLOCK_N
+        constexprs = (weight is not None, res2 is not None, casting, LOOP_BLOCK)
+        _forward_looped((programs, 1, 1), args, LOOP_WARPS, constexprs)
     return y, rstd, h
 
 
@@ -288,51 +340,60 @@ def backward(
     casting: int,
     need_dw: bool,
     dx_dtype: torch.dtype,
-) -> tuple[Tensor, Tensor]:
-    """Returns dx (M, N) in dx_dtype and dw (N,) in the weight's dtype (empty when not needed)."""
+    shape: tuple[int, ...] | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Returns dx in dx_dtype, of shape ``shape`` (as in ``forward``; default (M, N)), and dw
+    (N,) in the weight's dtype, None when not needed."""
     m, n = xh2.shape
     device = xh2.device
-    dx = torch.empty((m, n), device=device, dtype=dx_dtype)
+    dx = torch.empty(*(shape if shape is not None else (m, n)), dtype=dx_dtype, device=device)
     compute_dw = need_dw and weight is not None
-    dw = torch.empty(
-        (n,) if compute_dw else (0,), device=device, dtype=weight.dtype if compute_dw else torch.float32
-    )
+    dw = torch.empty(n, dtype=weight.dtype, device=device) if compute_dw else None
     if m == 0:
         if compute_dw:
             dw.zero_()
         return dx, dw
     w = weight if weight is not None else xh2
-    dh = dh2 if dh2 is not None else dy2
-    common = dict(
-        HAS_WEIGHT=weight is not None, HAS_DH=dh2 is not None, COMPUTE_DW=compute_dw, CASTING=casting
-    )
-    sms = sm_count(_device_index(xh2))
-    strides = (xh2.stride(0), dy2.stride(0), dh.stride(0), dx.stride(0), offset)
+    stride_dy = dy2.stride(0)
+    if dh2 is None:
+        dh, stride_dh = dy2, stride_dy
+    else:
+        dh, stride_dh = dh2, dh2.stride(0)
+    strides = (xh2.stride(0), stride_dy, stride_dh, n, offset)  # dx is fresh and contiguous
+    # Without dw the kernels never touch their dw scratch pointer: it gets rstd (an fp32 tensor,
+    # as the scratch would be) instead of an allocation.
     if n <= BACKWARD_MAX_TILE:
-        block_n, rows, num_warps, per_sm = backward_config(n)
-        programs = min(triton.cdiv(m, rows), sms * per_sm)
-        if programs == 1:  # one program sums every row itself and writes the final dw
+        rows, num_warps, per_sm, constexprs = _backward_tile_plan(
+            n, weight is not None, dh2 is not None, compute_dw, casting
+        )
+        programs = min((m + rows - 1) // rows, _sm_count_of(device) * per_sm)
+        if not compute_dw:
+            partial = rstd
+        elif programs == 1:  # one program sums every row itself and writes the final dw
             partial = dw
         else:
-            partial = torch.empty((programs, n) if compute_dw else (0,), device=device, dtype=torch.float32)
+            partial = torch.empty(programs, n, dtype=torch.float32, device=device)
         args = (xh2, w, dy2, dh, rstd, dx, partial, m, n, programs, *strides)
-        _backward_tile((programs,), args, num_warps, **common, BLOCK_N=block_n, ROWS=rows)
+        _backward_tile((programs, 1, 1), args, num_warps, constexprs)
     else:
-        segments = triton.cdiv(n, SEGMENT)
-        dot = torch.empty((m, segments), device=device, dtype=torch.float32)
-        args = (xh2, w, dy2, dot, n, xh2.stride(0), dy2.stride(0), offset, segments)
-        _backward_wide_dot((m, segments), args, SEGMENT_WARPS, HAS_WEIGHT=weight is not None, BLOCK_S=SEGMENT)
-        programs = min(m, max(1, 2 * sms // segments))  # row groups
-        partial = torch.empty((programs, n) if compute_dw else (0,), device=device, dtype=torch.float32)
+        segments = (n + SEGMENT - 1) // SEGMENT
+        dot = torch.empty(m, segments, dtype=torch.float32, device=device)
+        args = (xh2, w, dy2, dot, n, strides[0], stride_dy, offset, segments)
+        _backward_wide_dot((m, segments, 1), args, SEGMENT_WARPS, (weight is not None, SEGMENT))
+        programs = min(m, max(1, 2 * _sm_count_of(device) // segments))  # row groups
+        partial = torch.empty(programs, n, dtype=torch.float32, device=device) if compute_dw else rstd
         args = (xh2, w, dy2, dh, rstd, dot, dx, partial, m, n, programs, *strides, segments)
-        seg_pow2 = triton.next_power_of_2(segments)
-        _backward_wide(
-            (programs, segments), args, SEGMENT_WARPS, **common, BLOCK_S=SEGMENT, SEGMENTS_POW2=seg_pow2
+        # HAS_WEIGHT, HAS_DH, COMPUTE_DW, CASTING, BLOCK_S, SEGMENTS_POW2
+        constexprs = (
+            weight is not None,
+            dh2 is not None,
+            compute_dw,
+            casting,
+            SEGMENT,
+            _next_power_of_2(segments),
         )
+        _backward_wide((programs, segments, 1), args, SEGMENT_WARPS, constexprs)
     if compute_dw and partial is not dw:
-        block_c = 64 if n >= 64 else triton.next_power_of_2(n)
-        block_p = min(32, triton.next_power_of_2(programs))
-        _reduce_columns(
-            (triton.cdiv(n, block_c),), (partial, dw, programs, n), 4, BLOCK_P=block_p, BLOCK_C=block_c
-        )
+        grid, constexprs = _reduce_plan(n, programs)
+        _reduce_columns(grid, (partial, dw, programs, n), 4, constexprs)
     return dx, dw
