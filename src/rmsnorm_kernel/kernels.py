@@ -114,8 +114,6 @@ def forward_tile(
     rows64 = rows.to(tl.int64)[:, None]
 
     x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    if HAS_WEIGHT:  # issued with x's load, so its latency is not added after the reduction
-        w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
         res = tl.load(RES + rows64 * stride_res + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         # Normalise exactly the h that is returned, so forward, backward and the unfused pair agree.
@@ -133,6 +131,7 @@ def forward_tile(
         else:
             xn = xn.to(X.dtype.element_ty).to(tl.float32)
     if HAS_WEIGHT:
+        w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
         xn = xn * (offset + w)[None, :]
     tl.store(Y + rows64 * stride_y + cols[None, :], xn.to(Y.dtype.element_ty), mask=mask)
 
