@@ -13,6 +13,8 @@ Environment variables:
   RMSNORM_EXTRA_PINS   more requirements installed with torch, space-separated (CI's oldest-torch
                        job: ``numpy<2.4``, which triton 3.2's interpreter needs)
   RMSNORM_ASV_MACHINE  asv machine name of this runner (the `asv` session)
+  RMSNORM_BENCH_RESULTS
+                       a results file of this commit for `asv` to record instead of measuring
   RMSNORM_ASV_JS       folder with local copies of the asv page's scripts (`history`; default
                        .asv/js when present: bash tools/fetch_asv_js.sh)
   RMSNORM_BASE_SHA, RMSNORM_HEAD_SHA

@@ -7,12 +7,17 @@ replays) as ``track_`` values, so that the asv history,
 the gate, pytest-benchmark's extra info and docs/performance.md all show the same numbers.
 
 One ``setup_cache`` (shared by both classes: asv keys it by its source line) measures everything
-once, with the device-to-device copy ceiling of the same run. Without CUDA, or for a peer that
+once, with the device-to-device copy ceiling of the same run. With ``RMSNORM_BENCH_RESULTS`` naming
+a results file of the harness (``rmsnorm-kernel benchmark``), the suite records that run instead
+of measuring again, so one measurement feeds both the asv history and docs/performance.md; it
+must be a run of the commit asv files the results under. Without CUDA, or for a peer that
 does not import here, ``setup`` raises NotImplementedError and asv records the benchmark as
 skipped.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -29,14 +34,19 @@ class _Suite:
     timeout = 600
 
     def setup_cache(self):
-        if not torch.cuda.is_available():
+        saved = os.environ.get("RMSNORM_BENCH_RESULTS")
+        if saved:  # a run of the harness made just before, for this commit: record it, measure nothing
+            run = bench.load_run(saved)
+        elif not torch.cuda.is_available():
             return {"skip": bench.cuda_message()}
-        run = bench.run_benchmarks(
-            bench.select_cases(["all"]), bench.available_providers(), bench.MODES, progress=False
-        )
+        else:
+            run = bench.run_benchmarks(
+                bench.select_cases(["all"]), bench.available_providers(), bench.MODES, progress=False
+            )
         rows = {(r["provider"], r["shape"], r["mode"]): r for r in run["results"]}
         for row in rows.values():
-            del row["samples_ms"], row["device_samples_ms"]  # asv tracks medians; keep the cache small
+            row.pop("samples_ms", None)  # asv tracks medians; keep the cache small
+            row.pop("device_samples_ms", None)
         return {"rows": rows, "copy_tbs": run["copy"]["tbs"], "machine": run["machine"]}
 
     setup_cache.timeout = 3600
