@@ -234,7 +234,7 @@ SAMPLE_ROWS = [
     {"check": "latency large/forward", "base": 0.0412, "head": 0.0409, "ratio": 0.993, "threshold": 1.05,
      "verdict": "pass"},
     {"check": "latency small/forward_backward", "base": 0.012, "head": 0.0151, "ratio": 1.258,
-     "threshold": 1.05, "verdict": "regression"},
+     "threshold": 1.05, "verdict": "regression", "kind": "latency"},
     {"check": "error bfloat16 dx | @someone <b>", "base": 1.6e-3, "head": None, "ratio": None,
      "threshold": 1.8e-3, "verdict": "pass"},
 ]  # fmt: skip
@@ -268,7 +268,8 @@ def test_comment_dry_run_renders_the_sample_verdict(tmp_path):
     assert "### h200: ❌ regression" in lines
     assert "1 regression in 3 checks" in lines
     assert "| check | base | head | ratio | threshold | verdict |" in lines
-    assert "| latency small/forward_backward | 0.012 | 0.0151 | 1.258 | 1.05 | regression |" in lines
+    # latency medians arrive in ms and are shown in µs
+    assert "| latency small/forward_backward | 12.0 µs | 15.1 µs | 1.258 | 1.05 | regression |" in lines
     assert (
         "head `aaaaaaaaaaaa` · base `bbbbbbbbbbbb` · [workflow run](https://example.invalid/run/1)" in lines
     )

@@ -41,7 +41,7 @@ class VerdictError(Exception):
     """A verdict folder that does not follow the contract of ``pr-verdict --out``."""
 
 
-def escape(value: Any) -> str:
+def escape(value: Any, limit: int = 200) -> str:
     """One markdown table cell: no pipes, newlines, HTML or @-mentions from the artifact."""
     if value is None:
         return "–"
@@ -52,7 +52,15 @@ def escape(value: Any) -> str:
     text = " ".join(text.split())
     text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     text = text.replace("|", "\\|").replace("@", "@\u200b")
-    return text[:200]
+    return text[:limit]
+
+
+def cell(row: dict[str, Any], column: str) -> str:
+    """A verdict row's cell; latency medians (milliseconds in the JSON) shown in microseconds."""
+    value = row.get(column)
+    if row.get("kind") == "latency" and column in ("base", "head") and isinstance(value, (int, float)):
+        return escape(f"{value * 1e3:.1f} µs")
+    return escape(value)
 
 
 def load_verdict(folder: Path) -> dict[str, Any]:
@@ -131,12 +139,12 @@ def render(
     for kind, verdict, _ in entries:
         lines += [f"### {escape(kind)}: {STATUS_ICON[verdict['status']]}", ""]
         if verdict["summary"]:
-            lines += [escape(verdict["summary"]), ""]
+            lines += [escape(verdict["summary"], limit=1000), ""]
         if verdict["rows"]:
             lines.append("| " + " | ".join(COLUMNS) + " |")
             lines.append("|" + "---|" * len(COLUMNS))
             for row in verdict["rows"]:
-                lines.append("| " + " | ".join(escape(row.get(c)) for c in COLUMNS) + " |")
+                lines.append("| " + " | ".join(cell(row, c) for c in COLUMNS) + " |")
             lines.append("")
     lines += [
         "<sub>Thresholds: regression.toml. Rerun: `nox -s pr_verdict -- --base BASE --head HEAD` "
