@@ -263,6 +263,25 @@ def test_a_provider_that_cannot_be_captured_keeps_its_host_figures(fake_cuda, mo
     assert "-" in bench.format_table(run).splitlines()[-1]
 
 
+def test_residual_benchmark_runs_without_device_time_and_says_why(fake_cuda, monkeypatch, tmp_path, capsys):
+    seen = {}
+
+    def record(cases_, providers, modes, **kwargs):
+        seen.update(kwargs, providers=providers)
+        raise bench.BenchUnavailable("stop here")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench, "run_benchmarks", record)
+    monkeypatch.setitem(bench._IMPORTABLE, "liger_residual", False)
+    with pytest.raises(bench.BenchUnavailable):
+        cli.main(["benchmark", "--residual", "--shapes", "1x4096-bfloat16", "--out", str(tmp_path)])
+    assert seen["device_time"] is False and "kernel_residual" in seen["providers"]
+    assert "illegal memory access" in capsys.readouterr().err
+    with pytest.raises(bench.BenchUnavailable):
+        cli.main(["benchmark", "--shapes", "1x4096-bfloat16", "--out", str(tmp_path)])
+    assert seen["device_time"] is True
+
+
 def test_a_failing_provider_is_recorded_not_fatal(cpu_run):
     broken = [r for r in cpu_run["results"] if r["provider"] == "broken"]
     assert len(broken) == len(TINY) * 2

@@ -216,3 +216,44 @@ def test_cuda_graph_capture_forward_and_backward(n):
     dx_ref, dw_ref = rms_norm_backward_reference(xg.detach(), w, dy)
     assert_close(xg.grad, dx_ref, BF16)
     assert_close(wg.grad, dw_ref, BF16)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="CUDA graphs need a CUDA device")
+@pytest.mark.parametrize("m, n", [(64, 4096), (4096, 4096)])
+def test_cuda_graph_capture_with_residual(m, n):
+    """The fused residual path in a CUDA graph, forward and backward, replayed on new inputs
+    (a full `benchmark --residual` run with graph timing once hit an illegal memory access)."""
+    x, w, dy = make((m, n), BF16, "cuda")
+    r = torch.randn_like(x)
+    dh = torch.randn_like(x)
+    xg, wg, rg = x.clone().requires_grad_(), w.clone().requires_grad_(), r.clone().requires_grad_()
+
+    def step():
+        y, h = rmsnorm_kernel.rms_norm(xg, weight=wg, residual=rg)
+        torch.autograd.backward((y, h), (dy, dh))
+        return y, h
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            step()
+            xg.grad = wg.grad = rg.grad = None
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y, h = step()
+    for _ in range(3):  # replays on fresh inputs, as a training loop would
+        with torch.no_grad():
+            xg.copy_(torch.randn_like(x))
+            rg.copy_(torch.randn_like(x))
+        graph.replay()
+    torch.cuda.synchronize()
+    h_ref = (xg.detach().float() + rg.detach().float()).to(BF16)
+    assert torch.equal(h, h_ref)
+    assert_close(y, rms_norm_reference(h_ref, w), BF16)
+    dx_ref, dw_ref = rms_norm_backward_reference(h_ref, w, dy)
+    assert_close(xg.grad, (dx_ref.float() + dh.float()).to(BF16), BF16)
+    assert_close(rg.grad, (dx_ref.float() + dh.float()).to(BF16), BF16)
+    assert_close(wg.grad, dw_ref, BF16)
