@@ -462,3 +462,48 @@ def test_residual_providers_compute_the_same_function_on_cpu():
     fused = bench.get_provider("kernel_residual").build(1e-6)(x, w, r)
     unfused = bench.get_provider("unfused_residual").build(1e-6)(x, w, r)
     torch.testing.assert_close(fused, unfused, atol=cases.TOLERANCES[torch.float32].atol, rtol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------
+# The asv suite, driven by hand as asv would
+# ---------------------------------------------------------------------------------------------
+
+
+def _asv_suite():
+    return importlib.import_module("benchmarks.bench_rmsnorm")
+
+
+def test_asv_suite_records_a_saved_results_file(cpu_run, tmp_path, monkeypatch):
+    """RMSNORM_BENCH_RESULTS: the suite reports that run's figures, GPU-only ones included, and
+    measures nothing (this machine has no CUDA)."""
+    suite = _asv_suite()
+    run = json.loads(json.dumps(cpu_run))
+    for row in run["results"]:  # let the eager rows stand for the kernel
+        row["provider"] = "kernel" if row["provider"] == "eager" else row["provider"]
+    path = bench.write_run(run, tmp_path)
+    monkeypatch.setenv("RMSNORM_BENCH_RESULTS", str(path))
+    monkeypatch.setattr(bench, "run_benchmarks", lambda *a, **k: pytest.fail("measured again"))
+    forward, forward_backward = suite.Forward(), suite.ForwardBackward()
+    cache = forward.setup_cache()
+    assert all("samples_ms" not in r and "device_samples_ms" not in r for r in cache["rows"].values())
+    row = bench.index_rows(run)["kernel", "8x64-float32", "forward"]
+    forward.setup(cache, "8x64-float32", "kernel")
+    assert forward.track_median_ms(cache, "8x64-float32", "kernel") == row["median_ms"]
+    assert forward.track_gpu_median_ms(cache, "8x64-float32", "kernel") == row["device_median_ms"]
+    assert (
+        forward.track_gpu_fraction_of_copy(cache, "8x64-float32", "kernel") == row["device_fraction_of_copy"]
+    )
+    forward_backward.setup(cache, "4x33-bfloat16", "kernel")
+    assert forward_backward.track_error_dw(cache, "4x33-bfloat16", "kernel") == pytest.approx(
+        bench.index_rows(run)["kernel", "4x33-bfloat16", "forward_backward"]["errors"]["dw"]
+    )
+    with pytest.raises(NotImplementedError, match="always fails"):
+        forward.setup(cache, "8x64-float32", "broken")
+    with pytest.raises(NotImplementedError, match="not importable"):
+        forward.setup(cache, "8x64-float32", "liger")
+
+
+def test_asv_suite_lists_plain_providers_only():
+    suite = _asv_suite()
+    assert "kernel" in suite.PROVIDERS
+    assert not set(suite.PROVIDERS) & set(bench.RESIDUAL_PROVIDERS)
