@@ -282,6 +282,31 @@ def test_residual_benchmark_runs_without_device_time_and_says_why(fake_cuda, mon
     assert seen["device_time"] is True
 
 
+def test_a_captured_call_outlives_its_graph_replays(fake_cuda, monkeypatch):
+    """A real CUDA graph keeps raw addresses, not the Python objects: the harness must keep the
+    captured call (and the leaf tensors it closes over) alive as long as it replays the graph."""
+    import gc
+    import weakref
+
+    class AddressOnlyGraph:
+        def __init__(self, call, reps):
+            self.call_ref = weakref.ref(call)
+            self.reps = reps
+
+        def replay(self):
+            assert self.call_ref() is not None, "the captured call was freed before a replay"
+
+    monkeypatch.setattr(bench, "capture_graph", AddressOnlyGraph)
+    x, w, dy = (torch.randn(4, 16) for _ in range(3))
+    fn = bench.get_provider("eager").build(1e-6)
+    graphs: dict = {}
+    row = {"device_samples_ms": [], "device_reps": None, "device_error": None}
+    for _ in range(2):  # two blocks: the second replays the graph captured in the first
+        bench._time_device(row, graphs, ("eager", "forward_backward"), fn, x, w, dy, 3, None)
+        gc.collect()
+    assert row["device_error"] is None and len(row["device_samples_ms"]) == 6
+
+
 def test_a_failing_provider_is_recorded_not_fatal(cpu_run):
     broken = [r for r in cpu_run["results"] if r["provider"] == "broken"]
     assert len(broken) == len(TINY) * 2

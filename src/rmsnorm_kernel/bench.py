@@ -683,7 +683,7 @@ def run_benchmarks(
                             _fail(by_key[name, mode], exc)
                 del oracle, oracle_res
                 torch.cuda.empty_cache()
-            graphs: dict[tuple[str, str], tuple[Any, int]] = {}
+            graphs: dict[tuple[str, str], tuple[Any, int, Callable[[], Any]]] = {}
             for mode in modes:
                 for block in range(blocks):
                     k = block % len(providers)
@@ -738,8 +738,11 @@ def _time_device(row, graphs, key, fn, x, w, dy, samples, flush) -> None:
     A capture that fails is recorded in the row (a peer may not be capturable), not raised."""
     try:
         if key not in graphs:
-            graphs[key] = graph_for(make_graph_call(fn, x, w, dy, key[1]), flush)
-        graph, reps = graphs[key]
+            # The call is kept with its graph: the tensors it closes over (the forward+backward
+            # call's own leaf copies of x and w) must outlive every replay, which reads them.
+            call = make_graph_call(fn, x, w, dy, key[1])
+            graphs[key] = (*graph_for(call, flush), call)
+        graph, reps, _call = graphs[key]
         row["device_samples_ms"].extend(time_graph(graph, reps, samples, flush))
         row["device_reps"] = reps
     except Exception as exc:
