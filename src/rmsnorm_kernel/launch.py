@@ -190,27 +190,12 @@ _reduce_columns = Launcher(kernels.reduce_columns)
 
 
 @functools.cache
-def sm_count(device_index: int) -> int:
-    if device_index < 0:  # the interpreter on CPU: a few programs keep it quick
+def sm_count(device: torch.device) -> int:
+    """SMs of a tensor's device, cached per device (a tensor's CUDA device always carries its
+    index). The interpreter on CPU gets 2: a few programs keep it quick."""
+    if device.type != "cuda":
         return 2
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-_SM_COUNTS: dict[torch.device, int] = {}
-
-
-def _sm_count_of(device: torch.device) -> int:
-    """sm_count of a tensor's device, cached per device (a CUDA tensor's device has its index)."""
-    sms = _SM_COUNTS.get(device)
-    if sms is None:
-        if device.type != "cuda":
-            sms = sm_count(-1)
-        elif device.index is None:  # not a tensor's device: the current one, not cached
-            return sm_count(torch.cuda.current_device())
-        else:
-            sms = sm_count(device.index)
-        _SM_COUNTS[device] = sms
-    return sms
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _next_power_of_2(v: int) -> int:
@@ -322,7 +307,7 @@ def forward(
         args = (x2, r, w, y, hs, rstd, m, n, stride_x, stride_r, n, n, eps, offset)
         _forward_tile(((m + rows - 1) // rows, 1, 1), args, num_warps, constexprs)
     else:
-        programs = min(m, _sm_count_of(device) * LOOP_PROGRAMS_PER_SM)
+        programs = min(m, sm_count(device) * LOOP_PROGRAMS_PER_SM)
         args = (x2, r, w, y, hs, rstd, m, n, programs, stride_x, stride_r, n, n, eps, offset)
         # HAS_WEIGHT, HAS_RESIDUAL, CASTING, BLOCK_N
         constexprs = (weight is not None, res2 is not None, casting, LOOP_BLOCK)
@@ -366,7 +351,7 @@ def backward(
         rows, num_warps, per_sm, constexprs = _backward_tile_plan(
             n, weight is not None, dh2 is not None, compute_dw, casting
         )
-        programs = min((m + rows - 1) // rows, _sm_count_of(device) * per_sm)
+        programs = min((m + rows - 1) // rows, sm_count(device) * per_sm)
         if not compute_dw:
             partial = rstd
         elif programs == 1:  # one program sums every row itself and writes the final dw
@@ -380,7 +365,7 @@ def backward(
         dot = torch.empty(m, segments, dtype=torch.float32, device=device)
         args = (xh2, w, dy2, dot, n, strides[0], stride_dy, offset, segments)
         _backward_wide_dot((m, segments, 1), args, SEGMENT_WARPS, (weight is not None, SEGMENT))
-        programs = min(m, max(1, 2 * _sm_count_of(device) // segments))  # row groups
+        programs = min(m, max(1, 2 * sm_count(device) // segments))  # row groups
         partial = torch.empty(programs, n, dtype=torch.float32, device=device) if compute_dw else rstd
         args = (xh2, w, dy2, dh, rstd, dot, dx, partial, m, n, programs, *strides, segments)
         # HAS_WEIGHT, HAS_DH, COMPUTE_DW, CASTING, BLOCK_S, SEGMENTS_POW2
