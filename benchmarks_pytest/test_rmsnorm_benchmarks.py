@@ -54,7 +54,9 @@ def test_rmsnorm(benchmark, flush, built, shape, provider, mode):
     x, w, dy = bench.make_inputs(case)
     call, grads = bench.make_call(built[provider], x, w, dy, mode)
     cuda_ms = bench.median(bench.time_cuda(call, samples=ROUNDS, flush=flush, grads=grads))
-    graph_call = bench.make_graph_call(built[provider], x, w, dy, mode)  # alive while the graph replays
+    graph_call, _ = bench.make_call(
+        built[provider], x, w, dy, mode, graph=True
+    )  # alive while the graph replays
     graph, reps = bench.graph_for(graph_call, flush)
     gpu_ms = bench.median(bench.time_graph(graph, reps, ROUNDS, flush))
     del graph, graph_call

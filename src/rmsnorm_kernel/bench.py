@@ -464,26 +464,20 @@ def provider_errors(fn: Fn, x, w, dy, oracle, modes: Iterable[str]) -> dict[str,
     return out
 
 
-def make_call(fn: Fn, x, w, dy, mode: str) -> tuple[Callable[[], Any], list[torch.Tensor]]:
-    """The timed call and the tensors whose grads are reset between calls."""
+def make_call(
+    fn: Fn, x, w, dy, mode: str, *, graph: bool = False
+) -> tuple[Callable[[], Any], list[torch.Tensor]]:
+    """The timed call and the tensors whose grads are reset between calls. With ``graph`` (the
+    call captured for device time), forward+backward is torch.autograd.grad, so that repeated
+    calls in one graph write fresh gradients instead of accumulating into .grad."""
     if mode == "forward":
         return (lambda: fn(x, w)), []
     if mode == "forward_backward":
         xg = x.detach().clone().requires_grad_()
         wg = w.detach().clone().requires_grad_()
+        if graph:
+            return (lambda: torch.autograd.grad(fn(xg, wg), (xg, wg), dy)), [xg, wg]
         return (lambda: fn(xg, wg).backward(dy)), [xg, wg]
-    raise ValueError(f"unknown mode {mode!r}; expected one of {list(MODES)}")
-
-
-def make_graph_call(fn: Fn, x, w, dy, mode: str) -> Callable[[], Any]:
-    """The call captured for device time: forward+backward as torch.autograd.grad, so that
-    repeated calls in one graph write fresh gradients instead of accumulating into .grad."""
-    if mode == "forward":
-        return lambda: fn(x, w)
-    if mode == "forward_backward":
-        xg = x.detach().clone().requires_grad_()
-        wg = w.detach().clone().requires_grad_()
-        return lambda: torch.autograd.grad(fn(xg, wg), (xg, wg), dy)
     raise ValueError(f"unknown mode {mode!r}; expected one of {list(MODES)}")
 
 
@@ -740,7 +734,7 @@ def _time_device(row, graphs, key, fn, x, w, dy, samples, flush) -> None:
         if key not in graphs:
             # The call is kept with its graph: the tensors it closes over (the forward+backward
             # call's own leaf copies of x and w) must outlive every replay, which reads them.
-            call = make_graph_call(fn, x, w, dy, key[1])
+            call, _ = make_call(fn, x, w, dy, key[1], graph=True)
             graphs[key] = (*graph_for(call, flush), call)
         graph, reps, _call = graphs[key]
         row["device_samples_ms"].extend(time_graph(graph, reps, samples, flush))
