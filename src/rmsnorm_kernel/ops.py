@@ -333,11 +333,13 @@ def rms_norm(
                 )
             )
         ):
-            if casting == "llama" and weight is not None:
-                out_dtype = torch.promote_types(x_dtype, weight.dtype)  # as default_out_dtype
-            else:
-                out_dtype = x_dtype
-            options = (e, offset, launch.CASTING_MODES[casting], out_dtype, x_dtype)
+            options = (
+                e,
+                offset,
+                launch.CASTING_MODES[casting],
+                default_out_dtype(x_dtype, weight, casting),
+                x_dtype,
+            )
             if torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)):
                 return _EagerFunction.apply(x, weight, None, options)
             return _run_forward(x, weight, None, *options)[0]

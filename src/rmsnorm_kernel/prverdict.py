@@ -64,7 +64,7 @@ def merge_rounds(runs: Sequence[dict[str, Any]], label: str, commit: str | None)
             into["block_medians_ms"].append(bench.median(row["samples_ms"]))
             if row.get("device_error") or not row.get("device_samples_ms"):
                 into["device_error"] = (
-                    into["device_error"] or f"round {k}: {row.get('device_error') or 'none'}"
+                    into["device_error"] or f"round {k}: {row.get('device_error') or 'no device samples'}"
                 )
             else:
                 into["device_samples_ms"].extend(row["device_samples_ms"])
