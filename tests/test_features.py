@@ -129,6 +129,7 @@ RESIDUAL_FORWARD = [
     (BF16, BF16, F32, (17, 257)),  # the residual stream kept in fp32 beside bf16 activations
     (F16, F16, F32, (2, 3, 257)),
     (BF16, F32, BF16, (5, 64)),  # an fp32 residual rounded into a bf16 stream
+    (BF16, BF16, F32, (3, 9000)),  # the two-walk path (h written in the first walk, read in the second)
     (BF16, BF16, F32, (2, 65537)),  # the looped path of wide rows
 ]
 
@@ -199,6 +200,7 @@ RESIDUAL_BACKWARD = [
     (F32, F32, None, True, (17, 257)),
     (BF16, BF16, None, True, (17, 257)),
     (BF16, BF16, F32, True, (17, 257)),
+    (BF16, BF16, F32, True, (3, 9000)),  # the two-walk backward (3 chunks), with dh
     (F32, F32, None, True, (2, 65537)),  # the wide backward path, with dh
 ]
 
@@ -363,6 +365,30 @@ def test_llama_rounding_is_hugging_face_and_default_is_more_accurate(device, x_d
     xd = x.double()
     exact = xd * torch.rsqrt(xd.square().mean(-1, keepdim=True) + EPS) * w.double()
     assert relative_l2(default, exact) < relative_l2(llama, exact)
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("shape", [(17, 257), (3, 9000), (2, 65537)])  # tile, two-walk, wide paths
+def test_llama_casting_gradients_match_the_reference(device, shape):
+    """casting="llama" rounds xn before the weight multiply in the forward and for dw: every
+    kernel path's y, dx and dw equal reference autograd through that same rounding."""
+    x, w, _ = make(shape, BF16, device, weight_dtype=F32)
+    cy = torch.randn(shape, generator=torch.Generator().manual_seed(1)).to(device)
+
+    def loss(y):
+        return (y.float() * cy).sum()
+
+    def ours(x_, w_):
+        return rmsnorm_kernel.rms_norm(x_, weight=w_, eps=EPS, casting="llama")
+
+    def reference(x_, w_):
+        return rms_norm_reference(x_, w_, EPS, casting="llama")
+
+    assert_close(ours(x, w), reference(x, w), BF16)
+    dx, dw = grads_of(ours, loss, x, w)
+    dx_ref, dw_ref = grads_of(reference, loss, x, w)
+    assert_close(dx, dx_ref, BF16)
+    assert_close(dw, dw_ref, F32)
 
 
 RESIDUAL_STYLES = [

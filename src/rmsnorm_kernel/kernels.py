@@ -15,11 +15,17 @@ Layout contract shared by every kernel: rows are addressed as ``base + row * row
 tensor is read in place. Masked lanes load 0, which leaves every sum unchanged, and the sums are
 divided by the true N, never by the block width.
 
-Two paths, same results:
-* tile: the whole row (BLOCK_N >= N) lives in registers; ROWS rows per program for narrow rows.
-* wide: rows wider than the largest tile. The forward walks each row in chunks twice (sum, then
-  scale) with few enough programs that the second walk hits L2. The backward splits each row
-  into segments: one launch sums u * x per segment, a second computes dx per segment.
+Three paths by row width, same results:
+* tile (N <= 4096): the whole row (BLOCK_N >= N) lives in registers; ROWS rows per program for
+  narrow rows.
+* two-walk (4096 < N <= 16384): each row is walked twice, the first walk reading from HBM and
+  asking L2 to keep the row, the second reading it back from L2. The forward runs one program per
+  row; the backward is persistent and keeps its dw share in registers as CHUNKS separate chunk
+  accumulators. Holding only a chunk at a time frees the registers that a row-wide tile would
+  pin, so more rows are in flight per SM.
+* wide (N > 16384): the forward walks each row twice with about one program per SM, so that the
+  rows being walked stay in L2. The backward's dw share would not fit in registers: each row is
+  split into segments, one launch sums u * x per segment and a second computes dx per segment.
 
 dw is deterministic: each backward program owns one row of a (programs x N) fp32 scratch and
 adds its rows into it in a fixed order; ``reduce_columns`` then sums that scratch over programs
@@ -157,11 +163,17 @@ def forward_looped(
     HAS_RESIDUAL: tl.constexpr,
     CASTING: tl.constexpr,
     BLOCK_N: tl.constexpr,  # chunk width; N may be any multiple or not
+    FIRST_WALK_POLICY: tl.constexpr,  # L2 eviction hint of the first walk's loads ("" for none)
+    SECOND_WALK_POLICY: tl.constexpr,  # and of the second walk's
 ):
     """Rows wider than a tile, walked twice in BLOCK_N chunks: the sum of squares, then the
-    scale. Persistent, about one program per SM, so the rows being walked (programs x N
-    elements) stay in L2 and the second walk costs no HBM traffic. With a residual, h is written
-    once in the first walk and read back in the second."""
+    scale. The second walk reads the row back from L2, so it costs no HBM traffic:
+    * two-walk path: one program per row (programs == M); the first walk's loads ask L2 to keep
+      the row ("evict_last"), the second's to drop it ("evict_first"). Measured on an H200 at
+      N = 8192 and 16384 (bf16): 96% and 95% of the copy ceiling with the hints, 85% without.
+    * wide path: persistent, about one program per SM, so the rows being walked (programs x N
+      elements) fit in L2; no hints.
+    With a residual, h is written once in the first walk and read back in the second."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     for row in range(pid, M, programs):
@@ -171,7 +183,7 @@ def forward_looped(
         acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
         for start in range(0, N, BLOCK_N):
             c = start + cols
-            x = tl.load(x_row + c, mask=c < N, other=0.0).to(tl.float32)
+            x = tl.load(x_row + c, mask=c < N, other=0.0, eviction_policy=FIRST_WALK_POLICY).to(tl.float32)
             if HAS_RESIDUAL:
                 res = tl.load(RES + row64 * stride_res + c, mask=c < N, other=0.0).to(tl.float32)
                 h = (x + res).to(H.dtype.element_ty)
@@ -184,9 +196,9 @@ def forward_looped(
         for start in range(0, N, BLOCK_N):
             c = start + cols
             if HAS_RESIDUAL:
-                x = tl.load(h_row + c, mask=c < N, other=0.0)
+                x = tl.load(h_row + c, mask=c < N, other=0.0, eviction_policy=SECOND_WALK_POLICY)
             else:
-                x = tl.load(x_row + c, mask=c < N, other=0.0)
+                x = tl.load(x_row + c, mask=c < N, other=0.0, eviction_policy=SECOND_WALK_POLICY)
             xn = x.to(tl.float32) * rstd
             if CASTING == 1:
                 xn = xn.to(x.dtype).to(tl.float32)
@@ -258,6 +270,124 @@ def backward_tile(
         # With a single program the launcher passes dw itself here: the cast makes it final.
         dw_row = tl.sum(dw_acc, axis=0).to(DW_PARTIAL.dtype.element_ty)
         tl.store(DW_PARTIAL + pid.to(tl.int64) * N + cols, dw_row, mask=col_ok)
+
+
+@triton.jit
+def _backward_chunk(
+    x_row,  # X, DY, DH, DX advanced to the start of one row
+    dy_row,
+    dh_row,
+    dx_row,
+    W,
+    start,  # the chunk's first column
+    N,
+    rstd,
+    mean_uxn,  # mean(u * xn) over the row, from the first walk
+    offset,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_DH: tl.constexpr,
+    CASTING: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    """Second walk of backward_chunked over one chunk of one row (x and dy read back from L2):
+    stores dx and returns the chunk's dw terms dy * xn."""
+    c = start + tl.arange(0, CHUNK)
+    ok = c < N
+    x_raw = tl.load(x_row + c, mask=ok, other=0.0, eviction_policy="evict_first")
+    dy = tl.load(dy_row + c, mask=ok, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    xn = x_raw.to(tl.float32) * rstd
+    if HAS_WEIGHT:
+        u = dy * (offset + tl.load(W + c, mask=ok, other=0.0, eviction_policy="evict_last").to(tl.float32))
+    else:
+        u = dy
+    dx = (u - xn * mean_uxn) * rstd
+    if HAS_DH:
+        dx += tl.load(dh_row + c, mask=ok, other=0.0).to(tl.float32)
+    tl.store(dx_row + c, dx.to(dx_row.dtype.element_ty), mask=ok)
+    if CASTING == 1:
+        xn = xn.to(x_raw.dtype).to(tl.float32)
+    return dy * xn
+
+
+@triton.jit
+def backward_chunked(
+    X,  # as in backward_tile
+    W,
+    DY,
+    DH,
+    RSTD,
+    DX,
+    DW_PARTIAL,  # fp32 scratch [programs, N], or dw itself when programs == 1
+    M,
+    N,
+    programs,
+    stride_x,
+    stride_dy,
+    stride_dh,
+    stride_dx,
+    offset,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_DH: tl.constexpr,
+    COMPUTE_DW: tl.constexpr,
+    CASTING: tl.constexpr,
+    CHUNK: tl.constexpr,  # chunk width
+    CHUNKS: tl.constexpr,  # chunks per row, 1 to 4: ceil(N / CHUNK)
+):
+    """Two-walk backward of rows up to 4 chunks wide. Persistent like backward_tile. Per row the
+    first walk sums u * x over the chunks (loads kept in L2), then mean(u * xn) = r * sum / N;
+    the second walk re-reads each chunk from L2, stores dx and adds dy * xn to that chunk's own
+    register accumulator. The second walk is unrolled, so each chunk position is a compile-time
+    constant and dw stays in registers without a row-wide tile of x and dy beside it."""
+    tl.static_assert(CHUNKS <= 4, "backward_chunked has four chunk accumulators")
+    pid = tl.program_id(0)
+    cols = tl.arange(0, CHUNK)
+    dw0 = tl.zeros((CHUNK,), dtype=tl.float32)
+    dw1 = tl.zeros((CHUNK,), dtype=tl.float32)
+    dw2 = tl.zeros((CHUNK,), dtype=tl.float32)
+    dw3 = tl.zeros((CHUNK,), dtype=tl.float32)
+    for row in range(pid, M, programs):
+        row64 = tl.cast(row, tl.int64)
+        x_row = X + row64 * stride_x
+        dy_row = DY + row64 * stride_dy
+        rstd = tl.load(RSTD + row)
+        dot = tl.zeros((CHUNK,), dtype=tl.float32)
+        for start in range(0, N, CHUNK):
+            c = start + cols
+            x = tl.load(x_row + c, mask=c < N, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            u = tl.load(dy_row + c, mask=c < N, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            if HAS_WEIGHT:
+                w = tl.load(W + c, mask=c < N, other=0.0, eviction_policy="evict_last").to(tl.float32)
+                u = u * (offset + w)
+            dot += u * x
+        mean_uxn = tl.sum(dot, axis=0) * rstd / N
+
+        dh_row = DH + row64 * stride_dh
+        dx_row = DX + row64 * stride_dx
+        for k in tl.static_range(CHUNKS):
+            term = _backward_chunk(
+                x_row, dy_row, dh_row, dx_row, W, k * CHUNK, N, rstd, mean_uxn, offset, HAS_WEIGHT, HAS_DH,
+                CASTING, CHUNK,
+            )  # fmt: skip
+            if COMPUTE_DW:
+                if k == 0:
+                    dw0 += term
+                elif k == 1:
+                    dw1 += term
+                elif k == 2:
+                    dw2 += term
+                else:
+                    dw3 += term
+
+    if COMPUTE_DW:
+        out = DW_PARTIAL + pid.to(tl.int64) * N + cols
+        dtype = DW_PARTIAL.dtype.element_ty  # fp32 scratch, or dw's own dtype when programs == 1
+        tl.store(out, dw0.to(dtype), mask=cols < N)
+        if CHUNKS > 1:
+            tl.store(out + CHUNK, dw1.to(dtype), mask=CHUNK + cols < N)
+        if CHUNKS > 2:
+            tl.store(out + 2 * CHUNK, dw2.to(dtype), mask=2 * CHUNK + cols < N)
+        if CHUNKS > 3:
+            tl.store(out + 3 * CHUNK, dw3.to(dtype), mask=3 * CHUNK + cols < N)
 
 
 @triton.jit

@@ -19,9 +19,18 @@ Tensor = torch.Tensor
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 CASTING_MODES = {"default": kernels.CAST_FP32, "gemma": kernels.CAST_FP32, "llama": kernels.CAST_LLAMA}
 
-# Widest row held in registers as one tile; wider rows take the wide path.
-FORWARD_MAX_TILE = 16384
-BACKWARD_MAX_TILE = 16384
+# Widest row held in registers as one tile; wider rows up to TWO_WALK_MAX take the two-walk
+# path, wider ones the wide path (kernels.py describes the three).
+FORWARD_MAX_TILE = 4096
+BACKWARD_MAX_TILE = 4096
+TWO_WALK_MAX = 16384
+# Two-walk path (measured on an H200, bf16, with tools/kernel_lab*.py): the forward's chunk width and
+# warps (one program per row); the backward's chunk width, warps by row width, programs per SM.
+TWO_WALK_FORWARD_BLOCK = 8192
+TWO_WALK_FORWARD_WARPS = 8
+TWO_WALK_BACKWARD_CHUNK = 4096
+TWO_WALK_BACKWARD_WARPS = {8192: 8, 16384: 4}  # by the row width rounded up to a power of two
+TWO_WALK_BACKWARD_PROGRAMS_PER_SM = 2
 # Wide path: chunk width, warps and programs per SM of the forward walk; segment width and
 # warps of the backward.
 LOOP_BLOCK = 16384
@@ -179,6 +188,7 @@ class Launcher:
 _forward_tile = Launcher(kernels.forward_tile)
 _forward_looped = Launcher(kernels.forward_looped)
 _backward_tile = Launcher(kernels.backward_tile)
+_backward_chunked = Launcher(kernels.backward_chunked)
 _backward_wide_dot = Launcher(kernels.backward_wide_dot)
 _backward_wide = Launcher(kernels.backward_wide)
 _reduce_columns = Launcher(kernels.reduce_columns)
@@ -207,8 +217,8 @@ def _next_power_of_2(v: int) -> int:
 # (rows per program, warps, programs per SM) for the persistent backward. Measured on an H200
 # (bf16; tools/tune_sweep.py): one or two programs per SM with 8-16 warps keep the backward's
 # loads in flight without spilling its register-resident dw share.
-FORWARD_TILE = {1024: (2, 4), 2048: (1, 4), 4096: (1, 8), 8192: (1, 16), 16384: (1, 8)}
-BACKWARD_TILE = {1024: (2, 4, 4), 2048: (1, 4, 4), 4096: (1, 8, 2), 8192: (1, 16, 2), 16384: (1, 8, 2)}
+FORWARD_TILE = {1024: (2, 4), 2048: (1, 4), 4096: (1, 8)}
+BACKWARD_TILE = {1024: (2, 4, 4), 2048: (1, 4, 4), 4096: (1, 8, 2)}
 
 
 @functools.cache
@@ -246,6 +256,15 @@ def _backward_tile_plan(n: int, has_weight: bool, has_dh: bool, compute_dw: bool
     """(ROWS, num_warps, programs per SM, constexprs) of backward_tile."""
     block_n, rows, num_warps, per_sm = backward_config(n)
     return rows, num_warps, per_sm, (has_weight, has_dh, compute_dw, casting, block_n, rows)
+
+
+@functools.cache
+def _backward_chunked_plan(n: int, has_weight: bool, has_dh: bool, compute_dw: bool, casting: int) -> tuple:
+    """(num_warps, programs per SM, constexprs) of backward_chunked."""
+    chunk = TWO_WALK_BACKWARD_CHUNK
+    num_warps = TWO_WALK_BACKWARD_WARPS[_next_power_of_2(n)]
+    constexprs = (has_weight, has_dh, compute_dw, casting, chunk, (n + chunk - 1) // chunk)
+    return num_warps, TWO_WALK_BACKWARD_PROGRAMS_PER_SM, constexprs
 
 
 @functools.cache
@@ -306,11 +325,22 @@ def forward(
         rows, num_warps, constexprs = _forward_tile_plan(n, weight is not None, res2 is not None, casting)
         args = (x2, r, w, y, hs, rstd, m, n, stride_x, stride_r, n, n, eps, offset)
         _forward_tile(((m + rows - 1) // rows, 1, 1), args, num_warps, constexprs)
+    elif n <= TWO_WALK_MAX:  # one program per row, the row kept in L2 between the walks
+        args = (x2, r, w, y, hs, rstd, m, n, m, stride_x, stride_r, n, n, eps, offset)
+        # HAS_WEIGHT, HAS_RESIDUAL, CASTING, BLOCK_N, FIRST_WALK_POLICY, SECOND_WALK_POLICY
+        constexprs = (
+            weight is not None,
+            res2 is not None,
+            casting,
+            TWO_WALK_FORWARD_BLOCK,
+            "evict_last",
+            "evict_first",
+        )
+        _forward_looped((m, 1, 1), args, TWO_WALK_FORWARD_WARPS, constexprs)
     else:
         programs = min(m, sm_count(device) * LOOP_PROGRAMS_PER_SM)
         args = (x2, r, w, y, hs, rstd, m, n, programs, stride_x, stride_r, n, n, eps, offset)
-        # HAS_WEIGHT, HAS_RESIDUAL, CASTING, BLOCK_N
-        constexprs = (weight is not None, res2 is not None, casting, LOOP_BLOCK)
+        constexprs = (weight is not None, res2 is not None, casting, LOOP_BLOCK, "", "")
         _forward_looped((programs, 1, 1), args, LOOP_WARPS, constexprs)
     return y, rstd, h
 
@@ -347,10 +377,18 @@ def backward(
     strides = (xh2.stride(0), stride_dy, stride_dh, n, offset)  # dx is fresh and contiguous
     # Without dw the kernels never touch their dw scratch pointer: it gets rstd (an fp32 tensor,
     # as the scratch would be) instead of an allocation.
-    if n <= BACKWARD_MAX_TILE:
-        rows, num_warps, per_sm, constexprs = _backward_tile_plan(
-            n, weight is not None, dh2 is not None, compute_dw, casting
-        )
+    if n <= TWO_WALK_MAX:
+        if n <= BACKWARD_MAX_TILE:
+            rows, num_warps, per_sm, constexprs = _backward_tile_plan(
+                n, weight is not None, dh2 is not None, compute_dw, casting
+            )
+            kernel = _backward_tile
+        else:
+            rows = 1
+            num_warps, per_sm, constexprs = _backward_chunked_plan(
+                n, weight is not None, dh2 is not None, compute_dw, casting
+            )
+            kernel = _backward_chunked
         programs = min((m + rows - 1) // rows, sm_count(device) * per_sm)
         if not compute_dw:
             partial = rstd
@@ -359,7 +397,7 @@ def backward(
         else:
             partial = torch.empty(programs, n, dtype=torch.float32, device=device)
         args = (xh2, w, dy2, dh, rstd, dx, partial, m, n, programs, *strides)
-        _backward_tile((programs, 1, 1), args, num_warps, constexprs)
+        kernel((programs, 1, 1), args, num_warps, constexprs)
     else:
         segments = (n + SEGMENT - 1) // SEGMENT
         dot = torch.empty(m, segments, dtype=torch.float32, device=device)
