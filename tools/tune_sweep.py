@@ -1,6 +1,7 @@
 """Launch-configuration sweep for kernel development: times launch.forward / launch.backward
-(GPU work plus the lean launch path) under configuration variants at the large benchmark
-shapes, beside torch's fused rms_norm in the same run. Prints the best variant per shape."""
+(GPU work plus the lean launch path) under variants of the wide backward's knobs (segment width
+and warps) at wide shapes, beside torch's fused rms_norm in the same run. Prints the best variant
+per shape. The forward's and the two-walk backward's variants: tools/kernel_lab*.py."""
 
 import itertools
 import json
@@ -21,11 +22,8 @@ def set_config(**knobs):
         setattr(launch, name, knobs.get(name, value))
 
 
-DEFAULTS = {
-    name: getattr(launch, name)
-    for name in ("LOOP_BLOCK", "LOOP_WARPS", "LOOP_PROGRAMS_PER_SM", "SEGMENT", "SEGMENT_WARPS")
-}
-SHAPES = [(2048, 65536), (512, 262144), (8192, 16384)]
+DEFAULTS = {name: getattr(launch, name) for name in ("SEGMENT", "SEGMENT_WARPS")}
+SHAPES = [(2048, 65536), (512, 262144)]
 
 
 def main():
@@ -46,8 +44,6 @@ def main():
         print(f"{m}x{n} native fwd {t_nat * 1e3:.1f} us {2 * nbytes / t_nat / 1e9:.2f} TB/s", flush=True)
         variants = [{}]
         if n > 16384:
-            for lb, lw, lp in itertools.product([4096, 8192, 16384], [8, 16, 32], [1, 2]):
-                variants.append(dict(LOOP_BLOCK=lb, LOOP_WARPS=lw, LOOP_PROGRAMS_PER_SM=lp))
             for sg, sw in itertools.product([2048, 4096, 8192], [4, 8, 16]):
                 variants.append(dict(SEGMENT=sg, SEGMENT_WARPS=sw))
         for v in variants:

@@ -825,12 +825,6 @@ def select_cases(names: Sequence[str] | None) -> list[Case]:
     return out
 
 
-RESIDUAL_DEVICE_TIME_NOTE = (
-    "note: --residual runs without GPU-only (CUDA-graph) timing: a full residual run with it hit an "
-    "illegal memory access on the H200 whose cause is not yet found (docs/features.md, Benchmarks)"
-)
-
-
 def configure(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument(
         "--shapes", nargs="+", default=["all"], metavar="SHAPE",
@@ -889,9 +883,6 @@ def run(args: argparse.Namespace) -> int:
     if providers is None:
         providers = available_providers(residual=args.residual)
     device_time = not args.no_device_time
-    if args.residual and device_time:
-        device_time = False
-        print(RESIDUAL_DEVICE_TIME_NOTE, file=sys.stderr)
     result = run_benchmarks(
         chosen,
         providers,

@@ -19,23 +19,22 @@ Tensor = torch.Tensor
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 CASTING_MODES = {"default": kernels.CAST_FP32, "gemma": kernels.CAST_FP32, "llama": kernels.CAST_LLAMA}
 
-# Widest row held in registers as one tile; wider rows up to TWO_WALK_MAX take the two-walk
-# path, wider ones the wide path (kernels.py describes the three).
+# Widest row held in registers as one tile. Wider rows are walked twice (kernels.py describes the
+# paths): the forward at any width, the backward up to TWO_WALK_MAX; wider backward rows are split
+# into segments.
 FORWARD_MAX_TILE = 4096
 BACKWARD_MAX_TILE = 4096
 TWO_WALK_MAX = 16384
-# Two-walk path (measured on an H200, bf16, with tools/kernel_lab*.py): the forward's chunk width and
-# warps (one program per row); the backward's chunk width, warps by row width, programs per SM.
-TWO_WALK_FORWARD_BLOCK = 8192
-TWO_WALK_FORWARD_WARPS = 8
+# Two-walk forward: one program per row, chunk width, warps up to TWO_WALK_MAX and beyond.
+# Two-walk backward: chunk width, warps by the row width rounded up to a power of two, programs
+# per SM. Measured on an H200 (bf16) with tools/kernel_lab*.py.
+FORWARD_WALK_BLOCK = 8192
+FORWARD_WALK_WARPS = 8
+FORWARD_WIDE_WARPS = 32
 TWO_WALK_BACKWARD_CHUNK = 4096
-TWO_WALK_BACKWARD_WARPS = {8192: 8, 16384: 4}  # by the row width rounded up to a power of two
+TWO_WALK_BACKWARD_WARPS = {8192: 8, 16384: 4}
 TWO_WALK_BACKWARD_PROGRAMS_PER_SM = 2
-# Wide path: chunk width, warps and programs per SM of the forward walk; segment width and
-# warps of the backward.
-LOOP_BLOCK = 16384
-LOOP_WARPS = 32
-LOOP_PROGRAMS_PER_SM = 1
+# Wide backward: segment width and warps.
 SEGMENT = 8192
 SEGMENT_WARPS = 8
 
@@ -217,7 +216,7 @@ def _next_power_of_2(v: int) -> int:
 # (rows per program, warps, programs per SM) for the persistent backward. Measured on an H200
 # (bf16; tools/tune_sweep.py): one or two programs per SM with 8-16 warps keep the backward's
 # loads in flight without spilling its register-resident dw share.
-FORWARD_TILE = {1024: (2, 4), 2048: (1, 4), 4096: (1, 8)}
+FORWARD_TILE = {1024: (2, 4), 2048: (1, 4), 4096: (1, 4)}
 BACKWARD_TILE = {1024: (2, 4, 4), 2048: (1, 4, 4), 4096: (1, 8, 2)}
 
 
@@ -325,23 +324,19 @@ def forward(
         rows, num_warps, constexprs = _forward_tile_plan(n, weight is not None, res2 is not None, casting)
         args = (x2, r, w, y, hs, rstd, m, n, stride_x, stride_r, n, n, eps, offset)
         _forward_tile(((m + rows - 1) // rows, 1, 1), args, num_warps, constexprs)
-    elif n <= TWO_WALK_MAX:  # one program per row, the row kept in L2 between the walks
+    else:  # one program per row, the row kept in L2 between the walks
         args = (x2, r, w, y, hs, rstd, m, n, m, stride_x, stride_r, n, n, eps, offset)
         # HAS_WEIGHT, HAS_RESIDUAL, CASTING, BLOCK_N, FIRST_WALK_POLICY, SECOND_WALK_POLICY
         constexprs = (
             weight is not None,
             res2 is not None,
             casting,
-            TWO_WALK_FORWARD_BLOCK,
+            FORWARD_WALK_BLOCK,
             "evict_last",
             "evict_first",
         )
-        _forward_looped((m, 1, 1), args, TWO_WALK_FORWARD_WARPS, constexprs)
-    else:
-        programs = min(m, sm_count(device) * LOOP_PROGRAMS_PER_SM)
-        args = (x2, r, w, y, hs, rstd, m, n, programs, stride_x, stride_r, n, n, eps, offset)
-        constexprs = (weight is not None, res2 is not None, casting, LOOP_BLOCK, "", "")
-        _forward_looped((programs, 1, 1), args, LOOP_WARPS, constexprs)
+        num_warps = FORWARD_WALK_WARPS if n <= TWO_WALK_MAX else FORWARD_WIDE_WARPS
+        _forward_looped((m, 1, 1), args, num_warps, constexprs)
     return y, rstd, h
 
 
