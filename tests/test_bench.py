@@ -392,6 +392,20 @@ def test_bandwidth_plot(cpu_run, tmp_path):
         plots.plot_bandwidth(cpu_run, tmp_path / "none.png", dtype="float16")
 
 
+def test_performance_command_saves_the_run_it_draws(cpu_run, monkeypatch, tmp_path):
+    """A fresh `python -m rmsnorm_kernel.plots` run writes the page, the plot and a copy of the
+    results it drew them from, so `--results` on that copy redraws the same page."""
+    pytest.importorskip("matplotlib", reason="matplotlib (the bench extra) is not installed")
+    monkeypatch.setattr(bench, "run_benchmarks", lambda *a, **k: cpu_run)
+    md, png, saved = tmp_path / "perf.md", tmp_path / "bw.png", tmp_path / "docs" / "results.json"
+    paths = ["--markdown", str(md), "--png", str(png)]
+    assert plots.main([*paths, "--out", str(tmp_path / "runs"), "--saved", str(saved)]) == 0
+    assert bench.load_run(saved)["results"] == json.loads(json.dumps(cpu_run))["results"]
+    page = md.read_text()
+    assert plots.main([*paths, "--results", str(saved)]) == 0
+    assert md.read_text() == page
+
+
 def test_performance_markdown(cpu_run):
     run = json.loads(json.dumps(cpu_run))
     for row in run["results"]:  # let the eager rows stand for the kernel

@@ -10,6 +10,7 @@ or reads ``--results FILE``, then rewrites docs/performance.md and its plot.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -193,6 +194,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--markdown", default="docs/performance.md")
     parser.add_argument("--png", default="docs/performance-bandwidth.png")
     parser.add_argument("--out", default="outputs/benchmark", help="where a fresh run's results JSON goes")
+    parser.add_argument(
+        "--saved",
+        default="docs/performance-results.json",
+        help="a fresh run's results JSON is also copied here, beside the page drawn from it",
+    )
     args = parser.parse_args(argv)
     if args.results:
         run = bench.load_run(args.results)
@@ -202,7 +208,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except bench.BenchUnavailable as exc:
             print(exc, file=sys.stderr)
             return 2
-        print(f"results: {bench.write_run(run, args.out)}")
+        path = bench.write_run(run, args.out)
+        Path(args.saved).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, args.saved)
+        print(f"results: {path} (copied to {args.saved})")
     png = plot_bandwidth(run, args.png)
     md = Path(args.markdown)
     md.parent.mkdir(parents=True, exist_ok=True)
