@@ -1,364 +1,392 @@
-"""Kernel lab: variants of the forward and backward kernels timed beside the production launch
-path at the large shapes, in one run. Development only; results go to stdout and a JSON file.
+"""Kernel lab (development only): kernel and launch variants timed beside the production launch
+path in one run, each variant's output first checked against the reference.
 
-Each variant is a production kernel with one idea toggled by a constexpr:
-  EVICT     loads that stream (x, dy) marked evict_first, reused ones (w) evict_last
-  KEEP_RAW  the row kept in its storage dtype and widened where used (fewer registers)
-  W_RELOAD  backward: the weight reloaded per row block instead of held in registers
-  L2_KEEP   looped forward: first walk evict_last, second walk evict_first
+    python tools/kernel_lab.py ROUND [ROUND ...] [--out lab.json]     on a CUDA machine
+    TRITON_INTERPRET=1 python tools/kernel_lab.py ROUND --smoke        tiny CPU check, no timing
+
+Rounds, and what they decided (H200, bf16 unless named; figures in docs/performance-notes.md):
+  tile        tile-kernel variants at N <= 16384: eviction hints, the weight loaded with x, the row
+              kept in its storage dtype; warps and rows per program. Chose the weight loaded with x
+              and 4 warps at N = 4096.
+  persistent  a persistent forward, prefetching the next row or pipelined with tl.range stages:
+              slower than one program per row at every shape; not used.
+  two-walk    forward_looped with one program per row (chunk, warps, L2 hints) and
+              backward_chunked (chunk, warps, programs per SM) at N = 4096-16384: chose the
+              two-walk path of rows of 4097-16384.
+  wide        forward_looped at N = 65536: persistent against one program per row, chunk, warps,
+              hints: chose one program per row, 32 warps, with hints.
+
+The rounds were first run on the H200 as separate scripts and merged into this file afterwards;
+the merged file's variants pass --smoke on CPU but have not yet been re-timed from it on a GPU.
 """
 
+from __future__ import annotations
+
+import argparse
 import itertools
 import json
 import os
-import sys
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from triton.testing import do_bench
 
 from rmsnorm_kernel import kernels, launch
+from rmsnorm_kernel.reference import rms_norm_reference
+
+EPS = 1e-6
+
+# ---------------------------------------------------------------------------------------------
+# Experimental kernels (the production ones are used directly where a round varies only launches)
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _load_weight(W, cols, N, EVICT: tl.constexpr):
+    if EVICT:
+        return tl.load(W + cols, mask=cols < N, other=0.0, eviction_policy="evict_last")
+    return tl.load(W + cols, mask=cols < N, other=0.0)
 
 
 @triton.jit
 def fwd_tile_v(
-    X,
-    W,
-    Y,
-    RSTD,
-    M,
-    N,
-    stride_x,
-    eps,
-    BLOCK_N: tl.constexpr,
-    ROWS: tl.constexpr,
-    EVICT: tl.constexpr,
-    KEEP_RAW: tl.constexpr,
+    X, W, Y, RSTD, M, N, stride_x, eps,
+    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, EVICT: tl.constexpr, KEEP_RAW: tl.constexpr,
     W_EARLY: tl.constexpr,
-    EVEN: tl.constexpr,
-):
+):  # fmt: skip
+    """forward_tile with EVICT (x evict_first, w evict_last), KEEP_RAW (x widened where used),
+    W_EARLY (the weight loaded with x)."""
     pid = tl.program_id(0)
     rows = pid * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     rows64 = rows.to(tl.int64)[:, None]
     mask = (rows < M)[:, None] & (cols < N)[None, :]
-    if EVEN:
-        if EVICT:
-            raw = tl.load(X + rows64 * stride_x + cols[None, :], eviction_policy="evict_first")
-        else:
-            raw = tl.load(X + rows64 * stride_x + cols[None, :])
+    if EVICT:
+        raw = tl.load(
+            X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first"
+        )
     else:
-        if EVICT:
-            raw = tl.load(
-                X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first"
-            )
-        else:
-            raw = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0)
+        raw = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0)
     if W_EARLY:
-        if EVICT:
-            w_raw = tl.load(W + cols, mask=cols < N, other=0.0, eviction_policy="evict_last")
-        else:
-            w_raw = tl.load(W + cols, mask=cols < N, other=0.0)
+        w_raw = _load_weight(W, cols, N, EVICT)
     x = raw.to(tl.float32)
     rstd = kernels._rsqrt_rn(tl.sum(x * x, axis=1) / N + eps)
     tl.store(RSTD + rows, rstd, mask=rows < M)
     if KEEP_RAW:
         x = raw.to(tl.float32)
     if not W_EARLY:
-        if EVICT:
-            w_raw = tl.load(W + cols, mask=cols < N, other=0.0, eviction_policy="evict_last")
-        else:
-            w_raw = tl.load(W + cols, mask=cols < N, other=0.0)
+        w_raw = _load_weight(W, cols, N, EVICT)
     y = x * rstd[:, None] * w_raw.to(tl.float32)[None, :]
-    if EVEN:
-        tl.store(Y + rows64 * N + cols[None, :], y.to(Y.dtype.element_ty))
-    else:
-        tl.store(Y + rows64 * N + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def fwd_loop_v(
-    X,
-    W,
-    Y,
-    RSTD,
-    M,
-    N,
-    programs,
-    stride_x,
-    eps,
-    BLOCK_N: tl.constexpr,
-    L2_KEEP: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    cols = tl.arange(0, BLOCK_N)
-    for row in range(pid, M, programs):
-        row64 = tl.cast(row, tl.int64)
-        x_row = X + row64 * stride_x
-        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        for start in range(0, N, BLOCK_N):
-            c = start + cols
-            if L2_KEEP:
-                x = tl.load(x_row + c, mask=c < N, other=0.0, eviction_policy="evict_last").to(tl.float32)
-            else:
-                x = tl.load(x_row + c, mask=c < N, other=0.0).to(tl.float32)
-            acc += x * x
-        rstd = kernels._rsqrt_rn(tl.sum(acc, axis=0) / N + eps)
-        tl.store(RSTD + row, rstd)
-        for start in range(0, N, BLOCK_N):
-            c = start + cols
-            if L2_KEEP:
-                x = tl.load(x_row + c, mask=c < N, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            else:
-                x = tl.load(x_row + c, mask=c < N, other=0.0).to(tl.float32)
-            w = tl.load(W + c, mask=c < N, other=0.0, eviction_policy="evict_last").to(tl.float32)
-            tl.store(Y + row64 * N + c, (x * rstd * w).to(Y.dtype.element_ty), mask=c < N)
+    tl.store(Y + rows64 * N + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def bwd_tile_v(
-    X,
-    W,
-    DY,
-    RSTD,
-    DX,
-    DW_PARTIAL,
-    M,
-    N,
-    programs,
-    BLOCK_N: tl.constexpr,
-    ROWS: tl.constexpr,
-    EVICT: tl.constexpr,
-    W_RELOAD: tl.constexpr,
-    KEEP_RAW: tl.constexpr,
-):
+    X, W, DY, RSTD, DX, DW_PARTIAL, M, N, programs,
+    BLOCK_N: tl.constexpr, EVICT: tl.constexpr, W_RELOAD: tl.constexpr,
+):  # fmt: skip
+    """backward_tile (one row per step) with EVICT (x, dy evict_first, widened where used) and
+    W_RELOAD (the weight reloaded per row instead of held in registers)."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < N
     if not W_RELOAD:
         scale = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
-    dw_acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
-    for first in range(pid * ROWS, M, programs * ROWS):
-        rows = first + tl.arange(0, ROWS)
-        row_ok = rows < M
-        mask = row_ok[:, None] & col_ok[None, :]
-        rows64 = rows.to(tl.int64)[:, None]
+    dw_acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for row in range(pid, M, programs):
+        row64 = tl.cast(row, tl.int64)
         if EVICT:
-            x_raw = tl.load(
-                X + rows64 * N + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first"
-            )
-            dy_raw = tl.load(
-                DY + rows64 * N + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first"
-            )
+            x_raw = tl.load(X + row64 * N + cols, mask=col_ok, other=0.0, eviction_policy="evict_first")
+            dy_raw = tl.load(DY + row64 * N + cols, mask=col_ok, other=0.0, eviction_policy="evict_first")
         else:
-            x_raw = tl.load(X + rows64 * N + cols[None, :], mask=mask, other=0.0)
-            dy_raw = tl.load(DY + rows64 * N + cols[None, :], mask=mask, other=0.0)
+            x_raw = tl.load(X + row64 * N + cols, mask=col_ok, other=0.0)
+            dy_raw = tl.load(DY + row64 * N + cols, mask=col_ok, other=0.0)
         if W_RELOAD:
             scale = tl.load(W + cols, mask=col_ok, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
-        xn = x_raw.to(tl.float32) * rstd[:, None]
-        dy = dy_raw.to(tl.float32)
-        u = dy * scale[None, :]
-        c = tl.sum(u * xn, axis=1) / N
-        if KEEP_RAW:
-            xn = x_raw.to(tl.float32) * rstd[:, None]
-            u = dy_raw.to(tl.float32) * scale[None, :]
-        dx = (u - xn * c[:, None]) * rstd[:, None]
-        tl.store(DX + rows64 * N + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
-        if KEEP_RAW:
-            dy = dy_raw.to(tl.float32)
-        dw_acc += dy * xn
-    dw_row = tl.sum(dw_acc, axis=0)
-    tl.store(DW_PARTIAL + pid.to(tl.int64) * N + cols, dw_row, mask=col_ok)
+        rstd = tl.load(RSTD + row)
+        xn = x_raw.to(tl.float32) * rstd
+        u = dy_raw.to(tl.float32) * scale
+        c = tl.sum(u * xn, axis=0) / N
+        if EVICT:
+            xn = x_raw.to(tl.float32) * rstd
+            u = dy_raw.to(tl.float32) * scale
+        tl.store(DX + row64 * N + cols, ((u - xn * c) * rstd).to(DX.dtype.element_ty), mask=col_ok)
+        dw_acc += dy_raw.to(tl.float32) * xn
+    tl.store(DW_PARTIAL + pid.to(tl.int64) * N + cols, dw_acc, mask=col_ok)
 
 
-def median_us(fn):
-    return do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
+@triton.jit
+def fwd_persist_v(X, W, Y, RSTD, M, N, programs, eps, BLOCK_N: tl.constexpr, STAGES: tl.constexpr):
+    """A persistent one-tile-per-row forward: STAGES = 0 prefetches the next row's x by hand,
+    otherwise tl.range pipelines the row loop with that many stages."""
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    if STAGES == 0:
+        nxt = tl.load(X + tl.cast(pid, tl.int64) * N + cols, mask=(cols < N) & (pid < M), other=0.0)
+        for row in range(pid, M, programs):
+            x = nxt.to(tl.float32)
+            following = row + programs
+            nxt = tl.load(
+                X + tl.cast(following, tl.int64) * N + cols, mask=(cols < N) & (following < M), other=0.0
+            )
+            rstd = kernels._rsqrt_rn(tl.sum(x * x, axis=0) / N + eps)
+            tl.store(RSTD + row, rstd)
+            w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
+            tl.store(
+                Y + tl.cast(row, tl.int64) * N + cols, (x * rstd * w).to(Y.dtype.element_ty), mask=cols < N
+            )
+    else:
+        for row in tl.range(pid, M, programs, num_stages=STAGES):
+            x = tl.load(X + tl.cast(row, tl.int64) * N + cols, mask=cols < N, other=0.0).to(tl.float32)
+            rstd = kernels._rsqrt_rn(tl.sum(x * x, axis=0) / N + eps)
+            tl.store(RSTD + row, rstd)
+            w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
+            tl.store(
+                Y + tl.cast(row, tl.int64) * N + cols, (x * rstd * w).to(Y.dtype.element_ty), mask=cols < N
+            )
 
 
-def main():
-    out = sys.argv[1] if len(sys.argv) > 1 else "kernel_lab.json"
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    a = torch.randn(2**30, device="cuda", dtype=torch.bfloat16)
-    b = torch.empty_like(a)
-    copy = 4 * a.numel() / (median_us(lambda: b.copy_(a)) * 1e-6) / 1e12
-    a = b = None
-    print(f"copy ceiling {copy:.3f} TB/s", flush=True)
-    results = dict(copy_tbs=copy, rows=[])
+# ---------------------------------------------------------------------------------------------
+# Harness
+# ---------------------------------------------------------------------------------------------
 
-    def record(kind, shape, name, us, nbytes):
-        tbs = nbytes / (us * 1e-6) / 1e12
-        results["rows"].append(dict(kind=kind, shape=shape, variant=name, us=us, frac=tbs / copy))
-        print(f"{kind:4} {shape:>16} {name:<44} {us:8.1f} us {tbs / copy:6.1%}", flush=True)
 
-    fwd_shapes = [
-        (32768, 4096, torch.bfloat16),
-        (16384, 8192, torch.bfloat16),
-        (8192, 16384, torch.bfloat16),
-        (65536, 1024, torch.bfloat16),
-        (4096, 4096, torch.float32),
-        (4096, 4096, torch.float16),
-        (2048, 65536, torch.bfloat16),
-    ]
-    for m, n, dt in fwd_shapes:
-        torch.manual_seed(0)
-        shape = f"{m}x{n}-{str(dt)[6:]}"
-        x = torch.randn(m, n, device="cuda", dtype=dt)
-        w = (1 + 0.1 * torch.randn(n, device="cuda")).to(dt)
-        y = torch.empty_like(x)
-        rstd = torch.empty(m, device="cuda")
-        nbytes = 2 * x.numel() * x.element_size()
-        record(
-            "fwd",
-            shape,
-            "production",
-            median_us(lambda: launch.forward(x, w, None, 1e-6, 0.0, 0, dt, dt)),
-            nbytes,
-        )
-        record("fwd", shape, "native", median_us(lambda: F.rms_norm(x, (n,), w, 1e-6)), nbytes)
+class Lab:
+    """Inputs per shape, a check of every variant against the reference, and timing (medians of
+    triton.testing.do_bench, L2 flushed between calls) with the copy ceiling of the same run.
+    With ``smoke`` the shapes shrink to a few rows of a few columns on CPU and nothing is timed."""
+
+    def __init__(self, smoke: bool) -> None:
+        self.smoke = smoke
+        self.device = "cpu" if smoke else "cuda"
+        self.rows: list[dict] = []
+        self.sms = 2 if smoke else torch.cuda.get_device_properties(0).multi_processor_count
+        self.copy_tbs = None if smoke else self._copy_ceiling()
+        if self.copy_tbs:
+            print(f"copy ceiling {self.copy_tbs:.3f} TB/s", flush=True)
+
+    @staticmethod
+    def median_us(fn) -> float:
+        from triton.testing import do_bench
+
+        return do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
+
+    def _copy_ceiling(self) -> float:
+        a = torch.randn(2**30, device="cuda", dtype=torch.bfloat16)
+        b = torch.empty_like(a)
+        return 4 * a.numel() / (self.median_us(lambda: b.copy_(a)) * 1e-6) / 1e12
+
+    def shape(self, m: int, n: int, dtype=torch.bfloat16):
+        """(m, n) with n kept (it picks the path) and m cut to 3 rows in smoke mode: x, w, dy,
+        the reference y and gradients, and output buffers."""
+        if self.smoke:
+            m = min(m, 3)
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(m, n, generator=g).to(dtype).to(self.device)
+        w = (1 + 0.1 * torch.randn(n, generator=g)).to(dtype).to(self.device)
+        dy = torch.randn(m, n, generator=g).to(dtype).to(self.device)
+        xg, wg = x.float().requires_grad_(), w.float().requires_grad_()
+        y_ref = rms_norm_reference(xg, wg, EPS)
+        y_ref.backward(dy.float())
+        rstd = torch.rsqrt(x.float().square().mean(-1) + EPS)
+        return dict(m=m, n=n, x=x, w=w, dy=dy, y_ref=y_ref.detach(), dx_ref=xg.grad, dw_ref=wg.grad, rstd=rstd,
+                    y=torch.empty_like(x), dx=torch.empty_like(x), dw=torch.empty(n, device=self.device),
+                    rstd_out=torch.empty(m, device=self.device), name=f"{m}x{n}-{str(dtype)[6:]}")  # fmt: skip
+
+    def run(self, kind: str, s: dict, variant: str, fn) -> None:
+        """Run ``fn`` once and check its outputs (y for "fwd", dx and dw for "bwd"), then time it.
+        The outputs are filled with NaN first, so a variant that writes nothing cannot pass."""
+        for key in ("y", "dx", "dw"):
+            s[key].fill_(float("nan"))
+        try:
+            fn()
+            if self.device == "cuda":
+                torch.cuda.synchronize()
+        except Exception as exc:  # a variant may not compile (registers, shared memory)
+            print(
+                f"{kind} {s['name']:>20} {variant:<44} failed: {type(exc).__name__} {str(exc)[:80]}",
+                flush=True,
+            )
+            return
+        tol = dict(atol=2e-2, rtol=2e-2) if s["x"].dtype != torch.float32 else dict(atol=1e-4, rtol=1e-4)
+        try:  # a sanity check that the variant computes RMSNorm, not the numerics suite
+            if kind == "fwd":
+                torch.testing.assert_close(s["y"].float(), s["y_ref"], **tol)
+            else:
+                torch.testing.assert_close(s["dx"].float(), s["dx_ref"], **tol)
+                dw_atol = tol["atol"] * s["m"] ** 0.5
+                torch.testing.assert_close(s["dw"].float(), s["dw_ref"], atol=dw_atol, rtol=tol["rtol"])
+        except AssertionError as exc:
+            print(
+                f"{kind} {s['name']:>20} {variant:<44} WRONG, not timed: {str(exc).splitlines()[0]}",
+                flush=True,
+            )
+            return
+        if self.smoke:
+            print(f"{kind} {s['name']:>20} {variant:<44} checked", flush=True)
+            return
+        us = self.median_us(fn)
+        units = 2 if kind == "fwd" else 3
+        frac = units * s["x"].numel() * s["x"].element_size() / (us * 1e-6) / 1e12 / self.copy_tbs
+        self.rows.append(dict(kind=kind, shape=s["name"], variant=variant, us=us, frac=frac))
+        print(f"{kind} {s['name']:>20} {variant:<44} {us:8.1f} us {frac:6.1%}", flush=True)
+
+    def production(self, s: dict) -> None:
+        """The production forward and backward, and torch's fused forward, at this shape."""
+        x, w, dy, n = s["x"], s["w"], s["dy"], s["n"]
+
+        def fwd():
+            s["y"].copy_(launch.forward(x, w, None, EPS, 0.0, 0, x.dtype, x.dtype)[0])
+
+        def bwd():
+            dx, dw = launch.backward(dy, None, x, w, s["rstd"], 0.0, 0, True, x.dtype)
+            s["dx"].copy_(dx)
+            s["dw"].copy_(dw)
+
+        self.run("fwd", s, "production", fwd)
+        self.run("bwd", s, "production", bwd)
+        if not self.smoke:
+            self.run("fwd", s, "torch F.rms_norm", lambda: s["y"].copy_(F.rms_norm(x, (n,), w, EPS)))
+
+    def reduce(self, s: dict, partial: torch.Tensor, programs: int):
+        """The production fixed-order dw reduction of a (programs, N) scratch into s["dw"]."""
+        grid, constexprs = launch._reduce_plan(s["n"], programs)
+        kernels.reduce_columns[grid](partial, s["dw"], programs, s["n"], *constexprs, num_warps=4)
+
+    def summary(self, out: str | None) -> None:
+        best: dict[tuple, dict] = {}
+        for r in self.rows:
+            key = (r["kind"], r["shape"])
+            if r["variant"] not in ("production", "torch F.rms_norm"):
+                if key not in best or r["us"] < best[key]["us"]:
+                    best[key] = r
+        print("\nbest variant per shape, against production:")
+        for (kind, shape), r in best.items():
+            prod = next(
+                p for p in self.rows if (p["kind"], p["shape"], p["variant"]) == (kind, shape, "production")
+            )
+            print(f"{kind} {shape:>20} {r['variant']:<44} {r['us']:8.1f} us {r['frac']:6.1%} | "
+                  f"production {prod['us']:8.1f} us {prod['frac']:6.1%}")  # fmt: skip
+        if out:
+            with open(out, "w") as f:
+                json.dump(dict(copy_tbs=self.copy_tbs, rows=self.rows), f, indent=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rounds
+# ---------------------------------------------------------------------------------------------
+
+
+def round_tile(lab: Lab) -> None:
+    for m, n, dtype in [(32768, 4096, torch.bfloat16), (65536, 1024, torch.bfloat16), (4096, 4096, torch.float32),
+                        (4096, 4096, torch.float16)]:  # fmt: skip
+        s = lab.shape(m, n, dtype)
+        lab.production(s)
         block = triton.next_power_of_2(n)
-        if n <= 16384:
-            base_warps = launch.forward_config(n)[2]
-            knobs = [(0, 0, 0), (1, 0, 0), (0, 0, 1), (1, 0, 1), (0, 1, 1), (1, 1, 1)]  # evict, raw, early
-            for warps, rows, (evict, keep, early) in itertools.product(
-                sorted({max(4, base_warps // 2), base_warps, min(32, base_warps * 2)}), [1, 2], knobs
-            ):
-                if rows * block > 16384 or (rows == 2 and n > 2048):
-                    continue
-                even = int(n == block and m % rows == 0)
-                name = f"tile w{warps} r{rows} ev{evict} raw{keep} early{early}"
-                try:
-                    us = median_us(
-                        lambda: fwd_tile_v[(triton.cdiv(m, rows),)](
-                            x,
-                            w,
-                            y,
-                            rstd,
-                            m,
-                            n,
-                            n,
-                            1e-6,
-                            block,
-                            rows,
-                            evict,
-                            keep,
-                            early,
-                            even,
-                            num_warps=warps,
-                        )
-                    )
-                except Exception as e:
-                    print(name, "failed", type(e).__name__, str(e)[:100])
-                    continue
-                record("fwd", shape, name, us, nbytes)
-        else:
-            for warps in [16, 32]:
-                for keep in [0, 1]:
-                    name = f"tile w{warps} r1 ev1 raw{keep} early0"
-                    try:
-                        us = median_us(
-                            lambda: fwd_tile_v[(m,)](
-                                x, w, y, rstd, m, n, n, 1e-6, block, 1, 1, keep, 0, 1, num_warps=warps
-                            )
-                        )
-                    except Exception as e:
-                        print(name, "failed", type(e).__name__, str(e)[:100])
-                        continue
-                    record("fwd", shape, name, us, nbytes)
-            for lb, lw, per_sm, keep in itertools.product([8192, 16384], [8, 16, 32], [1, 2], [0, 1]):
-                programs = min(m, per_sm * sms)
-                name = f"loop b{lb} w{lw} p{per_sm} l2keep{keep}"
-                try:
-                    us = median_us(
-                        lambda: fwd_loop_v[(programs,)](
-                            x, w, y, rstd, m, n, programs, n, 1e-6, lb, keep, num_warps=lw
-                        )
-                    )
-                except Exception as e:
-                    print(name, "failed", type(e).__name__, str(e)[:100])
-                    continue
-                record("fwd", shape, name, us, nbytes)
-        x = w = y = None
-
-    bwd_shapes = [(8192, 16384), (16384, 8192), (32768, 4096)]
-    dt = torch.bfloat16
-    for m, n in bwd_shapes:
-        torch.manual_seed(0)
-        shape = f"{m}x{n}-bfloat16"
-        x = torch.randn(m, n, device="cuda", dtype=dt)
-        w = (1 + 0.1 * torch.randn(n, device="cuda")).to(dt)
-        dy = torch.randn_like(x)
-        _, rstd, _ = launch.forward(x, w, None, 1e-6, 0.0, 0, dt, dt)
-        dx = torch.empty_like(x)
-        dw = torch.empty_like(w)
-        nbytes = 3 * x.numel() * 2
-        record(
-            "bwd",
-            shape,
-            "production",
-            median_us(lambda: launch.backward(dy, None, x, w, rstd, 0.0, 0, True, dt)),
-            nbytes,
-        )
-        block = triton.next_power_of_2(n)
-        for warps, per_sm, rows, evict, reload in itertools.product([8, 16, 32], [1, 2], [1], [0, 1], [0, 1]):
-            keep = evict
-            if warps * 32 * 2 > rows * block:
+        for warps, rows, evict, keep, early in itertools.product([4, 8], [1, 2], [0, 1], [0, 1], [0, 1]):
+            if rows * block > 4096:
                 continue
-            programs = min(triton.cdiv(m, rows), per_sm * sms)
-            partial = torch.empty(programs, n, device="cuda")
-            grid, constexprs = launch._reduce_plan(n, programs)
+            lab.run("fwd", s, f"tile w{warps} r{rows} evict{evict} raw{keep} early{early}",
+                    lambda: fwd_tile_v[(triton.cdiv(s["m"], rows),)](
+                        s["x"], s["w"], s["y"], s["rstd_out"], s["m"], n, n, EPS, block, rows, evict, keep, early,
+                        num_warps=warps))  # fmt: skip
+        for warps, per_sm, evict, reload in itertools.product([8, 16], [1, 2], [0, 1], [0, 1]):
+            programs = min(s["m"], per_sm * lab.sms)
+            partial = torch.empty(programs, n, device=lab.device)
 
-            def run():
-                bwd_tile_v[(programs,)](
-                    x,
-                    w,
-                    dy,
-                    rstd,
-                    dx,
-                    partial,
-                    m,
-                    n,
-                    programs,
-                    block,
-                    rows,
-                    evict,
-                    reload,
-                    keep,
-                    num_warps=warps,
-                )
-                kernels.reduce_columns[grid](partial, dw, programs, n, *constexprs, num_warps=4)
+            def bwd():
+                bwd_tile_v[(programs,)](s["x"], s["w"], s["dy"], s["rstd"], s["dx"], partial, s["m"], n, programs,
+                                        block, evict, reload, num_warps=warps)  # fmt: skip
+                lab.reduce(s, partial, programs)
 
-            name = f"tile w{warps} p{per_sm} r{rows} ev{evict} reload{reload} raw{keep}"
-            try:
-                us = median_us(run)
-            except Exception as e:
-                print(name, "failed", type(e).__name__, str(e)[:100])
+            lab.run("bwd", s, f"tile w{warps} p{per_sm} evict{evict} reload{reload}", bwd)
+
+
+def round_persistent(lab: Lab) -> None:
+    for m, n in [(32768, 4096), (65536, 1024)]:
+        s = lab.shape(m, n)
+        lab.production(s)
+        for warps, per_sm, stages in itertools.product([4, 8], [1, 4, 8], [0, 1, 3]):
+            programs = min(s["m"], per_sm * lab.sms)
+            lab.run("fwd", s, f"persistent w{warps} p{per_sm} stages{stages}",
+                    lambda: fwd_persist_v[(programs,)](s["x"], s["w"], s["y"], s["rstd_out"], s["m"], n, programs,
+                                                       EPS, triton.next_power_of_2(n), stages, num_warps=warps))  # fmt: skip
+
+
+def forward_looped(lab: Lab, s: dict, programs: int, block: int, warps: int, policies: tuple[str, str]):
+    """The production forward_looped with a chosen launch, writing s["y"]."""
+    x, m, n = s["x"], s["m"], s["n"]
+    args = (x, x, s["w"], s["y"], s["y"], s["rstd_out"], m, n, programs, n, n, n, n, EPS, 0.0)
+    return lambda: kernels.forward_looped[(programs,)](
+        *args, True, False, 0, block, *policies, num_warps=warps
+    )
+
+
+HINTS = [("", ""), ("evict_last", "evict_first")]
+
+
+def round_two_walk(lab: Lab) -> None:
+    for m, n, dtype in [(16384, 8192, torch.bfloat16), (8192, 16384, torch.bfloat16),
+                        (32768, 4096, torch.bfloat16), (4096, 4096, torch.float32)]:  # fmt: skip
+        s = lab.shape(m, n, dtype)
+        lab.production(s)
+        for block, warps, hints in itertools.product([2048, 4096, 8192], [4, 8, 16], HINTS):
+            if block > triton.next_power_of_2(n):
                 continue
-            record("bwd", shape, name, us, nbytes)
-        x = w = dy = None
+            name = f"two-walk fwd b{block} w{warps} {'hints' if hints[0] else 'no hints'}"
+            lab.run("fwd", s, name, forward_looped(lab, s, s["m"], block, warps, hints))
+        if n <= 4096:
+            continue
+        for chunk, warps, per_sm in itertools.product([2048, 4096], [4, 8, 16], [1, 2, 3]):
+            chunks = triton.cdiv(n, chunk)
+            if chunks > 4:
+                continue
+            programs = min(s["m"], per_sm * lab.sms)
+            partial = torch.empty(programs, n, device=lab.device)
+            strides = (n, n, n, n, 0.0)
 
-    best = {}
-    for r in results["rows"]:
-        key = (r["kind"], r["shape"])
-        if r["variant"] not in ("production", "native") and (key not in best or r["us"] < best[key]["us"]):
-            best[key] = r
-    print("\nbest variant per shape (against production):")
-    for (kind, shape), r in best.items():
-        prod = next(
-            p
-            for p in results["rows"]
-            if p["kind"] == kind and p["shape"] == shape and p["variant"] == "production"
-        )
-        print(
-            f"{kind:4} {shape:>16} {r['variant']:<44} {r['us']:8.1f} us {r['frac']:6.1%}  "
-            f"production {prod['us']:8.1f} us {prod['frac']:6.1%}"
-        )
-    with open(out, "w") as f:
-        json.dump(results, f, indent=1)
+            def bwd():
+                kernels.backward_chunked[(programs,)](
+                    s["x"], s["w"], s["dy"], s["dy"], s["rstd"], s["dx"], partial, s["m"], n, programs, *strides,
+                    True, False, True, 0, chunk, chunks, num_warps=warps)  # fmt: skip
+                lab.reduce(s, partial, programs)
+
+            lab.run("bwd", s, f"chunked c{chunk} w{warps} p{per_sm}", bwd)
+
+
+def round_wide(lab: Lab) -> None:
+    s = lab.shape(2048, 65536)
+    lab.production(s)
+    policies = [("", ""), ("evict_last", "evict_first"), ("evict_last", ""), ("", "evict_first")]
+    for per_sm, warps, block, hints in itertools.product([1, 2, 0], [16, 32], [8192, 16384], policies):
+        programs = s["m"] if per_sm == 0 else min(s["m"], per_sm * lab.sms)
+        name = f"looped p{per_sm or 'M'} w{warps} b{block} {hints[0] or '-'}/{hints[1] or '-'}"
+        lab.run("fwd", s, name, forward_looped(lab, s, programs, block, warps, hints))
+
+
+ROUNDS = {"tile": round_tile, "persistent": round_persistent, "two-walk": round_two_walk, "wide": round_wide}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("rounds", nargs="+", choices=sorted(ROUNDS))
+    parser.add_argument("--out", default=None, help="write the timed rows as JSON here")
+    parser.add_argument(
+        "--smoke", action="store_true", help="check every variant on tiny CPU inputs (TRITON_INTERPRET=1)"
+    )
+    args = parser.parse_args(argv)
+    if args.smoke and os.environ.get("TRITON_INTERPRET") != "1":
+        parser.error("--smoke runs the kernels on CPU: set TRITON_INTERPRET=1")
+    if not args.smoke and not torch.cuda.is_available():
+        parser.error("timing needs a CUDA device (or --smoke under TRITON_INTERPRET=1)")
+    lab = Lab(args.smoke)
+    for name in args.rounds:
+        ROUNDS[name](lab)
+    if not args.smoke:
+        lab.summary(args.out)
+    return 0
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("TRITON_PRINT_AUTOTUNING", "0")
-    main()
+    raise SystemExit(main())

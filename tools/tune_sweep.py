@@ -1,7 +1,7 @@
 """Launch-configuration sweep for kernel development: times launch.forward / launch.backward
 (GPU work plus the lean launch path) under variants of the wide backward's knobs (segment width
 and warps) at wide shapes, beside torch's fused rms_norm in the same run. Prints the best variant
-per shape. The forward's and the two-walk backward's variants: tools/kernel_lab*.py."""
+per shape. The forward's and the two-walk backward's variants: tools/kernel_lab.py."""
 
 import itertools
 import json

@@ -27,7 +27,7 @@ BACKWARD_MAX_TILE = 4096
 TWO_WALK_MAX = 16384
 # Two-walk forward: one program per row, chunk width, warps up to TWO_WALK_MAX and beyond.
 # Two-walk backward: chunk width, warps by the row width rounded up to a power of two, programs
-# per SM. Measured on an H200 (bf16) with tools/kernel_lab*.py.
+# per SM. Measured on an H200 (bf16) with tools/kernel_lab.py.
 FORWARD_WALK_BLOCK = 8192
 FORWARD_WALK_WARPS = 8
 FORWARD_WIDE_WARPS = 32
