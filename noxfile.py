@@ -236,7 +236,7 @@ def history(session: nox.Session) -> None:
 
 @nox.session(name="perf_docs", tags=["gpu"])
 def perf_docs(session: nox.Session) -> None:
-    """Regenerate docs/performance.md and its plot from a fresh benchmark run on this GPU."""
+    """Regenerate docs/performance.md, its plot and docs/performance-results.json from a fresh run here."""
     install(session)
     if not any(arg.startswith("--results") for arg in session.posargs):
         require_cuda(session)  # redrawing from a saved results file (-- --results FILE) needs no GPU

@@ -130,7 +130,7 @@ RESIDUAL_FORWARD = [
     (F16, F16, F32, (2, 3, 257)),
     (BF16, F32, BF16, (5, 64)),  # an fp32 residual rounded into a bf16 stream
     (BF16, BF16, F32, (3, 9000)),  # the two-walk path (h written in the first walk, read in the second)
-    (BF16, BF16, F32, (2, 65537)),  # the looped path of wide rows
+    (BF16, BF16, F32, (2, 65537)),  # the two-walk forward with 32 warps
 ]
 
 

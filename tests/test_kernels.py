@@ -114,7 +114,7 @@ def test_no_weight(device, dtype):
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
-@pytest.mark.parametrize("n", [257, 65537])
+@pytest.mark.parametrize("n", [257, 9000, 65537])  # tile, two-walk (3 chunks), wide paths
 def test_dw_is_bitwise_deterministic_and_dy_untouched(device, n):
     x, w, dy = make((9, n), BF16, device)
     dy_before = dy.clone()

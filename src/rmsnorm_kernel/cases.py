@@ -60,14 +60,15 @@ def tolerance(dtype: torch.dtype) -> Tolerance:
 # ---------------------------------------------------------------------------------------------
 
 # CPU, Triton interpreter: deliberately odd sizes, kept small because the interpreter is slow.
-# 65537 is above the largest single tile, so it exercises the looped path.
+# 4097 is one above the widest tile (the two-walk paths, two chunks); 65537 is above the widest
+# two-walk backward (the segmented backward).
 INTERPRET_ROWS: tuple[int, ...] = (0, 1, 17)
 INTERPRET_COLS: tuple[int, ...] = (1, 257, 4097, 65537)
 
 # GPU: the tutorial's 72-case grid (here 3 dtypes x 4 row counts x 6 widths) ...
 GPU_ROWS: tuple[int, ...] = (1, 17, 256, 2048)
 GPU_COLS: tuple[int, ...] = (1, 64, 257, 1000, 4096, 4097)
-# ... extended to the looped path and the widest supported rows.
+# ... extended to the two-walk paths' widths and the widest supported rows.
 GPU_WIDE_ROWS: tuple[int, ...] = (1, 17, 128)
 GPU_WIDE_COLS: tuple[int, ...] = (8192, 16384, 65537, 262144)
 
