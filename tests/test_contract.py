@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import rmsnorm_kernel
-from rmsnorm_kernel import ops
+from rmsnorm_kernel import launch, ops
 from rmsnorm_kernel.launch import UnsupportedInput
 from rmsnorm_kernel.reference import rms_norm_backward_reference, rms_norm_reference
 
@@ -239,3 +239,23 @@ def test_swap_rms_norm_replaces_and_shares_weights():
 def test_swap_rms_norm_rejects_non_module():
     with pytest.raises(TypeError, match="model"):
         rmsnorm_kernel.swap_rms_norm("not a model")
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch plans: every row width the two-walk backward takes fits its four chunk accumulators
+# ---------------------------------------------------------------------------------------------
+
+
+def _two_walk_widths():
+    """Both ends of the two-walk backward's range and each side of every chunk boundary in it."""
+    low, high, chunk = launch.BACKWARD_MAX_TILE + 1, launch.TWO_WALK_MAX, launch.TWO_WALK_BACKWARD_CHUNK
+    edges = {low, high} | {v for k in range(1, high // chunk + 1) for v in (k * chunk, k * chunk + 1)}
+    return sorted(v for v in edges if low <= v <= high)
+
+
+@pytest.mark.parametrize("n", _two_walk_widths())
+def test_two_walk_backward_plan_covers_its_widths(n):
+    num_warps, per_sm, constexprs = launch._backward_chunked_plan(n, True, False, True, 0)
+    chunk, chunks = constexprs[-2:]
+    assert chunks == math.ceil(n / chunk) and 1 <= chunks <= 4  # backward_chunked has four accumulators
+    assert num_warps * 32 <= chunk and per_sm >= 1
