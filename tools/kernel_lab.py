@@ -314,7 +314,7 @@ def round_persistent(lab: Lab) -> None:
                                                        EPS, triton.next_power_of_2(n), stages, num_warps=warps))  # fmt: skip
 
 
-def forward_looped(lab: Lab, s: dict, programs: int, block: int, warps: int, policies: tuple[str, str]):
+def forward_looped(s: dict, programs: int, block: int, warps: int, policies: tuple[str, str]):
     """The production forward_looped with a chosen launch, writing s["y"]."""
     x, m, n = s["x"], s["m"], s["n"]
     args = (x, x, s["w"], s["y"], s["y"], s["rstd_out"], m, n, programs, n, n, n, n, EPS, 0.0)
@@ -335,7 +335,7 @@ def round_two_walk(lab: Lab) -> None:
             if block > triton.next_power_of_2(n):
                 continue
             name = f"two-walk fwd b{block} w{warps} {'hints' if hints[0] else 'no hints'}"
-            lab.run("fwd", s, name, forward_looped(lab, s, s["m"], block, warps, hints))
+            lab.run("fwd", s, name, forward_looped(s, s["m"], block, warps, hints))
         if n <= 4096:
             continue
         for chunk, warps, per_sm in itertools.product([2048, 4096], [4, 8, 16], [1, 2, 3]):
@@ -362,7 +362,7 @@ def round_wide(lab: Lab) -> None:
     for per_sm, warps, block, hints in itertools.product([1, 2, 0], [16, 32], [8192, 16384], policies):
         programs = s["m"] if per_sm == 0 else min(s["m"], per_sm * lab.sms)
         name = f"looped p{per_sm or 'M'} w{warps} b{block} {hints[0] or '-'}/{hints[1] or '-'}"
-        lab.run("fwd", s, name, forward_looped(lab, s, programs, block, warps, hints))
+        lab.run("fwd", s, name, forward_looped(s, programs, block, warps, hints))
 
 
 ROUNDS = {"tile": round_tile, "persistent": round_persistent, "two-walk": round_two_walk, "wide": round_wide}

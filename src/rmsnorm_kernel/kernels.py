@@ -173,7 +173,7 @@ def forward_looped(
     scale. Launched with one program per row (programs == M): the first walk's loads ask L2 to
     keep the row ("evict_last"), the second walk's to drop it ("evict_first"), so the second walk
     reads L2, not HBM. Measured on an H200 (bf16, `tools/kernel_lab.py two-walk wide`): 96%
-    and 95% of the copy ceiling at N = 8192 and 16384 with the hints against 85% without; 79% at
+    and 95% of the copy ceiling at N = 8192 and 16384 with the hints against 85-86% without; 79% at
     N = 65536 against 73% for a persistent launch of one program per SM (programs < M, which the
     loop below also supports). With a residual, h is written once in the first walk and read
     back in the second."""

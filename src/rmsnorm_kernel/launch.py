@@ -214,8 +214,8 @@ def _next_power_of_2(v: int) -> int:
 
 # Launch configurations of the tile path, by BLOCK_N: (rows per program, warps) for the forward,
 # (rows per program, warps, programs per SM) for the persistent backward. Measured on an H200
-# (bf16; tools/tune_sweep.py): one or two programs per SM with 8-16 warps keep the backward's
-# loads in flight without spilling its register-resident dw share.
+# (bf16; the forward at 4096 with tools/kernel_lab.py tile): one or two programs per SM with 8-16
+# warps keep the backward's loads in flight without spilling its register-resident dw share.
 FORWARD_TILE = {1024: (2, 4), 2048: (1, 4), 4096: (1, 4)}
 BACKWARD_TILE = {1024: (2, 4, 4), 2048: (1, 4, 4), 4096: (1, 8, 2)}
 
@@ -239,8 +239,8 @@ def backward_config(n: int) -> tuple[int, int, int, int]:
 
 
 # The tile paths' launch parameters, built once per configuration so that a call only looks
-# them up. (The wide paths read their module-level knobs at every call: tools/tune_sweep.py
-# overrides them between runs.)
+# them up. (The two-walk forward and the wide backward read their module-level knobs at every
+# call: tools/tune_sweep.py overrides the wide backward's between runs.)
 
 
 @functools.cache
@@ -259,11 +259,12 @@ def _backward_tile_plan(n: int, has_weight: bool, has_dh: bool, compute_dw: bool
 
 @functools.cache
 def _backward_chunked_plan(n: int, has_weight: bool, has_dh: bool, compute_dw: bool, casting: int) -> tuple:
-    """(num_warps, programs per SM, constexprs) of backward_chunked."""
+    """(rows per program step, num_warps, programs per SM, constexprs) of backward_chunked, in
+    _backward_tile_plan's layout (one row per step)."""
     chunk = TWO_WALK_BACKWARD_CHUNK
     num_warps = TWO_WALK_BACKWARD_WARPS[_next_power_of_2(n)]
     constexprs = (has_weight, has_dh, compute_dw, casting, chunk, (n + chunk - 1) // chunk)
-    return num_warps, TWO_WALK_BACKWARD_PROGRAMS_PER_SM, constexprs
+    return 1, num_warps, TWO_WALK_BACKWARD_PROGRAMS_PER_SM, constexprs
 
 
 @functools.cache
@@ -373,17 +374,12 @@ def backward(
     # Without dw the kernels never touch their dw scratch pointer: it gets rstd (an fp32 tensor,
     # as the scratch would be) instead of an allocation.
     if n <= TWO_WALK_MAX:
-        if n <= BACKWARD_MAX_TILE:
-            rows, num_warps, per_sm, constexprs = _backward_tile_plan(
-                n, weight is not None, dh2 is not None, compute_dw, casting
-            )
-            kernel = _backward_tile
-        else:
-            rows = 1
-            num_warps, per_sm, constexprs = _backward_chunked_plan(
-                n, weight is not None, dh2 is not None, compute_dw, casting
-            )
-            kernel = _backward_chunked
+        tile = n <= BACKWARD_MAX_TILE
+        plan = _backward_tile_plan if tile else _backward_chunked_plan
+        rows, num_warps, per_sm, constexprs = plan(
+            n, weight is not None, dh2 is not None, compute_dw, casting
+        )
+        kernel = _backward_tile if tile else _backward_chunked
         programs = min((m + rows - 1) // rows, sm_count(device) * per_sm)
         if not compute_dw:
             partial = rstd
