@@ -1,4 +1,4 @@
-"""Dump the Triton kernels torch.compile generates for the reference RMSNorm at two large bf16
+"""Dump the Triton kernels torch.compile generates for the reference RMSNorm at three large bf16
 shapes (development: how Inductor walks a row). Usage: python tools/inductor_code.py OUT_DIR"""
 
 import sys
@@ -8,7 +8,7 @@ from torch._inductor.utils import run_and_get_code
 
 from rmsnorm_kernel.reference import rms_norm_reference
 
-for m, n in [(16384, 8192), (32768, 4096)]:
+for m, n in [(16384, 8192), (32768, 4096), (65536, 1024)]:
     x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     compiled = torch.compile(lambda a, b: rms_norm_reference(a, b, 1e-6), dynamic=False)

@@ -147,6 +147,61 @@ def fwd_persist_v(X, W, Y, RSTD, M, N, programs, eps, BLOCK_N: tl.constexpr, STA
             )
 
 
+@triton.jit
+def fwd_tile_lean(
+    X, W, Y, RSTD, M, N, stride_x, eps,
+    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, MASKED: tl.constexpr, STORE_POLICY: tl.constexpr,
+):  # fmt: skip
+    """forward_tile (weight loaded with x) with a scalar 64-bit row base and 32-bit offsets
+    within the block, masks only where MASKED (M % ROWS or N % BLOCK_N), and STORE_POLICY on
+    the y store ("" or "evict_first")."""
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    local = tl.arange(0, ROWS)
+    base = pid.to(tl.int64) * ROWS * stride_x
+    offs = local[:, None] * stride_x + cols[None, :]
+    rows = pid * ROWS + local
+    if MASKED:
+        mask = (rows < M)[:, None] & (cols < N)[None, :]
+        x = tl.load(X + base + offs, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(W + cols, mask=cols < N, other=0.0)
+    else:
+        x = tl.load(X + base + offs).to(tl.float32)
+        w = tl.load(W + cols)
+    rstd = kernels._rsqrt_rn(tl.sum(x * x, axis=1) / N + eps)
+    y = (x * rstd[:, None] * w.to(tl.float32)[None, :]).to(Y.dtype.element_ty)
+    ybase = pid.to(tl.int64) * ROWS * N
+    yoffs = local[:, None] * N + cols[None, :]
+    if MASKED:
+        tl.store(RSTD + rows, rstd, mask=rows < M)
+        tl.store(Y + ybase + yoffs, y, mask=mask, eviction_policy=STORE_POLICY)
+    else:
+        tl.store(RSTD + rows, rstd)
+        tl.store(Y + ybase + yoffs, y, eviction_policy=STORE_POLICY)
+
+
+@triton.jit
+def fwd_walk_lean(
+    X, W, Y, RSTD, M, N, eps,
+    BLOCK_N: tl.constexpr, STORE_POLICY: tl.constexpr, W_POLICY: tl.constexpr,
+):  # fmt: skip
+    """forward_looped, one program per row, N a multiple of BLOCK_N (no masks), hints
+    evict_last / evict_first on the walks, STORE_POLICY on y and W_POLICY on the weight."""
+    row64 = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    x_row = X + row64 * N
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        x = tl.load(x_row + start + cols, eviction_policy="evict_last").to(tl.float32)
+        acc += x * x
+    rstd = kernels._rsqrt_rn(tl.sum(acc, axis=0) / N + eps)
+    tl.store(RSTD + row64, rstd)
+    for start in range(0, N, BLOCK_N):
+        x = tl.load(x_row + start + cols, eviction_policy="evict_first").to(tl.float32)
+        w = tl.load(W + start + cols, eviction_policy=W_POLICY).to(tl.float32)
+        tl.store(Y + row64 * N + start + cols, (x * rstd * w).to(Y.dtype.element_ty), eviction_policy=STORE_POLICY)
+
+
 # ---------------------------------------------------------------------------------------------
 # Harness
 # ---------------------------------------------------------------------------------------------
@@ -365,7 +420,45 @@ def round_wide(lab: Lab) -> None:
         lab.run("fwd", s, name, forward_looped(s, programs, block, warps, hints))
 
 
-ROUNDS = {"tile": round_tile, "persistent": round_persistent, "two-walk": round_two_walk, "wide": round_wide}
+def peers(lab: Lab, s: dict) -> None:
+    """Liger and torch.compile of the reference at this shape, in the same run (when installed)."""
+    x, w = s["x"], s["w"]
+    if not lab.smoke:
+        compiled = torch.compile(lambda a, b: rms_norm_reference(a, b, EPS), dynamic=False)
+        lab.run("fwd", s, "torch.compile", lambda: s["y"].copy_(compiled(x, w)))
+        try:
+            from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+        except ImportError:
+            return
+        lab.run("fwd", s, "liger", lambda: s["y"].copy_(LigerRMSNormFunction.apply(x, w, EPS, 0.0, "llama", False)))
+
+
+def round_lean(lab: Lab) -> None:
+    for m, n in [(32768, 4096), (65536, 1024), (16384, 8192), (8192, 16384)]:
+        s = lab.shape(m, n)
+        lab.production(s)
+        peers(lab, s)
+        if n <= 4096:
+            options = [(4, 1), (8, 1)] if n == 4096 else [(w, r) for w in (2, 4, 8) for r in (1, 2, 4, 8)]
+            for (warps, rows), masked, store in itertools.product(options, [0, 1], ["", "evict_first"]):
+                if not masked and s["m"] % rows:
+                    continue  # unmasked loads would run past the last row
+                lab.run("fwd", s, f"lean tile w{warps} r{rows} mask{masked} store {store or '-'}",
+                        lambda: fwd_tile_lean[(triton.cdiv(s["m"], rows),)](
+                            s["x"], s["w"], s["y"], s["rstd_out"], s["m"], n, n, EPS, n, rows, masked, store,
+                            num_warps=warps))  # fmt: skip
+        else:
+            for block, warps, store, wpol in itertools.product(
+                [4096, 8192], [8, 16], ["", "evict_first"], ["", "evict_last"]
+            ):
+                lab.run("fwd", s, f"lean walk b{block} w{warps} store {store or '-'} w {wpol or '-'}",
+                        lambda: fwd_walk_lean[(s["m"],)](
+                            s["x"], s["w"], s["y"], s["rstd_out"], s["m"], n, EPS, block, store, wpol,
+                            num_warps=warps))  # fmt: skip
+
+
+ROUNDS = {"tile": round_tile, "persistent": round_persistent, "two-walk": round_two_walk, "wide": round_wide,
+          "lean": round_lean}
 
 
 def main(argv=None) -> int:
