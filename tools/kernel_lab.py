@@ -202,6 +202,42 @@ def fwd_walk_lean(
         tl.store(Y + row64 * N + start + cols, (x * rstd * w).to(Y.dtype.element_ty), eviction_policy=STORE_POLICY)
 
 
+@triton.jit
+def fwd_tile_static(X, W, Y, RSTD, eps, N: tl.constexpr, ROWS: tl.constexpr, WIDE_INDEX: tl.constexpr):
+    """The tile forward with N (a power of two) and the row stride (N) known at compile time, as
+    torch.compile's kernels have them, no masks, and 32-bit offsets unless WIDE_INDEX."""
+    pid = tl.program_id(0)
+    if WIDE_INDEX:
+        rows = pid.to(tl.int64) * ROWS + tl.arange(0, ROWS).to(tl.int64)
+    else:
+        rows = pid * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, N)
+    offs = rows[:, None] * N + cols[None, :]
+    x = tl.load(X + offs).to(tl.float32)
+    w = tl.load(W + cols)
+    rstd = kernels._rsqrt_rn(tl.sum(x * x, axis=1) / N + eps)
+    tl.store(RSTD + rows, rstd)
+    tl.store(Y + offs, (x * rstd[:, None] * w.to(tl.float32)[None, :]).to(Y.dtype.element_ty))
+
+
+@triton.jit
+def fwd_walk_static(X, W, Y, RSTD, eps, N: tl.constexpr, BLOCK_N: tl.constexpr):
+    """forward_looped, one program per row, N and the row stride known at compile time, 32-bit
+    offsets, no masks; hints as torch.compile's: x evict_last then evict_first, w evict_last."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for start in tl.range(0, N, BLOCK_N):
+        x = tl.load(X + row * N + start + cols, eviction_policy="evict_last").to(tl.float32)
+        acc += x * x
+    rstd = kernels._rsqrt_rn(tl.sum(acc, axis=0) / N + eps)
+    tl.store(RSTD + row, rstd)
+    for start in tl.range(0, N, BLOCK_N):
+        x = tl.load(X + row * N + start + cols, eviction_policy="evict_first").to(tl.float32)
+        w = tl.load(W + start + cols, eviction_policy="evict_last").to(tl.float32)
+        tl.store(Y + row * N + start + cols, (x * rstd * w).to(Y.dtype.element_ty))
+
+
 # ---------------------------------------------------------------------------------------------
 # Harness
 # ---------------------------------------------------------------------------------------------
@@ -249,9 +285,11 @@ class Lab:
                     y=torch.empty_like(x), dx=torch.empty_like(x), dw=torch.empty(n, device=self.device),
                     rstd_out=torch.empty(m, device=self.device), name=f"{m}x{n}-{str(dtype)[6:]}")  # fmt: skip
 
-    def run(self, kind: str, s: dict, variant: str, fn) -> None:
-        """Run ``fn`` once and check its outputs (y for "fwd", dx and dw for "bwd"), then time it.
-        The outputs are filled with NaN first, so a variant that writes nothing cannot pass."""
+    def run(self, kind: str, s: dict, variant: str, fn, timed=None) -> None:
+        """Run ``fn`` once and check its outputs (y for "fwd", dx and dw for "bwd"), then time it,
+        or ``timed`` where given: the same work without the copies into the checked buffers
+        that a call returning fresh outputs needs. The outputs are filled with NaN first, so a
+        variant that writes nothing cannot pass."""
         for key in ("y", "dx", "dw"):
             s[key].fill_(float("nan"))
         try:
@@ -281,7 +319,7 @@ class Lab:
         if self.smoke:
             print(f"{kind} {s['name']:>20} {variant:<44} checked", flush=True)
             return
-        us = self.median_us(fn)
+        us = self.median_us(timed or fn)
         units = 2 if kind == "fwd" else 3
         frac = units * s["x"].numel() * s["x"].element_size() / (us * 1e-6) / 1e12 / self.copy_tbs
         self.rows.append(dict(kind=kind, shape=s["name"], variant=variant, us=us, frac=frac))
@@ -292,17 +330,18 @@ class Lab:
         x, w, dy, n = s["x"], s["w"], s["dy"], s["n"]
 
         def fwd():
-            s["y"].copy_(launch.forward(x, w, None, EPS, 0.0, 0, x.dtype, x.dtype)[0])
+            return launch.forward(x, w, None, EPS, 0.0, 0, x.dtype, x.dtype)
 
         def bwd():
-            dx, dw = launch.backward(dy, None, x, w, s["rstd"], 0.0, 0, True, x.dtype)
-            s["dx"].copy_(dx)
-            s["dw"].copy_(dw)
+            return launch.backward(dy, None, x, w, s["rstd"], 0.0, 0, True, x.dtype)
 
-        self.run("fwd", s, "production", fwd)
-        self.run("bwd", s, "production", bwd)
+        def native():
+            return F.rms_norm(x, (n,), w, EPS)
+
+        self.run("fwd", s, "production", lambda: s["y"].copy_(fwd()[0]), fwd)
+        self.run("bwd", s, "production", lambda: [s[k].copy_(t) for k, t in zip(("dx", "dw"), bwd())], bwd)
         if not self.smoke:
-            self.run("fwd", s, "torch F.rms_norm", lambda: s["y"].copy_(F.rms_norm(x, (n,), w, EPS)))
+            self.run("fwd", s, "torch F.rms_norm", lambda: s["y"].copy_(native()), native)
 
     def reduce(self, s: dict, partial: torch.Tensor, programs: int):
         """The production fixed-order dw reduction of a (programs, N) scratch into s["dw"]."""
@@ -313,7 +352,7 @@ class Lab:
         best: dict[tuple, dict] = {}
         for r in self.rows:
             key = (r["kind"], r["shape"])
-            if r["variant"] not in ("production", "torch F.rms_norm"):
+            if r["variant"] not in ("production", "torch F.rms_norm", "torch.compile", "liger"):
                 if key not in best or r["us"] < best[key]["us"]:
                     best[key] = r
         print("\nbest variant per shape, against production:")
@@ -425,12 +464,16 @@ def peers(lab: Lab, s: dict) -> None:
     x, w = s["x"], s["w"]
     if not lab.smoke:
         compiled = torch.compile(lambda a, b: rms_norm_reference(a, b, EPS), dynamic=False)
-        lab.run("fwd", s, "torch.compile", lambda: s["y"].copy_(compiled(x, w)))
+        lab.run("fwd", s, "torch.compile", lambda: s["y"].copy_(compiled(x, w)), lambda: compiled(x, w))
         try:
             from liger_kernel.ops.rms_norm import LigerRMSNormFunction
         except ImportError:
             return
-        lab.run("fwd", s, "liger", lambda: s["y"].copy_(LigerRMSNormFunction.apply(x, w, EPS, 0.0, "llama", False)))
+
+        def liger():
+            return LigerRMSNormFunction.apply(x, w, EPS, 0.0, "llama", False)
+
+        lab.run("fwd", s, "liger", lambda: s["y"].copy_(liger()), liger)
 
 
 def round_lean(lab: Lab) -> None:
@@ -457,8 +500,32 @@ def round_lean(lab: Lab) -> None:
                             num_warps=warps))  # fmt: skip
 
 
+def round_static(lab: Lab) -> None:
+    """Production and peers against the production kernels at other warps and the static-shape
+    variants (fwd_tile_static, fwd_walk_static), forward only."""
+    for m, n in [(32768, 4096), (65536, 1024), (16384, 8192), (8192, 16384)]:
+        s = lab.shape(m, n)
+        lab.production(s)
+        peers(lab, s)
+        if n <= 4096:
+            options = [(4, 1), (8, 1), (4, 2)] if n == 4096 else [(2, 1), (2, 2), (4, 2), (4, 4), (8, 8)]
+            for (warps, rows), wide in itertools.product(options, [0, 1]):
+                if s["m"] % rows:
+                    continue
+                lab.run("fwd", s, f"static tile w{warps} r{rows} {'i64' if wide else 'i32'}",
+                        lambda: fwd_tile_static[(s["m"] // rows,)](
+                            s["x"], s["w"], s["y"], s["rstd_out"], EPS, n, rows, wide, num_warps=warps))  # fmt: skip
+        else:
+            for block, warps in itertools.product([4096, 8192], [8, 16]):
+                lab.run("fwd", s, f"production kernel b{block} w{warps}",
+                        forward_looped(s, s["m"], block, warps, ("evict_last", "evict_first")))
+                lab.run("fwd", s, f"static walk b{block} w{warps}",
+                        lambda: fwd_walk_static[(s["m"],)](
+                            s["x"], s["w"], s["y"], s["rstd_out"], EPS, n, block, num_warps=warps))  # fmt: skip
+
+
 ROUNDS = {"tile": round_tile, "persistent": round_persistent, "two-walk": round_two_walk, "wide": round_wide,
-          "lean": round_lean}
+          "lean": round_lean, "static": round_static}
 
 
 def main(argv=None) -> int:
