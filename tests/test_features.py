@@ -130,6 +130,7 @@ RESIDUAL_FORWARD = [
     (F16, F16, F32, (2, 3, 257)),
     (BF16, F32, BF16, (5, 64)),  # an fp32 residual rounded into a bf16 stream
     (BF16, BF16, F32, (3, 9000)),  # the two-walk path (h written in the first walk, read in the second)
+    (F16, F32, F16, (2, 16384)),  # the two-walk path without masks (N a multiple of the chunk)
     (BF16, BF16, F32, (2, 65537)),  # the two-walk forward with 32 warps
 ]
 
@@ -368,7 +369,7 @@ def test_llama_rounding_is_hugging_face_and_default_is_more_accurate(device, x_d
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
-@pytest.mark.parametrize("shape", [(17, 257), (3, 9000), (2, 65537)])  # tile, two-walk, wide paths
+@pytest.mark.parametrize("shape", [(17, 257), (3, 9000), (2, 16384), (2, 65537)])  # tile, two-walk, wide
 def test_llama_casting_gradients_match_the_reference(device, shape):
     """casting="llama" rounds xn before the weight multiply in the forward and for dw: every
     kernel path's y, dx and dw equal reference autograd through that same rounding."""

@@ -53,8 +53,20 @@ def check_against_reference(x, w, dy, dtype, eps=1e-6):
 
 
 # (M, N): odd sizes, M = 0, 1, 17; N = 1, 257, 4097 (two-walk path, 2 chunks), 12289 (two-walk,
-# 4 chunks, the most it has) and one N above the two-walk path (65537).
-SHAPES = [(0, 257), (1, 1), (1, 257), (17, 257), (17, 4097), (3, 12289), (1, 65537), (3, 65537), (17, 64)]
+# 4 chunks, the most it has), 16384 (a multiple of the forward's chunk: its walks without masks)
+# and one N above the two-walk path (65537).
+SHAPES = [
+    (0, 257),
+    (1, 1),
+    (1, 257),
+    (17, 257),
+    (17, 4097),
+    (3, 12289),
+    (2, 16384),
+    (1, 65537),
+    (3, 65537),
+    (17, 64),
+]
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)

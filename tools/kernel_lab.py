@@ -408,12 +408,14 @@ def round_persistent(lab: Lab) -> None:
                                                        EPS, triton.next_power_of_2(n), stages, num_warps=warps))  # fmt: skip
 
 
-def forward_looped(s: dict, programs: int, block: int, warps: int, policies: tuple[str, str]):
-    """The production forward_looped with a chosen launch, writing s["y"]."""
+def forward_looped(s: dict, programs: int, block: int, warps: int, policies: tuple[str, str], even=None):
+    """The production forward_looped with a chosen launch, writing s["y"]. ``even`` (default: N a
+    multiple of the block) drops the masks."""
     x, m, n = s["x"], s["m"], s["n"]
     args = (x, x, s["w"], s["y"], s["y"], s["rstd_out"], m, n, programs, n, n, n, n, EPS, 0.0)
+    even = n % block == 0 if even is None else even
     return lambda: kernels.forward_looped[(programs,)](
-        *args, True, False, 0, block, *policies, num_warps=warps
+        *args, True, False, 0, block, *policies, even, num_warps=warps
     )
 
 
@@ -524,8 +526,36 @@ def round_static(lab: Lab) -> None:
                             s["x"], s["w"], s["y"], s["rstd_out"], EPS, n, block, num_warps=warps))  # fmt: skip
 
 
+def round_confirm(lab: Lab) -> None:
+    """Forward at the five large bf16 shapes and 4096x4096: production and peers beside the
+    production walk kernel without masks (warps, chunk), the masked walk of the previous release
+    and the static-shape variants."""
+    shapes = [(32768, 4096, torch.bfloat16), (65536, 1024, torch.bfloat16), (16384, 8192, torch.bfloat16),
+              (8192, 16384, torch.bfloat16), (2048, 65536, torch.bfloat16), (4096, 4096, torch.float32),
+              (4096, 4096, torch.float16)]  # fmt: skip
+    for m, n, dtype in shapes:
+        s = lab.shape(m, n, dtype)
+        lab.production(s)
+        peers(lab, s)
+        if n <= 4096:
+            lab.run("fwd", s, "static tile w4 r1 i32",
+                    lambda: fwd_tile_static[(s["m"],)](
+                        s["x"], s["w"], s["y"], s["rstd_out"], EPS, n, 1, 0, num_warps=4))  # fmt: skip
+            continue
+        hints = ("evict_last", "evict_first")
+        lab.run("fwd", s, "masked walk b8192 w8 (previous)", forward_looped(s, s["m"], 8192, 8, hints, even=False))
+        warps = [8, 16] if n <= 16384 else [16, 32]
+        for block, w in itertools.product([4096, 8192, 16384], warps):
+            if block > n:
+                continue
+            lab.run("fwd", s, f"even walk b{block} w{w}", forward_looped(s, s["m"], block, w, hints))
+            lab.run("fwd", s, f"static walk b{block} w{w}",
+                    lambda: fwd_walk_static[(s["m"],)](
+                        s["x"], s["w"], s["y"], s["rstd_out"], EPS, n, block, num_warps=w))  # fmt: skip
+
+
 ROUNDS = {"tile": round_tile, "persistent": round_persistent, "two-walk": round_two_walk, "wide": round_wide,
-          "lean": round_lean, "static": round_static}
+          "lean": round_lean, "static": round_static, "confirm": round_confirm}
 
 
 def main(argv=None) -> int:
