@@ -199,7 +199,9 @@ def fwd_walk_lean(
     for start in range(0, N, BLOCK_N):
         x = tl.load(x_row + start + cols, eviction_policy="evict_first").to(tl.float32)
         w = tl.load(W + start + cols, eviction_policy=W_POLICY).to(tl.float32)
-        tl.store(Y + row64 * N + start + cols, (x * rstd * w).to(Y.dtype.element_ty), eviction_policy=STORE_POLICY)
+        tl.store(
+            Y + row64 * N + start + cols, (x * rstd * w).to(Y.dtype.element_ty), eviction_policy=STORE_POLICY
+        )
 
 
 @triton.jit
@@ -519,8 +521,12 @@ def round_static(lab: Lab) -> None:
                             s["x"], s["w"], s["y"], s["rstd_out"], EPS, n, rows, wide, num_warps=warps))  # fmt: skip
         else:
             for block, warps in itertools.product([4096, 8192], [8, 16]):
-                lab.run("fwd", s, f"production kernel b{block} w{warps}",
-                        forward_looped(s, s["m"], block, warps, ("evict_last", "evict_first")))
+                lab.run(
+                    "fwd",
+                    s,
+                    f"production kernel b{block} w{warps}",
+                    forward_looped(s, s["m"], block, warps, ("evict_last", "evict_first")),
+                )
                 lab.run("fwd", s, f"static walk b{block} w{warps}",
                         lambda: fwd_walk_static[(s["m"],)](
                             s["x"], s["w"], s["y"], s["rstd_out"], EPS, n, block, num_warps=warps))  # fmt: skip
@@ -543,7 +549,9 @@ def round_confirm(lab: Lab) -> None:
                         s["x"], s["w"], s["y"], s["rstd_out"], EPS, n, 1, 0, num_warps=4))  # fmt: skip
             continue
         hints = ("evict_last", "evict_first")
-        lab.run("fwd", s, "masked walk b8192 w8 (previous)", forward_looped(s, s["m"], 8192, 8, hints, even=False))
+        lab.run(
+            "fwd", s, "masked walk b8192 w8 (previous)", forward_looped(s, s["m"], 8192, 8, hints, even=False)
+        )
         warps = [8, 16] if n <= 16384 else [16, 32]
         for block, w in itertools.product([4096, 8192, 16384], warps):
             if block > n:
@@ -554,8 +562,15 @@ def round_confirm(lab: Lab) -> None:
                         s["x"], s["w"], s["y"], s["rstd_out"], EPS, n, block, num_warps=w))  # fmt: skip
 
 
-ROUNDS = {"tile": round_tile, "persistent": round_persistent, "two-walk": round_two_walk, "wide": round_wide,
-          "lean": round_lean, "static": round_static, "confirm": round_confirm}
+ROUNDS = {
+    "tile": round_tile,
+    "persistent": round_persistent,
+    "two-walk": round_two_walk,
+    "wide": round_wide,
+    "lean": round_lean,
+    "static": round_static,
+    "confirm": round_confirm,
+}
 
 
 def main(argv=None) -> int:
