@@ -162,9 +162,7 @@ def forward_looped(
     Y,
     H,
     RSTD,
-    M,
-    N,
-    programs,  # number of programs launched: each walks rows pid, pid + programs, ...
+    N,  # one program per row: the grid is (M,)
     stride_x,
     stride_res,
     stride_y,
@@ -179,45 +177,45 @@ def forward_looped(
     SECOND_WALK_POLICY: tl.constexpr,  # and of the second walk's
     EVEN_N: tl.constexpr,  # N % BLOCK_N == 0: no lane is out of range and no mask is built
 ):
-    """Rows wider than a tile, walked twice in BLOCK_N chunks: the sum of squares, then the
-    scale. Launched with one program per row (programs == M): the first walk's loads ask L2 to
-    keep the row ("evict_last"), the second walk's to drop it ("evict_first"), so the second walk
-    reads L2, not HBM. Measured on an H200 (bf16, `tools/kernel_lab.py two-walk wide`): 96%
-    and 95% of the copy ceiling at N = 8192 and 16384 with the hints against 85-86% without; 79% at
-    N = 65536 against 73% for a persistent launch of one program per SM (programs < M, which the
-    loop below also supports). With a residual, h is written once in the first walk and read
-    back in the second."""
-    pid = tl.program_id(0)
+    """Rows wider than a tile, walked twice in BLOCK_N chunks by one program per row: the sum of
+    squares, then the scale. The first walk's loads ask L2 to keep the row ("evict_last"), the
+    second walk's to drop it ("evict_first"), so the second walk reads L2, not HBM; without the
+    hints the same kernel reaches only 85-86% of the copy ceiling at N = 8192 and 16384 (H200,
+    bf16, `tools/kernel_lab.py two-walk`). Where N is a multiple of BLOCK_N (EVEN_N) no lane is
+    masked; with one program per row and no row loop that walk runs 16 warps at 97% of copy at
+    N = 8192 (`tools/kernel_lab.py confirm`), where a persistent row loop around the same walks
+    measured 83%. With a residual, h is written once in the first walk and read back in the
+    second."""
+    row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
-    for row in range(pid, M, programs):
-        row64 = tl.cast(row, tl.int64)
-        x_row = X + row64 * stride_x
-        h_row = H + row64 * stride_h
-        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        for start in range(0, N, BLOCK_N):
-            c = start + cols
-            x = _load_chunk(x_row, c, N, EVEN_N, FIRST_WALK_POLICY).to(tl.float32)
-            if HAS_RESIDUAL:
-                res = _load_chunk(RES + row64 * stride_res, c, N, EVEN_N, "").to(tl.float32)
-                h = (x + res).to(H.dtype.element_ty)
-                _store_chunk(h_row, c, h, N, EVEN_N)
-                x = h.to(tl.float32)
-            acc += x * x
-        rstd = _rsqrt_rn(tl.sum(acc, axis=0) / N + eps)
-        tl.store(RSTD + row, rstd)
+    row64 = tl.cast(row, tl.int64)
+    x_row = X + row64 * stride_x
+    h_row = H + row64 * stride_h
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        c = start + cols
+        x = _load_chunk(x_row, c, N, EVEN_N, FIRST_WALK_POLICY).to(tl.float32)
+        if HAS_RESIDUAL:
+            res = _load_chunk(RES + row64 * stride_res, c, N, EVEN_N, "").to(tl.float32)
+            h = (x + res).to(H.dtype.element_ty)
+            _store_chunk(h_row, c, h, N, EVEN_N)
+            x = h.to(tl.float32)
+        acc += x * x
+    rstd = _rsqrt_rn(tl.sum(acc, axis=0) / N + eps)
+    tl.store(RSTD + row, rstd)
 
-        for start in range(0, N, BLOCK_N):
-            c = start + cols
-            if HAS_RESIDUAL:
-                x = _load_chunk(h_row, c, N, EVEN_N, SECOND_WALK_POLICY)
-            else:
-                x = _load_chunk(x_row, c, N, EVEN_N, SECOND_WALK_POLICY)
-            xn = x.to(tl.float32) * rstd
-            if CASTING == 1:
-                xn = xn.to(x.dtype).to(tl.float32)
-            if HAS_WEIGHT:
-                xn = xn * (offset + _load_chunk(W, c, N, EVEN_N, "").to(tl.float32))
-            _store_chunk(Y + row64 * stride_y, c, xn.to(Y.dtype.element_ty), N, EVEN_N)
+    for start in range(0, N, BLOCK_N):
+        c = start + cols
+        if HAS_RESIDUAL:
+            x = _load_chunk(h_row, c, N, EVEN_N, SECOND_WALK_POLICY)
+        else:
+            x = _load_chunk(x_row, c, N, EVEN_N, SECOND_WALK_POLICY)
+        xn = x.to(tl.float32) * rstd
+        if CASTING == 1:
+            xn = xn.to(x.dtype).to(tl.float32)
+        if HAS_WEIGHT:
+            xn = xn * (offset + _load_chunk(W, c, N, EVEN_N, "").to(tl.float32))
+        _store_chunk(Y + row64 * stride_y, c, xn.to(Y.dtype.element_ty), N, EVEN_N)
 
 
 @triton.jit
