@@ -422,10 +422,10 @@ def forward_looped(s: dict, block: int, warps: int, policies: tuple[str, str], e
     """The production forward_looped (one program per row) with a chosen launch, writing s["y"].
     ``even`` (default: N a multiple of the block) drops the masks."""
     x, m, n = s["x"], s["m"], s["n"]
-    args = (x, x, s["w"], s["y"], s["y"], s["rstd_out"], n, n, n, n, n, EPS, 0.0)
+    args = (x, x, s["w"], s["y"], s["y"], s["rstd_out"], n, n, n, n, EPS, 0.0)
     even = n % block == 0 if even is None else even
     return lambda: kernels.forward_looped[(m,)](
-        *args, True, False, 0, block, *policies, even, num_warps=warps
+        *args, True, False, 0, block, *policies, even, n, num_warps=warps
     )
 
 

@@ -162,7 +162,6 @@ def forward_looped(
     Y,
     H,
     RSTD,
-    N,  # one program per row: the grid is (M,)
     stride_x,
     stride_res,
     stride_y,
@@ -176,6 +175,7 @@ def forward_looped(
     FIRST_WALK_POLICY: tl.constexpr,  # L2 eviction hint of the first walk's loads ("" for none)
     SECOND_WALK_POLICY: tl.constexpr,  # and of the second walk's
     EVEN_N: tl.constexpr,  # N % BLOCK_N == 0: no lane is out of range and no mask is built
+    N: tl.constexpr,  # row length, known at compile time: the walks' trip counts are fixed
 ):
     """Rows wider than a tile, walked twice in BLOCK_N chunks by one program per row: the sum of
     squares, then the scale. The first walk's loads ask L2 to keep the row ("evict_last"), the

@@ -328,9 +328,9 @@ def forward(
         args = (x2, r, w, y, hs, rstd, m, n, stride_x, stride_r, n, n, eps, offset)
         _forward_tile(((m + rows - 1) // rows, 1, 1), args, num_warps, constexprs)
     else:  # one program per row, the row kept in L2 between the walks
-        args = (x2, r, w, y, hs, rstd, n, stride_x, stride_r, n, n, eps, offset)
+        args = (x2, r, w, y, hs, rstd, stride_x, stride_r, n, n, eps, offset)
         even = n % FORWARD_WALK_BLOCK == 0
-        # HAS_WEIGHT, HAS_RESIDUAL, CASTING, BLOCK_N, FIRST_WALK_POLICY, SECOND_WALK_POLICY, EVEN_N
+        # HAS_WEIGHT, HAS_RESIDUAL, CASTING, BLOCK_N, FIRST_WALK_POLICY, SECOND_WALK_POLICY, EVEN_N, N
         constexprs = (
             weight is not None,
             res2 is not None,
@@ -339,6 +339,7 @@ def forward(
             "evict_last",
             "evict_first",
             even,
+            n,
         )
         if n > TWO_WALK_MAX:
             num_warps = FORWARD_WIDE_WARPS
