@@ -248,6 +248,27 @@ def fwd_walk_static(X, W, Y, RSTD, eps, N: tl.constexpr, BLOCK_N: tl.constexpr):
         tl.store(Y + row * N + start + cols, (x * rstd * w).to(Y.dtype.element_ty))
 
 
+@triton.jit
+def fwd_tile_1d(X, W, Y, RSTD, N, stride_x, eps, BLOCK_N: tl.constexpr, FULL: tl.constexpr):
+    """One row per program as a 1-D block (forward_tile's rows are a 2-D [ROWS, BLOCK_N] block),
+    fp32 math as forward_tile; FULL (N == BLOCK_N) drops the masks."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    if FULL:
+        x = tl.load(X + row * stride_x + cols).to(tl.float32)
+        w = tl.load(W + cols)
+    else:
+        x = tl.load(X + row * stride_x + cols, mask=cols < N, other=0.0).to(tl.float32)
+        w = tl.load(W + cols, mask=cols < N, other=0.0)
+    rstd = kernels._rsqrt_rn(tl.sum(x * x, axis=0) / N + eps)
+    tl.store(RSTD + row, rstd)
+    y = (x * rstd * w.to(tl.float32)).to(Y.dtype.element_ty)
+    if FULL:
+        tl.store(Y + row * N + cols, y)
+    else:
+        tl.store(Y + row * N + cols, y, mask=cols < N)
+
+
 # ---------------------------------------------------------------------------------------------
 # Harness
 # ---------------------------------------------------------------------------------------------
@@ -418,15 +439,11 @@ def round_persistent(lab: Lab) -> None:
                                                        EPS, triton.next_power_of_2(n), stages, num_warps=warps))  # fmt: skip
 
 
-def forward_looped(s: dict, block: int, warps: int, policies: tuple[str, str], even=None):
-    """The production forward_looped (one program per row) with a chosen launch, writing s["y"].
-    ``even`` (default: N a multiple of the block) drops the masks."""
+def forward_looped(s: dict, block: int, warps: int, policies: tuple[str, str]):
+    """The production forward_looped (one program per row) with a chosen launch, writing s["y"]."""
     x, m, n = s["x"], s["m"], s["n"]
     args = (x, x, s["w"], s["y"], s["y"], s["rstd_out"], n, n, n, n, EPS, 0.0)
-    even = n % block == 0 if even is None else even
-    return lambda: kernels.forward_looped[(m,)](
-        *args, True, False, 0, block, *policies, even, n, num_warps=warps
-    )
+    return lambda: kernels.forward_looped[(m,)](*args, True, False, 0, block, *policies, n, num_warps=warps)
 
 
 HINTS = [("", ""), ("evict_last", "evict_first")]
@@ -541,8 +558,7 @@ def round_static(lab: Lab) -> None:
 
 def round_confirm(lab: Lab) -> None:
     """Forward at the five large bf16 shapes, N = 12289 and 4096x4096: production and peers beside
-    the production walk kernel with and without masks at other chunks and warps, and the
-    static-shape variants."""
+    the production walk kernel at other chunks and warps, and the static-shape variants."""
     shapes = [(32768, 4096, torch.bfloat16), (65536, 1024, torch.bfloat16), (16384, 8192, torch.bfloat16),
               (8192, 16384, torch.bfloat16), (2048, 65536, torch.bfloat16), (8192, 12289, torch.bfloat16),
               (4096, 4096, torch.float32), (4096, 4096, torch.float16)]  # fmt: skip
@@ -560,13 +576,28 @@ def round_confirm(lab: Lab) -> None:
         for block, w in itertools.product([4096, 8192, 16384], warps):
             if block > n:
                 continue
-            lab.run("fwd", s, f"masked walk b{block} w{w}", forward_looped(s, block, w, hints, even=False))
+            lab.run("fwd", s, f"walk b{block} w{w}", forward_looped(s, block, w, hints))
             if n % block:
-                continue  # the variants below have no masks
-            lab.run("fwd", s, f"even walk b{block} w{w}", forward_looped(s, block, w, hints))
+                continue  # the static walk has no masks
             lab.run("fwd", s, f"static walk b{block} w{w}",
                     lambda: fwd_walk_static[(s["m"],)](
                         s["x"], s["w"], s["y"], s["rstd_out"], EPS, n, block, num_warps=w))  # fmt: skip
+
+
+def round_tile1d(lab: Lab) -> None:
+    """The tile forward as a 1-D block, one row per program, beside production and Liger."""
+    for m, n, dtype in [
+        (32768, 4096, torch.bfloat16),
+        (4096, 4096, torch.float16),
+        (65536, 1024, torch.bfloat16),
+    ]:
+        s = lab.shape(m, n, dtype)
+        lab.production(s)
+        peers(lab, s)
+        for warps, full in itertools.product([2, 4, 8, 16], [0, 1]):
+            lab.run("fwd", s, f"tile 1d w{warps} {'full' if full else 'masked'}",
+                    lambda: fwd_tile_1d[(s["m"],)](
+                        s["x"], s["w"], s["y"], s["rstd_out"], n, n, EPS, n, full, num_warps=warps))  # fmt: skip
 
 
 ROUNDS = {
@@ -577,6 +608,7 @@ ROUNDS = {
     "lean": round_lean,
     "static": round_static,
     "confirm": round_confirm,
+    "tile1d": round_tile1d,
 }
 
 

@@ -174,17 +174,17 @@ def forward_looped(
     BLOCK_N: tl.constexpr,  # chunk width; N may be any multiple or not
     FIRST_WALK_POLICY: tl.constexpr,  # L2 eviction hint of the first walk's loads ("" for none)
     SECOND_WALK_POLICY: tl.constexpr,  # and of the second walk's
-    EVEN_N: tl.constexpr,  # N % BLOCK_N == 0: no lane is out of range and no mask is built
-    N: tl.constexpr,  # row length, known at compile time: the walks' trip counts are fixed
+    N: tl.constexpr,  # row length, known at compile time (see below)
 ):
     """Rows wider than a tile, walked twice in BLOCK_N chunks by one program per row: the sum of
     squares, then the scale. The first walk's loads ask L2 to keep the row ("evict_last"), the
     second walk's to drop it ("evict_first"), so the second walk reads L2, not HBM; without the
     hints the same kernel reaches only 85-86% of the copy ceiling at N = 8192 and 16384 (H200,
-    bf16, `tools/kernel_lab.py two-walk`). Where N is a multiple of BLOCK_N (EVEN_N) no lane is
-    masked; with one program per row and no row loop that walk runs 16 warps at 97% of copy at
-    N = 8192 (`tools/kernel_lab.py confirm`), where a persistent row loop around the same walks
-    measured 83%. With a residual, h is written once in the first walk and read back in the
+    bf16, `tools/kernel_lab.py two-walk`). N is a compile-time constant (one compilation per row
+    width): the walks' trip counts are then fixed and the masks of full chunks fold away. With a
+    runtime N and a row loop the same walks measured 83-97% of copy depending on warps and chunk
+    width (`tools/kernel_lab.py confirm`); with a constant N, 96-98% at N = 8192 and 16384 and 84%
+    at N = 65536. With a residual, h is written once in the first walk and read back in the
     second."""
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
@@ -194,11 +194,11 @@ def forward_looped(
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for start in range(0, N, BLOCK_N):
         c = start + cols
-        x = _load_chunk(x_row, c, N, EVEN_N, FIRST_WALK_POLICY).to(tl.float32)
+        x = tl.load(x_row + c, mask=c < N, other=0.0, eviction_policy=FIRST_WALK_POLICY).to(tl.float32)
         if HAS_RESIDUAL:
-            res = _load_chunk(RES + row64 * stride_res, c, N, EVEN_N, "").to(tl.float32)
+            res = tl.load(RES + row64 * stride_res + c, mask=c < N, other=0.0).to(tl.float32)
             h = (x + res).to(H.dtype.element_ty)
-            _store_chunk(h_row, c, h, N, EVEN_N)
+            tl.store(h_row + c, h, mask=c < N)
             x = h.to(tl.float32)
         acc += x * x
     rstd = _rsqrt_rn(tl.sum(acc, axis=0) / N + eps)
@@ -207,32 +207,16 @@ def forward_looped(
     for start in range(0, N, BLOCK_N):
         c = start + cols
         if HAS_RESIDUAL:
-            x = _load_chunk(h_row, c, N, EVEN_N, SECOND_WALK_POLICY)
+            x = tl.load(h_row + c, mask=c < N, other=0.0, eviction_policy=SECOND_WALK_POLICY)
         else:
-            x = _load_chunk(x_row, c, N, EVEN_N, SECOND_WALK_POLICY)
+            x = tl.load(x_row + c, mask=c < N, other=0.0, eviction_policy=SECOND_WALK_POLICY)
         xn = x.to(tl.float32) * rstd
         if CASTING == 1:
             xn = xn.to(x.dtype).to(tl.float32)
         if HAS_WEIGHT:
-            xn = xn * (offset + _load_chunk(W, c, N, EVEN_N, "").to(tl.float32))
-        _store_chunk(Y + row64 * stride_y, c, xn.to(Y.dtype.element_ty), N, EVEN_N)
-
-
-@triton.jit
-def _load_chunk(row, c, N, EVEN_N: tl.constexpr, POLICY: tl.constexpr):
-    """row[c], masked to c < N unless EVEN_N (N a multiple of the chunk: every lane in range)."""
-    if EVEN_N:
-        return tl.load(row + c, eviction_policy=POLICY)
-    else:
-        return tl.load(row + c, mask=c < N, other=0.0, eviction_policy=POLICY)
-
-
-@triton.jit
-def _store_chunk(row, c, value, N, EVEN_N: tl.constexpr):
-    if EVEN_N:
-        tl.store(row + c, value)
-    else:
-        tl.store(row + c, value, mask=c < N)
+            w = tl.load(W + c, mask=c < N, other=0.0).to(tl.float32)
+            xn = xn * (offset + w)
+        tl.store(Y + row64 * stride_y + c, xn.to(Y.dtype.element_ty), mask=c < N)
 
 
 @triton.jit

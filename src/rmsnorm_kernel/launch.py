@@ -25,13 +25,11 @@ CASTING_MODES = {"default": kernels.CAST_FP32, "gemma": kernels.CAST_FP32, "llam
 FORWARD_MAX_TILE = 4096
 BACKWARD_MAX_TILE = 4096
 TWO_WALK_MAX = 16384
-# Two-walk forward: one program per row, chunk width, warps up to TWO_WALK_MAX (rows a multiple
-# of the chunk wide, which need no masks, and other rows) and beyond.
+# Two-walk forward: one program per row, chunk width, warps up to TWO_WALK_MAX and beyond.
 # Two-walk backward: chunk width, warps by the row width rounded up to a power of two, programs
 # per SM. Measured on an H200 (bf16) with tools/kernel_lab.py.
 FORWARD_WALK_BLOCK = 8192
 FORWARD_WALK_WARPS = 16
-FORWARD_WALK_MASKED_WARPS = 8
 FORWARD_WIDE_WARPS = 32
 TWO_WALK_BACKWARD_CHUNK = 4096
 TWO_WALK_BACKWARD_WARPS = {8192: 8, 16384: 4}
@@ -329,8 +327,7 @@ def forward(
         _forward_tile(((m + rows - 1) // rows, 1, 1), args, num_warps, constexprs)
     else:  # one program per row, the row kept in L2 between the walks
         args = (x2, r, w, y, hs, rstd, stride_x, stride_r, n, n, eps, offset)
-        even = n % FORWARD_WALK_BLOCK == 0
-        # HAS_WEIGHT, HAS_RESIDUAL, CASTING, BLOCK_N, FIRST_WALK_POLICY, SECOND_WALK_POLICY, EVEN_N, N
+        # HAS_WEIGHT, HAS_RESIDUAL, CASTING, BLOCK_N, FIRST_WALK_POLICY, SECOND_WALK_POLICY, N
         constexprs = (
             weight is not None,
             res2 is not None,
@@ -338,13 +335,9 @@ def forward(
             FORWARD_WALK_BLOCK,
             "evict_last",
             "evict_first",
-            even,
             n,
         )
-        if n > TWO_WALK_MAX:
-            num_warps = FORWARD_WIDE_WARPS
-        else:
-            num_warps = FORWARD_WALK_WARPS if even else FORWARD_WALK_MASKED_WARPS
+        num_warps = FORWARD_WALK_WARPS if n <= TWO_WALK_MAX else FORWARD_WIDE_WARPS
         _forward_looped((m, 1, 1), args, num_warps, constexprs)
     return y, rstd, h
 
