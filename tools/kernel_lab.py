@@ -269,6 +269,23 @@ def fwd_tile_1d(X, W, Y, RSTD, N, stride_x, eps, BLOCK_N: tl.constexpr, FULL: tl
         tl.store(Y + row * N + cols, y, mask=cols < N)
 
 
+@triton.jit
+def fwd_tile_hw_rsqrt(X, W, Y, RSTD, N, eps, BLOCK_N: tl.constexpr, HW_RSQRT: tl.constexpr):
+    """One row per program, the production tile forward's math with the hardware rsqrt
+    (HW_RSQRT) or the correctly rounded one: what the per-row rounding costs in time."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    x = tl.load(X + row * N + cols, mask=cols < N, other=0.0).to(tl.float32)
+    w = tl.load(W + cols, mask=cols < N, other=0.0)
+    ms = tl.sum(x * x, axis=0) / N + eps
+    if HW_RSQRT:
+        rstd = tl.rsqrt(ms)
+    else:
+        rstd = kernels._rsqrt_rn(ms)
+    tl.store(RSTD + row, rstd)
+    tl.store(Y + row * N + cols, (x * rstd * w.to(tl.float32)).to(Y.dtype.element_ty), mask=cols < N)
+
+
 # ---------------------------------------------------------------------------------------------
 # Harness
 # ---------------------------------------------------------------------------------------------
@@ -600,6 +617,39 @@ def round_tile1d(lab: Lab) -> None:
                         s["x"], s["w"], s["y"], s["rstd_out"], n, n, EPS, n, full, num_warps=warps))  # fmt: skip
 
 
+def round_small(lab: Lab) -> None:
+    """The tile backward at small and medium M with fewer programs than rows (fewer dw scratch
+    rows to write and reduce, less parallelism), timed as CUDA-graph replays (host launch time
+    would hide sub-microsecond differences); and the tile forward's rsqrt at 32768x4096."""
+    if not lab.smoke:
+        from triton.testing import do_bench_cudagraph
+
+        lab.median_us = lambda fn: do_bench_cudagraph(fn, rep=50, return_mode="median") * 1e3
+    for m, n, dtype in [(256, 4096, torch.bfloat16), (128, 257, torch.float32), (1024, 4096, torch.bfloat16),
+                        (4096, 4096, torch.bfloat16), (4096, 4096, torch.float32)]:  # fmt: skip
+        s = lab.shape(m, n, dtype)
+        lab.production(s)
+        rows, warps, per_sm, constexprs = launch._backward_tile_plan(n, True, False, True, 0)
+        blocks = triton.cdiv(s["m"], rows)
+        for programs in sorted({16, 32, 64, 128, lab.sms, 2 * lab.sms, blocks}):
+            if programs > blocks:
+                continue
+            partial = torch.empty(programs, n, device=lab.device)
+
+            def bwd():
+                kernels.backward_tile[(programs,)](
+                    s["x"], s["w"], s["dy"], s["dy"], s["rstd"], s["dx"], partial, s["m"], n, programs,
+                    n, n, n, n, 0.0, *constexprs, num_warps=warps)  # fmt: skip
+                lab.reduce(s, partial, programs)
+
+            lab.run("bwd", s, f"tile programs {programs}", bwd)
+    s = lab.shape(32768, 4096)
+    for hw, warps in itertools.product([0, 1], [4, 8]):
+        lab.run("fwd", s, f"1d tile w{warps} {'hardware rsqrt' if hw else 'rsqrt_rn'}",
+                lambda: fwd_tile_hw_rsqrt[(s["m"],)](s["x"], s["w"], s["y"], s["rstd_out"], 4096, EPS, 4096, hw,
+                                                     num_warps=warps))  # fmt: skip
+
+
 ROUNDS = {
     "tile": round_tile,
     "persistent": round_persistent,
@@ -609,6 +659,7 @@ ROUNDS = {
     "static": round_static,
     "confirm": round_confirm,
     "tile1d": round_tile1d,
+    "small": round_small,
 }
 
 
