@@ -406,8 +406,16 @@ class Lab:
         print("\nbest variant per shape, against production:")
         for (kind, shape), r in best.items():
             prod = next(
-                p for p in self.rows if (p["kind"], p["shape"], p["variant"]) == (kind, shape, "production")
+                (
+                    p
+                    for p in self.rows
+                    if (p["kind"], p["shape"], p["variant"]) == (kind, shape, "production")
+                ),
+                None,
             )
+            if prod is None:  # a shape timed without the production call
+                print(f"{kind} {shape:>20} {r['variant']:<44} {r['us']:8.1f} us {r['frac']:6.1%}")
+                continue
             print(f"{kind} {shape:>20} {r['variant']:<44} {r['us']:8.1f} us {r['frac']:6.1%} | "
                   f"production {prod['us']:8.1f} us {prod['frac']:6.1%}")  # fmt: skip
         if out:

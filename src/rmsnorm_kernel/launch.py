@@ -213,11 +213,17 @@ def _next_power_of_2(v: int) -> int:
 
 
 # Launch configurations of the tile path, by BLOCK_N: (rows per program, warps) for the forward,
-# (rows per program, warps, programs per SM) for the persistent backward. Measured on an H200
-# (bf16; the forward at 4096 with tools/kernel_lab.py tile): one or two programs per SM with 8-16
-# warps keep the backward's loads in flight without spilling its register-resident dw share.
+# (rows per program, warps, (programs per SM, programs per SM with few rows)) for the persistent
+# backward. Measured on an H200 (bf16; the forward at 4096 with tools/kernel_lab.py tile): one or
+# two programs per SM with 8-16 warps keep the backward's loads in flight without spilling its
+# register-resident dw share. "Few rows": fewer than FEW_ROW_BLOCKS row blocks per program; there
+# each program's fixed cost (its weight load, its dw scratch row, that row's share of the
+# reduction) outweighs the parallelism, and at N = 4096 one program per SM is faster (256x4096:
+# 6.9 against 8.5 µs; 1024x4096: 11.4 against 12.0 µs; CUDA-graph timing, tools/kernel_lab.py
+# small). The other widths keep their count (not measured).
 FORWARD_TILE = {1024: (2, 4), 2048: (1, 4), 4096: (1, 4)}
-BACKWARD_TILE = {1024: (2, 4, 4), 2048: (1, 4, 4), 4096: (1, 8, 2)}
+BACKWARD_TILE = {1024: (2, 4, (4, 4)), 2048: (1, 4, (4, 4)), 4096: (1, 8, (2, 1))}
+FEW_ROW_BLOCKS = 4
 
 
 @functools.cache
@@ -230,12 +236,13 @@ def forward_config(n: int) -> tuple[int, int, int]:
 
 
 @functools.cache
-def backward_config(n: int) -> tuple[int, int, int, int]:
-    """(BLOCK_N, ROWS, num_warps, programs per SM) of the backward tile path."""
+def backward_config(n: int) -> tuple[int, int, int, tuple[int, int]]:
+    """(BLOCK_N, ROWS, num_warps, (programs per SM, programs per SM with few rows)) of the
+    backward tile path."""
     block_n = triton.next_power_of_2(n)
     if block_n in BACKWARD_TILE:
         return (block_n, *BACKWARD_TILE[block_n])
-    return block_n, max(1, 1024 // block_n), 4, 4
+    return block_n, max(1, 1024 // block_n), 4, (4, 4)
 
 
 # The tile paths' launch parameters, built once per configuration so that a call only looks
@@ -252,19 +259,20 @@ def _forward_tile_plan(n: int, has_weight: bool, has_residual: bool, casting: in
 
 @functools.cache
 def _backward_tile_plan(n: int, has_weight: bool, has_dh: bool, compute_dw: bool, casting: int) -> tuple:
-    """(ROWS, num_warps, programs per SM, constexprs) of backward_tile."""
+    """(ROWS, num_warps, (programs per SM, with few rows), constexprs) of backward_tile."""
     block_n, rows, num_warps, per_sm = backward_config(n)
     return rows, num_warps, per_sm, (has_weight, has_dh, compute_dw, casting, block_n, rows)
 
 
 @functools.cache
 def _backward_chunked_plan(n: int, has_weight: bool, has_dh: bool, compute_dw: bool, casting: int) -> tuple:
-    """(rows per program step, num_warps, programs per SM, constexprs) of backward_chunked, in
+    """(rows per program step, num_warps, (programs per SM, with few rows), constexprs) of backward_chunked, in
     _backward_tile_plan's layout (one row per step)."""
     chunk = TWO_WALK_BACKWARD_CHUNK
     num_warps = TWO_WALK_BACKWARD_WARPS[_next_power_of_2(n)]
     constexprs = (has_weight, has_dh, compute_dw, casting, chunk, (n + chunk - 1) // chunk)
-    return 1, num_warps, TWO_WALK_BACKWARD_PROGRAMS_PER_SM, constexprs
+    per_sm = TWO_WALK_BACKWARD_PROGRAMS_PER_SM
+    return 1, num_warps, (per_sm, per_sm), constexprs
 
 
 @functools.cache
@@ -381,7 +389,10 @@ def backward(
             n, weight is not None, dh2 is not None, compute_dw, casting
         )
         kernel = _backward_tile if tile else _backward_chunked
-        programs = min((m + rows - 1) // rows, sm_count(device) * per_sm)
+        blocks, sms = (m + rows - 1) // rows, sm_count(device)
+        programs = min(blocks, sms * per_sm[0])
+        if blocks < FEW_ROW_BLOCKS * programs:  # few rows: fewer programs, each with more rows
+            programs = min(blocks, sms * per_sm[1])
         if not compute_dw:
             partial = rstd
         elif programs == 1:  # one program sums every row itself and writes the final dw
