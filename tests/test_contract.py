@@ -259,3 +259,31 @@ def test_two_walk_backward_plan_covers_its_widths(n):
     chunk, chunks = constexprs[-2:]
     assert chunks == math.ceil(n / chunk) and 1 <= chunks <= 4  # backward_chunked has four accumulators
     assert num_warps * 32 <= chunk and min(per_sm) >= 1 and rows == 1
+
+
+# The persistent backward's program count (132 SMs, as an H200): (row blocks, (programs per SM,
+# with few rows)) -> programs. Never more programs than blocks; the few-rows count only where each
+# program would get fewer than FEW_ROW_BLOCKS blocks.
+BACKWARD_PROGRAMS = [
+    (1, (2, 1), 1),
+    (17, (2, 1), 17),
+    (256, (2, 1), 132),  # 256 < 4 * 256: one program per SM
+    (1024, (2, 1), 132),  # 1024 < 4 * 264
+    (1056, (2, 1), 264),  # exactly four blocks per program: the usual count
+    (4096, (2, 1), 264),
+    (256, (4, 4), 256),  # widths without a few-rows count keep theirs
+    (100000, (4, 4), 528),
+]
+
+
+@pytest.mark.parametrize(("blocks", "per_sm", "expected"), BACKWARD_PROGRAMS)
+def test_backward_program_count(blocks, per_sm, expected):
+    assert launch.FEW_ROW_BLOCKS == 4  # the table above is written for it
+    assert launch.backward_programs(blocks, per_sm, 132) == expected
+
+
+def test_backward_plans_give_both_program_counts():
+    for n in (1, 257, 1024, 2048, 4096):
+        _rows, _warps, per_sm, _constexprs = launch._backward_tile_plan(n, True, False, True, 0)
+        assert len(per_sm) == 2 and min(per_sm) >= 1
+    assert launch.BACKWARD_TILE[4096][2] == (2, 1)  # measured: tools/kernel_lab.py small

@@ -19,13 +19,18 @@ Rounds, and what they decided (H200, bf16 unless named; figures in docs/performa
   lean, static  forward variants without masks, with a scalar row base, store and weight hints,
               and with N and the row stride known at compile time, beside Liger and
               torch.compile in the same run.
-  confirm     the production forward beside its walk at other chunks and warps, masked and not,
-              the static-shape variants and the peers, at the five large bf16 shapes, an N that
-              is not a multiple of the chunk, and 4096x4096: chose no masks and 16 warps where N
-              is a multiple of the chunk, and one program per row with no row loop.
+  confirm     the production forward beside its walk at other chunks and warps, the
+              static-shape variants and the peers, at the five large bf16 shapes, an N that
+              is not a multiple of the chunk, and 4096x4096: chose a compile-time N, 16 warps up
+              to N = 16384, and one program per row with no row loop.
+  tile1d      the tile forward as a one-dimensional block, one row per program, 2-16 warps:
+              within the run-to-run spread of the production tile; not used.
+  small       CUDA-graph timing (the rounds after it too): the tile backward at small and
+              medium M with fewer programs than rows (chose one program per SM at N = 4096 when
+              a program would get fewer than four rows), and the tile forward's rsqrt.
 
-The rounds were first run on the H200 as separate scripts and merged into this file afterwards;
-the merged file's variants pass --smoke on CPU but have not yet been re-timed from it on a GPU.
+The first four rounds were run on the H200 as separate scripts and merged into this file; from
+this file the H200 has run lean, static, confirm, tile1d and small. Every round passes --smoke.
 """
 
 from __future__ import annotations

@@ -283,6 +283,16 @@ def _reduce_plan(n: int, programs: int) -> tuple:
     return ((n + block_c - 1) // block_c, 1, 1), (block_p, block_c)  # BLOCK_P, BLOCK_C
 
 
+def backward_programs(blocks: int, per_sm: tuple[int, int], sms: int) -> int:
+    """Programs of a persistent backward over ``blocks`` row blocks: ``per_sm[0]`` per SM, or
+    ``per_sm[1]`` per SM where each program would get fewer than FEW_ROW_BLOCKS blocks; never
+    more programs than blocks."""
+    programs = min(blocks, sms * per_sm[0])
+    if blocks < FEW_ROW_BLOCKS * programs:
+        programs = min(blocks, sms * per_sm[1])
+    return programs
+
+
 def as_rows(t: Tensor, n: int) -> Tensor:
     """A 2-D (M, n) view with unit stride along the row when the layout allows it (strided rows
     are kept as they are), else a contiguous copy."""
@@ -389,10 +399,7 @@ def backward(
             n, weight is not None, dh2 is not None, compute_dw, casting
         )
         kernel = _backward_tile if tile else _backward_chunked
-        blocks, sms = (m + rows - 1) // rows, sm_count(device)
-        programs = min(blocks, sms * per_sm[0])
-        if blocks < FEW_ROW_BLOCKS * programs:  # few rows: fewer programs, each with more rows
-            programs = min(blocks, sms * per_sm[1])
+        programs = backward_programs((m + rows - 1) // rows, per_sm, sm_count(device))
         if not compute_dw:
             partial = rstd
         elif programs == 1:  # one program sums every row itself and writes the final dw
