@@ -1,16 +1,19 @@
 """Host-side cost per call at launch-bound shapes (kernel development tool): per-call wall time
-of this op beside torch's fused rms_norm, launches that missed the compiled-kernel cache, and a
-cProfile of the op's forward+backward host path."""
+of this op beside torch's fused rms_norm, launches that missed the compiled-kernel cache, where a
+forward+backward call's host time goes (before, inside and after this op's backward node, which
+the autograd engine runs on its device thread; with that thread and without it), and a cProfile
+of the op's forward+backward host path."""
 
 import cProfile
 import pstats
+import statistics
 import time
 
 import torch
 import torch.nn.functional as F
 
 import rmsnorm_kernel
-from rmsnorm_kernel import launch
+from rmsnorm_kernel import launch, ops
 
 
 def per_call_us(fn, calls=1000):
@@ -34,6 +37,41 @@ class _Identity(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return grad
+
+
+def attribute(label, forward, dy, reps=300):
+    """Median microseconds of a forward+backward call split at this op's backward node: engine
+    to node entry, node body, node exit to .backward() returning (the node's body is timed by a
+    wrapper around _EagerFunction.backward)."""
+    stamps = {}
+    original = ops._EagerFunction.backward
+
+    def timed(ctx, *grads):
+        stamps["enter"] = time.perf_counter()
+        out = original(ctx, *grads)
+        stamps["exit"] = time.perf_counter()
+        return out
+
+    ops._EagerFunction.backward = staticmethod(timed)
+    try:
+        for _ in range(30):
+            forward().backward(dy)
+        torch.cuda.synchronize()
+        parts = {"total": [], "engine to node": [], "node body": [], "node to return": []}
+        for _ in range(reps):
+            start = time.perf_counter()
+            y = forward()
+            called = time.perf_counter()
+            y.backward(dy)
+            done = time.perf_counter()
+            parts["total"].append(done - start)
+            parts["engine to node"].append(stamps["enter"] - called)
+            parts["node body"].append(stamps["exit"] - stamps["enter"])
+            parts["node to return"].append(done - stamps["exit"])
+        torch.cuda.synchronize()
+    finally:
+        ops._EagerFunction.backward = original
+    print(f"  {label}: " + ", ".join(f"{k} {statistics.median(v) * 1e6:.1f} us" for k, v in parts.items()))
 
 
 def main():
@@ -60,6 +98,14 @@ def main():
         print(
             "  slow launches during timing:", {k: v.slow_launches - before[k] for k, v in launchers.items()}
         )
+        for threaded in (True, False):
+            torch.autograd.set_multithreading_enabled(threaded)
+            attribute(
+                f"kernel fwd+bwd, autograd device thread {'on' if threaded else 'off'}",
+                lambda: rmsnorm_kernel.rms_norm(xg, weight=wg),
+                dy,
+            )
+        torch.autograd.set_multithreading_enabled(True)
         prof = cProfile.Profile()
         prof.enable()
         for _ in range(300):
