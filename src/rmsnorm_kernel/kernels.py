@@ -182,7 +182,7 @@ def forward_looped(
     hints the same kernel reaches only 85-86% of the copy ceiling at N = 8192 and 16384 (H200,
     bf16, `tools/kernel_lab.py two-walk`). N is a compile-time constant (one compilation per row
     width): the walks' trip counts are then fixed and the masks of full chunks fold away. With a
-    runtime N and a row loop the same walks measured 83-97% of copy depending on warps and chunk
+    runtime N and a row loop the same walks measured 70-97% of copy depending on warps and chunk
     width (`tools/kernel_lab.py confirm`); with a constant N, 96-98% at N = 8192 and 16384 and 84%
     at N = 65536. With a residual, h is written once in the first walk and read back in the
     second."""
