@@ -254,9 +254,12 @@ def fwd_walk_static(X, W, Y, RSTD, eps, N: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def fwd_tile_1d(X, W, Y, RSTD, N, stride_x, eps, BLOCK_N: tl.constexpr, FULL: tl.constexpr):
+def fwd_tile_1d(
+    X, W, Y, RSTD, N, stride_x, eps, BLOCK_N: tl.constexpr, FULL: tl.constexpr, HW_RSQRT: tl.constexpr
+):  # fmt: skip
     """One row per program as a 1-D block (forward_tile's rows are a 2-D [ROWS, BLOCK_N] block),
-    fp32 math as forward_tile; FULL (N == BLOCK_N) drops the masks."""
+    fp32 math as forward_tile; FULL (N == BLOCK_N) drops the masks; HW_RSQRT takes the hardware
+    rsqrt instead of the correctly rounded one (what the per-row rounding costs in time)."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     if FULL:
@@ -265,30 +268,17 @@ def fwd_tile_1d(X, W, Y, RSTD, N, stride_x, eps, BLOCK_N: tl.constexpr, FULL: tl
     else:
         x = tl.load(X + row * stride_x + cols, mask=cols < N, other=0.0).to(tl.float32)
         w = tl.load(W + cols, mask=cols < N, other=0.0)
-    rstd = kernels._rsqrt_rn(tl.sum(x * x, axis=0) / N + eps)
+    mean_square = tl.sum(x * x, axis=0) / N + eps
+    if HW_RSQRT:
+        rstd = tl.rsqrt(mean_square)
+    else:
+        rstd = kernels._rsqrt_rn(mean_square)
     tl.store(RSTD + row, rstd)
     y = (x * rstd * w.to(tl.float32)).to(Y.dtype.element_ty)
     if FULL:
         tl.store(Y + row * N + cols, y)
     else:
         tl.store(Y + row * N + cols, y, mask=cols < N)
-
-
-@triton.jit
-def fwd_tile_hw_rsqrt(X, W, Y, RSTD, N, eps, BLOCK_N: tl.constexpr, HW_RSQRT: tl.constexpr):
-    """One row per program, the production tile forward's math with the hardware rsqrt
-    (HW_RSQRT) or the correctly rounded one: what the per-row rounding costs in time."""
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK_N)
-    x = tl.load(X + row * N + cols, mask=cols < N, other=0.0).to(tl.float32)
-    w = tl.load(W + cols, mask=cols < N, other=0.0)
-    ms = tl.sum(x * x, axis=0) / N + eps
-    if HW_RSQRT:
-        rstd = tl.rsqrt(ms)
-    else:
-        rstd = kernels._rsqrt_rn(ms)
-    tl.store(RSTD + row, rstd)
-    tl.store(Y + row * N + cols, (x * rstd * w.to(tl.float32)).to(Y.dtype.element_ty), mask=cols < N)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -627,7 +617,7 @@ def round_tile1d(lab: Lab) -> None:
         for warps, full in itertools.product([2, 4, 8, 16], [0, 1]):
             lab.run("fwd", s, f"tile 1d w{warps} {'full' if full else 'masked'}",
                     lambda: fwd_tile_1d[(s["m"],)](
-                        s["x"], s["w"], s["y"], s["rstd_out"], n, n, EPS, n, full, num_warps=warps))  # fmt: skip
+                        s["x"], s["w"], s["y"], s["rstd_out"], n, n, EPS, n, full, 0, num_warps=warps))  # fmt: skip
 
 
 def round_small(lab: Lab) -> None:
@@ -659,8 +649,8 @@ def round_small(lab: Lab) -> None:
     s = lab.shape(32768, 4096)
     for hw, warps in itertools.product([0, 1], [4, 8]):
         lab.run("fwd", s, f"1d tile w{warps} {'hardware rsqrt' if hw else 'rsqrt_rn'}",
-                lambda: fwd_tile_hw_rsqrt[(s["m"],)](s["x"], s["w"], s["y"], s["rstd_out"], 4096, EPS, 4096, hw,
-                                                     num_warps=warps))  # fmt: skip
+                lambda: fwd_tile_1d[(s["m"],)](s["x"], s["w"], s["y"], s["rstd_out"], 4096, 4096, EPS, 4096, 0, hw,
+                                               num_warps=warps))  # fmt: skip
 
 
 ROUNDS = {
