@@ -245,9 +245,9 @@ def backward_config(n: int) -> tuple[int, int, int, tuple[int, int]]:
     return block_n, max(1, 1024 // block_n), 4, (4, 4)
 
 
-# The tile paths' launch parameters, built once per configuration so that a call only looks
-# them up. (The two-walk forward and the wide backward read their module-level knobs at every
-# call: tools/tune_sweep.py overrides the wide backward's between runs.)
+# Launch parameters of the tile and two-walk paths, built once per configuration so that a call
+# only looks them up. (The wide backward reads its module-level knobs at every call:
+# tools/tune_sweep.py overrides them between runs.)
 
 
 @functools.cache
@@ -255,6 +255,14 @@ def _forward_tile_plan(n: int, has_weight: bool, has_residual: bool, casting: in
     """(ROWS, num_warps, constexprs) of forward_tile."""
     block_n, rows, num_warps = forward_config(n)
     return rows, num_warps, (has_weight, has_residual, casting, block_n, rows)
+
+
+@functools.cache
+def _forward_looped_plan(n: int, has_weight: bool, has_residual: bool, casting: int) -> tuple:
+    """(num_warps, constexprs) of forward_looped."""
+    num_warps = FORWARD_WALK_WARPS if n <= TWO_WALK_MAX else FORWARD_WIDE_WARPS
+    # HAS_WEIGHT, HAS_RESIDUAL, CASTING, BLOCK_N, FIRST_WALK_POLICY, SECOND_WALK_POLICY, N
+    return num_warps, (has_weight, has_residual, casting, FORWARD_WALK_BLOCK, "evict_last", "evict_first", n)
 
 
 @functools.cache
@@ -344,18 +352,8 @@ def forward(
         args = (x2, r, w, y, hs, rstd, m, n, stride_x, stride_r, n, n, eps, offset)
         _forward_tile(((m + rows - 1) // rows, 1, 1), args, num_warps, constexprs)
     else:  # one program per row, the row kept in L2 between the walks
+        num_warps, constexprs = _forward_looped_plan(n, weight is not None, res2 is not None, casting)
         args = (x2, r, w, y, hs, rstd, stride_x, stride_r, n, n, eps, offset)
-        # HAS_WEIGHT, HAS_RESIDUAL, CASTING, BLOCK_N, FIRST_WALK_POLICY, SECOND_WALK_POLICY, N
-        constexprs = (
-            weight is not None,
-            res2 is not None,
-            casting,
-            FORWARD_WALK_BLOCK,
-            "evict_last",
-            "evict_first",
-            n,
-        )
-        num_warps = FORWARD_WALK_WARPS if n <= TWO_WALK_MAX else FORWARD_WIDE_WARPS
         _forward_looped((m, 1, 1), args, num_warps, constexprs)
     return y, rstd, h
 
