@@ -53,8 +53,11 @@ def check_against_reference(x, w, dy, dtype, eps=1e-6):
 
 
 # (M, N): odd sizes, M = 0, 1, 17; N = 1, 257, 4097 (two-walk path, 2 chunks), 12289 (two-walk,
-# 4 chunks, the most it has), 16384 (a multiple of the forward's chunk: its walks without masks)
-# and one N above the two-walk path (65537).
+# 4 chunks, the most it has), 16384 (a multiple of the forward's chunk: its walks without masks),
+# N above the two-walk path on the split path (65537: 9 segments, the last one element wide;
+# 24577 over 64 rows: many row groups exchanging sums at once) and 131073, too wide for the split
+# path on a GPU (two-walk forward, segmented backward). The interpreter runs split rows as one
+# segment (its programs run one after another); the GPU runs them split.
 SHAPES = [
     (0, 257),
     (1, 1),
@@ -65,6 +68,8 @@ SHAPES = [
     (2, 16384),
     (1, 65537),
     (3, 65537),
+    (64, 24577),
+    (2, 131073),
     (17, 64),
 ]
 
@@ -120,8 +125,9 @@ def test_mixed_weight_dtype(device, x_dtype, w_dtype):
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
 @pytest.mark.parametrize("dtype", [F32, BF16])
-def test_no_weight(device, dtype):
-    x, _, dy = make((17, 257), dtype, device)
+@pytest.mark.parametrize("n", [257, 24577])
+def test_no_weight(device, dtype, n):
+    x, _, dy = make((17, n), dtype, device)
     check_against_reference(x, None, dy, dtype)
 
 
@@ -138,6 +144,25 @@ def test_dw_is_bitwise_deterministic_and_dy_untouched(device, n):
             and torch.equal(y, results[0][0])
         )
     assert torch.equal(dy, dy_before), "dy must never be modified in place"
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("n", [24577, 65537])  # the split paths: programs of a row exchange sums
+def test_split_rows_with_nan_or_inf_finish_and_stay_in_their_row(device, n):
+    """A NaN or inf in one row of a split row must reach that row's outputs only, and must not
+    stall the programs waiting on that row's sums (a NaN's bits could read as "not yet")."""
+    x, w, dy = make((6, n), F32, device)
+    x[1, 5] = float("nan")
+    x[2, -1] = -float("nan")
+    x[3, 0] = float("inf")
+    dy[4, 7] = -float("nan")
+    y, dx, dw = run_kernel(x, w, dy)
+    assert torch.isnan(y[1]).all() and torch.isnan(y[2]).all()
+    assert torch.isnan(dx[1]).all() and torch.isnan(dx[4]).all()
+    finite = [0, 5]
+    dx_ref, _ = rms_norm_backward_reference(x[finite], w, dy[finite])
+    assert_close(y[finite], rms_norm_reference(x[finite], w), F32)
+    assert_close(dx[finite], dx_ref, F32)
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
@@ -206,7 +231,7 @@ def test_compile_fullgraph_without_recompiling_per_batch(device):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="CUDA graphs need a CUDA device")
-@pytest.mark.parametrize("n", [4096, 65537])
+@pytest.mark.parametrize("n", [4096, 65537, 131073])
 def test_cuda_graph_capture_forward_and_backward(n):
     x, w, dy = make((64, n), BF16, "cuda")
     xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()

@@ -395,7 +395,7 @@ class Lab:
         best: dict[tuple, dict] = {}
         for r in self.rows:
             key = (r["kind"], r["shape"])
-            if r["variant"] not in ("production", "torch F.rms_norm", "torch.compile", "liger"):
+            if r["variant"] not in ("production", "torch F.rms_norm", "torch.compile", "liger", "quack"):
                 if key not in best or r["us"] < best[key]["us"]:
                     best[key] = r
         print("\nbest variant per shape, against production:")
@@ -522,6 +522,15 @@ def peers(lab: Lab, s: dict) -> None:
             return LigerRMSNormFunction.apply(x, w, EPS, 0.0, "llama", False)
 
         lab.run("fwd", s, "liger", lambda: s["y"].copy_(liger()), liger)
+        try:
+            from quack.rmsnorm import rmsnorm as quack_rmsnorm
+        except ImportError:
+            return
+
+        def quack():
+            return quack_rmsnorm(x, w, eps=EPS)
+
+        lab.run("fwd", s, "quack", lambda: s["y"].copy_(quack()), quack)
 
 
 def round_lean(lab: Lab) -> None:
@@ -653,6 +662,72 @@ def round_small(lab: Lab) -> None:
                                                num_warps=warps))  # fmt: skip
 
 
+def forward_split(s: dict, segment: int, warps: int):
+    """The production forward_split with a chosen segment width and warps, writing s["y"]."""
+    x, m, n = s["x"], s["m"], s["n"]
+    segments = triton.cdiv(n, segment)
+    constexprs = (True, False, 0, segment, segments, triton.next_power_of_2(segments), n)
+
+    def call():
+        sync = torch.full((1 + m * segments,), -1, dtype=torch.int32, device=x.device)
+        args = (x, x, s["w"], s["y"], s["y"], s["rstd_out"], sync, n, n, n, n, EPS, 0.0)
+        kernels.forward_split[(m * segments,)](*args, *constexprs, num_warps=warps)
+
+    return call
+
+
+def backward_split(lab: Lab, s: dict, segment: int, warps: int, per_sm: int, prefetch: int):
+    """The production backward_split and dw reduction with a chosen launch, writing s["dx"], s["dw"]."""
+    x, m, n = s["x"], s["m"], s["n"]
+    segments = triton.cdiv(n, segment)
+    groups = min(m, max(1, per_sm * lab.sms // segments))
+    partial = torch.empty(groups, n, device=x.device)
+    constexprs = (True, False, True, 0, segment, segments, triton.next_power_of_2(segments), prefetch)
+
+    def call():
+        sync = torch.full((1 + m * segments,), -1, dtype=torch.int32, device=x.device)
+        args = (x, s["w"], s["dy"], s["dy"], s["rstd"], s["dx"], partial, sync, m, n, groups, n, n, n, n, 0.0)
+        kernels.backward_split[(groups * segments,)](*args, *constexprs, num_warps=warps)
+        lab.reduce(s, partial, groups)
+
+    return call
+
+
+def round_split(lab: Lab) -> None:
+    """The split forward (a row's segments on separate programs that exchange their sums of
+    squares) at segment widths and warps, beside production, the two-walk forward and the peers,
+    CUDA-graph timed. Under --smoke only one-segment launches run: the interpreter runs programs
+    one after another, and a program of a split row waits for the others."""
+    if not lab.smoke:
+        from triton.testing import do_bench_cudagraph
+
+        lab.median_us = lambda fn: do_bench_cudagraph(fn, rep=50, return_mode="median") * 1e3
+    for m, n in [(2048, 65536), (4096, 32768), (1024, 131072), (8192, 16384), (16384, 8192)]:
+        s = lab.shape(m, n)
+        lab.production(s)
+        peers(lab, s)
+        if n > 16384:
+            lab.run("fwd", s, "two-walk b8192 w32", forward_looped(s, 8192, 32, ("evict_last", "evict_first")))
+        for segment, warps in itertools.product([2048, 4096, 8192, 16384, 32768], [4, 8, 16]):
+            per_thread = segment // (32 * warps)
+            segments = triton.cdiv(n, segment)
+            if not 4 <= per_thread <= 64 or segments > 16 or (lab.smoke and segments > 1):
+                continue
+            lab.run("fwd", s, f"split s{segment} w{warps}", forward_split(s, segment, warps))
+        for segment, warps, per_sm, prefetch in itertools.product([4096, 8192, 16384], [8, 16], [1, 2], [0, 1]):
+            per_thread = segment // (32 * warps)
+            segments = triton.cdiv(n, segment)
+            if not 4 <= per_thread <= 64 or segments > 16 or (lab.smoke and segments > 1):
+                continue
+            lab.run("bwd", s, f"split s{segment} w{warps} p{per_sm} prefetch{prefetch}",
+                    backward_split(lab, s, segment, warps, per_sm, prefetch))  # fmt: skip
+    if lab.smoke:  # the one-segment launches above need segment >= n
+        s = lab.shape(3, 8192)
+        lab.run("fwd", s, "split s8192 w8", forward_split(s, 8192, 8))
+        for prefetch in (0, 1):
+            lab.run("bwd", s, f"split s8192 w8 p1 prefetch{prefetch}", backward_split(lab, s, 8192, 8, 1, prefetch))
+
+
 ROUNDS = {
     "tile": round_tile,
     "persistent": round_persistent,
@@ -663,6 +738,7 @@ ROUNDS = {
     "confirm": round_confirm,
     "tile1d": round_tile1d,
     "small": round_small,
+    "split": round_split,
 }
 
 
