@@ -371,7 +371,9 @@ def test_llama_rounding_is_hugging_face_and_default_is_more_accurate(device, x_d
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
-@pytest.mark.parametrize("shape", [(17, 257), (3, 9000), (2, 16384), (2, 65537), (2, 131073)])  # tile, two-walk, split, wide
+@pytest.mark.parametrize(
+    "shape", [(17, 257), (3, 9000), (2, 16384), (2, 65537), (2, 131073)]
+)  # tile, two-walk, split, wide
 def test_llama_casting_gradients_match_the_reference(device, shape):
     """casting="llama" rounds xn before the weight multiply in the forward and for dw: every
     kernel path's y, dx and dw equal reference autograd through that same rounding."""

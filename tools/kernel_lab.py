@@ -707,14 +707,18 @@ def round_split(lab: Lab) -> None:
         lab.production(s)
         peers(lab, s)
         if n > 16384:
-            lab.run("fwd", s, "two-walk b8192 w32", forward_looped(s, 8192, 32, ("evict_last", "evict_first")))
+            lab.run(
+                "fwd", s, "two-walk b8192 w32", forward_looped(s, 8192, 32, ("evict_last", "evict_first"))
+            )
         for segment, warps in itertools.product([2048, 4096, 8192, 16384, 32768], [4, 8, 16]):
             per_thread = segment // (32 * warps)
             segments = triton.cdiv(n, segment)
             if not 4 <= per_thread <= 64 or segments > 16 or (lab.smoke and segments > 1):
                 continue
             lab.run("fwd", s, f"split s{segment} w{warps}", forward_split(s, segment, warps))
-        for segment, warps, per_sm, prefetch in itertools.product([4096, 8192, 16384], [8, 16], [1, 2], [0, 1]):
+        for segment, warps, per_sm, prefetch in itertools.product(
+            [4096, 8192, 16384], [8, 16], [1, 2], [0, 1]
+        ):
             per_thread = segment // (32 * warps)
             segments = triton.cdiv(n, segment)
             if not 4 <= per_thread <= 64 or segments > 16 or (lab.smoke and segments > 1):
@@ -725,7 +729,12 @@ def round_split(lab: Lab) -> None:
         s = lab.shape(3, 8192)
         lab.run("fwd", s, "split s8192 w8", forward_split(s, 8192, 8))
         for prefetch in (0, 1):
-            lab.run("bwd", s, f"split s8192 w8 p1 prefetch{prefetch}", backward_split(lab, s, 8192, 8, 1, prefetch))
+            lab.run(
+                "bwd",
+                s,
+                f"split s8192 w8 p1 prefetch{prefetch}",
+                backward_split(lab, s, 8192, 8, 1, prefetch),
+            )
 
 
 ROUNDS = {

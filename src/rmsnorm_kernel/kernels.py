@@ -632,7 +632,9 @@ def backward_split(
             x_next = tl.load(X + nxt * stride_x + cols, mask=ok, other=0.0, eviction_policy="evict_first")
             dy_next = tl.load(DY + nxt * stride_dy + cols, mask=ok, other=0.0, eviction_policy="evict_first")
         else:
-            x_raw = tl.load(X + row64 * stride_x + cols, mask=col_ok, other=0.0, eviction_policy="evict_first")
+            x_raw = tl.load(
+                X + row64 * stride_x + cols, mask=col_ok, other=0.0, eviction_policy="evict_first"
+            )
             dy = tl.load(DY + row64 * stride_dy + cols, mask=col_ok, other=0.0, eviction_policy="evict_first")
             dy = dy.to(tl.float32)
         rstd = tl.load(RSTD + row)

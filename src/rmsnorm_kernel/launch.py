@@ -294,7 +294,9 @@ def _forward_split_plan(n: int, has_weight: bool, has_residual: bool, casting: i
 
 
 @functools.cache
-def _backward_split_plan(n: int, has_weight: bool, has_dh: bool, compute_dw: bool, casting: int) -> tuple | None:
+def _backward_split_plan(
+    n: int, has_weight: bool, has_dh: bool, compute_dw: bool, casting: int
+) -> tuple | None:
     """(segments, num_warps, programs per SM, constexprs) of backward_split, None where the row
     is too wide for it. Under the interpreter a row is one segment (see _forward_split_plan)."""
     segment = _next_power_of_2(n) if kernels.INTERPRET else SPLIT_BACKWARD_SEGMENT
@@ -402,7 +404,9 @@ def forward(
         args = (x2, r, w, y, hs, rstd, m, n, stride_x, stride_r, n, n, eps, offset)
         _forward_tile(((m + rows - 1) // rows, 1, 1), args, num_warps, constexprs)
         return y, rstd, h
-    split = _forward_split_plan(n, weight is not None, res2 is not None, casting) if n > TWO_WALK_MAX else None
+    split = (
+        _forward_split_plan(n, weight is not None, res2 is not None, casting) if n > TWO_WALK_MAX else None
+    )
     if split is not None:  # one program per row segment, the segment kept in registers
         segments, num_warps, constexprs = split
         sync = torch.full((1 + m * segments,), -1, dtype=torch.int32, device=device)
@@ -463,7 +467,9 @@ def backward(
             partial = torch.empty(programs, n, dtype=torch.float32, device=device)
         args = (xh2, w, dy2, dh, rstd, dx, partial, m, n, programs, *strides)
         kernel((programs, 1, 1), args, num_warps, constexprs)
-    elif (split := _backward_split_plan(n, weight is not None, dh2 is not None, compute_dw, casting)) is not None:
+    elif (
+        split := _backward_split_plan(n, weight is not None, dh2 is not None, compute_dw, casting)
+    ) is not None:
         segments, num_warps, per_sm, constexprs = split
         programs = min(m, max(1, per_sm * sm_count(device) // segments))  # row groups
         partial = torch.empty(programs, n, dtype=torch.float32, device=device) if compute_dw else rstd
