@@ -131,8 +131,8 @@ RESIDUAL_FORWARD = [
     (BF16, F32, BF16, (5, 64)),  # an fp32 residual rounded into a bf16 stream
     (BF16, BF16, F32, (3, 9000)),  # the two-walk path (h written in the first walk, read in the second)
     (F16, F32, F16, (2, 16384)),  # the two-walk path without masks (N a multiple of the chunk)
-    (BF16, BF16, F32, (2, 65537)),  # the split forward (h kept in registers between the sums)
-    (F16, F16, None, (2, 131073)),  # too wide to split on a GPU: the two-walk forward with 32 warps
+    (BF16, BF16, F32, (2, 65537)),  # the wide two-walk forward (32 warps, y's stores hinted)
+    (F16, F16, None, (2, 131073)),  # the same with a last chunk one element wide
 ]
 
 
@@ -203,8 +203,8 @@ RESIDUAL_BACKWARD = [
     (BF16, BF16, None, True, (17, 257)),
     (BF16, BF16, F32, True, (17, 257)),
     (BF16, BF16, F32, True, (3, 9000)),  # the two-walk backward (3 chunks), with dh
-    (F32, F32, None, True, (2, 65537)),  # the split backward, with dh
-    (BF16, BF16, F32, True, (2, 131073)),  # too wide to split on a GPU: the segmented backward
+    (F32, F32, None, True, (2, 65537)),  # the segmented backward, with dh
+    (BF16, BF16, F32, True, (2, 131073)),  # the same, 17 segments
 ]
 
 
@@ -373,7 +373,7 @@ def test_llama_rounding_is_hugging_face_and_default_is_more_accurate(device, x_d
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
 @pytest.mark.parametrize(
     "shape", [(17, 257), (3, 9000), (2, 16384), (2, 65537), (2, 131073)]
-)  # tile, two-walk, split, wide
+)  # tile, two-walk, wide
 def test_llama_casting_gradients_match_the_reference(device, shape):
     """casting="llama" rounds xn before the weight multiply in the forward and for dw: every
     kernel path's y, dx and dw equal reference autograd through that same rounding."""

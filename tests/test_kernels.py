@@ -53,11 +53,9 @@ def check_against_reference(x, w, dy, dtype, eps=1e-6):
 
 
 # (M, N): odd sizes, M = 0, 1, 17; N = 1, 257, 4097 (two-walk path, 2 chunks), 12289 (two-walk,
-# 4 chunks, the most it has), 16384 (a multiple of the forward's chunk: its walks without masks),
-# N above the two-walk path on the split path (65537: 9 segments, the last one element wide;
-# 24577 over 64 rows: many row groups exchanging sums at once) and 131073, too wide for the split
-# path on a GPU (two-walk forward, segmented backward). The interpreter runs split rows as one
-# segment (its programs run one after another); the GPU runs them split.
+# 4 chunks, the most it has), 16384 (a multiple of the forward's chunk: its walks without masks)
+# and N above the two-walk backward (the wide forward's chunks and the segmented backward):
+# 24577 (two chunks, the second one element past a full chunk; 64 rows), 65537 and 131073.
 SHAPES = [
     (0, 257),
     (1, 1),
@@ -147,10 +145,10 @@ def test_dw_is_bitwise_deterministic_and_dy_untouched(device, n):
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
-@pytest.mark.parametrize("n", [24577, 65537])  # the split paths: programs of a row exchange sums
-def test_split_rows_with_nan_or_inf_finish_and_stay_in_their_row(device, n):
-    """A NaN or inf in one row of a split row must reach that row's outputs only, and must not
-    stall the programs waiting on that row's sums (a NaN's bits could read as "not yet")."""
+@pytest.mark.parametrize("n", [257, 24577, 65537])  # tile, wide forward and segmented backward
+def test_nan_or_inf_stays_in_its_row(device, n):
+    """A NaN or inf in one row reaches that row's y and dx only: the other rows of the same
+    program (tile) and of the same row group (segmented backward) stay exact."""
     x, w, dy = make((6, n), F32, device)
     x[1, 5] = float("nan")
     x[2, -1] = -float("nan")

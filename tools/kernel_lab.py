@@ -254,6 +254,274 @@ def fwd_walk_static(X, W, Y, RSTD, eps, N: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def fwd_walk_order(
+    X, W, Y, RSTD, eps, N: tl.constexpr, BLOCK_N: tl.constexpr, REVERSE: tl.constexpr, FIRST_POLICY: tl.constexpr,
+    STORE_POLICY: tl.constexpr,
+):  # fmt: skip
+    """forward_looped (N a multiple of BLOCK_N, no masks) with the second walk optionally run
+    backwards, so that it starts on the chunks the first walk read last (still in L2 when a row's
+    chunks do not all stay there), and a cache hint on y's stores."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    x_row = X + row * N
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for k in tl.range(0, N // BLOCK_N):
+        x = tl.load(x_row + k * BLOCK_N + cols, eviction_policy=FIRST_POLICY).to(tl.float32)
+        acc += x * x
+    rstd = kernels._rsqrt_rn(tl.sum(acc, axis=0) / N + eps)
+    tl.store(RSTD + row, rstd)
+    for k in tl.range(0, N // BLOCK_N):
+        if REVERSE:
+            start = (N // BLOCK_N - 1 - k) * BLOCK_N
+        else:
+            start = k * BLOCK_N
+        x = tl.load(x_row + start + cols, eviction_policy="evict_first").to(tl.float32)
+        w = tl.load(W + start + cols).to(tl.float32)
+        tl.store(
+            Y + row * N + start + cols, (x * rstd * w).to(Y.dtype.element_ty), eviction_policy=STORE_POLICY
+        )
+
+
+@triton.jit
+def _widen(x, SHIFT: tl.constexpr):
+    """bf16 -> fp32 as a bit shift when SHIFT: not the extension the first walk uses, so the
+    compiler keeps the bf16 values, not fp32 copies of them, alive between the walks."""
+    if SHIFT:
+        return (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def fwd_row4(
+    X, W, Y, RSTD, eps, N: tl.constexpr, BLOCK: tl.constexpr, KEEP: tl.constexpr, SHIFT: tl.constexpr,
+    FIRST_POLICY: tl.constexpr, STORE_POLICY: tl.constexpr,
+):  # fmt: skip
+    """One program per row of N = 4 * BLOCK: the first walk unrolled (all four chunk loads issued
+    together); with KEEP the chunks stay in registers for the scale (the row read once), else they
+    are read again from L2."""
+    row = tl.program_id(0).to(tl.int64)
+    base = X + row * N
+    cols = tl.arange(0, BLOCK)
+    x0 = tl.load(base + cols, eviction_policy=FIRST_POLICY)
+    x1 = tl.load(base + BLOCK + cols, eviction_policy=FIRST_POLICY)
+    x2 = tl.load(base + 2 * BLOCK + cols, eviction_policy=FIRST_POLICY)
+    x3 = tl.load(base + 3 * BLOCK + cols, eviction_policy=FIRST_POLICY)
+    f0, f1, f2, f3 = x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32), x3.to(tl.float32)
+    total = tl.sum(f0 * f0 + f1 * f1 + f2 * f2 + f3 * f3, axis=0)
+    rstd = kernels._rsqrt_rn(total / N + eps)
+    tl.store(RSTD + row, rstd)
+    if not KEEP:
+        x0 = tl.load(base + cols, eviction_policy="evict_first")
+        x1 = tl.load(base + BLOCK + cols, eviction_policy="evict_first")
+        x2 = tl.load(base + 2 * BLOCK + cols, eviction_policy="evict_first")
+        x3 = tl.load(base + 3 * BLOCK + cols, eviction_policy="evict_first")
+    y = Y + row * N + cols
+    dt = Y.dtype.element_ty
+    w0 = tl.load(W + cols).to(tl.float32)
+    tl.store(y, (_widen(x0, SHIFT) * rstd * w0).to(dt), eviction_policy=STORE_POLICY)
+    w1 = tl.load(W + BLOCK + cols).to(tl.float32)
+    tl.store(y + BLOCK, (_widen(x1, SHIFT) * rstd * w1).to(dt), eviction_policy=STORE_POLICY)
+    w2 = tl.load(W + 2 * BLOCK + cols).to(tl.float32)
+    tl.store(y + 2 * BLOCK, (_widen(x2, SHIFT) * rstd * w2).to(dt), eviction_policy=STORE_POLICY)
+    w3 = tl.load(W + 3 * BLOCK + cols).to(tl.float32)
+    tl.store(y + 3 * BLOCK, (_widen(x3, SHIFT) * rstd * w3).to(dt), eviction_policy=STORE_POLICY)
+
+
+@triton.jit
+def forward_split_kernel(
+    X,
+    RES,
+    W,
+    Y,
+    H,
+    RSTD,
+    SYNC,  # int32 [1 + M * SEGMENTS], all -1 at launch: a ticket counter, then one slot per segment
+    stride_x,
+    stride_res,
+    stride_y,
+    stride_h,
+    eps,
+    offset,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    CASTING: tl.constexpr,
+    SEGMENT: tl.constexpr,  # segment width, a power of two; the last segment may be partial
+    SEGMENTS: tl.constexpr,  # segments per row, cdiv(N, SEGMENT)
+    SEGMENTS_POW2: tl.constexpr,  # SEGMENTS rounded up to a power of two
+    N: tl.constexpr,
+    SPIN_LOAD: tl.constexpr = 0,
+    TICKETS: tl.constexpr = 1,
+):
+    """Wide rows read once: each row is split into SEGMENTS segments, one program per segment,
+    and each program holds its segment in registers from load to store. The programs of a row
+    exchange their partial sums of squares through SYNC:
+
+        partial[s] = sum over segment s of x^2          one fp32 sum per program
+        r          = 1 / sqrt(sum over s of partial[s] / N + eps)
+
+    Every program of the row waits for all SEGMENTS partials and adds them in the same fixed
+    order, so all of them, and every run, get the same r. Against the two-walk path this drops
+    the second read of the row (from L2) and keeps SEGMENTS programs' loads in flight per row.
+
+    Waiting on other programs is safe only if they are running. A program therefore takes its
+    (row, segment) from a ticket counter when it starts, not from its program id: tickets go to
+    programs that are already resident, in order, so every row whose tickets are all out has all
+    its programs resident and finishes; only the row holding the newest ticket can be waiting,
+    and the slots that the finished rows free start the programs that complete it. The launcher
+    keeps SEGMENTS far below the programs a GPU holds at once. (The interpreter runs programs one
+    after another, so there SEGMENTS is 1: no program waits.)
+
+    A partial is >= 0 (or NaN, whose sign bit is cleared before publishing), so its fp32 bits
+    read as a non-negative int32 and -1 marks "not yet".
+    """
+    if TICKETS:
+        ticket = tl.atomic_add(SYNC, 1, sem="relaxed") + 1
+    else:
+        ticket = tl.program_id(0)
+    row = ticket // SEGMENTS
+    segment = ticket % SEGMENTS
+    row64 = tl.cast(row, tl.int64)
+    cols = segment * SEGMENT + tl.arange(0, SEGMENT)
+    mask = cols < N
+    x = tl.load(X + row64 * stride_x + cols, mask=mask, other=0.0, eviction_policy="evict_first")
+    if HAS_WEIGHT:
+        w = tl.load(W + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        res = tl.load(RES + row64 * stride_res + cols, mask=mask, other=0.0, eviction_policy="evict_first")
+        x = (x.to(tl.float32) + res.to(tl.float32)).to(H.dtype.element_ty)
+        tl.store(H + row64 * stride_h + cols, x, mask=mask)
+    xf = x.to(tl.float32)
+    partial = tl.sum(xf * xf, axis=0)
+
+    slots = SYNC + 1 + row64 * SEGMENTS
+    tl.atomic_xchg(slots + segment, partial.to(tl.int32, bitcast=True) & 0x7FFFFFFF, sem="release")
+    others = tl.arange(0, SEGMENTS_POW2)
+    present = others < SEGMENTS
+    if SPIN_LOAD:
+        bits = tl.load(slots + others, mask=present, other=0, volatile=True)
+        while tl.min(tl.where(present, bits, 0), axis=0) < 0:
+            bits = tl.load(slots + others, mask=present, other=0, volatile=True)
+    else:
+        bits = tl.atomic_add(slots + others, 0, mask=present, sem="acquire")
+        while tl.min(tl.where(present, bits, 0), axis=0) < 0:
+            bits = tl.atomic_add(slots + others, 0, mask=present, sem="acquire")
+    total = tl.sum(tl.where(present, bits.to(tl.float32, bitcast=True), 0.0), axis=0)
+    rstd = kernels._rsqrt_rn(total / N + eps)
+    if segment == 0:
+        tl.store(RSTD + row, rstd)
+
+    xn = xf * rstd
+    if CASTING == 1:
+        xn = xn.to(x.dtype).to(tl.float32)
+    if HAS_WEIGHT:
+        xn = xn * (offset + w.to(tl.float32))
+    tl.store(Y + row64 * stride_y + cols, xn.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def backward_split_kernel(
+    X,  # as in backward_tile
+    W,
+    DY,
+    DH,
+    RSTD,
+    DX,
+    DW_PARTIAL,  # fp32 scratch [groups, N]: one row per row group (if COMPUTE_DW)
+    SYNC,  # int32 [1 + M * SEGMENTS], all -1 at launch: a ticket counter, then one slot per segment
+    M,
+    N,
+    groups,  # row groups: the programs of group g handle rows g, g + groups, ...
+    stride_x,
+    stride_dy,
+    stride_dh,
+    stride_dx,
+    offset,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_DH: tl.constexpr,
+    COMPUTE_DW: tl.constexpr,
+    CASTING: tl.constexpr,
+    SEGMENT: tl.constexpr,  # segment width, a power of two; the last segment may be partial
+    SEGMENTS: tl.constexpr,  # segments per row, cdiv(N, SEGMENT)
+    SEGMENTS_POW2: tl.constexpr,
+    PREFETCH: tl.constexpr,  # load the next row's x and dy before waiting on this row's sums
+    SPIN_LOAD: tl.constexpr = 0,
+):
+    """Wide rows in one pass: SEGMENTS programs per row group, one per column segment, each
+    holding its segment of a row in registers and its share of dw in registers across the group's
+    rows. Per row the programs of the group exchange their partial sums of u * x through SYNC
+    (as forward_split exchanges its sums of squares), so x and dy are read once:
+
+        partial[s] = sum over segment s of u * x        u = dy * (offset + w)
+        c          = r * (sum over s of partial[s]) / N   added in a fixed order: deterministic
+        dx         = r * (u - x * r * c)
+
+    Tickets make the waiting safe (see forward_split). A partial may be negative, so its slot
+    holds its fp32 bits with NaN made canonical (0x7FC00000): -1 (0xFFFFFFFF, a NaN pattern that
+    then cannot occur) marks "not yet"."""
+    ticket = tl.atomic_add(SYNC, 1, sem="relaxed") + 1
+    g = ticket // SEGMENTS
+    segment = ticket % SEGMENTS
+    cols = segment * SEGMENT + tl.arange(0, SEGMENT)
+    col_ok = cols < N
+    if HAS_WEIGHT:
+        scale = offset + tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    others = tl.arange(0, SEGMENTS_POW2)
+    present = others < SEGMENTS
+    dw_acc = tl.zeros((SEGMENT,), dtype=tl.float32)
+    if PREFETCH:
+        first = tl.cast(g, tl.int64)
+        ok = col_ok & (g < M)
+        x_next = tl.load(X + first * stride_x + cols, mask=ok, other=0.0, eviction_policy="evict_first")
+        dy_next = tl.load(DY + first * stride_dy + cols, mask=ok, other=0.0, eviction_policy="evict_first")
+    for row in range(g, M, groups):
+        row64 = tl.cast(row, tl.int64)
+        if PREFETCH:
+            x_raw = x_next
+            dy = dy_next.to(tl.float32)
+            nxt = row64 + groups
+            ok = col_ok & (nxt < M)
+            x_next = tl.load(X + nxt * stride_x + cols, mask=ok, other=0.0, eviction_policy="evict_first")
+            dy_next = tl.load(DY + nxt * stride_dy + cols, mask=ok, other=0.0, eviction_policy="evict_first")
+        else:
+            x_raw = tl.load(
+                X + row64 * stride_x + cols, mask=col_ok, other=0.0, eviction_policy="evict_first"
+            )
+            dy = tl.load(DY + row64 * stride_dy + cols, mask=col_ok, other=0.0, eviction_policy="evict_first")
+            dy = dy.to(tl.float32)
+        rstd = tl.load(RSTD + row)
+        x = x_raw.to(tl.float32)
+        if HAS_WEIGHT:
+            u = dy * scale
+        else:
+            u = dy
+        partial = tl.sum(u * x, axis=0)
+        bits = tl.where(partial != partial, 0x7FC00000, partial.to(tl.int32, bitcast=True))
+        slots = SYNC + 1 + row64 * SEGMENTS
+        tl.atomic_xchg(slots + segment, bits, sem="release")
+        if SPIN_LOAD:
+            seen = tl.load(slots + others, mask=present, other=0, volatile=True)
+            while tl.max(tl.where(present, seen == -1, 0), axis=0) > 0:
+                seen = tl.load(slots + others, mask=present, other=0, volatile=True)
+        else:
+            seen = tl.atomic_add(slots + others, 0, mask=present, sem="acquire")
+            while tl.max(tl.where(present, seen == -1, 0), axis=0) > 0:
+                seen = tl.atomic_add(slots + others, 0, mask=present, sem="acquire")
+        total = tl.sum(tl.where(present, seen.to(tl.float32, bitcast=True), 0.0), axis=0)
+        mean_uxn = total * rstd / N
+        xn = x * rstd
+        dx = (u - xn * mean_uxn) * rstd
+        if HAS_DH:
+            dx += tl.load(DH + row64 * stride_dh + cols, mask=col_ok, other=0.0).to(tl.float32)
+        tl.store(DX + row64 * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=col_ok)
+        if COMPUTE_DW:
+            if CASTING == 1:
+                xn = xn.to(x_raw.dtype).to(tl.float32)
+            dw_acc += dy * xn
+    if COMPUTE_DW:
+        tl.store(DW_PARTIAL + tl.cast(g, tl.int64) * N + cols, dw_acc, mask=col_ok)
+
+
+@triton.jit
 def fwd_tile_1d(
     X, W, Y, RSTD, N, stride_x, eps, BLOCK_N: tl.constexpr, FULL: tl.constexpr, HW_RSQRT: tl.constexpr
 ):  # fmt: skip
@@ -463,7 +731,9 @@ def forward_looped(s: dict, block: int, warps: int, policies: tuple[str, str]):
     """The production forward_looped (one program per row) with a chosen launch, writing s["y"]."""
     x, m, n = s["x"], s["m"], s["n"]
     args = (x, x, s["w"], s["y"], s["y"], s["rstd_out"], n, n, n, n, EPS, 0.0)
-    return lambda: kernels.forward_looped[(m,)](*args, True, False, 0, block, *policies, n, num_warps=warps)
+    return lambda: kernels.forward_looped[(m,)](
+        *args, True, False, 0, block, *policies, "", n, num_warps=warps
+    )
 
 
 HINTS = [("", ""), ("evict_last", "evict_first")]
@@ -662,32 +932,44 @@ def round_small(lab: Lab) -> None:
                                                num_warps=warps))  # fmt: skip
 
 
-def forward_split(s: dict, segment: int, warps: int):
+def forward_split(s: dict, segment: int, warps: int, spin_load: int = 0, tickets: int = 1):
     """The production forward_split with a chosen segment width and warps, writing s["y"]."""
     x, m, n = s["x"], s["m"], s["n"]
     segments = triton.cdiv(n, segment)
-    constexprs = (True, False, 0, segment, segments, triton.next_power_of_2(segments), n)
+    constexprs = (True, False, 0, segment, segments, triton.next_power_of_2(segments), n, spin_load, tickets)
 
     def call():
         sync = torch.full((1 + m * segments,), -1, dtype=torch.int32, device=x.device)
         args = (x, x, s["w"], s["y"], s["y"], s["rstd_out"], sync, n, n, n, n, EPS, 0.0)
-        kernels.forward_split[(m * segments,)](*args, *constexprs, num_warps=warps)
+        forward_split_kernel[(m * segments,)](*args, *constexprs, num_warps=warps)
 
     return call
 
 
-def backward_split(lab: Lab, s: dict, segment: int, warps: int, per_sm: int, prefetch: int):
+def backward_split(
+    lab: Lab, s: dict, segment: int, warps: int, per_sm: int, prefetch: int, spin_load: int = 0
+):
     """The production backward_split and dw reduction with a chosen launch, writing s["dx"], s["dw"]."""
     x, m, n = s["x"], s["m"], s["n"]
     segments = triton.cdiv(n, segment)
     groups = min(m, max(1, per_sm * lab.sms // segments))
     partial = torch.empty(groups, n, device=x.device)
-    constexprs = (True, False, True, 0, segment, segments, triton.next_power_of_2(segments), prefetch)
+    constexprs = (
+        True,
+        False,
+        True,
+        0,
+        segment,
+        segments,
+        triton.next_power_of_2(segments),
+        prefetch,
+        spin_load,
+    )
 
     def call():
         sync = torch.full((1 + m * segments,), -1, dtype=torch.int32, device=x.device)
         args = (x, s["w"], s["dy"], s["dy"], s["rstd"], s["dx"], partial, sync, m, n, groups, n, n, n, n, 0.0)
-        kernels.backward_split[(groups * segments,)](*args, *constexprs, num_warps=warps)
+        backward_split_kernel[(groups * segments,)](*args, *constexprs, num_warps=warps)
         lab.reduce(s, partial, groups)
 
     return call
@@ -737,6 +1019,101 @@ def round_split(lab: Lab) -> None:
             )
 
 
+def backward_wide(lab: Lab, s: dict):
+    """The segmented backward (backward_wide_dot, then backward_wide) as launched before the split
+    backward, writing s["dx"], s["dw"]."""
+    x, m, n = s["x"], s["m"], s["n"]
+    seg, warps = launch.SEGMENT, launch.SEGMENT_WARPS
+    segments = triton.cdiv(n, seg)
+    groups = min(m, max(1, 2 * lab.sms // segments))
+    partial = torch.empty(groups, n, device=x.device)
+
+    def call():
+        dot = torch.empty(m, segments, device=x.device)
+        kernels.backward_wide_dot[(m, segments)](x, s["w"], s["dy"], dot, n, n, n, 0.0, segments, True, seg,
+                                                 num_warps=warps)  # fmt: skip
+        kernels.backward_wide[(groups, segments)](
+            x, s["w"], s["dy"], s["dy"], s["rstd"], dot, s["dx"], partial, m, n, groups, n, n, n, n, 0.0, segments,
+            True, False, True, 0, seg, triton.next_power_of_2(segments), num_warps=warps)  # fmt: skip
+        lab.reduce(s, partial, groups)
+
+    return call
+
+
+def round_wide2(lab: Lab) -> None:
+    """Rows of 32768-131072: the two-walk forward with its second walk reversed and y's stores
+    hinted, and the split kernels spinning on loads instead of atomics, or without tickets,
+    beside production, the segmented backward and the peers (CUDA-graph timing)."""
+    if not lab.smoke:
+        from triton.testing import do_bench_cudagraph
+
+        lab.median_us = lambda fn: do_bench_cudagraph(fn, rep=50, return_mode="median") * 1e3
+    for m, n in [(2048, 65536), (1024, 131072), (4096, 32768)]:
+        s = lab.shape(m, n)
+        lab.production(s)
+        peers(lab, s)
+        for block, warps, reverse, first, store in itertools.product(
+            [8192, 16384], [16, 32], [0, 1], ["evict_last", ""], ["", "evict_first"]
+        ):
+            lab.run("fwd", s, f"walk b{block} w{warps} rev{reverse} {first or '-'} store {store or '-'}",
+                    lambda: fwd_walk_order[(s["m"],)](s["x"], s["w"], s["y"], s["rstd_out"], EPS, n, block, reverse,
+                                                      first, store, num_warps=warps))  # fmt: skip
+        if lab.smoke:
+            continue
+        for segment, warps, spin_load, tickets in itertools.product([8192, 16384], [4, 8], [0, 1], [0, 1]):
+            lab.run("fwd", s, f"split s{segment} w{warps} spinload{spin_load} tickets{tickets}",
+                    forward_split(s, segment, warps, spin_load, tickets))  # fmt: skip
+        lab.run("bwd", s, "segmented (backward_wide)", backward_wide(lab, s))
+        for segment, warps, per_sm, spin_load in itertools.product([4096, 8192], [8], [1, 2], [0, 1]):
+            lab.run("bwd", s, f"split s{segment} w{warps} p{per_sm} prefetch1 spinload{spin_load}",
+                    backward_split(lab, s, segment, warps, per_sm, 1, spin_load))  # fmt: skip
+
+
+def round_wide3(lab: Lab) -> None:
+    """Rows of 32768 and 65536 held whole by one program (fwd_row4: the row read once, or its
+    first walk unrolled), beside the two-walk forward with 16384-wide chunks and y's stores hinted
+    evict_first; and the tile backward with a row-wide tile at N = 8192 and 16384 (one or two
+    programs per SM) beside production. CUDA-graph timing."""
+    if not lab.smoke:
+        from triton.testing import do_bench_cudagraph
+
+        lab.median_us = lambda fn: do_bench_cudagraph(fn, rep=50, return_mode="median") * 1e3
+    for m, n, dtype in [
+        (2048, 65536, torch.bfloat16),
+        (4096, 32768, torch.bfloat16),
+        (2048, 65536, torch.float16),
+    ]:
+        s = lab.shape(m, n, dtype)
+        lab.production(s)
+        peers(lab, s)
+        for block, store in itertools.product([8192, 16384], ["", "evict_first"]):
+            lab.run("fwd", s, f"walk b{block} w32 store {store or '-'}",
+                    lambda: fwd_walk_order[(s["m"],)](s["x"], s["w"], s["y"], s["rstd_out"], EPS, n, block, 0,
+                                                      "evict_last", store, num_warps=32))  # fmt: skip
+        shifts = [0, 1] if dtype == torch.bfloat16 else [0]
+        for warps, keep, shift, store in itertools.product([16, 32], [0, 1], shifts, ["", "evict_first"]):
+            if shift and not keep:
+                continue
+            policy = "evict_first" if keep else "evict_last"
+            lab.run("fwd", s, f"row4 w{warps} keep{keep} shift{shift} store {store or '-'}",
+                    lambda: fwd_row4[(s["m"],)](s["x"], s["w"], s["y"], s["rstd_out"], EPS, n, n // 4, keep, shift,
+                                                policy, store, num_warps=warps))  # fmt: skip
+    for m, n in [(8192, 16384), (16384, 8192)]:
+        s = lab.shape(m, n)
+        lab.production(s)
+        for warps, per_sm in itertools.product([8, 16, 32], [1, 2]):
+            programs = min(s["m"], per_sm * lab.sms)
+            partial = torch.empty(programs, n, device=lab.device)
+
+            def bwd():
+                kernels.backward_tile[(programs,)](
+                    s["x"], s["w"], s["dy"], s["dy"], s["rstd"], s["dx"], partial, s["m"], n, programs,
+                    n, n, n, n, 0.0, True, False, True, 0, n, 1, num_warps=warps)  # fmt: skip
+                lab.reduce(s, partial, programs)
+
+            lab.run("bwd", s, f"row tile w{warps} p{per_sm}", bwd)
+
+
 ROUNDS = {
     "tile": round_tile,
     "persistent": round_persistent,
@@ -748,6 +1125,8 @@ ROUNDS = {
     "tile1d": round_tile1d,
     "small": round_small,
     "split": round_split,
+    "wide2": round_wide2,
+    "wide3": round_wide3,
 }
 
 

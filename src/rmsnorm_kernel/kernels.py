@@ -174,6 +174,7 @@ def forward_looped(
     BLOCK_N: tl.constexpr,  # chunk width; N may be any multiple or not
     FIRST_WALK_POLICY: tl.constexpr,  # L2 eviction hint of the first walk's loads ("" for none)
     SECOND_WALK_POLICY: tl.constexpr,  # and of the second walk's
+    STORE_POLICY: tl.constexpr,  # L2 eviction hint of y's stores ("" for none)
     N: tl.constexpr,  # row length, known at compile time (see below)
 ):
     """Rows wider than a tile, walked twice in BLOCK_N chunks by one program per row: the sum of
@@ -185,7 +186,9 @@ def forward_looped(
     runtime N and a row loop the same walks measured 70-97% of copy depending on warps and chunk
     width (`tools/kernel_lab.py confirm`); with a constant N, 96-98% at N = 8192 and 16384 and 84%
     at N = 65536. With a residual, h is written once in the first walk and read back in the
-    second."""
+    second. Rows wider than 16384 hold more than L2 keeps comfortably between the walks (a
+    program per SM, 128 KiB per row at N = 65536 in bf16): there y's stores are hinted
+    "evict_first", so that they do not push the rows waiting for their second walk out of L2."""
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     row64 = tl.cast(row, tl.int64)
@@ -216,88 +219,9 @@ def forward_looped(
         if HAS_WEIGHT:
             w = tl.load(W + c, mask=c < N, other=0.0).to(tl.float32)
             xn = xn * (offset + w)
-        tl.store(Y + row64 * stride_y + c, xn.to(Y.dtype.element_ty), mask=c < N)
-
-
-@triton.jit
-def forward_split(
-    X,
-    RES,
-    W,
-    Y,
-    H,
-    RSTD,
-    SYNC,  # int32 [1 + M * SEGMENTS], all -1 at launch: a ticket counter, then one slot per segment
-    stride_x,
-    stride_res,
-    stride_y,
-    stride_h,
-    eps,
-    offset,
-    HAS_WEIGHT: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr,
-    CASTING: tl.constexpr,
-    SEGMENT: tl.constexpr,  # segment width, a power of two; the last segment may be partial
-    SEGMENTS: tl.constexpr,  # segments per row, cdiv(N, SEGMENT)
-    SEGMENTS_POW2: tl.constexpr,  # SEGMENTS rounded up to a power of two
-    N: tl.constexpr,
-):
-    """Wide rows read once: each row is split into SEGMENTS segments, one program per segment,
-    and each program holds its segment in registers from load to store. The programs of a row
-    exchange their partial sums of squares through SYNC:
-
-        partial[s] = sum over segment s of x^2          one fp32 sum per program
-        r          = 1 / sqrt(sum over s of partial[s] / N + eps)
-
-    Every program of the row waits for all SEGMENTS partials and adds them in the same fixed
-    order, so all of them, and every run, get the same r. Against the two-walk path this drops
-    the second read of the row (from L2) and keeps SEGMENTS programs' loads in flight per row.
-
-    Waiting on other programs is safe only if they are running. A program therefore takes its
-    (row, segment) from a ticket counter when it starts, not from its program id: tickets go to
-    programs that are already resident, in order, so every row whose tickets are all out has all
-    its programs resident and finishes; only the row holding the newest ticket can be waiting,
-    and the slots that the finished rows free start the programs that complete it. The launcher
-    keeps SEGMENTS far below the programs a GPU holds at once. (The interpreter runs programs one
-    after another, so there SEGMENTS is 1: no program waits.)
-
-    A partial is >= 0 (or NaN, whose sign bit is cleared before publishing), so its fp32 bits
-    read as a non-negative int32 and -1 marks "not yet".
-    """
-    ticket = tl.atomic_add(SYNC, 1, sem="relaxed") + 1
-    row = ticket // SEGMENTS
-    segment = ticket % SEGMENTS
-    row64 = tl.cast(row, tl.int64)
-    cols = segment * SEGMENT + tl.arange(0, SEGMENT)
-    mask = cols < N
-    x = tl.load(X + row64 * stride_x + cols, mask=mask, other=0.0, eviction_policy="evict_first")
-    if HAS_WEIGHT:
-        w = tl.load(W + cols, mask=mask, other=0.0)
-    if HAS_RESIDUAL:
-        res = tl.load(RES + row64 * stride_res + cols, mask=mask, other=0.0, eviction_policy="evict_first")
-        x = (x.to(tl.float32) + res.to(tl.float32)).to(H.dtype.element_ty)
-        tl.store(H + row64 * stride_h + cols, x, mask=mask)
-    xf = x.to(tl.float32)
-    partial = tl.sum(xf * xf, axis=0)
-
-    slots = SYNC + 1 + row64 * SEGMENTS
-    tl.atomic_xchg(slots + segment, partial.to(tl.int32, bitcast=True) & 0x7FFFFFFF, sem="release")
-    others = tl.arange(0, SEGMENTS_POW2)
-    present = others < SEGMENTS
-    bits = tl.atomic_add(slots + others, 0, mask=present, sem="acquire")
-    while tl.min(tl.where(present, bits, 0), axis=0) < 0:
-        bits = tl.atomic_add(slots + others, 0, mask=present, sem="acquire")
-    total = tl.sum(tl.where(present, bits.to(tl.float32, bitcast=True), 0.0), axis=0)
-    rstd = _rsqrt_rn(total / N + eps)
-    if segment == 0:
-        tl.store(RSTD + row, rstd)
-
-    xn = xf * rstd
-    if CASTING == 1:
-        xn = xn.to(x.dtype).to(tl.float32)
-    if HAS_WEIGHT:
-        xn = xn * (offset + w.to(tl.float32))
-    tl.store(Y + row64 * stride_y + cols, xn.to(Y.dtype.element_ty), mask=mask)
+        tl.store(
+            Y + row64 * stride_y + c, xn.to(Y.dtype.element_ty), mask=c < N, eviction_policy=STORE_POLICY
+        )
 
 
 @triton.jit
@@ -566,103 +490,6 @@ def backward_wide(
             dw_acc += dy * xn
     if COMPUTE_DW:
         tl.store(DW_PARTIAL + g.to(tl.int64) * N + c, dw_acc, mask=col_ok)
-
-
-@triton.jit
-def backward_split(
-    X,  # as in backward_tile
-    W,
-    DY,
-    DH,
-    RSTD,
-    DX,
-    DW_PARTIAL,  # fp32 scratch [groups, N]: one row per row group (if COMPUTE_DW)
-    SYNC,  # int32 [1 + M * SEGMENTS], all -1 at launch: a ticket counter, then one slot per segment
-    M,
-    N,
-    groups,  # row groups: the programs of group g handle rows g, g + groups, ...
-    stride_x,
-    stride_dy,
-    stride_dh,
-    stride_dx,
-    offset,
-    HAS_WEIGHT: tl.constexpr,
-    HAS_DH: tl.constexpr,
-    COMPUTE_DW: tl.constexpr,
-    CASTING: tl.constexpr,
-    SEGMENT: tl.constexpr,  # segment width, a power of two; the last segment may be partial
-    SEGMENTS: tl.constexpr,  # segments per row, cdiv(N, SEGMENT)
-    SEGMENTS_POW2: tl.constexpr,
-    PREFETCH: tl.constexpr,  # load the next row's x and dy before waiting on this row's sums
-):
-    """Wide rows in one pass: SEGMENTS programs per row group, one per column segment, each
-    holding its segment of a row in registers and its share of dw in registers across the group's
-    rows. Per row the programs of the group exchange their partial sums of u * x through SYNC
-    (as forward_split exchanges its sums of squares), so x and dy are read once:
-
-        partial[s] = sum over segment s of u * x        u = dy * (offset + w)
-        c          = r * (sum over s of partial[s]) / N   added in a fixed order: deterministic
-        dx         = r * (u - x * r * c)
-
-    Tickets make the waiting safe (see forward_split). A partial may be negative, so its slot
-    holds its fp32 bits with NaN made canonical (0x7FC00000): -1 (0xFFFFFFFF, a NaN pattern that
-    then cannot occur) marks "not yet"."""
-    ticket = tl.atomic_add(SYNC, 1, sem="relaxed") + 1
-    g = ticket // SEGMENTS
-    segment = ticket % SEGMENTS
-    cols = segment * SEGMENT + tl.arange(0, SEGMENT)
-    col_ok = cols < N
-    if HAS_WEIGHT:
-        scale = offset + tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
-    others = tl.arange(0, SEGMENTS_POW2)
-    present = others < SEGMENTS
-    dw_acc = tl.zeros((SEGMENT,), dtype=tl.float32)
-    if PREFETCH:
-        first = tl.cast(g, tl.int64)
-        ok = col_ok & (g < M)
-        x_next = tl.load(X + first * stride_x + cols, mask=ok, other=0.0, eviction_policy="evict_first")
-        dy_next = tl.load(DY + first * stride_dy + cols, mask=ok, other=0.0, eviction_policy="evict_first")
-    for row in range(g, M, groups):
-        row64 = tl.cast(row, tl.int64)
-        if PREFETCH:
-            x_raw = x_next
-            dy = dy_next.to(tl.float32)
-            nxt = row64 + groups
-            ok = col_ok & (nxt < M)
-            x_next = tl.load(X + nxt * stride_x + cols, mask=ok, other=0.0, eviction_policy="evict_first")
-            dy_next = tl.load(DY + nxt * stride_dy + cols, mask=ok, other=0.0, eviction_policy="evict_first")
-        else:
-            x_raw = tl.load(
-                X + row64 * stride_x + cols, mask=col_ok, other=0.0, eviction_policy="evict_first"
-            )
-            dy = tl.load(DY + row64 * stride_dy + cols, mask=col_ok, other=0.0, eviction_policy="evict_first")
-            dy = dy.to(tl.float32)
-        rstd = tl.load(RSTD + row)
-        x = x_raw.to(tl.float32)
-        if HAS_WEIGHT:
-            u = dy * scale
-        else:
-            u = dy
-        partial = tl.sum(u * x, axis=0)
-        bits = tl.where(partial != partial, 0x7FC00000, partial.to(tl.int32, bitcast=True))
-        slots = SYNC + 1 + row64 * SEGMENTS
-        tl.atomic_xchg(slots + segment, bits, sem="release")
-        seen = tl.atomic_add(slots + others, 0, mask=present, sem="acquire")
-        while tl.max(tl.where(present, seen == -1, 0), axis=0) > 0:
-            seen = tl.atomic_add(slots + others, 0, mask=present, sem="acquire")
-        total = tl.sum(tl.where(present, seen.to(tl.float32, bitcast=True), 0.0), axis=0)
-        mean_uxn = total * rstd / N
-        xn = x * rstd
-        dx = (u - xn * mean_uxn) * rstd
-        if HAS_DH:
-            dx += tl.load(DH + row64 * stride_dh + cols, mask=col_ok, other=0.0).to(tl.float32)
-        tl.store(DX + row64 * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=col_ok)
-        if COMPUTE_DW:
-            if CASTING == 1:
-                xn = xn.to(x_raw.dtype).to(tl.float32)
-            dw_acc += dy * xn
-    if COMPUTE_DW:
-        tl.store(DW_PARTIAL + tl.cast(g, tl.int64) * N + cols, dw_acc, mask=col_ok)
 
 
 @triton.jit

@@ -30,20 +30,9 @@ TWO_WALK_MAX = 16384
 # per SM. Measured on an H200 (bf16) with tools/kernel_lab.py.
 FORWARD_WALK_BLOCK = 8192
 FORWARD_WALK_WARPS = 16
+# Beyond TWO_WALK_MAX: chunk width, warps, and y's stores hinted to leave L2 first.
+FORWARD_WIDE_BLOCK = 16384
 FORWARD_WIDE_WARPS = 32
-# Split forward (rows wider than TWO_WALK_MAX): segment width, warps, and the most segments a row
-# may have (all of a row's programs must be resident at once; see kernels.forward_split). Wider
-# rows take the two-walk forward.
-SPLIT_SEGMENT = 8192
-SPLIT_WARPS = 8
-SPLIT_MAX_SEGMENTS = 16
-# Split backward (rows wider than TWO_WALK_MAX, at most SPLIT_MAX_SEGMENTS segments): segment
-# width, warps, programs per SM (a row group has one program per segment), and whether the next
-# row's loads are issued before waiting on this row's sums.
-SPLIT_BACKWARD_SEGMENT = 8192
-SPLIT_BACKWARD_WARPS = 16
-SPLIT_BACKWARD_PROGRAMS_PER_SM = 2
-SPLIT_BACKWARD_PREFETCH = True
 TWO_WALK_BACKWARD_CHUNK = 4096
 TWO_WALK_BACKWARD_WARPS = {8192: 8, 16384: 4}
 TWO_WALK_BACKWARD_PROGRAMS_PER_SM = 2
@@ -199,12 +188,10 @@ class Launcher:
 
 _forward_tile = Launcher(kernels.forward_tile)
 _forward_looped = Launcher(kernels.forward_looped)
-_forward_split = Launcher(kernels.forward_split)
 _backward_tile = Launcher(kernels.backward_tile)
 _backward_chunked = Launcher(kernels.backward_chunked)
 _backward_wide_dot = Launcher(kernels.backward_wide_dot)
 _backward_wide = Launcher(kernels.backward_wide)
-_backward_split = Launcher(kernels.backward_split)
 _reduce_columns = Launcher(kernels.reduce_columns)
 
 
@@ -275,46 +262,12 @@ def _forward_tile_plan(n: int, has_weight: bool, has_residual: bool, casting: in
 @functools.cache
 def _forward_looped_plan(n: int, has_weight: bool, has_residual: bool, casting: int) -> tuple:
     """(num_warps, constexprs) of forward_looped."""
-    num_warps = FORWARD_WALK_WARPS if n <= TWO_WALK_MAX else FORWARD_WIDE_WARPS
-    # HAS_WEIGHT, HAS_RESIDUAL, CASTING, BLOCK_N, FIRST_WALK_POLICY, SECOND_WALK_POLICY, N
-    return num_warps, (has_weight, has_residual, casting, FORWARD_WALK_BLOCK, "evict_last", "evict_first", n)
-
-
-@functools.cache
-def _forward_split_plan(n: int, has_weight: bool, has_residual: bool, casting: int) -> tuple | None:
-    """(segments, num_warps, constexprs) of forward_split, None where the row is too wide for it.
-    Under the interpreter, which runs programs one at a time, a row is one segment."""
-    segment = _next_power_of_2(n) if kernels.INTERPRET else SPLIT_SEGMENT
-    segments = (n + segment - 1) // segment
-    if segments > SPLIT_MAX_SEGMENTS:
-        return None
-    # HAS_WEIGHT, HAS_RESIDUAL, CASTING, SEGMENT, SEGMENTS, SEGMENTS_POW2, N
-    constexprs = (has_weight, has_residual, casting, segment, segments, _next_power_of_2(segments), n)
-    return segments, SPLIT_WARPS, constexprs
-
-
-@functools.cache
-def _backward_split_plan(
-    n: int, has_weight: bool, has_dh: bool, compute_dw: bool, casting: int
-) -> tuple | None:
-    """(segments, num_warps, programs per SM, constexprs) of backward_split, None where the row
-    is too wide for it. Under the interpreter a row is one segment (see _forward_split_plan)."""
-    segment = _next_power_of_2(n) if kernels.INTERPRET else SPLIT_BACKWARD_SEGMENT
-    segments = (n + segment - 1) // segment
-    if segments > SPLIT_MAX_SEGMENTS:
-        return None
-    # HAS_WEIGHT, HAS_DH, COMPUTE_DW, CASTING, SEGMENT, SEGMENTS, SEGMENTS_POW2, PREFETCH
-    constexprs = (
-        has_weight,
-        has_dh,
-        compute_dw,
-        casting,
-        segment,
-        segments,
-        _next_power_of_2(segments),
-        SPLIT_BACKWARD_PREFETCH,
-    )
-    return segments, SPLIT_BACKWARD_WARPS, SPLIT_BACKWARD_PROGRAMS_PER_SM, constexprs
+    if n <= TWO_WALK_MAX:
+        num_warps, block, store = FORWARD_WALK_WARPS, FORWARD_WALK_BLOCK, ""
+    else:
+        num_warps, block, store = FORWARD_WIDE_WARPS, FORWARD_WIDE_BLOCK, "evict_first"
+    # HAS_WEIGHT, HAS_RESIDUAL, CASTING, BLOCK_N, FIRST_WALK_POLICY, SECOND_WALK_POLICY, STORE_POLICY, N
+    return num_warps, (has_weight, has_residual, casting, block, "evict_last", "evict_first", store, n)
 
 
 @functools.cache
@@ -403,15 +356,6 @@ def forward(
         rows, num_warps, constexprs = _forward_tile_plan(n, weight is not None, res2 is not None, casting)
         args = (x2, r, w, y, hs, rstd, m, n, stride_x, stride_r, n, n, eps, offset)
         _forward_tile(((m + rows - 1) // rows, 1, 1), args, num_warps, constexprs)
-        return y, rstd, h
-    split = (
-        _forward_split_plan(n, weight is not None, res2 is not None, casting) if n > TWO_WALK_MAX else None
-    )
-    if split is not None:  # one program per row segment, the segment kept in registers
-        segments, num_warps, constexprs = split
-        sync = torch.full((1 + m * segments,), -1, dtype=torch.int32, device=device)
-        args = (x2, r, w, y, hs, rstd, sync, stride_x, stride_r, n, n, eps, offset)
-        _forward_split((m * segments, 1, 1), args, num_warps, constexprs)
     else:  # one program per row, the row kept in L2 between the walks
         num_warps, constexprs = _forward_looped_plan(n, weight is not None, res2 is not None, casting)
         args = (x2, r, w, y, hs, rstd, stride_x, stride_r, n, n, eps, offset)
@@ -467,15 +411,6 @@ def backward(
             partial = torch.empty(programs, n, dtype=torch.float32, device=device)
         args = (xh2, w, dy2, dh, rstd, dx, partial, m, n, programs, *strides)
         kernel((programs, 1, 1), args, num_warps, constexprs)
-    elif (
-        split := _backward_split_plan(n, weight is not None, dh2 is not None, compute_dw, casting)
-    ) is not None:
-        segments, num_warps, per_sm, constexprs = split
-        programs = min(m, max(1, per_sm * sm_count(device) // segments))  # row groups
-        partial = torch.empty(programs, n, dtype=torch.float32, device=device) if compute_dw else rstd
-        sync = torch.full((1 + m * segments,), -1, dtype=torch.int32, device=device)
-        args = (xh2, w, dy2, dh, rstd, dx, partial, sync, m, n, programs, *strides)
-        _backward_split((programs * segments, 1, 1), args, num_warps, constexprs)
     else:
         segments = (n + SEGMENT - 1) // SEGMENT
         dot = torch.empty(m, segments, dtype=torch.float32, device=device)
