@@ -28,9 +28,22 @@ Rounds, and what they decided (H200, bf16 unless named; figures in docs/performa
   small       CUDA-graph timing (the rounds after it too): the tile backward at small and
               medium M with fewer programs than rows (chose one program per SM at N = 4096 when
               a program would get fewer than four rows), and the tile forward's rsqrt.
+  split       rows wider than 16384 split over programs that exchange their sums through global
+              memory (forward_split_kernel, backward_split_kernel; a ticket counter orders the
+              programs so that waiting is safe): 63-76% of copy forward and 41-64% backward,
+              slower than the walks at every width; not used.
+  wide2       the wide two-walk forward with 16384-wide chunks and y's stores hinted evict_first
+              (2048x65536: 140 against 148 µs), its second walk reversed (no change), and the
+              split kernels spinning on loads or without tickets (still slower): chose the chunk
+              and the store hint.
+  wide3       the wide forward with its first walk unrolled (fwd_row4: 134 µs at 2048x65536,
+              quack 133 in the same run) or the row kept in registers (slower: 137-152 µs);
+              the tile backward with a row-wide tile at N = 8192 and 16384 (slower than the
+              two-walk backward): chose the unrolled first walk.
 
 The first four rounds were run on the H200 as separate scripts and merged into this file; from
-this file the H200 has run lean, static, confirm, tile1d and small. Every round passes --smoke.
+this file the H200 has run lean, static, confirm, tile1d, small, split, wide2 and wide3. Every
+round passes --smoke.
 """
 
 from __future__ import annotations
@@ -732,7 +745,7 @@ def forward_looped(s: dict, block: int, warps: int, policies: tuple[str, str]):
     x, m, n = s["x"], s["m"], s["n"]
     args = (x, x, s["w"], s["y"], s["y"], s["rstd_out"], n, n, n, n, EPS, 0.0)
     return lambda: kernels.forward_looped[(m,)](
-        *args, True, False, 0, block, *policies, "", n, num_warps=warps
+        *args, True, False, 0, block, *policies, "", False, n, num_warps=warps
     )
 
 

@@ -30,9 +30,11 @@ TWO_WALK_MAX = 16384
 # per SM. Measured on an H200 (bf16) with tools/kernel_lab.py.
 FORWARD_WALK_BLOCK = 8192
 FORWARD_WALK_WARPS = 16
-# Beyond TWO_WALK_MAX: chunk width, warps, and y's stores hinted to leave L2 first.
+# Beyond TWO_WALK_MAX: chunk width, warps, and y's stores hinted to leave L2 first; the first walk
+# is unrolled for rows of up to FORWARD_WIDE_UNROLL chunks.
 FORWARD_WIDE_BLOCK = 16384
 FORWARD_WIDE_WARPS = 32
+FORWARD_WIDE_UNROLL = 4
 TWO_WALK_BACKWARD_CHUNK = 4096
 TWO_WALK_BACKWARD_WARPS = {8192: 8, 16384: 4}
 TWO_WALK_BACKWARD_PROGRAMS_PER_SM = 2
@@ -263,11 +265,23 @@ def _forward_tile_plan(n: int, has_weight: bool, has_residual: bool, casting: in
 def _forward_looped_plan(n: int, has_weight: bool, has_residual: bool, casting: int) -> tuple:
     """(num_warps, constexprs) of forward_looped."""
     if n <= TWO_WALK_MAX:
-        num_warps, block, store = FORWARD_WALK_WARPS, FORWARD_WALK_BLOCK, ""
+        num_warps, block, store, unroll = FORWARD_WALK_WARPS, FORWARD_WALK_BLOCK, "", False
     else:
         num_warps, block, store = FORWARD_WIDE_WARPS, FORWARD_WIDE_BLOCK, "evict_first"
-    # HAS_WEIGHT, HAS_RESIDUAL, CASTING, BLOCK_N, FIRST_WALK_POLICY, SECOND_WALK_POLICY, STORE_POLICY, N
-    return num_warps, (has_weight, has_residual, casting, block, "evict_last", "evict_first", store, n)
+        unroll = n <= FORWARD_WIDE_UNROLL * block
+    # HAS_WEIGHT, HAS_RESIDUAL, CASTING, BLOCK_N, FIRST_WALK_POLICY, SECOND_WALK_POLICY, STORE_POLICY,
+    # UNROLL_FIRST_WALK, N
+    return num_warps, (
+        has_weight,
+        has_residual,
+        casting,
+        block,
+        "evict_last",
+        "evict_first",
+        store,
+        unroll,
+        n,
+    )
 
 
 @functools.cache
