@@ -1121,10 +1121,46 @@ def round_wide3(lab: Lab) -> None:
             def bwd():
                 kernels.backward_tile[(programs,)](
                     s["x"], s["w"], s["dy"], s["dy"], s["rstd"], s["dx"], partial, s["m"], n, programs,
-                    n, n, n, n, 0.0, True, False, True, 0, n, 1, num_warps=warps)  # fmt: skip
+                    n, n, n, n, 0.0, True, False, True, 0, n, 1, 0, num_warps=warps)  # fmt: skip
                 lab.reduce(s, partial, programs)
 
             lab.run("bwd", s, f"row tile w{warps} p{per_sm}", bwd)
+
+
+def round_prefetch(lab: Lab) -> None:
+    """The tile backward with the next row block's loads issued before the current block's work
+    (PREFETCH), at warps and programs per SM around production's, beside production; and the
+    production wide forward (first walk unrolled, unmasked) beside fwd_row4. CUDA-graph timing."""
+    if not lab.smoke:
+        from triton.testing import do_bench_cudagraph
+
+        lab.median_us = lambda fn: do_bench_cudagraph(fn, rep=50, return_mode="median") * 1e3
+    shapes = [(32768, 4096, torch.bfloat16), (65536, 1024, torch.bfloat16), (4096, 4096, torch.bfloat16),
+              (4096, 4096, torch.float32), (256, 4096, torch.bfloat16)]  # fmt: skip
+    for m, n, dtype in shapes:
+        s = lab.shape(m, n, dtype)
+        lab.production(s)
+        block_n, prod_rows, prod_warps, _ = launch.backward_config(n)
+        rows_options = [1, 2] if n <= 1024 else [1]
+        for rows, warps, per_sm, prefetch in itertools.product(rows_options, [4, 8, 16], [1, 2, 4], [0, 1]):
+            blocks = triton.cdiv(s["m"], rows)
+            programs = min(blocks, per_sm * lab.sms)
+            partial = torch.empty(programs, n, device=lab.device)
+
+            def bwd():
+                kernels.backward_tile[(programs,)](
+                    s["x"], s["w"], s["dy"], s["dy"], s["rstd"], s["dx"], partial, s["m"], n, programs,
+                    n, n, n, n, 0.0, True, False, True, 0, block_n, rows, prefetch, num_warps=warps)  # fmt: skip
+                lab.reduce(s, partial, programs)
+
+            lab.run("bwd", s, f"tile r{rows} w{warps} p{per_sm} prefetch{prefetch}", bwd)
+    for m, n, dtype in [(2048, 65536, torch.bfloat16), (2048, 65536, torch.float16)]:
+        s = lab.shape(m, n, dtype)
+        lab.production(s)
+        for warps in (16, 32):
+            lab.run("fwd", s, f"row4 w{warps} keep0 store evict_first",
+                    lambda: fwd_row4[(s["m"],)](s["x"], s["w"], s["y"], s["rstd_out"], EPS, n, n // 4, 0, 0,
+                                                "evict_last", "evict_first", num_warps=warps))  # fmt: skip
 
 
 ROUNDS = {
@@ -1140,6 +1176,7 @@ ROUNDS = {
     "split": round_split,
     "wide2": round_wide2,
     "wide3": round_wide3,
+    "prefetch": round_prefetch,
 }
 
 

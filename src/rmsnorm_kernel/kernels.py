@@ -167,6 +167,13 @@ def _chunk_squares(x_row, res_row, h_row, c, N, POLICY: tl.constexpr, HAS_RESIDU
 
 
 @triton.jit
+def _full_chunk_squares(x_row, c, POLICY: tl.constexpr):
+    """_chunk_squares of a chunk inside the row, without a residual: no mask."""
+    x = tl.load(x_row + c, eviction_policy=POLICY).to(tl.float32)
+    return x * x
+
+
+@triton.jit
 def forward_looped(
     X,
     RES,
@@ -212,7 +219,10 @@ def forward_looped(
     res_row = RES + row64 * stride_res
     h_row = H + row64 * stride_h
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    if UNROLL_FIRST_WALK:
+    if UNROLL_FIRST_WALK and N % BLOCK_N == 0 and not HAS_RESIDUAL:
+        for start in tl.static_range(0, N, BLOCK_N):
+            acc += _full_chunk_squares(x_row, start + cols, FIRST_WALK_POLICY)
+    elif UNROLL_FIRST_WALK:
         for start in tl.static_range(0, N, BLOCK_N):
             acc += _chunk_squares(x_row, res_row, h_row, start + cols, N, FIRST_WALK_POLICY, HAS_RESIDUAL)
     else:
@@ -261,23 +271,42 @@ def backward_tile(
     CASTING: tl.constexpr,
     BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr,
+    PREFETCH: tl.constexpr,  # load the next row block's x and dy before working on this one
 ):
     """Persistent over rows: program p handles row blocks p, p + P, p + 2P, ... and keeps its
-    share of dw in registers, written once at the end to its own scratch row."""
+    share of dw in registers, written once at the end to its own scratch row. With PREFETCH the
+    loads of the program's next row block are issued before the current block's arithmetic and
+    stores, so each program keeps two blocks' loads in flight instead of one."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < N
     if HAS_WEIGHT:
         scale = offset + tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
     dw_acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
+    step = programs * ROWS
+    if PREFETCH:
+        rows = pid * ROWS + tl.arange(0, ROWS)
+        mask = (rows < M)[:, None] & col_ok[None, :]
+        rows64 = rows.to(tl.int64)[:, None]
+        x_next = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0)
+        dy_next = tl.load(DY + rows64 * stride_dy + cols[None, :], mask=mask, other=0.0)
 
-    for first in range(pid * ROWS, M, programs * ROWS):
+    for first in range(pid * ROWS, M, step):
         rows = first + tl.arange(0, ROWS)
         row_ok = rows < M
         mask = row_ok[:, None] & col_ok[None, :]
         rows64 = rows.to(tl.int64)[:, None]
-        x_raw = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0)
-        dy = tl.load(DY + rows64 * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        if PREFETCH:
+            x_raw = x_next
+            dy = dy_next.to(tl.float32)
+            following = rows + step
+            next_mask = (following < M)[:, None] & col_ok[None, :]
+            following64 = following.to(tl.int64)[:, None]
+            x_next = tl.load(X + following64 * stride_x + cols[None, :], mask=next_mask, other=0.0)
+            dy_next = tl.load(DY + following64 * stride_dy + cols[None, :], mask=next_mask, other=0.0)
+        else:
+            x_raw = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0)
+            dy = tl.load(DY + rows64 * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
 
         xn = x_raw.to(tl.float32) * rstd[:, None]

@@ -228,6 +228,7 @@ def _next_power_of_2(v: int) -> int:
 FORWARD_TILE = {1024: (2, 4), 2048: (1, 4), 4096: (1, 4)}
 BACKWARD_TILE = {1024: (2, 4, (4, 4)), 2048: (1, 4, (4, 4)), 4096: (1, 8, (2, 1))}
 FEW_ROW_BLOCKS = 4
+BACKWARD_TILE_PREFETCH = False
 
 
 @functools.cache
@@ -288,7 +289,12 @@ def _forward_looped_plan(n: int, has_weight: bool, has_residual: bool, casting: 
 def _backward_tile_plan(n: int, has_weight: bool, has_dh: bool, compute_dw: bool, casting: int) -> tuple:
     """(ROWS, num_warps, (programs per SM, with few rows), constexprs) of backward_tile."""
     block_n, rows, num_warps, per_sm = backward_config(n)
-    return rows, num_warps, per_sm, (has_weight, has_dh, compute_dw, casting, block_n, rows)
+    return (
+        rows,
+        num_warps,
+        per_sm,
+        (has_weight, has_dh, compute_dw, casting, block_n, rows, BACKWARD_TILE_PREFETCH),
+    )
 
 
 @functools.cache
