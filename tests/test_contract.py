@@ -287,3 +287,11 @@ def test_backward_plans_give_both_program_counts():
         _rows, _warps, per_sm, _constexprs = launch._backward_tile_plan(n, True, False, True, 0)
         assert len(per_sm) == 2 and min(per_sm) >= 1
     assert launch.BACKWARD_TILE[4096][2] == (2, 1)  # measured: tools/kernel_lab.py small
+
+
+@pytest.mark.parametrize(("n", "prefetch"), [(257, False), (1000, True), (2048, False), (4096, True)])
+def test_backward_tile_prefetch_where_measured(n, prefetch):
+    """The tile backward prefetches its next row block at the widths where it was measured faster
+    (N = 1024 and 4096, tools/kernel_lab.py prefetch), and only there."""
+    *_, constexprs = launch._backward_tile_plan(n, True, False, True, 0)
+    assert constexprs[-1] is prefetch

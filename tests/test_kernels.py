@@ -52,7 +52,8 @@ def check_against_reference(x, w, dy, dtype, eps=1e-6):
     return y, dx, dw
 
 
-# (M, N): odd sizes, M = 0, 1, 17; N = 1, 257, 4097 (two-walk path, 2 chunks), 12289 (two-walk,
+# (M, N): odd sizes, M = 0, 1, 17; N = 1, 257, 1000 and 4096 (the tile backward with its next
+# row block prefetched; at N = 1000 two rows per block and a last block of one row), 4097 (two-walk path, 2 chunks), 12289 (two-walk,
 # 4 chunks, the most it has), 16384 (a multiple of the forward's chunk: its walks without masks)
 # and N above the two-walk backward (the wide forward's chunks and the segmented backward):
 # 24577 (two chunks, the second one element past a full chunk; 64 rows), 65537 and 131073.
@@ -61,6 +62,8 @@ SHAPES = [
     (1, 1),
     (1, 257),
     (17, 257),
+    (17, 1000),
+    (33, 4096),
     (17, 4097),
     (3, 12289),
     (2, 16384),

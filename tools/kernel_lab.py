@@ -1140,7 +1140,7 @@ def round_prefetch(lab: Lab) -> None:
     for m, n, dtype in shapes:
         s = lab.shape(m, n, dtype)
         lab.production(s)
-        block_n, prod_rows, prod_warps, _ = launch.backward_config(n)
+        block_n, *_ = launch.backward_config(n)
         rows_options = [1, 2] if n <= 1024 else [1]
         for rows, warps, per_sm, prefetch in itertools.product(rows_options, [4, 8, 16], [1, 2, 4], [0, 1]):
             blocks = triton.cdiv(s["m"], rows)

@@ -174,6 +174,32 @@ def _full_chunk_squares(x_row, c, POLICY: tl.constexpr):
 
 
 @triton.jit
+def _scale_chunk(
+    src_row, y_row, W, c, N, rstd, offset, POLICY: tl.constexpr, STORE_POLICY: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, CASTING: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    """Second walk of forward_looped over one chunk: y = x * r * (offset + w), stored. Without
+    MASKED the chunk lies inside the row and nothing is masked."""
+    if MASKED:
+        x = tl.load(src_row + c, mask=c < N, other=0.0, eviction_policy=POLICY)
+    else:
+        x = tl.load(src_row + c, eviction_policy=POLICY)
+    xn = x.to(tl.float32) * rstd
+    if CASTING == 1:
+        xn = xn.to(x.dtype).to(tl.float32)
+    if HAS_WEIGHT:
+        if MASKED:
+            w = tl.load(W + c, mask=c < N, other=0.0)
+        else:
+            w = tl.load(W + c)
+        xn = xn * (offset + w.to(tl.float32))
+    if MASKED:
+        tl.store(y_row + c, xn.to(y_row.dtype.element_ty), mask=c < N, eviction_policy=STORE_POLICY)
+    else:
+        tl.store(y_row + c, xn.to(y_row.dtype.element_ty), eviction_policy=STORE_POLICY)
+
+
+@triton.jit
 def forward_looped(
     X,
     RES,
@@ -231,21 +257,19 @@ def forward_looped(
     rstd = _rsqrt_rn(tl.sum(acc, axis=0) / N + eps)
     tl.store(RSTD + row, rstd)
 
-    for start in range(0, N, BLOCK_N):
-        c = start + cols
-        if HAS_RESIDUAL:
-            x = tl.load(h_row + c, mask=c < N, other=0.0, eviction_policy=SECOND_WALK_POLICY)
-        else:
-            x = tl.load(x_row + c, mask=c < N, other=0.0, eviction_policy=SECOND_WALK_POLICY)
-        xn = x.to(tl.float32) * rstd
-        if CASTING == 1:
-            xn = xn.to(x.dtype).to(tl.float32)
-        if HAS_WEIGHT:
-            w = tl.load(W + c, mask=c < N, other=0.0).to(tl.float32)
-            xn = xn * (offset + w)
-        tl.store(
-            Y + row64 * stride_y + c, xn.to(Y.dtype.element_ty), mask=c < N, eviction_policy=STORE_POLICY
-        )
+    y_row = Y + row64 * stride_y
+    if HAS_RESIDUAL:
+        src_row = h_row
+    else:
+        src_row = x_row
+    if UNROLL_FIRST_WALK and N % BLOCK_N == 0 and not HAS_RESIDUAL:
+        for start in tl.static_range(0, N, BLOCK_N):
+            _scale_chunk(src_row, y_row, W, start + cols, N, rstd, offset, SECOND_WALK_POLICY, STORE_POLICY,
+                         HAS_WEIGHT, CASTING, False)  # fmt: skip
+    else:
+        for start in range(0, N, BLOCK_N):
+            _scale_chunk(src_row, y_row, W, start + cols, N, rstd, offset, SECOND_WALK_POLICY, STORE_POLICY,
+                         HAS_WEIGHT, CASTING, True)  # fmt: skip
 
 
 @triton.jit
