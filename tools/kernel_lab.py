@@ -30,7 +30,7 @@ Rounds, and what they decided (H200, bf16 unless named; figures in docs/performa
               a program would get fewer than four rows), and the tile forward's rsqrt.
   split       rows wider than 16384 split over programs that exchange their sums through global
               memory (forward_split_kernel, backward_split_kernel; a ticket counter orders the
-              programs so that waiting is safe): 63-76% of copy forward and 41-64% backward,
+              programs so that waiting is safe): at best 76% of copy forward and 64% backward,
               slower than the walks at every width; not used.
   wide2       the wide two-walk forward with 16384-wide chunks and y's stores hinted evict_first
               (2048x65536: 140 against 148 µs), its second walk reversed (no change), and the
@@ -40,10 +40,14 @@ Rounds, and what they decided (H200, bf16 unless named; figures in docs/performa
               quack 133 in the same run) or the row kept in registers (slower: 137-152 µs);
               the tile backward with a row-wide tile at N = 8192 and 16384 (slower than the
               two-walk backward): chose the unrolled first walk.
+  prefetch    the tile backward loading its next row block before working on the current one
+              (32768x4096 234.7 to 203.6 µs, 65536x1024 121.0 to 109.1, 4096x4096 bf16 38.2 to
+              33.8): chose it at N = 1024 and 4096. fwd_row4 beside the production wide forward
+              with its first walk unrolled (134.4 against 140.3 µs at 2048x65536 bf16).
 
 The first four rounds were run on the H200 as separate scripts and merged into this file; from
-this file the H200 has run lean, static, confirm, tile1d, small, split, wide2 and wide3. Every
-round passes --smoke.
+this file the H200 has run lean, static, confirm, tile1d, small, split, wide2, wide3 and
+prefetch. Every round passes --smoke.
 """
 
 from __future__ import annotations

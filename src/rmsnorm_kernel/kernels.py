@@ -220,7 +220,7 @@ def forward_looped(
     FIRST_WALK_POLICY: tl.constexpr,  # L2 eviction hint of the first walk's loads ("" for none)
     SECOND_WALK_POLICY: tl.constexpr,  # and of the second walk's
     STORE_POLICY: tl.constexpr,  # L2 eviction hint of y's stores ("" for none)
-    UNROLL_FIRST_WALK: tl.constexpr,  # issue all the first walk's loads together (a few chunks only)
+    UNROLL_FIRST_WALK: tl.constexpr,  # unroll the walks (rows of a few chunks only)
     N: tl.constexpr,  # row length, known at compile time (see below)
 ):
     """Rows wider than a tile, walked twice in BLOCK_N chunks by one program per row: the sum of
@@ -234,10 +234,13 @@ def forward_looped(
     at N = 65536. With a residual, h is written once in the first walk and read back in the
     second. Rows wider than 16384 hold more than L2 keeps comfortably between the walks (a
     program per SM, 128 KiB per row at N = 65536 in bf16): there y's stores are hinted
-    "evict_first", so that they do not push the rows waiting for their second walk out of L2, and
-    the first walk is unrolled, so that all its loads are in flight at once (at 2048x65536 bf16,
-    140 µs with the store hint alone and 134 µs with the first walk's four loads issued together,
-    `tools/kernel_lab.py wide3`)."""
+    "evict_first", so that they do not push the rows waiting for their second walk out of L2
+    (2048x65536 bf16: 148 to 140 µs with 16384-wide chunks, `tools/kernel_lab.py wide2`). Up to
+    UNROLL_FIRST_WALK's few chunks the walks are unrolled, and unmasked when N is a multiple of
+    the chunk; that measured level with the rolled walks (143.4 against 143.8 µs on the
+    performance page). The lab's fwd_row4, which also issues the second walk's four loads before
+    any store, ran 134 µs: the compiler does not move a chunk's load above the previous chunk's
+    store (y might alias x), so that reordering has to be written out."""
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     row64 = tl.cast(row, tl.int64)

@@ -30,8 +30,8 @@ TWO_WALK_MAX = 16384
 # per SM. Measured on an H200 (bf16) with tools/kernel_lab.py.
 FORWARD_WALK_BLOCK = 8192
 FORWARD_WALK_WARPS = 16
-# Beyond TWO_WALK_MAX: chunk width, warps, and y's stores hinted to leave L2 first; the first walk
-# is unrolled for rows of up to FORWARD_WIDE_UNROLL chunks.
+# Beyond TWO_WALK_MAX: chunk width, warps, and y's stores hinted to leave L2 first; the walks are
+# unrolled for rows of up to FORWARD_WIDE_UNROLL chunks.
 FORWARD_WIDE_BLOCK = 16384
 FORWARD_WIDE_WARPS = 32
 FORWARD_WIDE_UNROLL = 4
