@@ -295,3 +295,32 @@ def test_backward_tile_prefetch_where_measured(n, prefetch):
     (N = 1024 and 4096, tools/kernel_lab.py prefetch), and only there."""
     *_, constexprs = launch._backward_tile_plan(n, True, False, True, 0)
     assert constexprs[-1] is prefetch
+
+
+# Two-walk forward launches by row width: (N, warps, chunk, y's store hint, walks unrolled).
+# Up to TWO_WALK_MAX 16 warps and 8192-wide chunks; beyond it 32 warps, 16384-wide chunks, y's
+# stores hinted to leave L2 first, and the walks unrolled up to four chunks (65536 is four full
+# chunks, 65537 needs a fifth).
+FORWARD_WALK_PLANS = [
+    (4097, 16, 8192, "", False),
+    (16384, 16, 8192, "", False),
+    (16385, 32, 16384, "evict_first", True),
+    (65536, 32, 16384, "evict_first", True),
+    (65537, 32, 16384, "evict_first", False),
+    (262144, 32, 16384, "evict_first", False),
+]
+
+
+@pytest.mark.parametrize(("n", "warps", "chunk", "store", "unroll"), FORWARD_WALK_PLANS)
+def test_forward_walk_plan(n, warps, chunk, store, unroll):
+    num_warps, constexprs = launch._forward_looped_plan(n, True, False, 0)
+    # HAS_WEIGHT, HAS_RESIDUAL, CASTING, BLOCK_N, FIRST_WALK_POLICY, SECOND_WALK_POLICY, STORE_POLICY,
+    # UNROLL_FIRST_WALK, N
+    assert (num_warps, constexprs[3], constexprs[6], constexprs[7], constexprs[8]) == (
+        warps,
+        chunk,
+        store,
+        unroll,
+        n,
+    )
+    assert constexprs[4:6] == ("evict_last", "evict_first")
