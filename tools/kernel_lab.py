@@ -591,6 +591,15 @@ class Lab:
 
         return do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
 
+    def time_with_graphs(self) -> None:
+        """Time the rest of the run as CUDA-graph replays (triton.testing.do_bench_cudagraph), so
+        that host launch time does not hide sub-microsecond differences. No-op in smoke mode."""
+        if self.smoke:
+            return
+        from triton.testing import do_bench_cudagraph
+
+        self.median_us = lambda fn: do_bench_cudagraph(fn, rep=50, return_mode="median") * 1e3
+
     def _copy_ceiling(self) -> float:
         a = torch.randn(2**30, device="cuda", dtype=torch.bfloat16)
         b = torch.empty_like(a)
@@ -706,6 +715,22 @@ class Lab:
 # ---------------------------------------------------------------------------------------------
 # Rounds
 # ---------------------------------------------------------------------------------------------
+
+
+def tile_backward(lab: Lab, s: dict, programs: int, warps: int, constexprs: tuple):
+    """The production backward_tile over ``programs`` programs with the given constexprs
+    (HAS_WEIGHT, HAS_DH, COMPUTE_DW, CASTING, BLOCK_N, ROWS, PREFETCH), then the dw reduction,
+    writing s["dx"], s["dw"]."""
+    n = s["n"]
+    partial = torch.empty(programs, n, device=lab.device)
+
+    def call():
+        kernels.backward_tile[(programs,)](
+            s["x"], s["w"], s["dy"], s["dy"], s["rstd"], s["dx"], partial, s["m"], n, programs,
+            n, n, n, n, 0.0, *constexprs, num_warps=warps)  # fmt: skip
+        lab.reduce(s, partial, programs)
+
+    return call
 
 
 def round_tile(lab: Lab) -> None:
@@ -920,10 +945,7 @@ def round_small(lab: Lab) -> None:
     """The tile backward at small and medium M with fewer programs than rows (fewer dw scratch
     rows to write and reduce, less parallelism), timed as CUDA-graph replays (host launch time
     would hide sub-microsecond differences); and the tile forward's rsqrt at 32768x4096."""
-    if not lab.smoke:
-        from triton.testing import do_bench_cudagraph
-
-        lab.median_us = lambda fn: do_bench_cudagraph(fn, rep=50, return_mode="median") * 1e3
+    lab.time_with_graphs()
     for m, n, dtype in [(256, 4096, torch.bfloat16), (128, 257, torch.float32), (1024, 4096, torch.bfloat16),
                         (4096, 4096, torch.bfloat16), (4096, 4096, torch.float32)]:  # fmt: skip
         s = lab.shape(m, n, dtype)
@@ -933,15 +955,7 @@ def round_small(lab: Lab) -> None:
         for programs in sorted({16, 32, 64, 128, lab.sms, 2 * lab.sms, blocks}):
             if programs > blocks:
                 continue
-            partial = torch.empty(programs, n, device=lab.device)
-
-            def bwd():
-                kernels.backward_tile[(programs,)](
-                    s["x"], s["w"], s["dy"], s["dy"], s["rstd"], s["dx"], partial, s["m"], n, programs,
-                    n, n, n, n, 0.0, *constexprs, num_warps=warps)  # fmt: skip
-                lab.reduce(s, partial, programs)
-
-            lab.run("bwd", s, f"tile programs {programs}", bwd)
+            lab.run("bwd", s, f"tile programs {programs}", tile_backward(lab, s, programs, warps, constexprs))
     s = lab.shape(32768, 4096)
     for hw, warps in itertools.product([0, 1], [4, 8]):
         lab.run("fwd", s, f"1d tile w{warps} {'hardware rsqrt' if hw else 'rsqrt_rn'}",
@@ -997,10 +1011,7 @@ def round_split(lab: Lab) -> None:
     squares) at segment widths and warps, beside production, the two-walk forward and the peers,
     CUDA-graph timed. Under --smoke only one-segment launches run: the interpreter runs programs
     one after another, and a program of a split row waits for the others."""
-    if not lab.smoke:
-        from triton.testing import do_bench_cudagraph
-
-        lab.median_us = lambda fn: do_bench_cudagraph(fn, rep=50, return_mode="median") * 1e3
+    lab.time_with_graphs()
     for m, n in [(2048, 65536), (4096, 32768), (1024, 131072), (8192, 16384), (16384, 8192)]:
         s = lab.shape(m, n)
         lab.production(s)
@@ -1061,10 +1072,7 @@ def round_wide2(lab: Lab) -> None:
     """Rows of 32768-131072: the two-walk forward with its second walk reversed and y's stores
     hinted, and the split kernels spinning on loads instead of atomics, or without tickets,
     beside production, the segmented backward and the peers (CUDA-graph timing)."""
-    if not lab.smoke:
-        from triton.testing import do_bench_cudagraph
-
-        lab.median_us = lambda fn: do_bench_cudagraph(fn, rep=50, return_mode="median") * 1e3
+    lab.time_with_graphs()
     for m, n in [(2048, 65536), (1024, 131072), (4096, 32768)]:
         s = lab.shape(m, n)
         lab.production(s)
@@ -1091,10 +1099,7 @@ def round_wide3(lab: Lab) -> None:
     first walk unrolled), beside the two-walk forward with 16384-wide chunks and y's stores hinted
     evict_first; and the tile backward with a row-wide tile at N = 8192 and 16384 (one or two
     programs per SM) beside production. CUDA-graph timing."""
-    if not lab.smoke:
-        from triton.testing import do_bench_cudagraph
-
-        lab.median_us = lambda fn: do_bench_cudagraph(fn, rep=50, return_mode="median") * 1e3
+    lab.time_with_graphs()
     for m, n, dtype in [
         (2048, 65536, torch.bfloat16),
         (4096, 32768, torch.bfloat16),
@@ -1120,25 +1125,17 @@ def round_wide3(lab: Lab) -> None:
         lab.production(s)
         for warps, per_sm in itertools.product([8, 16, 32], [1, 2]):
             programs = min(s["m"], per_sm * lab.sms)
-            partial = torch.empty(programs, n, device=lab.device)
-
-            def bwd():
-                kernels.backward_tile[(programs,)](
-                    s["x"], s["w"], s["dy"], s["dy"], s["rstd"], s["dx"], partial, s["m"], n, programs,
-                    n, n, n, n, 0.0, True, False, True, 0, n, 1, 0, num_warps=warps)  # fmt: skip
-                lab.reduce(s, partial, programs)
-
-            lab.run("bwd", s, f"row tile w{warps} p{per_sm}", bwd)
+            constexprs = (True, False, True, 0, n, 1, 0)  # a row-wide tile, one row per step, no prefetch
+            lab.run(
+                "bwd", s, f"row tile w{warps} p{per_sm}", tile_backward(lab, s, programs, warps, constexprs)
+            )
 
 
 def round_prefetch(lab: Lab) -> None:
     """The tile backward with the next row block's loads issued before the current block's work
     (PREFETCH), at warps and programs per SM around production's, beside production; and the
     production wide forward (first walk unrolled, unmasked) beside fwd_row4. CUDA-graph timing."""
-    if not lab.smoke:
-        from triton.testing import do_bench_cudagraph
-
-        lab.median_us = lambda fn: do_bench_cudagraph(fn, rep=50, return_mode="median") * 1e3
+    lab.time_with_graphs()
     shapes = [(32768, 4096, torch.bfloat16), (65536, 1024, torch.bfloat16), (4096, 4096, torch.bfloat16),
               (4096, 4096, torch.float32), (256, 4096, torch.bfloat16)]  # fmt: skip
     for m, n, dtype in shapes:
@@ -1149,15 +1146,9 @@ def round_prefetch(lab: Lab) -> None:
         for rows, warps, per_sm, prefetch in itertools.product(rows_options, [4, 8, 16], [1, 2, 4], [0, 1]):
             blocks = triton.cdiv(s["m"], rows)
             programs = min(blocks, per_sm * lab.sms)
-            partial = torch.empty(programs, n, device=lab.device)
-
-            def bwd():
-                kernels.backward_tile[(programs,)](
-                    s["x"], s["w"], s["dy"], s["dy"], s["rstd"], s["dx"], partial, s["m"], n, programs,
-                    n, n, n, n, 0.0, True, False, True, 0, block_n, rows, prefetch, num_warps=warps)  # fmt: skip
-                lab.reduce(s, partial, programs)
-
-            lab.run("bwd", s, f"tile r{rows} w{warps} p{per_sm} prefetch{prefetch}", bwd)
+            constexprs = (True, False, True, 0, block_n, rows, prefetch)
+            lab.run("bwd", s, f"tile r{rows} w{warps} p{per_sm} prefetch{prefetch}",
+                    tile_backward(lab, s, programs, warps, constexprs))  # fmt: skip
     for m, n, dtype in [(2048, 65536, torch.bfloat16), (2048, 65536, torch.float16)]:
         s = lab.shape(m, n, dtype)
         lab.production(s)
