@@ -315,7 +315,7 @@ FORWARD_WALK_PLANS = [
 def test_forward_walk_plan(n, warps, chunk, store, unroll):
     num_warps, constexprs = launch._forward_looped_plan(n, True, False, 0)
     # HAS_WEIGHT, HAS_RESIDUAL, CASTING, BLOCK_N, FIRST_WALK_POLICY, SECOND_WALK_POLICY, STORE_POLICY,
-    # UNROLL_FIRST_WALK, N
+    # UNROLL_WALKS, N
     assert (num_warps, constexprs[3], constexprs[6], constexprs[7], constexprs[8]) == (
         warps,
         chunk,

@@ -345,6 +345,137 @@ def fwd_row4(
 
 
 @triton.jit
+def _row_chunk(row_ptr, k: tl.constexpr, CHUNK: tl.constexpr, N, ok, POLICY: tl.constexpr):
+    """Chunk k of one row (zeros where the row is past M or the chunk past N)."""
+    c = k * CHUNK + tl.arange(0, CHUNK)
+    return tl.load(row_ptr + c, mask=ok & (c < N), other=0.0, eviction_policy=POLICY)
+
+
+@triton.jit
+def _chunk_dot(x, dy, W, k: tl.constexpr, CHUNK: tl.constexpr, N):
+    """u * x of one loaded chunk (u = dy * w)."""
+    c = k * CHUNK + tl.arange(0, CHUNK)
+    w = tl.load(W + c, mask=c < N, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    return dy.to(tl.float32) * w * x.to(tl.float32)
+
+
+@triton.jit
+def _chunk_dx(x, dy, W, dx_row, k: tl.constexpr, CHUNK: tl.constexpr, N, rstd, mean_uxn):
+    """dx of one loaded chunk, stored; returns its dw terms dy * xn."""
+    c = k * CHUNK + tl.arange(0, CHUNK)
+    w = tl.load(W + c, mask=c < N, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    xn = x.to(tl.float32) * rstd
+    dyf = dy.to(tl.float32)
+    dx = (dyf * w - xn * mean_uxn) * rstd
+    tl.store(dx_row + c, dx.to(dx_row.dtype.element_ty), mask=c < N)
+    return dyf * xn
+
+
+@triton.jit
+def bwd_chunked_v(
+    X, W, DY, RSTD, DX, DW_PARTIAL, M, N, programs, stride,
+    CHUNK: tl.constexpr, CHUNKS: tl.constexpr, LOAD_ALL: tl.constexpr, PREFETCH: tl.constexpr,
+):  # fmt: skip
+    """backward_chunked (weight, no dh, no casting) with both walks unrolled over CHUNKS (2 or
+    4) chunks. LOAD_ALL: the second walk issues every chunk's x and dy loads before its first
+    store. PREFETCH: the next row's first-walk loads are issued before this row's second walk,
+    so they are in flight during it (the row's chunks then live in registers across the loop)."""
+    tl.static_assert(CHUNKS == 2 or CHUNKS == 4)
+    pid = tl.program_id(0)
+    dw0 = tl.zeros((CHUNK,), dtype=tl.float32)
+    dw1 = tl.zeros((CHUNK,), dtype=tl.float32)
+    dw2 = tl.zeros((CHUNK,), dtype=tl.float32)
+    dw3 = tl.zeros((CHUNK,), dtype=tl.float32)
+    first = pid.to(tl.int64) * stride
+    first_ok = pid < M * PREFETCH  # without PREFETCH these loads are masked off: placeholders
+    px0 = _row_chunk(X + first, 0, CHUNK, N, first_ok, "evict_last")
+    pd0 = _row_chunk(DY + first, 0, CHUNK, N, first_ok, "evict_last")
+    px1 = _row_chunk(X + first, 1, CHUNK, N, first_ok, "evict_last")
+    pd1 = _row_chunk(DY + first, 1, CHUNK, N, first_ok, "evict_last")
+    px2 = px1
+    pd2 = pd1
+    px3 = px1
+    pd3 = pd1
+    if CHUNKS == 4:
+        px2 = _row_chunk(X + first, 2, CHUNK, N, first_ok, "evict_last")
+        pd2 = _row_chunk(DY + first, 2, CHUNK, N, first_ok, "evict_last")
+        px3 = _row_chunk(X + first, 3, CHUNK, N, first_ok, "evict_last")
+        pd3 = _row_chunk(DY + first, 3, CHUNK, N, first_ok, "evict_last")
+    for row in range(pid, M, programs):
+        base = tl.cast(row, tl.int64) * stride
+        x_row = X + base
+        dy_row = DY + base
+        if not PREFETCH:
+            px0 = _row_chunk(x_row, 0, CHUNK, N, True, "evict_last")
+            pd0 = _row_chunk(dy_row, 0, CHUNK, N, True, "evict_last")
+            px1 = _row_chunk(x_row, 1, CHUNK, N, True, "evict_last")
+            pd1 = _row_chunk(dy_row, 1, CHUNK, N, True, "evict_last")
+            if CHUNKS == 4:
+                px2 = _row_chunk(x_row, 2, CHUNK, N, True, "evict_last")
+                pd2 = _row_chunk(dy_row, 2, CHUNK, N, True, "evict_last")
+                px3 = _row_chunk(x_row, 3, CHUNK, N, True, "evict_last")
+                pd3 = _row_chunk(dy_row, 3, CHUNK, N, True, "evict_last")
+        dot = _chunk_dot(px0, pd0, W, 0, CHUNK, N) + _chunk_dot(px1, pd1, W, 1, CHUNK, N)
+        if CHUNKS == 4:
+            dot += _chunk_dot(px2, pd2, W, 2, CHUNK, N) + _chunk_dot(px3, pd3, W, 3, CHUNK, N)
+        rstd = tl.load(RSTD + row)
+        mean_uxn = tl.sum(dot, axis=0) * rstd / N
+        if PREFETCH:
+            following = row + programs
+            nxt = tl.cast(following, tl.int64) * stride
+            ok = following < M
+            px0 = _row_chunk(X + nxt, 0, CHUNK, N, ok, "evict_last")
+            pd0 = _row_chunk(DY + nxt, 0, CHUNK, N, ok, "evict_last")
+            px1 = _row_chunk(X + nxt, 1, CHUNK, N, ok, "evict_last")
+            pd1 = _row_chunk(DY + nxt, 1, CHUNK, N, ok, "evict_last")
+            if CHUNKS == 4:
+                px2 = _row_chunk(X + nxt, 2, CHUNK, N, ok, "evict_last")
+                pd2 = _row_chunk(DY + nxt, 2, CHUNK, N, ok, "evict_last")
+                px3 = _row_chunk(X + nxt, 3, CHUNK, N, ok, "evict_last")
+                pd3 = _row_chunk(DY + nxt, 3, CHUNK, N, ok, "evict_last")
+        dx_row = DX + base
+        if LOAD_ALL:
+            x0 = _row_chunk(x_row, 0, CHUNK, N, True, "evict_first")
+            d0 = _row_chunk(dy_row, 0, CHUNK, N, True, "evict_first")
+            x1 = _row_chunk(x_row, 1, CHUNK, N, True, "evict_first")
+            d1 = _row_chunk(dy_row, 1, CHUNK, N, True, "evict_first")
+            x2 = x1
+            d2 = d1
+            x3 = x1
+            d3 = d1
+            if CHUNKS == 4:
+                x2 = _row_chunk(x_row, 2, CHUNK, N, True, "evict_first")
+                d2 = _row_chunk(dy_row, 2, CHUNK, N, True, "evict_first")
+                x3 = _row_chunk(x_row, 3, CHUNK, N, True, "evict_first")
+                d3 = _row_chunk(dy_row, 3, CHUNK, N, True, "evict_first")
+            dw0 += _chunk_dx(x0, d0, W, dx_row, 0, CHUNK, N, rstd, mean_uxn)
+            dw1 += _chunk_dx(x1, d1, W, dx_row, 1, CHUNK, N, rstd, mean_uxn)
+            if CHUNKS == 4:
+                dw2 += _chunk_dx(x2, d2, W, dx_row, 2, CHUNK, N, rstd, mean_uxn)
+                dw3 += _chunk_dx(x3, d3, W, dx_row, 3, CHUNK, N, rstd, mean_uxn)
+        else:
+            x0 = _row_chunk(x_row, 0, CHUNK, N, True, "evict_first")
+            d0 = _row_chunk(dy_row, 0, CHUNK, N, True, "evict_first")
+            dw0 += _chunk_dx(x0, d0, W, dx_row, 0, CHUNK, N, rstd, mean_uxn)
+            x1 = _row_chunk(x_row, 1, CHUNK, N, True, "evict_first")
+            d1 = _row_chunk(dy_row, 1, CHUNK, N, True, "evict_first")
+            dw1 += _chunk_dx(x1, d1, W, dx_row, 1, CHUNK, N, rstd, mean_uxn)
+            if CHUNKS == 4:
+                x2 = _row_chunk(x_row, 2, CHUNK, N, True, "evict_first")
+                d2 = _row_chunk(dy_row, 2, CHUNK, N, True, "evict_first")
+                dw2 += _chunk_dx(x2, d2, W, dx_row, 2, CHUNK, N, rstd, mean_uxn)
+                x3 = _row_chunk(x_row, 3, CHUNK, N, True, "evict_first")
+                d3 = _row_chunk(dy_row, 3, CHUNK, N, True, "evict_first")
+                dw3 += _chunk_dx(x3, d3, W, dx_row, 3, CHUNK, N, rstd, mean_uxn)
+    out = DW_PARTIAL + pid.to(tl.int64) * N + tl.arange(0, CHUNK)
+    tl.store(out, dw0)
+    tl.store(out + CHUNK, dw1)
+    if CHUNKS == 4:
+        tl.store(out + 2 * CHUNK, dw2)
+        tl.store(out + 3 * CHUNK, dw3)
+
+
+@triton.jit
 def forward_split_kernel(
     X,
     RES,
@@ -1158,6 +1289,69 @@ def round_prefetch(lab: Lab) -> None:
                                                 "evict_last", "evict_first", num_warps=warps))  # fmt: skip
 
 
+def round_reorder(lab: Lab) -> None:
+    """Loads issued earlier: the production wide forward, whose unrolled second walk now issues
+    every chunk's load before its first store, beside fwd_row4 and quack; the two-walk forward
+    at N = 8192 and 16384 unrolled the same way; the two-walk backward with its walks unrolled
+    (bwd_chunked_v: the second walk's loads all first, the next row's first walk prefetched)
+    and the tile backward with prefetch at N = 8192 and 16384; the tile forward's rows per
+    program and warps at N = 1024 and 4096 beside the peers. CUDA-graph timing."""
+    lab.time_with_graphs()
+    for m, n, dtype in [
+        (2048, 65536, torch.bfloat16),
+        (2048, 65536, torch.float16),
+        (4096, 32768, torch.bfloat16),
+    ]:
+        s = lab.shape(m, n, dtype)
+        lab.production(s)
+        peers(lab, s)
+        lab.run("fwd", s, "row4 w32 keep0 store evict_first",
+                lambda: fwd_row4[(s["m"],)](s["x"], s["w"], s["y"], s["rstd_out"], EPS, n, n // 4, 0, 0,
+                                            "evict_last", "evict_first", num_warps=32))  # fmt: skip
+    for m, n, dtype in [(32768, 4096, torch.bfloat16), (65536, 1024, torch.bfloat16), (4096, 4096, torch.bfloat16),
+                        (4096, 4096, torch.float16)]:  # fmt: skip
+        s = lab.shape(m, n, dtype)
+        lab.production(s)
+        peers(lab, s)
+        for rows, warps in itertools.product([1, 2, 4, 8], [2, 4, 8, 16]):
+            if rows * n > 8192 or rows * n // (32 * warps) < 4:
+                continue
+            lab.run("fwd", s, f"tile r{rows} w{warps}",
+                    lambda: kernels.forward_tile[(triton.cdiv(s["m"], rows),)](
+                        s["x"], s["x"], s["w"], s["y"], s["x"], s["rstd_out"], s["m"], n, n, n, n, n, EPS, 0.0,
+                        True, False, 0, n, rows, num_warps=warps))  # fmt: skip
+    for m, n in [(16384, 8192), (8192, 16384)]:
+        s = lab.shape(m, n)
+        lab.production(s)
+        peers(lab, s)
+        x = s["x"]
+        for block, warps, unroll in itertools.product([4096, 8192], [16, 32], [0, 1]):
+            if block >= n or (unroll and n > 4 * block):
+                continue
+            constexprs = (True, False, 0, block, "evict_last", "evict_first", "", unroll, n)
+            lab.run("fwd", s, f"walk b{block} w{warps} unroll{unroll}",
+                    lambda: kernels.forward_looped[(s["m"],)](x, x, s["w"], s["y"], x, s["rstd_out"], n, n, n, n,
+                                                              EPS, 0.0, *constexprs, num_warps=warps))  # fmt: skip
+        if n <= 4096:
+            continue
+        for load_all, prefetch, warps, per_sm in itertools.product([0, 1], [0, 1], [4, 8, 16, 32], [1, 2]):
+            chunks = 2 if n == 8192 else 4
+            programs = min(s["m"], per_sm * lab.sms)
+            partial = torch.empty(programs, n, device=lab.device)
+
+            def call(programs=programs, partial=partial, load_all=load_all, prefetch=prefetch, warps=warps):
+                bwd_chunked_v[(programs,)](x, s["w"], s["dy"], s["rstd"], s["dx"], partial, s["m"], n, programs, n,
+                                           4096, chunks, load_all, prefetch, num_warps=warps)  # fmt: skip
+                lab.reduce(s, partial, programs)
+
+            lab.run("bwd", s, f"chunked loadall{load_all} prefetch{prefetch} w{warps} p{per_sm}", call)
+        for warps, per_sm, prefetch in itertools.product([8, 16, 32], [1, 2], [0, 1]):
+            programs = min(s["m"], per_sm * lab.sms)
+            constexprs = (True, False, True, 0, n, 1, prefetch)
+            lab.run("bwd", s, f"row tile w{warps} p{per_sm} prefetch{prefetch}",
+                    tile_backward(lab, s, programs, warps, constexprs))  # fmt: skip
+
+
 ROUNDS = {
     "tile": round_tile,
     "persistent": round_persistent,
@@ -1172,6 +1366,7 @@ ROUNDS = {
     "wide2": round_wide2,
     "wide3": round_wide3,
     "prefetch": round_prefetch,
+    "reorder": round_reorder,
 }
 
 

@@ -155,35 +155,41 @@ def forward_tile(
 
 
 @triton.jit
-def _chunk_squares(x_row, res_row, h_row, c, N, POLICY: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
-    """First walk of forward_looped over one chunk: x^2 (h^2 with a residual, h stored)."""
-    x = tl.load(x_row + c, mask=c < N, other=0.0, eviction_policy=POLICY).to(tl.float32)
+def _chunk_squares(
+    x_row, res_row, h_row, c, N, POLICY: tl.constexpr, HAS_RESIDUAL: tl.constexpr, MASKED: tl.constexpr
+):  # fmt: skip
+    """First walk of forward_looped over one chunk: x^2 (h^2 with a residual, h stored). Without
+    MASKED the chunk lies inside the row and nothing is masked."""
+    if MASKED:
+        x = tl.load(x_row + c, mask=c < N, other=0.0, eviction_policy=POLICY).to(tl.float32)
+    else:
+        x = tl.load(x_row + c, eviction_policy=POLICY).to(tl.float32)
     if HAS_RESIDUAL:
-        res = tl.load(res_row + c, mask=c < N, other=0.0).to(tl.float32)
-        h = (x + res).to(h_row.dtype.element_ty)
-        tl.store(h_row + c, h, mask=c < N)
+        if MASKED:
+            res = tl.load(res_row + c, mask=c < N, other=0.0).to(tl.float32)
+            h = (x + res).to(h_row.dtype.element_ty)
+            tl.store(h_row + c, h, mask=c < N)
+        else:
+            h = (x + tl.load(res_row + c).to(tl.float32)).to(h_row.dtype.element_ty)
+            tl.store(h_row + c, h)
         x = h.to(tl.float32)
     return x * x
 
 
 @triton.jit
-def _full_chunk_squares(x_row, c, POLICY: tl.constexpr):
-    """_chunk_squares of a chunk inside the row, without a residual: no mask."""
-    x = tl.load(x_row + c, eviction_policy=POLICY).to(tl.float32)
-    return x * x
+def _load_chunk(src_row, c, N, POLICY: tl.constexpr, MASKED: tl.constexpr):
+    """Second walk of forward_looped: one chunk of x (of h with a residual), as stored."""
+    if MASKED:
+        return tl.load(src_row + c, mask=c < N, other=0.0, eviction_policy=POLICY)
+    return tl.load(src_row + c, eviction_policy=POLICY)
 
 
 @triton.jit
-def _scale_chunk(
-    src_row, y_row, W, c, N, rstd, offset, POLICY: tl.constexpr, STORE_POLICY: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr, CASTING: tl.constexpr, MASKED: tl.constexpr,
+def _store_scaled(
+    x, y_row, W, c, N, rstd, offset, STORE_POLICY: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    CASTING: tl.constexpr, MASKED: tl.constexpr,
 ):  # fmt: skip
-    """Second walk of forward_looped over one chunk: y = x * r * (offset + w), stored. Without
-    MASKED the chunk lies inside the row and nothing is masked."""
-    if MASKED:
-        x = tl.load(src_row + c, mask=c < N, other=0.0, eviction_policy=POLICY)
-    else:
-        x = tl.load(src_row + c, eviction_policy=POLICY)
+    """Second walk of forward_looped: y = x * r * (offset + w) of one loaded chunk, stored."""
     xn = x.to(tl.float32) * rstd
     if CASTING == 1:
         xn = xn.to(x.dtype).to(tl.float32)
@@ -220,7 +226,7 @@ def forward_looped(
     FIRST_WALK_POLICY: tl.constexpr,  # L2 eviction hint of the first walk's loads ("" for none)
     SECOND_WALK_POLICY: tl.constexpr,  # and of the second walk's
     STORE_POLICY: tl.constexpr,  # L2 eviction hint of y's stores ("" for none)
-    UNROLL_FIRST_WALK: tl.constexpr,  # unroll the walks (rows of a few chunks only)
+    UNROLL_WALKS: tl.constexpr,  # unroll both walks; rows of at most four chunks
     N: tl.constexpr,  # row length, known at compile time (see below)
 ):
     """Rows wider than a tile, walked twice in BLOCK_N chunks by one program per row: the sum of
@@ -235,12 +241,14 @@ def forward_looped(
     second. Rows wider than 16384 hold more than L2 keeps comfortably between the walks (a
     program per SM, 128 KiB per row at N = 65536 in bf16): there y's stores are hinted
     "evict_first", so that they do not push the rows waiting for their second walk out of L2
-    (2048x65536 bf16: 148 to 140 µs with 16384-wide chunks, `tools/kernel_lab.py wide2`). Up to
-    UNROLL_FIRST_WALK's few chunks the walks are unrolled, and unmasked when N is a multiple of
-    the chunk; that measured level with the rolled walks (143.4 against 143.8 µs on the
-    performance page). The lab's fwd_row4, which also issues the second walk's four loads before
-    any store, ran 134 µs: the compiler does not move a chunk's load above the previous chunk's
-    store (y might alias x), so that reordering has to be written out."""
+    (2048x65536 bf16: 148 to 140 µs with 16384-wide chunks, `tools/kernel_lab.py wide2`).
+
+    UNROLL_WALKS (rows of two to four chunks) unrolls both walks, masking only a partial last
+    chunk, and issues all of the second walk's loads before its first store. The order has to be
+    written out: the compiler does not move a chunk's load above the previous chunk's store,
+    since y may alias x. Unrolled without the reordering, the walks measured level with the
+    rolled ones (143.4 against 143.8 µs at 2048x65536 bf16); the lab's fwd_row4, the same order
+    as here, ran 134 µs, level with quack (`tools/kernel_lab.py wide3`)."""
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     row64 = tl.cast(row, tl.int64)
@@ -248,15 +256,16 @@ def forward_looped(
     res_row = RES + row64 * stride_res
     h_row = H + row64 * stride_h
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    if UNROLL_FIRST_WALK and N % BLOCK_N == 0 and not HAS_RESIDUAL:
+    if UNROLL_WALKS:
+        tl.static_assert(N <= 4 * BLOCK_N, "the unrolled walks hold at most four chunks")
         for start in tl.static_range(0, N, BLOCK_N):
-            acc += _full_chunk_squares(x_row, start + cols, FIRST_WALK_POLICY)
-    elif UNROLL_FIRST_WALK:
-        for start in tl.static_range(0, N, BLOCK_N):
-            acc += _chunk_squares(x_row, res_row, h_row, start + cols, N, FIRST_WALK_POLICY, HAS_RESIDUAL)
+            acc += _chunk_squares(x_row, res_row, h_row, start + cols, N, FIRST_WALK_POLICY, HAS_RESIDUAL,
+                                  start + BLOCK_N > N)  # fmt: skip
     else:
         for start in range(0, N, BLOCK_N):
-            acc += _chunk_squares(x_row, res_row, h_row, start + cols, N, FIRST_WALK_POLICY, HAS_RESIDUAL)
+            acc += _chunk_squares(
+                x_row, res_row, h_row, start + cols, N, FIRST_WALK_POLICY, HAS_RESIDUAL, True
+            )
     rstd = _rsqrt_rn(tl.sum(acc, axis=0) / N + eps)
     tl.store(RSTD + row, rstd)
 
@@ -265,14 +274,33 @@ def forward_looped(
         src_row = h_row
     else:
         src_row = x_row
-    if UNROLL_FIRST_WALK and N % BLOCK_N == 0 and not HAS_RESIDUAL:
-        for start in tl.static_range(0, N, BLOCK_N):
-            _scale_chunk(src_row, y_row, W, start + cols, N, rstd, offset, SECOND_WALK_POLICY, STORE_POLICY,
-                         HAS_WEIGHT, CASTING, False)  # fmt: skip
+    if UNROLL_WALKS:
+        # Chunk k's load, then (below) its scale and store; chunks past the row are never touched.
+        x0 = _load_chunk(src_row, cols, N, SECOND_WALK_POLICY, BLOCK_N > N)
+        x1 = x0
+        x2 = x0
+        x3 = x0
+        if N > BLOCK_N:
+            x1 = _load_chunk(src_row, BLOCK_N + cols, N, SECOND_WALK_POLICY, 2 * BLOCK_N > N)
+        if N > 2 * BLOCK_N:
+            x2 = _load_chunk(src_row, 2 * BLOCK_N + cols, N, SECOND_WALK_POLICY, 3 * BLOCK_N > N)
+        if N > 3 * BLOCK_N:
+            x3 = _load_chunk(src_row, 3 * BLOCK_N + cols, N, SECOND_WALK_POLICY, 4 * BLOCK_N > N)
+        _store_scaled(x0, y_row, W, cols, N, rstd, offset, STORE_POLICY, HAS_WEIGHT, CASTING, BLOCK_N > N)
+        if N > BLOCK_N:
+            _store_scaled(x1, y_row, W, BLOCK_N + cols, N, rstd, offset, STORE_POLICY, HAS_WEIGHT, CASTING,
+                          2 * BLOCK_N > N)  # fmt: skip
+        if N > 2 * BLOCK_N:
+            _store_scaled(x2, y_row, W, 2 * BLOCK_N + cols, N, rstd, offset, STORE_POLICY, HAS_WEIGHT, CASTING,
+                          3 * BLOCK_N > N)  # fmt: skip
+        if N > 3 * BLOCK_N:
+            _store_scaled(x3, y_row, W, 3 * BLOCK_N + cols, N, rstd, offset, STORE_POLICY, HAS_WEIGHT, CASTING,
+                          4 * BLOCK_N > N)  # fmt: skip
     else:
         for start in range(0, N, BLOCK_N):
-            _scale_chunk(src_row, y_row, W, start + cols, N, rstd, offset, SECOND_WALK_POLICY, STORE_POLICY,
-                         HAS_WEIGHT, CASTING, True)  # fmt: skip
+            c = start + cols
+            x = _load_chunk(src_row, c, N, SECOND_WALK_POLICY, True)
+            _store_scaled(x, y_row, W, c, N, rstd, offset, STORE_POLICY, HAS_WEIGHT, CASTING, True)
 
 
 @triton.jit

@@ -274,7 +274,7 @@ def _forward_looped_plan(n: int, has_weight: bool, has_residual: bool, casting: 
         num_warps, block, store = FORWARD_WIDE_WARPS, FORWARD_WIDE_BLOCK, "evict_first"
         unroll = n <= FORWARD_WIDE_UNROLL * block
     # HAS_WEIGHT, HAS_RESIDUAL, CASTING, BLOCK_N, FIRST_WALK_POLICY, SECOND_WALK_POLICY, STORE_POLICY,
-    # UNROLL_FIRST_WALK, N
+    # UNROLL_WALKS, N
     return num_warps, (
         has_weight,
         has_residual,
