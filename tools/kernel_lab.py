@@ -1352,6 +1352,48 @@ def round_reorder(lab: Lab) -> None:
                     tile_backward(lab, s, programs, warps, constexprs))  # fmt: skip
 
 
+def round_reorder2(lab: Lab) -> None:
+    """Confirmation of reorder's choices in production: the tile forward at N = 4096 with 2
+    warps (4 beside it, fp32 too), the wide forward launched directly into the checked buffer
+    beside production and fwd_row4, and the two-walk backward with its second walk's loads
+    issued first beside bwd_chunked_v. CUDA-graph timing."""
+    lab.time_with_graphs()
+    for m, n, dtype in [(32768, 4096, torch.bfloat16), (4096, 4096, torch.float32), (4096, 4096, torch.float16),
+                        (4096, 4096, torch.bfloat16), (256, 4096, torch.bfloat16)]:  # fmt: skip
+        s = lab.shape(m, n, dtype)
+        lab.production(s)
+        peers(lab, s)
+        for warps in (2, 4):
+            lab.run("fwd", s, f"tile r1 w{warps}",
+                    lambda: kernels.forward_tile[(s["m"],)](
+                        s["x"], s["x"], s["w"], s["y"], s["x"], s["rstd_out"], s["m"], n, n, n, n, n, EPS, 0.0,
+                        True, False, 0, n, 1, num_warps=warps))  # fmt: skip
+    for m, n, dtype in [(2048, 65536, torch.bfloat16), (2048, 65536, torch.float16)]:
+        s = lab.shape(m, n, dtype)
+        lab.production(s)
+        peers(lab, s)
+        x = s["x"]
+        _, constexprs = launch._forward_looped_plan(n, True, False, 0)
+        lab.run("fwd", s, "forward_looped into y",
+                lambda: kernels.forward_looped[(s["m"],)](x, x, s["w"], s["y"], x, s["rstd_out"], n, n, n, n, EPS,
+                                                          0.0, *constexprs, num_warps=32))  # fmt: skip
+        lab.run("fwd", s, "row4 w32 keep0 store evict_first",
+                lambda: fwd_row4[(s["m"],)](x, s["w"], s["y"], s["rstd_out"], EPS, n, n // 4, 0, 0,
+                                            "evict_last", "evict_first", num_warps=32))  # fmt: skip
+    for m, n, warps, per_sm in [(16384, 8192, 8, 2), (8192, 16384, 16, 1)]:
+        s = lab.shape(m, n)
+        lab.production(s)
+        programs = min(s["m"], per_sm * lab.sms)
+        partial = torch.empty(programs, n, device=lab.device)
+
+        def call(programs=programs, partial=partial, warps=warps, s=s, n=n):
+            bwd_chunked_v[(programs,)](s["x"], s["w"], s["dy"], s["rstd"], s["dx"], partial, s["m"], n, programs, n,
+                                       4096, n // 4096, 1, 0, num_warps=warps)  # fmt: skip
+            lab.reduce(s, partial, programs)
+
+        lab.run("bwd", s, f"chunked loadall1 prefetch0 w{warps} p{per_sm}", call)
+
+
 ROUNDS = {
     "tile": round_tile,
     "persistent": round_persistent,
@@ -1367,6 +1409,7 @@ ROUNDS = {
     "wide3": round_wide3,
     "prefetch": round_prefetch,
     "reorder": round_reorder,
+    "reorder2": round_reorder2,
 }
 
 

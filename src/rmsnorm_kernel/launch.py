@@ -36,8 +36,9 @@ FORWARD_WIDE_BLOCK = 16384
 FORWARD_WIDE_WARPS = 32
 FORWARD_WIDE_UNROLL = 4
 TWO_WALK_BACKWARD_CHUNK = 4096
-TWO_WALK_BACKWARD_WARPS = {8192: 8, 16384: 4}
-TWO_WALK_BACKWARD_PROGRAMS_PER_SM = 2
+# (warps, programs per SM) by the row width rounded up to a power of two (the second walk issues
+# all of a row's loads at once: tools/kernel_lab.py reorder).
+TWO_WALK_BACKWARD = {8192: (8, 2), 16384: (16, 1)}
 # Wide backward: segment width and warps.
 SEGMENT = 8192
 SEGMENT_WARPS = 8
@@ -228,8 +229,10 @@ def _next_power_of_2(v: int) -> int:
 # row block's loads before working on the current one (measured at N = 1024 and 4096 with
 # tools/kernel_lab.py prefetch, CUDA-graph timing: 32768x4096 bf16 203.6 against 234.7 µs,
 # 65536x1024 109.1 against 121.0, 4096x4096 bf16 33.8 against 38.2, fp32 55.1 against 56.9,
-# 256x4096 6.8 against 6.9); off where not measured.
-FORWARD_TILE = {1024: (2, 4), 2048: (1, 4), 4096: (1, 4)}
+# 256x4096 6.8 against 6.9); off where not measured. The forward at N = 4096 runs 2 warps per row
+# (tools/kernel_lab.py reorder, CUDA-graph timing: 32768x4096 bf16 128.0 against 131.6 µs with 4,
+# 4096x4096 fp16 17.7 against 18.7, bf16 18.1 against 18.3).
+FORWARD_TILE = {1024: (2, 4), 2048: (1, 4), 4096: (1, 2)}
 BACKWARD_TILE = {1024: (2, 4, (4, 4), True), 2048: (1, 4, (4, 4), False), 4096: (1, 8, (2, 1), True)}
 FEW_ROW_BLOCKS = 4
 
@@ -300,9 +303,8 @@ def _backward_chunked_plan(n: int, has_weight: bool, has_dh: bool, compute_dw: b
     """(rows per program step, num_warps, (programs per SM, with few rows), constexprs) of backward_chunked, in
     _backward_tile_plan's layout (one row per step)."""
     chunk = TWO_WALK_BACKWARD_CHUNK
-    num_warps = TWO_WALK_BACKWARD_WARPS[_next_power_of_2(n)]
+    num_warps, per_sm = TWO_WALK_BACKWARD[_next_power_of_2(n)]
     constexprs = (has_weight, has_dh, compute_dw, casting, chunk, (n + chunk - 1) // chunk)
-    per_sm = TWO_WALK_BACKWARD_PROGRAMS_PER_SM
     return 1, num_warps, (per_sm, per_sm), constexprs
 
 
