@@ -1394,6 +1394,31 @@ def round_reorder2(lab: Lab) -> None:
         lab.run("bwd", s, f"chunked loadall1 prefetch0 w{warps} p{per_sm}", call)
 
 
+def round_tile2(lab: Lab) -> None:
+    """The tile forward with the L2 hints (x evict_first, w evict_last) and 1-4 warps, and the
+    tile backward at N = 1024 with 1-4 rows per step, 2-8 warps and 2-8 programs per SM (prefetch
+    on), beside production and torch.compile. CUDA-graph timing."""
+    lab.time_with_graphs()
+    for m, n in [(65536, 1024), (32768, 4096)]:
+        s = lab.shape(m, n)
+        lab.production(s)
+        peers(lab, s)
+        for rows, warps, evict in itertools.product([1, 2, 4], [1, 2, 4], [0, 1]):
+            if rows * n > 4096:
+                continue
+            lab.run("fwd", s, f"tile r{rows} w{warps} evict{evict}",
+                    lambda: fwd_tile_v[(triton.cdiv(s["m"], rows),)](
+                        s["x"], s["w"], s["y"], s["rstd_out"], s["m"], n, n, EPS, n, rows, evict, 0, 1,
+                        num_warps=warps))  # fmt: skip
+        if n != 1024:
+            continue
+        for rows, warps, per_sm in itertools.product([1, 2, 4], [2, 4, 8], [2, 4, 8]):
+            programs = min(triton.cdiv(s["m"], rows), per_sm * lab.sms)
+            constexprs = (True, False, True, 0, n, rows, 1)
+            lab.run("bwd", s, f"tile r{rows} w{warps} p{per_sm} prefetch1",
+                    tile_backward(lab, s, programs, warps, constexprs))  # fmt: skip
+
+
 ROUNDS = {
     "tile": round_tile,
     "persistent": round_persistent,
@@ -1410,6 +1435,7 @@ ROUNDS = {
     "prefetch": round_prefetch,
     "reorder": round_reorder,
     "reorder2": round_reorder2,
+    "tile2": round_tile2,
 }
 
 
