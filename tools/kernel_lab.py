@@ -44,10 +44,22 @@ Rounds, and what they decided (H200, bf16 unless named; figures in docs/performa
               (32768x4096 234.7 to 203.6 µs, 65536x1024 121.0 to 109.1, 4096x4096 bf16 38.2 to
               33.8): chose it at N = 1024 and 4096. fwd_row4 beside the production wide forward
               with its first walk unrolled (134.4 against 140.3 µs at 2048x65536 bf16).
+  reorder     loads issued before stores: the wide forward's unrolled second walk with every
+              chunk's load first (2048x65536 bf16 136.0 µs, the previous kernel 140.3 in the
+              prefetch round; quack 133.1, fwd_row4 133.7 in the same run); the two-walk backward with both walks unrolled and its second walk's loads
+              first (bwd_chunked_v: 16384x8192 204.9 against 246.5 µs with 8 warps, 2 programs
+              per SM; 8192x16384 217.9 against 277.8 with 16 warps, 1 per SM; prefetching the next
+              row or a row tile with prefetch was slower); the tile forward at 2 warps per row
+              (32768x4096 128.0 against 131.6 µs). Chose all three.
+  reorder2    those choices in production beside the lab variants, fp32 and 256x4096 too: the
+              same figures within 1.5 µs; the wide forward launched straight into the checked
+              buffer ran as production (136.5 µs), so the gap to fwd_row4 is in the kernel.
+  tile2       the tile forward with L2 hints and 1-4 warps, and the tile backward at N = 1024
+              over rows, warps and programs per SM: nothing faster than production.
 
 The first four rounds were run on the H200 as separate scripts and merged into this file; from
-this file the H200 has run lean, static, confirm, tile1d, small, split, wide2, wide3 and
-prefetch. Every round passes --smoke.
+this file the H200 has run lean, static, confirm, tile1d, small, split, wide2, wide3,
+prefetch, reorder, reorder2 and tile2. Every round passes --smoke.
 """
 
 from __future__ import annotations

@@ -247,8 +247,9 @@ def forward_looped(
     chunk, and issues all of the second walk's loads before its first store. The order has to be
     written out: the compiler does not move a chunk's load above the previous chunk's store,
     since y may alias x. Unrolled without the reordering, the walks measured level with the
-    rolled ones (143.4 against 143.8 µs at 2048x65536 bf16); the lab's fwd_row4, the same order
-    as here, ran 134 µs, level with quack (`tools/kernel_lab.py wide3`)."""
+    rolled ones (143.4 against 143.8 µs at 2048x65536 bf16 on the performance page); reordered,
+    141.3 µs there, and 136.0 against 140.3 µs in the kernel lab (`tools/kernel_lab.py reorder`
+    and `prefetch`, CUDA-graph timing)."""
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     row64 = tl.cast(row, tl.int64)
