@@ -274,11 +274,17 @@ OFFSET_DTYPES = [
 ]
 
 
+# Every forward path, since each adds the offset only when it is nonzero (HAS_OFFSET): the tile,
+# the two-walk forward, the wide one unrolled with a masked last chunk, and the wide one rolled.
+OFFSET_SHAPES = [(17, 257), (3, 9000), (2, 40000), (2, 65537)]
+
+
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("shape", OFFSET_SHAPES)
 @pytest.mark.parametrize(("x_dtype", "w_dtype"), OFFSET_DTYPES)
-def test_offset_forward_and_backward(device, x_dtype, w_dtype):
+def test_offset_forward_and_backward(device, shape, x_dtype, w_dtype):
     """y = x r (1 + w) with a Gemma-like weight near 0; dx and dw against reference autograd."""
-    x, w, _ = make((17, 257), x_dtype, device, weight_dtype=w_dtype, weight_center=0.0)
+    x, w, _ = make(shape, x_dtype, device, weight_dtype=w_dtype, weight_center=0.0)
     dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(x_dtype).to(device)
 
     def ours(x_, w_):
@@ -295,10 +301,11 @@ def test_offset_forward_and_backward(device, x_dtype, w_dtype):
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
-def test_offset_leaves_dw_alone(device):
+@pytest.mark.parametrize("shape", OFFSET_SHAPES)
+def test_offset_leaves_dw_alone(device, shape):
     """dw = sum dy x r never sees the weight, so not its offset: bitwise the same dw with offset 0
     and 1; and offset 1 with w is exactly offset 0 with 1 + w (fp32 weight: 1 + w is exact)."""
-    x, w, _ = make((17, 257), BF16, device, weight_dtype=F32, weight_center=0.0)
+    x, w, _ = make(shape, BF16, device, weight_dtype=F32, weight_center=0.0)
     dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(BF16).to(device)
 
     def run(weight, offset):

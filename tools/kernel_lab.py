@@ -1431,6 +1431,34 @@ def round_tile2(lab: Lab) -> None:
                     tile_backward(lab, s, programs, warps, constexprs))  # fmt: skip
 
 
+def round_offset(lab: Lab) -> None:
+    """The forward kernels with the weight offset added only when it is nonzero (production,
+    offset 0) beside the same kernels adding it always (HAS_OFFSET on, the previous code), and
+    fwd_row4 at N = 65536. CUDA-graph timing."""
+    lab.time_with_graphs()
+    for m, n, dtype in [(2048, 65536, torch.bfloat16), (2048, 65536, torch.float16), (32768, 4096, torch.bfloat16),
+                        (65536, 1024, torch.bfloat16), (4096, 4096, torch.float16), (8192, 16384, torch.bfloat16)]:  # fmt: skip
+        s = lab.shape(m, n, dtype)
+        lab.production(s)
+        peers(lab, s)
+        x = s["x"]
+        if n > launch.FORWARD_MAX_TILE:
+            num_warps, constexprs = launch._forward_looped_plan(n, True, False, 0, True)
+            lab.run("fwd", s, "forward_looped offset always",
+                    lambda: kernels.forward_looped[(s["m"],)](x, x, s["w"], s["y"], x, s["rstd_out"], n, n, n, n, EPS,
+                                                              0.0, *constexprs, num_warps=num_warps))  # fmt: skip
+        else:
+            rows, num_warps, constexprs = launch._forward_tile_plan(n, True, False, 0, True)
+            lab.run("fwd", s, "forward_tile offset always",
+                    lambda: kernels.forward_tile[(triton.cdiv(s["m"], rows),)](
+                        x, x, s["w"], s["y"], x, s["rstd_out"], s["m"], n, n, n, n, n, EPS, 0.0, *constexprs,
+                        num_warps=num_warps))  # fmt: skip
+        if n == 65536:
+            lab.run("fwd", s, "row4 w32 keep0 store evict_first",
+                    lambda: fwd_row4[(s["m"],)](x, s["w"], s["y"], s["rstd_out"], EPS, n, n // 4, 0, 0,
+                                                "evict_last", "evict_first", num_warps=32))  # fmt: skip
+
+
 ROUNDS = {
     "tile": round_tile,
     "persistent": round_persistent,
@@ -1448,6 +1476,7 @@ ROUNDS = {
     "reorder": round_reorder,
     "reorder2": round_reorder2,
     "tile2": round_tile2,
+    "offset": round_offset,
 }
 
 
