@@ -274,8 +274,8 @@ OFFSET_DTYPES = [
 ]
 
 
-# Every forward path, since each adds the offset only when it is nonzero (HAS_OFFSET): the tile,
-# the two-walk forward, the wide one unrolled with a masked last chunk, and the wide one rolled.
+# Every forward path applies the offset in its own code: the tile, the two-walk forward, the wide
+# one unrolled with a masked last chunk, and the wide one rolled.
 OFFSET_SHAPES = [(17, 257), (3, 9000), (2, 40000), (2, 65537)]
 
 

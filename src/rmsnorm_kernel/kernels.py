@@ -110,7 +110,6 @@ def forward_tile(
     CASTING: tl.constexpr,
     BLOCK_N: tl.constexpr,  # power of two >= N
     ROWS: tl.constexpr,  # rows handled together by one program
-    HAS_OFFSET: tl.constexpr = True,  # offset != 0; without it the weight is used as it is
 ):
     pid = tl.program_id(0)
     first = pid * ROWS
@@ -151,10 +150,7 @@ def forward_tile(
         else:
             xn = xn.to(X.dtype.element_ty).to(tl.float32)
     if HAS_WEIGHT:
-        scale = w_raw.to(tl.float32)
-        if HAS_OFFSET:
-            scale = offset + scale
-        xn = xn * scale[None, :]
+        xn = xn * (offset + w_raw.to(tl.float32))[None, :]
     tl.store(y_ptrs + cols[None, :], xn.to(Y.dtype.element_ty), mask=mask)
 
 
@@ -191,7 +187,7 @@ def _load_chunk(src_row, c, N, POLICY: tl.constexpr, MASKED: tl.constexpr):
 @triton.jit
 def _store_scaled(
     x, y_row, W, c, N, rstd, offset, STORE_POLICY: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-    CASTING: tl.constexpr, MASKED: tl.constexpr, HAS_OFFSET: tl.constexpr,
+    CASTING: tl.constexpr, MASKED: tl.constexpr,
 ):  # fmt: skip
     """Second walk of forward_looped: y = x * r * (offset + w) of one loaded chunk, stored."""
     xn = x.to(tl.float32) * rstd
@@ -202,10 +198,7 @@ def _store_scaled(
             w = tl.load(W + c, mask=c < N, other=0.0)
         else:
             w = tl.load(W + c)
-        scale = w.to(tl.float32)
-        if HAS_OFFSET:
-            scale = offset + scale
-        xn = xn * scale
+        xn = xn * (offset + w.to(tl.float32))
     if MASKED:
         tl.store(y_row + c, xn.to(y_row.dtype.element_ty), mask=c < N, eviction_policy=STORE_POLICY)
     else:
@@ -235,7 +228,6 @@ def forward_looped(
     STORE_POLICY: tl.constexpr,  # L2 eviction hint of y's stores ("" for none)
     UNROLL_WALKS: tl.constexpr,  # unroll both walks; rows of at most four chunks
     N: tl.constexpr,  # row length, known at compile time (see below)
-    HAS_OFFSET: tl.constexpr = True,  # offset != 0; without it the weight is used as it is
 ):
     """Rows wider than a tile, walked twice in BLOCK_N chunks by one program per row: the sum of
     squares, then the scale. The first walk's loads ask L2 to keep the row ("evict_last"), the
@@ -295,25 +287,21 @@ def forward_looped(
             x2 = _load_chunk(src_row, 2 * BLOCK_N + cols, N, SECOND_WALK_POLICY, 3 * BLOCK_N > N)
         if N > 3 * BLOCK_N:
             x3 = _load_chunk(src_row, 3 * BLOCK_N + cols, N, SECOND_WALK_POLICY, 4 * BLOCK_N > N)
-        _store_scaled(
-            x0, y_row, W, cols, N, rstd, offset, STORE_POLICY, HAS_WEIGHT, CASTING, BLOCK_N > N, HAS_OFFSET
-        )
+        _store_scaled(x0, y_row, W, cols, N, rstd, offset, STORE_POLICY, HAS_WEIGHT, CASTING, BLOCK_N > N)
         if N > BLOCK_N:
             _store_scaled(x1, y_row, W, BLOCK_N + cols, N, rstd, offset, STORE_POLICY, HAS_WEIGHT, CASTING,
-                          2 * BLOCK_N > N, HAS_OFFSET)  # fmt: skip
+                          2 * BLOCK_N > N)  # fmt: skip
         if N > 2 * BLOCK_N:
             _store_scaled(x2, y_row, W, 2 * BLOCK_N + cols, N, rstd, offset, STORE_POLICY, HAS_WEIGHT, CASTING,
-                          3 * BLOCK_N > N, HAS_OFFSET)  # fmt: skip
+                          3 * BLOCK_N > N)  # fmt: skip
         if N > 3 * BLOCK_N:
             _store_scaled(x3, y_row, W, 3 * BLOCK_N + cols, N, rstd, offset, STORE_POLICY, HAS_WEIGHT, CASTING,
-                          4 * BLOCK_N > N, HAS_OFFSET)  # fmt: skip
+                          4 * BLOCK_N > N)  # fmt: skip
     else:
         for start in range(0, N, BLOCK_N):
             c = start + cols
             x = _load_chunk(src_row, c, N, SECOND_WALK_POLICY, True)
-            _store_scaled(
-                x, y_row, W, c, N, rstd, offset, STORE_POLICY, HAS_WEIGHT, CASTING, True, HAS_OFFSET
-            )
+            _store_scaled(x, y_row, W, c, N, rstd, offset, STORE_POLICY, HAS_WEIGHT, CASTING, True)
 
 
 @triton.jit

@@ -262,18 +262,14 @@ def backward_config(n: int) -> tuple[int, int, int, tuple[int, int], bool]:
 
 
 @functools.cache
-def _forward_tile_plan(
-    n: int, has_weight: bool, has_residual: bool, casting: int, has_offset: bool = True
-) -> tuple:
+def _forward_tile_plan(n: int, has_weight: bool, has_residual: bool, casting: int) -> tuple:
     """(ROWS, num_warps, constexprs) of forward_tile."""
     block_n, rows, num_warps = forward_config(n)
-    return rows, num_warps, (has_weight, has_residual, casting, block_n, rows, has_offset)
+    return rows, num_warps, (has_weight, has_residual, casting, block_n, rows)
 
 
 @functools.cache
-def _forward_looped_plan(
-    n: int, has_weight: bool, has_residual: bool, casting: int, has_offset: bool = True
-) -> tuple:
+def _forward_looped_plan(n: int, has_weight: bool, has_residual: bool, casting: int) -> tuple:
     """(num_warps, constexprs) of forward_looped."""
     if n <= TWO_WALK_MAX:
         num_warps, block, store, unroll = FORWARD_WALK_WARPS, FORWARD_WALK_BLOCK, "", False
@@ -281,7 +277,7 @@ def _forward_looped_plan(
         num_warps, block, store = FORWARD_WIDE_WARPS, FORWARD_WIDE_BLOCK, "evict_first"
         unroll = n <= FORWARD_WIDE_UNROLL * block
     # HAS_WEIGHT, HAS_RESIDUAL, CASTING, BLOCK_N, FIRST_WALK_POLICY, SECOND_WALK_POLICY, STORE_POLICY,
-    # UNROLL_WALKS, N, HAS_OFFSET
+    # UNROLL_WALKS, N
     return num_warps, (
         has_weight,
         has_residual,
@@ -292,7 +288,6 @@ def _forward_looped_plan(
         store,
         unroll,
         n,
-        has_offset,
     )
 
 
@@ -378,15 +373,11 @@ def forward(
     else:
         r, hs, stride_r = res2, h, res2.stride(0)
     if n <= FORWARD_MAX_TILE:
-        rows, num_warps, constexprs = _forward_tile_plan(
-            n, weight is not None, res2 is not None, casting, offset != 0.0
-        )
+        rows, num_warps, constexprs = _forward_tile_plan(n, weight is not None, res2 is not None, casting)
         args = (x2, r, w, y, hs, rstd, m, n, stride_x, stride_r, n, n, eps, offset)
         _forward_tile(((m + rows - 1) // rows, 1, 1), args, num_warps, constexprs)
     else:  # one program per row, the row kept in L2 between the walks
-        num_warps, constexprs = _forward_looped_plan(
-            n, weight is not None, res2 is not None, casting, offset != 0.0
-        )
+        num_warps, constexprs = _forward_looped_plan(n, weight is not None, res2 is not None, casting)
         args = (x2, r, w, y, hs, rstd, stride_x, stride_r, n, n, eps, offset)
         _forward_looped((m, 1, 1), args, num_warps, constexprs)
     return y, rstd, h
