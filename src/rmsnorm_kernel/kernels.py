@@ -155,33 +155,29 @@ def forward_tile(
 
 
 @triton.jit
+def _load_chunk(src_row, c, N, POLICY: tl.constexpr, MASKED: tl.constexpr):
+    """One chunk of a row as stored (zeros past N when MASKED): the walks' loads, in
+    forward_looped and backward_chunked."""
+    if MASKED:
+        return tl.load(src_row + c, mask=c < N, other=0.0, eviction_policy=POLICY)
+    return tl.load(src_row + c, eviction_policy=POLICY)
+
+
+@triton.jit
 def _chunk_squares(
     x_row, res_row, h_row, c, N, POLICY: tl.constexpr, HAS_RESIDUAL: tl.constexpr, MASKED: tl.constexpr
 ):  # fmt: skip
     """First walk of forward_looped over one chunk: x^2 (h^2 with a residual, h stored). Without
     MASKED the chunk lies inside the row and nothing is masked."""
-    if MASKED:
-        x = tl.load(x_row + c, mask=c < N, other=0.0, eviction_policy=POLICY).to(tl.float32)
-    else:
-        x = tl.load(x_row + c, eviction_policy=POLICY).to(tl.float32)
+    x = _load_chunk(x_row, c, N, POLICY, MASKED).to(tl.float32)
     if HAS_RESIDUAL:
+        h = (x + _load_chunk(res_row, c, N, "", MASKED).to(tl.float32)).to(h_row.dtype.element_ty)
         if MASKED:
-            res = tl.load(res_row + c, mask=c < N, other=0.0).to(tl.float32)
-            h = (x + res).to(h_row.dtype.element_ty)
             tl.store(h_row + c, h, mask=c < N)
         else:
-            h = (x + tl.load(res_row + c).to(tl.float32)).to(h_row.dtype.element_ty)
             tl.store(h_row + c, h)
         x = h.to(tl.float32)
     return x * x
-
-
-@triton.jit
-def _load_chunk(src_row, c, N, POLICY: tl.constexpr, MASKED: tl.constexpr):
-    """Second walk of forward_looped: one chunk of x (of h with a residual), as stored."""
-    if MASKED:
-        return tl.load(src_row + c, mask=c < N, other=0.0, eviction_policy=POLICY)
-    return tl.load(src_row + c, eviction_policy=POLICY)
 
 
 @triton.jit
@@ -472,17 +468,16 @@ def backward_chunked(
         dot = tl.zeros((CHUNK,), dtype=tl.float32)
         for k in tl.static_range(CHUNKS):
             c = k * CHUNK + cols
-            x = tl.load(x_row + c, mask=c < N, other=0.0, eviction_policy="evict_last").to(tl.float32)
-            u = tl.load(dy_row + c, mask=c < N, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            x = _load_chunk(x_row, c, N, "evict_last", True).to(tl.float32)
+            u = _load_chunk(dy_row, c, N, "evict_last", True).to(tl.float32)
             if HAS_WEIGHT:
-                w = tl.load(W + c, mask=c < N, other=0.0, eviction_policy="evict_last").to(tl.float32)
-                u = u * (offset + w)
+                u = u * (offset + _load_chunk(W, c, N, "evict_last", True).to(tl.float32))
             dot += u * x
         mean_uxn = tl.sum(dot, axis=0) * rstd / N
 
         # Every chunk's loads first (chunks past CHUNKS are never loaded), then each chunk's dx.
-        x0 = tl.load(x_row + cols, mask=cols < N, other=0.0, eviction_policy="evict_first")
-        d0 = tl.load(dy_row + cols, mask=cols < N, other=0.0, eviction_policy="evict_first")
+        x0 = _load_chunk(x_row, cols, N, "evict_first", True)
+        d0 = _load_chunk(dy_row, cols, N, "evict_first", True)
         x1 = x0
         d1 = d0
         x2 = x0
@@ -490,17 +485,14 @@ def backward_chunked(
         x3 = x0
         d3 = d0
         if CHUNKS > 1:
-            c1 = CHUNK + cols
-            x1 = tl.load(x_row + c1, mask=c1 < N, other=0.0, eviction_policy="evict_first")
-            d1 = tl.load(dy_row + c1, mask=c1 < N, other=0.0, eviction_policy="evict_first")
+            x1 = _load_chunk(x_row, CHUNK + cols, N, "evict_first", True)
+            d1 = _load_chunk(dy_row, CHUNK + cols, N, "evict_first", True)
         if CHUNKS > 2:
-            c2 = 2 * CHUNK + cols
-            x2 = tl.load(x_row + c2, mask=c2 < N, other=0.0, eviction_policy="evict_first")
-            d2 = tl.load(dy_row + c2, mask=c2 < N, other=0.0, eviction_policy="evict_first")
+            x2 = _load_chunk(x_row, 2 * CHUNK + cols, N, "evict_first", True)
+            d2 = _load_chunk(dy_row, 2 * CHUNK + cols, N, "evict_first", True)
         if CHUNKS > 3:
-            c3 = 3 * CHUNK + cols
-            x3 = tl.load(x_row + c3, mask=c3 < N, other=0.0, eviction_policy="evict_first")
-            d3 = tl.load(dy_row + c3, mask=c3 < N, other=0.0, eviction_policy="evict_first")
+            x3 = _load_chunk(x_row, 3 * CHUNK + cols, N, "evict_first", True)
+            d3 = _load_chunk(dy_row, 3 * CHUNK + cols, N, "evict_first", True)
         dh_row = DH + row64 * stride_dh
         dx_row = DX + row64 * stride_dx
         dw0 += _backward_chunk_dx(x0, d0, dh_row, dx_row, W, cols, N, rstd, mean_uxn, offset,
