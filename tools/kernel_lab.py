@@ -367,6 +367,26 @@ def _row_chunk(row_ptr, k: tl.constexpr, CHUNK: tl.constexpr, N, ok, POLICY: tl.
 
 
 @triton.jit
+def _row_chunks(x_row, dy_row, CHUNK: tl.constexpr, CHUNKS: tl.constexpr, N, ok, POLICY: tl.constexpr):
+    """A row's x and dy chunks (x0-x3, d0-d3), loads issued together; with two chunks the last
+    two of each are the second again, never loaded."""
+    x0 = _row_chunk(x_row, 0, CHUNK, N, ok, POLICY)
+    d0 = _row_chunk(dy_row, 0, CHUNK, N, ok, POLICY)
+    x1 = _row_chunk(x_row, 1, CHUNK, N, ok, POLICY)
+    d1 = _row_chunk(dy_row, 1, CHUNK, N, ok, POLICY)
+    x2 = x1
+    d2 = d1
+    x3 = x1
+    d3 = d1
+    if CHUNKS == 4:
+        x2 = _row_chunk(x_row, 2, CHUNK, N, ok, POLICY)
+        d2 = _row_chunk(dy_row, 2, CHUNK, N, ok, POLICY)
+        x3 = _row_chunk(x_row, 3, CHUNK, N, ok, POLICY)
+        d3 = _row_chunk(dy_row, 3, CHUNK, N, ok, POLICY)
+    return x0, x1, x2, x3, d0, d1, d2, d3
+
+
+@triton.jit
 def _chunk_dot(x, dy, W, k: tl.constexpr, CHUNK: tl.constexpr, N):
     """u * x of one loaded chunk (u = dy * w)."""
     c = k * CHUNK + tl.arange(0, CHUNK)
@@ -403,33 +423,16 @@ def bwd_chunked_v(
     dw3 = tl.zeros((CHUNK,), dtype=tl.float32)
     first = pid.to(tl.int64) * stride
     first_ok = pid < M * PREFETCH  # without PREFETCH these loads are masked off: placeholders
-    px0 = _row_chunk(X + first, 0, CHUNK, N, first_ok, "evict_last")
-    pd0 = _row_chunk(DY + first, 0, CHUNK, N, first_ok, "evict_last")
-    px1 = _row_chunk(X + first, 1, CHUNK, N, first_ok, "evict_last")
-    pd1 = _row_chunk(DY + first, 1, CHUNK, N, first_ok, "evict_last")
-    px2 = px1
-    pd2 = pd1
-    px3 = px1
-    pd3 = pd1
-    if CHUNKS == 4:
-        px2 = _row_chunk(X + first, 2, CHUNK, N, first_ok, "evict_last")
-        pd2 = _row_chunk(DY + first, 2, CHUNK, N, first_ok, "evict_last")
-        px3 = _row_chunk(X + first, 3, CHUNK, N, first_ok, "evict_last")
-        pd3 = _row_chunk(DY + first, 3, CHUNK, N, first_ok, "evict_last")
+    px0, px1, px2, px3, pd0, pd1, pd2, pd3 = _row_chunks(X + first, DY + first, CHUNK, CHUNKS, N, first_ok,
+                                                         "evict_last")  # fmt: skip
     for row in range(pid, M, programs):
         base = tl.cast(row, tl.int64) * stride
         x_row = X + base
         dy_row = DY + base
         if not PREFETCH:
-            px0 = _row_chunk(x_row, 0, CHUNK, N, True, "evict_last")
-            pd0 = _row_chunk(dy_row, 0, CHUNK, N, True, "evict_last")
-            px1 = _row_chunk(x_row, 1, CHUNK, N, True, "evict_last")
-            pd1 = _row_chunk(dy_row, 1, CHUNK, N, True, "evict_last")
-            if CHUNKS == 4:
-                px2 = _row_chunk(x_row, 2, CHUNK, N, True, "evict_last")
-                pd2 = _row_chunk(dy_row, 2, CHUNK, N, True, "evict_last")
-                px3 = _row_chunk(x_row, 3, CHUNK, N, True, "evict_last")
-                pd3 = _row_chunk(dy_row, 3, CHUNK, N, True, "evict_last")
+            px0, px1, px2, px3, pd0, pd1, pd2, pd3 = _row_chunks(
+                x_row, dy_row, CHUNK, CHUNKS, N, True, "evict_last"
+            )
         dot = _chunk_dot(px0, pd0, W, 0, CHUNK, N) + _chunk_dot(px1, pd1, W, 1, CHUNK, N)
         if CHUNKS == 4:
             dot += _chunk_dot(px2, pd2, W, 2, CHUNK, N) + _chunk_dot(px3, pd3, W, 3, CHUNK, N)
@@ -438,50 +441,30 @@ def bwd_chunked_v(
         if PREFETCH:
             following = row + programs
             nxt = tl.cast(following, tl.int64) * stride
-            ok = following < M
-            px0 = _row_chunk(X + nxt, 0, CHUNK, N, ok, "evict_last")
-            pd0 = _row_chunk(DY + nxt, 0, CHUNK, N, ok, "evict_last")
-            px1 = _row_chunk(X + nxt, 1, CHUNK, N, ok, "evict_last")
-            pd1 = _row_chunk(DY + nxt, 1, CHUNK, N, ok, "evict_last")
-            if CHUNKS == 4:
-                px2 = _row_chunk(X + nxt, 2, CHUNK, N, ok, "evict_last")
-                pd2 = _row_chunk(DY + nxt, 2, CHUNK, N, ok, "evict_last")
-                px3 = _row_chunk(X + nxt, 3, CHUNK, N, ok, "evict_last")
-                pd3 = _row_chunk(DY + nxt, 3, CHUNK, N, ok, "evict_last")
+            px0, px1, px2, px3, pd0, pd1, pd2, pd3 = _row_chunks(X + nxt, DY + nxt, CHUNK, CHUNKS, N, following < M,
+                                                                 "evict_last")  # fmt: skip
         dx_row = DX + base
         if LOAD_ALL:
-            x0 = _row_chunk(x_row, 0, CHUNK, N, True, "evict_first")
-            d0 = _row_chunk(dy_row, 0, CHUNK, N, True, "evict_first")
-            x1 = _row_chunk(x_row, 1, CHUNK, N, True, "evict_first")
-            d1 = _row_chunk(dy_row, 1, CHUNK, N, True, "evict_first")
-            x2 = x1
-            d2 = d1
-            x3 = x1
-            d3 = d1
-            if CHUNKS == 4:
-                x2 = _row_chunk(x_row, 2, CHUNK, N, True, "evict_first")
-                d2 = _row_chunk(dy_row, 2, CHUNK, N, True, "evict_first")
-                x3 = _row_chunk(x_row, 3, CHUNK, N, True, "evict_first")
-                d3 = _row_chunk(dy_row, 3, CHUNK, N, True, "evict_first")
+            x0, x1, x2, x3, d0, d1, d2, d3 = _row_chunks(x_row, dy_row, CHUNK, CHUNKS, N, True, "evict_first")
             dw0 += _chunk_dx(x0, d0, W, dx_row, 0, CHUNK, N, rstd, mean_uxn)
             dw1 += _chunk_dx(x1, d1, W, dx_row, 1, CHUNK, N, rstd, mean_uxn)
             if CHUNKS == 4:
                 dw2 += _chunk_dx(x2, d2, W, dx_row, 2, CHUNK, N, rstd, mean_uxn)
                 dw3 += _chunk_dx(x3, d3, W, dx_row, 3, CHUNK, N, rstd, mean_uxn)
-        else:
-            x0 = _row_chunk(x_row, 0, CHUNK, N, True, "evict_first")
-            d0 = _row_chunk(dy_row, 0, CHUNK, N, True, "evict_first")
-            dw0 += _chunk_dx(x0, d0, W, dx_row, 0, CHUNK, N, rstd, mean_uxn)
-            x1 = _row_chunk(x_row, 1, CHUNK, N, True, "evict_first")
-            d1 = _row_chunk(dy_row, 1, CHUNK, N, True, "evict_first")
-            dw1 += _chunk_dx(x1, d1, W, dx_row, 1, CHUNK, N, rstd, mean_uxn)
+        else:  # chunk by chunk: each chunk's loads after the previous chunk's store
+            dw0 += _chunk_dx(_row_chunk(x_row, 0, CHUNK, N, True, "evict_first"),
+                             _row_chunk(dy_row, 0, CHUNK, N, True, "evict_first"), W, dx_row, 0, CHUNK, N, rstd,
+                             mean_uxn)  # fmt: skip
+            dw1 += _chunk_dx(_row_chunk(x_row, 1, CHUNK, N, True, "evict_first"),
+                             _row_chunk(dy_row, 1, CHUNK, N, True, "evict_first"), W, dx_row, 1, CHUNK, N, rstd,
+                             mean_uxn)  # fmt: skip
             if CHUNKS == 4:
-                x2 = _row_chunk(x_row, 2, CHUNK, N, True, "evict_first")
-                d2 = _row_chunk(dy_row, 2, CHUNK, N, True, "evict_first")
-                dw2 += _chunk_dx(x2, d2, W, dx_row, 2, CHUNK, N, rstd, mean_uxn)
-                x3 = _row_chunk(x_row, 3, CHUNK, N, True, "evict_first")
-                d3 = _row_chunk(dy_row, 3, CHUNK, N, True, "evict_first")
-                dw3 += _chunk_dx(x3, d3, W, dx_row, 3, CHUNK, N, rstd, mean_uxn)
+                dw2 += _chunk_dx(_row_chunk(x_row, 2, CHUNK, N, True, "evict_first"),
+                                 _row_chunk(dy_row, 2, CHUNK, N, True, "evict_first"), W, dx_row, 2, CHUNK, N, rstd,
+                                 mean_uxn)  # fmt: skip
+                dw3 += _chunk_dx(_row_chunk(x_row, 3, CHUNK, N, True, "evict_first"),
+                                 _row_chunk(dy_row, 3, CHUNK, N, True, "evict_first"), W, dx_row, 3, CHUNK, N, rstd,
+                                 mean_uxn)  # fmt: skip
     out = DW_PARTIAL + pid.to(tl.int64) * N + tl.arange(0, CHUNK)
     tl.store(out, dw0)
     tl.store(out + CHUNK, dw1)
@@ -879,6 +862,56 @@ def tile_backward(lab: Lab, s: dict, programs: int, warps: int, constexprs: tupl
     return call
 
 
+def tile_forward(s: dict, rows: int, warps: int):
+    """The production forward_tile (weight, no residual) with ROWS = rows and the given warps,
+    writing s["y"]; N a power of two."""
+    x, m, n = s["x"], s["m"], s["n"]
+    return lambda: kernels.forward_tile[(triton.cdiv(m, rows),)](
+        x,
+        x,
+        s["w"],
+        s["y"],
+        x,
+        s["rstd_out"],
+        m,
+        n,
+        n,
+        n,
+        n,
+        n,
+        EPS,
+        0.0,
+        True,
+        False,
+        0,
+        n,
+        rows,
+        num_warps=warps,
+    )
+
+
+def row4_forward(s: dict, warps: int, keep=0, shift=0, first_policy="evict_last", store="evict_first"):
+    """fwd_row4 (N four chunks wide) at this shape, writing s["y"]."""
+    n = s["n"]
+    return lambda: fwd_row4[(s["m"],)](s["x"], s["w"], s["y"], s["rstd_out"], EPS, n, n // 4, keep, shift,
+                                       first_policy, store, num_warps=warps)  # fmt: skip
+
+
+def chunked_backward(lab: Lab, s: dict, warps: int, per_sm: int, load_all: int, prefetch: int):
+    """bwd_chunked_v over per_sm programs per SM (4096-wide chunks), then the dw reduction,
+    writing s["dx"], s["dw"]."""
+    n = s["n"]
+    programs = min(s["m"], per_sm * lab.sms)
+    partial = torch.empty(programs, n, device=lab.device)
+
+    def call():
+        bwd_chunked_v[(programs,)](s["x"], s["w"], s["dy"], s["rstd"], s["dx"], partial, s["m"], n, programs, n,
+                                   4096, n // 4096, load_all, prefetch, num_warps=warps)  # fmt: skip
+        lab.reduce(s, partial, programs)
+
+    return call
+
+
 def round_tile(lab: Lab) -> None:
     for m, n, dtype in [(32768, 4096, torch.bfloat16), (65536, 1024, torch.bfloat16), (4096, 4096, torch.float32),
                         (4096, 4096, torch.float16)]:  # fmt: skip
@@ -915,12 +948,12 @@ def round_persistent(lab: Lab) -> None:
                                                        EPS, triton.next_power_of_2(n), stages, num_warps=warps))  # fmt: skip
 
 
-def forward_looped(s: dict, block: int, warps: int, policies: tuple[str, str]):
+def forward_looped(s: dict, block: int, warps: int, policies: tuple[str, str], store: str = "", unroll=False):
     """The production forward_looped (one program per row) with a chosen launch, writing s["y"]."""
     x, m, n = s["x"], s["m"], s["n"]
     args = (x, x, s["w"], s["y"], s["y"], s["rstd_out"], n, n, n, n, EPS, 0.0)
     return lambda: kernels.forward_looped[(m,)](
-        *args, True, False, 0, block, *policies, "", False, n, num_warps=warps
+        *args, True, False, 0, block, *policies, store, unroll, n, num_warps=warps
     )
 
 
@@ -1264,8 +1297,7 @@ def round_wide3(lab: Lab) -> None:
                 continue
             policy = "evict_first" if keep else "evict_last"
             lab.run("fwd", s, f"row4 w{warps} keep{keep} shift{shift} store {store or '-'}",
-                    lambda: fwd_row4[(s["m"],)](s["x"], s["w"], s["y"], s["rstd_out"], EPS, n, n // 4, keep, shift,
-                                                policy, store, num_warps=warps))  # fmt: skip
+                    row4_forward(s, warps, keep, shift, policy, store))  # fmt: skip
     for m, n in [(8192, 16384), (16384, 8192)]:
         s = lab.shape(m, n)
         lab.production(s)
@@ -1299,9 +1331,7 @@ def round_prefetch(lab: Lab) -> None:
         s = lab.shape(m, n, dtype)
         lab.production(s)
         for warps in (16, 32):
-            lab.run("fwd", s, f"row4 w{warps} keep0 store evict_first",
-                    lambda: fwd_row4[(s["m"],)](s["x"], s["w"], s["y"], s["rstd_out"], EPS, n, n // 4, 0, 0,
-                                                "evict_last", "evict_first", num_warps=warps))  # fmt: skip
+            lab.run("fwd", s, f"row4 w{warps} keep0 store evict_first", row4_forward(s, warps))
 
 
 def round_reorder(lab: Lab) -> None:
@@ -1320,9 +1350,7 @@ def round_reorder(lab: Lab) -> None:
         s = lab.shape(m, n, dtype)
         lab.production(s)
         peers(lab, s)
-        lab.run("fwd", s, "row4 w32 keep0 store evict_first",
-                lambda: fwd_row4[(s["m"],)](s["x"], s["w"], s["y"], s["rstd_out"], EPS, n, n // 4, 0, 0,
-                                            "evict_last", "evict_first", num_warps=32))  # fmt: skip
+        lab.run("fwd", s, "row4 w32 keep0 store evict_first", row4_forward(s, 32))
     for m, n, dtype in [(32768, 4096, torch.bfloat16), (65536, 1024, torch.bfloat16), (4096, 4096, torch.bfloat16),
                         (4096, 4096, torch.float16)]:  # fmt: skip
         s = lab.shape(m, n, dtype)
@@ -1331,35 +1359,19 @@ def round_reorder(lab: Lab) -> None:
         for rows, warps in itertools.product([1, 2, 4, 8], [2, 4, 8, 16]):
             if rows * n > 8192 or rows * n // (32 * warps) < 4:
                 continue
-            lab.run("fwd", s, f"tile r{rows} w{warps}",
-                    lambda: kernels.forward_tile[(triton.cdiv(s["m"], rows),)](
-                        s["x"], s["x"], s["w"], s["y"], s["x"], s["rstd_out"], s["m"], n, n, n, n, n, EPS, 0.0,
-                        True, False, 0, n, rows, num_warps=warps))  # fmt: skip
+            lab.run("fwd", s, f"tile r{rows} w{warps}", tile_forward(s, rows, warps))
     for m, n in [(16384, 8192), (8192, 16384)]:
         s = lab.shape(m, n)
         lab.production(s)
         peers(lab, s)
-        x = s["x"]
         for block, warps, unroll in itertools.product([4096, 8192], [16, 32], [0, 1]):
             if block >= n or (unroll and n > 4 * block):
                 continue
-            constexprs = (True, False, 0, block, "evict_last", "evict_first", "", unroll, n)
             lab.run("fwd", s, f"walk b{block} w{warps} unroll{unroll}",
-                    lambda: kernels.forward_looped[(s["m"],)](x, x, s["w"], s["y"], x, s["rstd_out"], n, n, n, n,
-                                                              EPS, 0.0, *constexprs, num_warps=warps))  # fmt: skip
-        if n <= 4096:
-            continue
+                    forward_looped(s, block, warps, ("evict_last", "evict_first"), "", unroll))  # fmt: skip
         for load_all, prefetch, warps, per_sm in itertools.product([0, 1], [0, 1], [4, 8, 16, 32], [1, 2]):
-            chunks = 2 if n == 8192 else 4
-            programs = min(s["m"], per_sm * lab.sms)
-            partial = torch.empty(programs, n, device=lab.device)
-
-            def call(programs=programs, partial=partial, load_all=load_all, prefetch=prefetch, warps=warps):
-                bwd_chunked_v[(programs,)](x, s["w"], s["dy"], s["rstd"], s["dx"], partial, s["m"], n, programs, n,
-                                           4096, chunks, load_all, prefetch, num_warps=warps)  # fmt: skip
-                lab.reduce(s, partial, programs)
-
-            lab.run("bwd", s, f"chunked loadall{load_all} prefetch{prefetch} w{warps} p{per_sm}", call)
+            lab.run("bwd", s, f"chunked loadall{load_all} prefetch{prefetch} w{warps} p{per_sm}",
+                    chunked_backward(lab, s, warps, per_sm, load_all, prefetch))  # fmt: skip
         for warps, per_sm, prefetch in itertools.product([8, 16, 32], [1, 2], [0, 1]):
             programs = min(s["m"], per_sm * lab.sms)
             constexprs = (True, False, True, 0, n, 1, prefetch)
@@ -1379,34 +1391,29 @@ def round_reorder2(lab: Lab) -> None:
         lab.production(s)
         peers(lab, s)
         for warps in (2, 4):
-            lab.run("fwd", s, f"tile r1 w{warps}",
-                    lambda: kernels.forward_tile[(s["m"],)](
-                        s["x"], s["x"], s["w"], s["y"], s["x"], s["rstd_out"], s["m"], n, n, n, n, n, EPS, 0.0,
-                        True, False, 0, n, 1, num_warps=warps))  # fmt: skip
+            lab.run("fwd", s, f"tile r1 w{warps}", tile_forward(s, 1, warps))
     for m, n, dtype in [(2048, 65536, torch.bfloat16), (2048, 65536, torch.float16)]:
         s = lab.shape(m, n, dtype)
         lab.production(s)
         peers(lab, s)
-        x = s["x"]
-        _, constexprs = launch._forward_looped_plan(n, True, False, 0)
-        lab.run("fwd", s, "forward_looped into y",
-                lambda: kernels.forward_looped[(s["m"],)](x, x, s["w"], s["y"], x, s["rstd_out"], n, n, n, n, EPS,
-                                                          0.0, *constexprs, num_warps=32))  # fmt: skip
-        lab.run("fwd", s, "row4 w32 keep0 store evict_first",
-                lambda: fwd_row4[(s["m"],)](x, s["w"], s["y"], s["rstd_out"], EPS, n, n // 4, 0, 0,
-                                            "evict_last", "evict_first", num_warps=32))  # fmt: skip
+        wide = (
+            launch.FORWARD_WIDE_BLOCK,
+            launch.FORWARD_WIDE_WARPS,
+            ("evict_last", "evict_first"),
+            "evict_first",
+            True,
+        )
+        lab.run("fwd", s, "forward_looped into y", forward_looped(s, *wide))
+        lab.run("fwd", s, "row4 w32 keep0 store evict_first", row4_forward(s, 32))
     for m, n, warps, per_sm in [(16384, 8192, 8, 2), (8192, 16384, 16, 1)]:
         s = lab.shape(m, n)
         lab.production(s)
-        programs = min(s["m"], per_sm * lab.sms)
-        partial = torch.empty(programs, n, device=lab.device)
-
-        def call(programs=programs, partial=partial, warps=warps, s=s, n=n):
-            bwd_chunked_v[(programs,)](s["x"], s["w"], s["dy"], s["rstd"], s["dx"], partial, s["m"], n, programs, n,
-                                       4096, n // 4096, 1, 0, num_warps=warps)  # fmt: skip
-            lab.reduce(s, partial, programs)
-
-        lab.run("bwd", s, f"chunked loadall1 prefetch0 w{warps} p{per_sm}", call)
+        lab.run(
+            "bwd",
+            s,
+            f"chunked loadall1 prefetch0 w{warps} p{per_sm}",
+            chunked_backward(lab, s, warps, per_sm, 1, 0),
+        )
 
 
 def round_tile2(lab: Lab) -> None:
