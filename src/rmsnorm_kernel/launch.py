@@ -128,74 +128,128 @@ def validate(
 # ---------------------------------------------------------------------------------------------
 
 
-def _spec_key(args: tuple) -> tuple:
+def _spec_key(tensors: tuple, pointers: list[int], scalars: tuple) -> tuple:
     """What Triton specialises a compiled kernel on: tensors on dtype and 16-byte alignment,
     ints on == 1, divisibility by 16 and width; floats not at all. A key made of these is at
     least as fine as Triton's own, so a cached kernel is never reused where Triton would compile
-    a different one. (Ints come first: most arguments are ints, and that test is the cheapest.)"""
-    return tuple(
-        [
-            (a == 1, a % 16 == 0, -(2**31) <= a < 2**31)
-            if type(a) is int
-            else float
-            if type(a) is float
-            else (a.dtype, a.data_ptr() % 16 == 0)
-            if isinstance(a, Tensor)
-            else type(a)
-            for a in args
-        ]
+    a different one. ``pointers`` are the tensors' data pointers, read once per launch."""
+    return (
+        *[t.dtype for t in tensors],
+        *[p % 16 == 0 for p in pointers],
+        *[(a == 1, a % 16 == 0, -(2**31) <= a < 2**31) if type(a) is int else float for a in scalars],
     )
+
+
+def _direct_launch(compiled) -> tuple | None:
+    """(launch, function, packed metadata, cooperative, pdl) for calling a compiled kernel's C
+    launcher directly, or None where this Triton's launcher needs more than that (a scratch
+    buffer to allocate per launch, thread-block clusters, another backend): those launches go
+    through ``compiled.run``. The direct call skips the Python wrapper around the C launcher, and
+    the pointers it is handed as ints skip the launcher's per-tensor ``data_ptr`` call and
+    pointer-attribute query (the tensors were validated as CUDA tensors on one device before)."""
+    run = compiled.run
+    launch = getattr(run, "launch", None)
+    if (
+        launch is None
+        or getattr(run, "global_scratch_size", None) != 0
+        or getattr(run, "profile_scratch_size", None) != 0
+        or getattr(run, "num_ctas", 1) != 1
+        or not hasattr(run, "launch_cooperative_grid")
+        or not hasattr(run, "launch_pdl")
+    ):
+        return None
+    return launch, compiled.function, compiled.packed_metadata, run.launch_cooperative_grid, run.launch_pdl
 
 
 class Launcher:
     """``launcher(grid, args, num_warps, constexprs)`` launches ``kernel`` like
-    ``kernel[grid](*args, *constexprs, num_warps=num_warps)``: ``grid`` has three dims and
-    ``constexprs`` holds the values of the kernel's constexpr parameters in their order (they
-    come last in every kernel here), so a hot call builds no keyword dict.
+    ``kernel[grid](*args, *constexprs, num_warps=num_warps)``: ``grid`` has three dims, ``args``
+    holds the kernel's ``pointers`` tensor parameters and then its scalars (every kernel here
+    declares them in that order), and ``constexprs`` holds the values of the kernel's constexpr
+    parameters in their order (they come last), so a hot call builds no keyword dict.
 
     The first launch per specialisation goes through Triton (compiling if needed); later ones
-    hand the arguments straight to the compiled kernel's launcher on the current stream,
+    hand the arguments straight to the compiled kernel's C launcher on the current stream,
     skipping Triton's per-call argument binding, which costs more host time than the kernel
     takes on the GPU at small shapes. Under the interpreter every launch goes through Triton.
     """
 
-    def __init__(self, kernel) -> None:
+    def __init__(self, kernel, pointers: int) -> None:
         self.kernel = kernel
-        self.compiled: dict[tuple, object] = {}
+        self.pointers = pointers
+        self.compiled: dict[tuple, tuple] = {}
         self.slow_launches = 0  # launches that went through Triton's own path (first per specialisation)
+        self.direct_launches = 0  # specialisations launched through the C launcher directly
 
     def __call__(self, grid: tuple[int, int, int], args: tuple, num_warps: int, constexprs: tuple) -> None:
         if kernels.INTERPRET:
             self.kernel[grid](*args, *constexprs, num_warps=num_warps)
             return
-        device = args[0].device.index
-        key = (device, num_warps, constexprs, _spec_key(args))
-        compiled = self.compiled.get(key)
-        if compiled is None:
-            self.slow_launches += 1
-            self.compiled[key] = self.kernel[grid](*args, *constexprs, num_warps=num_warps)
+        tensors, scalars = args[: self.pointers], args[self.pointers :]
+        try:
+            pointers = [t.data_ptr() for t in tensors]
+        except AttributeError:
+            self._check_order(args)
+            raise
+        device = tensors[0].get_device()
+        key = (device, num_warps, constexprs, *_spec_key(tensors, pointers, scalars))
+        entry = self.compiled.get(key)
+        if entry is None:
+            self._first_launch(key, grid, args, num_warps, constexprs)
             return
-        # The compiled kernel takes every parameter positionally, constexprs included.
-        compiled.run(
+        launch, function, metadata, cooperative, pdl = entry
+        # The C launcher takes every kernel parameter positionally, constexprs included; no
+        # scratch buffers, no launch metadata or hooks (those serve profilers).
+        launch(
             *grid,
             torch._C._cuda_getCurrentRawStream(device),
-            compiled.function,
-            compiled.packed_metadata,
-            None,  # launch metadata, only built for launch hooks (profilers), which this path skips
+            function,
+            cooperative,
+            pdl,
             None,
             None,
-            *args,
+            metadata,
+            None,
+            None,
+            None,
+            *pointers,
+            *scalars,
             *constexprs,
         )
 
+    def _check_order(self, args: tuple) -> None:
+        if not all(isinstance(t, Tensor) for t in args[: self.pointers]) or any(
+            isinstance(a, Tensor) for a in args[self.pointers :]
+        ):
+            raise RuntimeError(
+                f"{self.kernel.__name__}: expected {self.pointers} tensors first, then scalars"
+            )
 
-_forward_tile = Launcher(kernels.forward_tile)
-_forward_looped = Launcher(kernels.forward_looped)
-_backward_tile = Launcher(kernels.backward_tile)
-_backward_chunked = Launcher(kernels.backward_chunked)
-_backward_wide_dot = Launcher(kernels.backward_wide_dot)
-_backward_wide = Launcher(kernels.backward_wide)
-_reduce_columns = Launcher(kernels.reduce_columns)
+    def _first_launch(self, key: tuple, grid, args: tuple, num_warps: int, constexprs: tuple) -> None:
+        self._check_order(args)
+        self.slow_launches += 1
+        compiled = self.kernel[grid](*args, *constexprs, num_warps=num_warps)
+        entry = _direct_launch(compiled)
+        if entry is None:  # through compiled.run: the C launcher's arguments less the four it fills in
+            run = compiled.run
+
+            def launch(gx, gy, gz, stream, function, _cooperative, _pdl, _scratch, _profile, metadata, *rest):
+                run(gx, gy, gz, stream, function, metadata, *rest)
+
+            entry = (launch, compiled.function, compiled.packed_metadata, None, None)
+        else:
+            self.direct_launches += 1
+        self.compiled[key] = entry
+
+
+# The second argument counts the kernel's leading tensor parameters.
+_forward_tile = Launcher(kernels.forward_tile, 6)
+_forward_looped = Launcher(kernels.forward_looped, 6)
+_backward_tile = Launcher(kernels.backward_tile, 7)
+_backward_chunked = Launcher(kernels.backward_chunked, 7)
+_backward_wide_dot = Launcher(kernels.backward_wide_dot, 4)
+_backward_wide = Launcher(kernels.backward_wide, 8)
+_reduce_columns = Launcher(kernels.reduce_columns, 2)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,117 @@
+"""The launcher's cache of compiled kernels, on any machine: a fake kernel stands in for Triton,
+so these check which path a launch takes and what reaches the C launcher, not numerics (the
+kernel tests check those on CUDA, where every launch after the first per specialisation takes
+the direct path)."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rmsnorm_kernel import kernels, launch
+
+
+class FakeKernel:
+    """``kernel[grid](*args, num_warps=...)`` as Triton's: records the launch and returns a
+    compiled kernel whose C launcher and ``run`` record theirs."""
+
+    __name__ = "fake_kernel"
+
+    def __init__(self, scratch: int = 0):
+        self.scratch = scratch
+        self.triton_launches = []
+        self.direct = []
+        self.run_calls = []
+
+    def __getitem__(self, grid):
+        def call(*args, num_warps):
+            self.triton_launches.append((grid, args, num_warps))
+            run = SimpleNamespace(
+                launch=lambda *a: self.direct.append(a),
+                global_scratch_size=self.scratch,
+                profile_scratch_size=0,
+                num_ctas=1,
+                launch_cooperative_grid=False,
+                launch_pdl=False,
+            )
+            run_fn = lambda *a: self.run_calls.append(a)  # noqa: E731
+            compiled = SimpleNamespace(function=77, packed_metadata=(4, 1, 0), run=run)
+            if self.scratch:
+                compiled.run = _Callable(run_fn, vars(run))
+            return compiled
+
+        return call
+
+
+class _Callable:
+    """A launcher object that is callable (compiled.run) and carries the attributes above."""
+
+    def __init__(self, fn, attrs):
+        self._fn = fn
+        self.__dict__.update(attrs)
+
+    def __call__(self, *a):
+        self._fn(*a)
+
+
+@pytest.fixture
+def compiled_mode(monkeypatch):
+    """As on CUDA: not the interpreter, and a fixed current stream."""
+    monkeypatch.setattr(kernels, "INTERPRET", False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)
+
+
+def test_second_launch_goes_straight_to_the_c_launcher(compiled_mode):
+    kernel = FakeKernel()
+    launcher = launch.Launcher(kernel, 2)
+    x, y = torch.ones(32), torch.zeros(32)
+    launcher((3, 1, 1), (x, y, 32, 1e-6), 4, (True, 128))
+    assert len(kernel.triton_launches) == 1 and not kernel.direct
+    launcher((3, 1, 1), (x, y, 32, 1e-6), 4, (True, 128))
+    assert len(kernel.triton_launches) == 1
+    assert kernel.direct == [
+        (3, 1, 1, 1234, 77, False, False, None, None, (4, 1, 0), None, None, None)
+        + (x.data_ptr(), y.data_ptr(), 32, 1e-6, True, 128)
+    ]
+    assert (launcher.slow_launches, launcher.direct_launches) == (1, 1)
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("aligned", "misaligned"),  # a pointer off 16-byte alignment compiles its own kernel
+        ("m=2", "m=1"),  # an int equal to 1 becomes a constant
+        ("m=2", "m=16"),  # an int divisible by 16
+        ("float32", "float16"),  # a tensor's dtype
+        ("warps4", "warps8"),
+    ],
+)
+def test_each_specialisation_compiles_its_own_kernel(compiled_mode, first, second):
+    def args(variant):
+        base = torch.zeros(64, dtype=torch.float16 if variant == "float16" else torch.float32)
+        x = base[1:33] if variant == "misaligned" else base[:32]
+        m = {"m=1": 1, "m=16": 16}.get(variant, 2)
+        return (x, torch.zeros(32), m, 1e-6), 8 if variant == "warps8" else 4
+
+    kernel = FakeKernel()
+    launcher = launch.Launcher(kernel, 2)
+    for variant in (first, second, first, second):
+        a, warps = args(variant)
+        launcher((1, 1, 1), a, warps, ())
+    assert len(kernel.triton_launches) == 2 and len(kernel.direct) == 2
+
+
+def test_launcher_needing_scratch_goes_through_run(compiled_mode):
+    kernel = FakeKernel(scratch=64)
+    launcher = launch.Launcher(kernel, 1)
+    x = torch.ones(16)
+    for _ in range(2):
+        launcher((2, 1, 1), (x, 16), 4, (8,))
+    assert not kernel.direct and launcher.direct_launches == 0
+    assert kernel.run_calls == [(2, 1, 1, 1234, 77, (4, 1, 0), None, None, None, x.data_ptr(), 16, 8)]
+
+
+def test_arguments_out_of_order_are_a_clear_error(compiled_mode):
+    launcher = launch.Launcher(FakeKernel(), 2)
+    with pytest.raises(RuntimeError, match="fake_kernel: expected 2 tensors first"):
+        launcher((1, 1, 1), (torch.ones(4), 4, torch.ones(4)), 4, ())
