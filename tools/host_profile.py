@@ -2,18 +2,25 @@
 of this op beside torch's fused rms_norm, launches that missed the compiled-kernel cache, where a
 forward+backward call's host time goes (before, inside and after this op's backward node, which
 the autograd engine runs on its device thread; with that thread and without it), and a cProfile
-of the op's forward+backward host path."""
+of the op's forward+backward host path.
+
+``python tools/host_profile.py floor`` instead times whole forward+backward calls with the
+benchmark's harness (CUDA events, L2 flushed before each call) for torch's fused rms_norm, this
+op, and the cheapest Python autograd node (``_Empty``: forward and backward only allocate their
+outputs), with the autograd device thread and without it: the floor of any op whose backward
+node is Python, against which the host work of this op's calls is measured."""
 
 import cProfile
 import pstats
 import statistics
+import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
 import rmsnorm_kernel
-from rmsnorm_kernel import launch, ops
+from rmsnorm_kernel import bench, launch, ops
 
 
 def per_call_us(fn, calls=1000):
@@ -37,6 +44,54 @@ class _Identity(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return grad
+
+
+class _Empty(torch.autograd.Function):
+    """A Python autograd node that does no work: forward and backward only allocate outputs."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return torch.empty_like(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w = ctx.saved_tensors
+        return torch.empty_like(x), torch.empty_like(w)
+
+
+FLOOR_SHAPES = [
+    (1, 4096, torch.bfloat16),
+    (256, 4096, torch.bfloat16),
+    (128, 257, torch.float32),
+    (4096, 4096, torch.bfloat16),
+]
+
+
+def floor(rounds=6, samples=100):
+    """Median whole-call forward+backward of native, this op and the empty Python node, each
+    timed in ``rounds`` interleaved blocks of ``samples`` calls."""
+    fns = {
+        "native": lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6),
+        "kernel": lambda x, w: rmsnorm_kernel.rms_norm(x, weight=w),
+        "empty python node": lambda x, w: _Empty.apply(x, w),
+    }
+    flush = bench.make_flush()
+    for m, n, dtype in FLOOR_SHAPES:
+        x = torch.randn(m, n, device="cuda", dtype=dtype)
+        w = torch.randn(n, device="cuda", dtype=dtype)
+        dy = torch.randn_like(x)
+        for threaded in (True, False):
+            samples_us = {name: [] for name in fns}
+            with torch.autograd.set_multithreading_enabled(threaded):
+                for _ in range(rounds):
+                    for name, fn in fns.items():
+                        call, grads = bench.make_call(fn, x, w, dy, "forward_backward")
+                        ms = bench.time_cuda(call, samples=samples, flush=flush, grads=grads)
+                        samples_us[name] += [v * 1e3 for v in ms]
+            medians = ", ".join(f"{k} {statistics.median(v):.1f}" for k, v in samples_us.items())
+            thread = "on" if threaded else "off"
+            print(f"{m}x{n} {dtype} fwd+bwd whole call, device thread {thread}: {medians} us", flush=True)
 
 
 def attribute(label, forward, dy, reps=300):
@@ -116,4 +171,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["floor"]:
+        floor()
+    else:
+        main()
