@@ -59,10 +59,15 @@ Rounds, and what they decided (H200, bf16 unless named; figures in docs/performa
   offset      (removed with the flag it timed) the forward kernels adding the weight offset
               only when it is nonzero: 2048x65536 135.9 against 136.6 µs in bf16, 135.5 against
               136.2 in fp16, the tile shapes level; not kept.
+  hints3      the wide forward's L2 hints with the L2 flushed before each call, as the page
+              times (a one-off probe of the same variants, two passes, 2048x65536 bf16):
+              production's hints stay the fastest, 140.2-141.0 µs against 140.9-156.5 for the
+              others and quack's 135.4-136.1 in the same run.
 
 The first four rounds were run on the H200 as separate scripts and merged into this file; from
 this file the H200 has run lean, static, confirm, tile1d, small, split, wide2, wide3,
-prefetch, reorder, reorder2, tile2 and offset. Every round passes --smoke.
+prefetch, reorder, reorder2, tile2 and offset, and the variants of hints3 as a probe. Every
+round passes --smoke.
 """
 
 from __future__ import annotations
@@ -1441,6 +1446,29 @@ def round_tile2(lab: Lab) -> None:
                     tile_backward(lab, s, programs, warps, constexprs))  # fmt: skip
 
 
+def round_hints3(lab: Lab) -> None:
+    """The wide forward's L2 hints again, this time with the L2 flushed before each call as on the
+    performance page (the earlier rounds that chose them timed CUDA-graph replays): first walk
+    evict_last or none, second walk evict_first, none or evict_last, y's stores evict_first or
+    none, and 16 warps, beside production and the peers."""
+    s = lab.shape(2048, 65536)
+    lab.production(s)
+    peers(lab, s)
+    unroll = s["n"] <= launch.FORWARD_WIDE_UNROLL * launch.FORWARD_WIDE_BLOCK
+    block = launch.FORWARD_WIDE_BLOCK
+    for first, second, store in itertools.product(
+        ["evict_last", ""], ["evict_first", "", "evict_last"], ["evict_first", ""]
+    ):
+        name = f"wide first={first or '-'} second={second or '-'} store={store or '-'}"
+        lab.run("fwd", s, name, forward_looped(s, block, 32, (first, second), store, unroll))
+    lab.run(
+        "fwd",
+        s,
+        "wide w16",
+        forward_looped(s, block, 16, ("evict_last", "evict_first"), "evict_first", unroll),
+    )
+
+
 ROUNDS = {
     "tile": round_tile,
     "persistent": round_persistent,
@@ -1458,6 +1486,7 @@ ROUNDS = {
     "reorder": round_reorder,
     "reorder2": round_reorder2,
     "tile2": round_tile2,
+    "hints3": round_hints3,
 }
 
 
