@@ -8,7 +8,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import rmsnorm_kernel
 from rmsnorm_kernel import kernels, launch
+
+from .conftest import requires_cuda
 
 
 class FakeKernel:
@@ -115,3 +118,18 @@ def test_arguments_out_of_order_are_a_clear_error(compiled_mode):
     launcher = launch.Launcher(FakeKernel(), 2)
     with pytest.raises(RuntimeError, match="fake_kernel: expected 2 tensors first"):
         launcher((1, 1, 1), (torch.ones(4), 4, torch.ones(4)), 4, ())
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_real_triton_launches_go_direct_and_match_the_first(monkeypatch):
+    """On CUDA with this Triton, the compiled kernels take the direct path (the launcher exposes
+    what ``_direct_launch`` needs), and a direct launch writes what Triton's own launch wrote."""
+    fresh = launch.Launcher(kernels.forward_tile, 6)  # an empty cache: its first launch is Triton's
+    monkeypatch.setattr(launch, "_forward_tile", fresh)
+    x = torch.randn(37, 257, device="cuda")
+    w = torch.randn(257, device="cuda")
+    first = rmsnorm_kernel.rms_norm(x, weight=w)
+    second = rmsnorm_kernel.rms_norm(x, weight=w)
+    assert (fresh.slow_launches, fresh.direct_launches) == (1, 1)
+    assert torch.equal(first, second)
