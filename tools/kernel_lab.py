@@ -60,14 +60,13 @@ Rounds, and what they decided (H200, bf16 unless named; figures in docs/performa
               only when it is nonzero: 2048x65536 135.9 against 136.6 µs in bf16, 135.5 against
               136.2 in fp16, the tile shapes level; not kept.
   hints3      the wide forward's L2 hints with the L2 flushed before each call, as the page
-              times (a one-off probe of the same variants, two passes, 2048x65536 bf16):
-              production's hints stay the fastest, 140.2-141.0 µs against 140.9-156.5 for the
-              others and quack's 135.4-136.1 in the same run.
+              times, 2048x65536 bf16: production's hints stay the fastest (140.6 µs; the other
+              variants 141.4-156.3, 16 warps 146.7). A probe of the same variants with quack
+              installed: production 140.2-141.0, the others 140.9-156.5, quack 135.4-136.1.
 
 The first four rounds were run on the H200 as separate scripts and merged into this file; from
 this file the H200 has run lean, static, confirm, tile1d, small, split, wide2, wide3,
-prefetch, reorder, reorder2, tile2 and offset, and the variants of hints3 as a probe. Every
-round passes --smoke.
+prefetch, reorder, reorder2, tile2, offset and hints3. Every round passes --smoke.
 """
 
 from __future__ import annotations
