@@ -59,9 +59,11 @@ class _Callable:
 
 @pytest.fixture
 def compiled_mode(monkeypatch):
-    """As on CUDA: not the interpreter, and a fixed current stream."""
+    """As on CUDA: not the interpreter, a fixed current stream, and the tensors' device (CPU
+    tensors report -1) as the current one."""
     monkeypatch.setattr(kernels, "INTERPRET", False)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: -1)
 
 
 def test_second_launch_goes_straight_to_the_c_launcher(compiled_mode):
@@ -104,6 +106,32 @@ def test_each_specialisation_compiles_its_own_kernel(compiled_mode, first, secon
     assert len(kernel.triton_launches) == 2 and len(kernel.direct) == 2
 
 
+def test_tensors_on_another_device_launch_under_that_device(compiled_mode, monkeypatch):
+    """Triton launches on the current device: where the tensors are elsewhere, the launch runs
+    with their device made current (and the previous one restored after)."""
+    entered = []
+
+    class Guard:
+        def __init__(self, device):
+            self.device = device
+
+        def __enter__(self):
+            entered.append(("enter", self.device))
+
+        def __exit__(self, *exc):
+            entered.append(("exit", self.device))
+
+    monkeypatch.setattr(torch.cuda, "device", Guard)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)  # the tensors report -1
+    kernel = FakeKernel()
+    launcher = launch.Launcher(kernel, 1)
+    x = torch.ones(8)
+    for _ in range(2):
+        launcher((1, 1, 1), (x, 8), 4, ())
+    assert entered == [("enter", -1), ("exit", -1)] * 2
+    assert len(kernel.triton_launches) == 1 and len(kernel.direct) == 1
+
+
 def test_launcher_needing_scratch_goes_through_run(compiled_mode):
     kernel = FakeKernel(scratch=64)
     launcher = launch.Launcher(kernel, 1)
@@ -133,3 +161,24 @@ def test_real_triton_launches_go_direct_and_match_the_first(monkeypatch):
     second = rmsnorm_kernel.rms_norm(x, weight=w)
     assert (fresh.slow_launches, fresh.direct_launches) == (1, 1)
     assert torch.equal(first, second)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_tensors_on_a_device_that_is_not_current():
+    """A layer on the second GPU while the first is current (a model spread over GPUs in one
+    process): forward and backward run there and match the same call made with that device
+    current, bitwise."""
+    x = torch.randn(17, 257, device="cuda:1", requires_grad=True)
+    w = torch.randn(257, device="cuda:1", requires_grad=True)
+    dy = torch.randn(17, 257, device="cuda:1")
+    assert torch.cuda.current_device() == 0
+    y = rmsnorm_kernel.rms_norm(x, weight=w)
+    y.backward(dy)
+    with torch.cuda.device(1):
+        x2, w2 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+        y2 = rmsnorm_kernel.rms_norm(x2, weight=w2)
+        y2.backward(dy)
+    torch.cuda.synchronize(1)
+    assert y.device == torch.device("cuda:1")
+    assert torch.equal(y, y2) and torch.equal(x.grad, x2.grad) and torch.equal(w.grad, w2.grad)
