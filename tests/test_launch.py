@@ -167,18 +167,23 @@ def test_real_triton_launches_go_direct_and_match_the_first(monkeypatch):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 def test_tensors_on_a_device_that_is_not_current():
     """A layer on the second GPU while the first is current (a model spread over GPUs in one
-    process): forward and backward run there and match the same call made with that device
-    current, bitwise."""
-    x = torch.randn(17, 257, device="cuda:1", requires_grad=True)
-    w = torch.randn(257, device="cuda:1", requires_grad=True)
-    dy = torch.randn(17, 257, device="cuda:1")
+    process): its kernels run on the second GPU, as the profiler records them, and forward and
+    backward match the same call made with that device current, bitwise."""
+    x = torch.randn(19, 259, device="cuda:1", requires_grad=True)
+    w = torch.randn(259, device="cuda:1", requires_grad=True)
+    dy = torch.randn(19, 259, device="cuda:1")
     assert torch.cuda.current_device() == 0
-    y = rmsnorm_kernel.rms_norm(x, weight=w)
-    y.backward(dy)
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        y = rmsnorm_kernel.rms_norm(x, weight=w)
+        y.backward(dy)
+        torch.cuda.synchronize(1)
+    ran = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and "_tile" in e.name]
+    assert {e.name for e in ran} >= {"forward_tile", "backward_tile"}, [e.name for e in ran]
+    assert {e.device_index for e in ran} == {1}
     with torch.cuda.device(1):
         x2, w2 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
         y2 = rmsnorm_kernel.rms_norm(x2, weight=w2)
         y2.backward(dy)
     torch.cuda.synchronize(1)
-    assert y.device == torch.device("cuda:1")
     assert torch.equal(y, y2) and torch.equal(x.grad, x2.grad) and torch.equal(w.grad, w2.grad)
