@@ -179,7 +179,8 @@ def test_tensors_on_a_device_that_is_not_current():
         y.backward(dy)
         torch.cuda.synchronize(1)
     ran = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and "_tile" in e.name]
-    assert {e.name for e in ran} >= {"forward_tile", "backward_tile"}, [e.name for e in ran]
+    names = [e.name for e in ran]
+    assert any("forward_tile" in n for n in names) and any("backward_tile" in n for n in names), names
     assert {e.device_index for e in ran} == {1}
     with torch.cuda.device(1):
         x2, w2 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
