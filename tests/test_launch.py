@@ -167,24 +167,20 @@ def test_real_triton_launches_go_direct_and_match_the_first(monkeypatch):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 def test_tensors_on_a_device_that_is_not_current():
     """A layer on the second GPU while the first is current (a model spread over GPUs in one
-    process): its kernels run on the second GPU, as the profiler records them, and forward and
-    backward match the same call made with that device current, bitwise."""
-    x = torch.randn(19, 259, device="cuda:1", requires_grad=True)
-    w = torch.randn(259, device="cuda:1", requires_grad=True)
-    dy = torch.randn(19, 259, device="cuda:1")
+    process): forward and backward match the same call made with that device current, bitwise.
+    (Which device ran the kernels is not observed here: on a two-GPU H200 host the code before
+    the device guard passed this test as well. The guard itself is checked on any machine by
+    test_tensors_on_another_device_launch_under_that_device.)"""
+    x = torch.randn(17, 257, device="cuda:1", requires_grad=True)
+    w = torch.randn(257, device="cuda:1", requires_grad=True)
+    dy = torch.randn(17, 257, device="cuda:1")
     assert torch.cuda.current_device() == 0
-    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=activities) as prof:
-        y = rmsnorm_kernel.rms_norm(x, weight=w)
-        y.backward(dy)
-        torch.cuda.synchronize(1)
-    ran = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and "_tile" in e.name]
-    names = [e.name for e in ran]
-    assert any("forward_tile" in n for n in names) and any("backward_tile" in n for n in names), names
-    assert {e.device_index for e in ran} == {1}
+    y = rmsnorm_kernel.rms_norm(x, weight=w)
+    y.backward(dy)
     with torch.cuda.device(1):
         x2, w2 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
         y2 = rmsnorm_kernel.rms_norm(x2, weight=w2)
         y2.backward(dy)
     torch.cuda.synchronize(1)
+    assert y.device == torch.device("cuda:1")
     assert torch.equal(y, y2) and torch.equal(x.grad, x2.grad) and torch.equal(w.grad, w2.grad)
