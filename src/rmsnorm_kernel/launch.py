@@ -192,18 +192,17 @@ class Launcher:
             self._check_order(args)
             raise
         device = tensors[0].get_device()
+        key = (device, num_warps, constexprs, *_spec_key(tensors, pointers, scalars))
         if device != torch.cuda.current_device():
             # Triton compiles for, and launches on, the current device; the tensors may be on
             # another one (a model spread over GPUs in one process).
             with torch.cuda.device(device):
-                self._launch(grid, args, pointers, scalars, device, num_warps, constexprs)
+                self._launch(key, grid, args, pointers, scalars, device, num_warps, constexprs)
             return
-        self._launch(grid, args, pointers, scalars, device, num_warps, constexprs)
+        self._launch(key, grid, args, pointers, scalars, device, num_warps, constexprs)
 
-    def _launch(
-        self, grid, args: tuple, pointers: list[int], scalars: tuple, device: int, num_warps, constexprs
-    ):
-        key = (device, num_warps, constexprs, *_spec_key(args[: self.pointers], pointers, scalars))
+    def _launch(self, key, grid, args, pointers, scalars, device, num_warps, constexprs) -> None:
+        """The launch of ``__call__`` (with the key it computed), under the right current device."""
         entry = self.compiled.get(key)
         if entry is None:
             self._first_launch(key, grid, args, num_warps, constexprs)
