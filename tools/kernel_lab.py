@@ -672,6 +672,81 @@ def backward_split_kernel(
 
 
 @triton.jit
+def backward_ahead_kernel(
+    X,  # as in backward_tile (weight, no dh, default casting)
+    W,
+    DY,
+    RSTD,
+    DX,
+    DW_PARTIAL,  # fp32 scratch [groups, N]: one row per row group
+    DOT,  # fp32 [M, SEGMENTS]: each segment's sum of u * x
+    COUNT,  # int32 [M], zeros at launch: segments of the row whose sums are posted
+    M,
+    N,
+    groups,  # row groups: program (g, segment) handles rows g, g + groups, ...
+    stride_x,
+    stride_dy,
+    stride_dx,
+    offset,
+    SEGMENT: tl.constexpr,
+    SEGMENTS: tl.constexpr,
+    SEGMENTS_POW2: tl.constexpr,
+    LOOKAHEAD: tl.constexpr,  # rows of the group between posting a row's sum and using it
+    DX_POLICY: tl.constexpr,
+    SPIN_LIMIT: tl.constexpr,  # bound on the wait (lab safety: a broken exchange gives wrong dx, not a hang)
+):
+    """The segmented backward in one launch, its exchange run ahead of its use. Program
+    (g, segment) owns one column segment of a group of rows (its dw share in registers, as in
+    backward_wide). At each step it sums u * x over its segment of the row LOOKAHEAD rows ahead
+    (loads kept in L2), posts that sum in DOT and counts it in COUNT (release), then finishes the
+    row LOOKAHEAD rows behind: waits until all SEGMENTS sums of that row are posted (acquire),
+    adds them in a fixed order, re-reads its x and dy segment from L2 and stores dx. The sums
+    arrive LOOKAHEAD steps before they are needed, so in steady state nothing waits, and x and dy
+    are read once from HBM (the two-launch segmented backward reads them twice). Launched as a
+    cooperative grid: every program is resident, so waiting on the group's other programs is
+    safe."""
+    g = tl.program_id(0)
+    seg = tl.program_id(1)
+    cols = seg * SEGMENT + tl.arange(0, SEGMENT)
+    col_ok = cols < N
+    scale = offset + tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    others = tl.arange(0, SEGMENTS_POW2)
+    dw_acc = tl.zeros((SEGMENT,), dtype=tl.float32)
+    for k in range(g, M + LOOKAHEAD * groups, groups):
+        if k < M:  # post row k's sum over this segment
+            k64 = tl.cast(k, tl.int64)
+            x = tl.load(X + k64 * stride_x + cols, mask=col_ok, other=0.0, eviction_policy="evict_last")
+            u = tl.load(DY + k64 * stride_dy + cols, mask=col_ok, other=0.0, eviction_policy="evict_last")
+            tl.store(DOT + k64 * SEGMENTS + seg, tl.sum(u.to(tl.float32) * scale * x.to(tl.float32), axis=0))
+            tl.debug_barrier()
+            tl.atomic_add(COUNT + k, 1, sem="release", scope="gpu")
+        row = k - LOOKAHEAD * groups
+        if row >= 0:  # finish the row LOOKAHEAD steps behind
+            row64 = tl.cast(row, tl.int64)
+            seen = tl.atomic_add(COUNT + row, 0, sem="acquire", scope="gpu")
+            spins = 0
+            while (seen < SEGMENTS) & (spins < SPIN_LIMIT):
+                seen = tl.atomic_add(COUNT + row, 0, sem="acquire", scope="gpu")
+                spins += 1
+            sums = tl.load(
+                DOT + row64 * SEGMENTS + others, mask=others < SEGMENTS, other=0.0, cache_modifier=".cg"
+            )
+            rstd = tl.load(RSTD + row)
+            mean_uxn = tl.sum(sums, axis=0) * rstd / N
+            x_raw = tl.load(
+                X + row64 * stride_x + cols, mask=col_ok, other=0.0, eviction_policy="evict_first"
+            )
+            dy = tl.load(DY + row64 * stride_dy + cols, mask=col_ok, other=0.0, eviction_policy="evict_first")
+            dy = dy.to(tl.float32)
+            xn = x_raw.to(tl.float32) * rstd
+            dx = (dy * scale - xn * mean_uxn) * rstd
+            tl.store(DX + row64 * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=col_ok,
+                     eviction_policy=DX_POLICY)  # fmt: skip
+            dw_acc += dy * xn
+    tl.store(DW_PARTIAL + tl.cast(g, tl.int64) * N + cols, dw_acc, mask=col_ok)
+
+
+@triton.jit
 def fwd_tile_1d(
     X, W, Y, RSTD, N, stride_x, eps, BLOCK_N: tl.constexpr, FULL: tl.constexpr, HW_RSQRT: tl.constexpr
 ):  # fmt: skip
@@ -789,7 +864,12 @@ class Lab:
         if self.smoke:
             print(f"{kind} {s['name']:>20} {variant:<44} checked", flush=True)
             return
-        us = self.median_us(timed or fn)
+        try:
+            us = self.median_us(timed or fn)
+        except Exception as exc:  # e.g. a launch that graph capture rejects
+            print(f"{kind} {s['name']:>20} {variant:<44} timing failed: {type(exc).__name__} {str(exc)[:80]}",
+                  flush=True)  # fmt: skip
+            return
         units = 2 if kind == "fwd" else 3
         frac = units * s["x"].numel() * s["x"].element_size() / (us * 1e-6) / 1e12 / self.copy_tbs
         self.rows.append(dict(kind=kind, shape=s["name"], variant=variant, us=us, frac=frac))
@@ -1468,6 +1548,50 @@ def round_hints3(lab: Lab) -> None:
     )
 
 
+def backward_ahead(lab: Lab, s: dict, segment: int, warps: int, per_sm: int, lookahead: int, dx_policy: str):
+    """backward_ahead_kernel as a cooperative launch, then the dw reduction, writing s["dx"],
+    s["dw"]."""
+    x, m, n = s["x"], s["m"], s["n"]
+    segments = triton.cdiv(n, segment)
+    groups = min(m, max(1, per_sm * lab.sms // segments))
+    partial = torch.empty(groups, n, device=x.device)
+    constexprs = (segment, segments, triton.next_power_of_2(segments), lookahead, dx_policy, 1 << 22)
+
+    def call():
+        dot = torch.empty(m, segments, device=x.device)
+        count = torch.zeros(m, dtype=torch.int32, device=x.device)
+        args = (x, s["w"], s["dy"], s["rstd"], s["dx"], partial, dot, count, m, n, groups, n, n, n, 0.0)
+        backward_ahead_kernel[(groups, segments)](*args, *constexprs, num_warps=warps,
+                                                  launch_cooperative_grid=not lab.smoke)  # fmt: skip
+        lab.reduce(s, partial, groups)
+
+    return call
+
+
+def round_ahead(lab: Lab) -> None:
+    """The segmented backward in one cooperative launch whose per-segment sums are posted
+    LOOKAHEAD rows ahead of their use (backward_ahead_kernel), at segment widths, warps, programs
+    per SM and lookaheads, beside production (two launches: backward_wide_dot, backward_wide),
+    CUDA-graph timed. Under --smoke only one-segment launches run (the interpreter runs programs
+    one after another)."""
+    lab.time_with_graphs()
+    shapes = [(3, 8192)] if lab.smoke else [(2048, 65536), (1024, 131072), (4096, 32768)]
+    for m, n in shapes:
+        s = lab.shape(m, n)
+        if not lab.smoke:
+            lab.production(s)
+        first = (m, n) == shapes[0]
+        for (segment, warps), per_sm, lookahead, policy in itertools.product(
+            [(4096, 4), (4096, 8), (8192, 8), (8192, 16)], [1, 2], [1, 2, 3], ["evict_first", ""]
+        ):
+            if lab.smoke and (n > segment or (per_sm, lookahead, policy) != (1, 1, "evict_first")):
+                continue
+            if (policy == "" or not first) and lookahead != 2 or (policy == "" and not first):
+                continue
+            lab.run("bwd", s, f"ahead s{segment} w{warps} p{per_sm} d{lookahead} dx {policy or '-'}",
+                    backward_ahead(lab, s, segment, warps, per_sm, lookahead, policy))  # fmt: skip
+
+
 ROUNDS = {
     "tile": round_tile,
     "persistent": round_persistent,
@@ -1486,6 +1610,7 @@ ROUNDS = {
     "reorder2": round_reorder2,
     "tile2": round_tile2,
     "hints3": round_hints3,
+    "ahead": round_ahead,
 }
 
 
