@@ -747,6 +747,86 @@ def backward_ahead_kernel(
 
 
 @triton.jit
+def backward_ahead2_kernel(
+    X,  # as in backward_ahead_kernel
+    W,
+    DY,
+    RSTD,
+    DX,
+    DW_PARTIAL,
+    DOT,  # int32 [M, SEGMENTS]: each segment's sum of u * x as fp32 bits; -1 at launch ("not yet")
+    M,
+    N,
+    groups,
+    stride_x,
+    stride_dy,
+    stride_dx,
+    offset,
+    SEGMENT: tl.constexpr,
+    SEGMENTS: tl.constexpr,
+    SEGMENTS_POW2: tl.constexpr,
+    LOOKAHEAD: tl.constexpr,
+    PRE_ISSUE: tl.constexpr,  # issue the ahead row's loads before finishing the row behind
+    SPIN_LIMIT: tl.constexpr,
+):
+    """backward_ahead_kernel with self-validating slots instead of a counter: each sum is posted
+    by one relaxed exchange of its bits (NaN made canonical, 0x7FC00000, so -1 never occurs), and
+    the row behind waits until none of its slots reads -1. No fence orders the post after earlier
+    stores, so a post does not wait for the previous row's dx stores to drain."""
+    g = tl.program_id(0)
+    seg = tl.program_id(1)
+    cols = seg * SEGMENT + tl.arange(0, SEGMENT)
+    col_ok = cols < N
+    scale = offset + tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    others = tl.arange(0, SEGMENTS_POW2)
+    present = others < SEGMENTS
+    dw_acc = tl.zeros((SEGMENT,), dtype=tl.float32)
+    for k in range(g, M + LOOKAHEAD * groups, groups):
+        k64 = tl.cast(k, tl.int64)
+        ahead_ok = col_ok & (k < M)
+        if PRE_ISSUE:
+            x = tl.load(X + k64 * stride_x + cols, mask=ahead_ok, other=0.0, eviction_policy="evict_last")
+            u = tl.load(DY + k64 * stride_dy + cols, mask=ahead_ok, other=0.0, eviction_policy="evict_last")
+        else:
+            if k < M:
+                x = tl.load(X + k64 * stride_x + cols, mask=ahead_ok, other=0.0, eviction_policy="evict_last")
+                u = tl.load(
+                    DY + k64 * stride_dy + cols, mask=ahead_ok, other=0.0, eviction_policy="evict_last"
+                )
+                partial = tl.sum(u.to(tl.float32) * scale * x.to(tl.float32), axis=0)
+                bits = tl.where(partial != partial, 0x7FC00000, partial.to(tl.int32, bitcast=True))
+                tl.atomic_xchg(DOT + k64 * SEGMENTS + seg, bits, sem="relaxed", scope="gpu")
+        row = k - LOOKAHEAD * groups
+        if row >= 0:
+            row64 = tl.cast(row, tl.int64)
+            slots = DOT + row64 * SEGMENTS + others
+            seen = tl.load(slots, mask=present, other=0, volatile=True)
+            spins = 0
+            while (tl.max(tl.where(present & (seen == -1), 1, 0), axis=0) > 0) & (spins < SPIN_LIMIT):
+                seen = tl.load(slots, mask=present, other=0, volatile=True)
+                spins += 1
+            total = tl.sum(tl.where(present, seen.to(tl.float32, bitcast=True), 0.0), axis=0)
+            rstd = tl.load(RSTD + row)
+            mean_uxn = total * rstd / N
+            x_raw = tl.load(
+                X + row64 * stride_x + cols, mask=col_ok, other=0.0, eviction_policy="evict_first"
+            )
+            dy = tl.load(DY + row64 * stride_dy + cols, mask=col_ok, other=0.0, eviction_policy="evict_first")
+            dy = dy.to(tl.float32)
+            xn = x_raw.to(tl.float32) * rstd
+            dx = (dy * scale - xn * mean_uxn) * rstd
+            tl.store(DX + row64 * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=col_ok,
+                     eviction_policy="evict_first")  # fmt: skip
+            dw_acc += dy * xn
+        if PRE_ISSUE:
+            if k < M:
+                partial = tl.sum(u.to(tl.float32) * scale * x.to(tl.float32), axis=0)
+                bits = tl.where(partial != partial, 0x7FC00000, partial.to(tl.int32, bitcast=True))
+                tl.atomic_xchg(DOT + k64 * SEGMENTS + seg, bits, sem="relaxed", scope="gpu")
+    tl.store(DW_PARTIAL + tl.cast(g, tl.int64) * N + cols, dw_acc, mask=col_ok)
+
+
+@triton.jit
 def fwd_tile_1d(
     X, W, Y, RSTD, N, stride_x, eps, BLOCK_N: tl.constexpr, FULL: tl.constexpr, HW_RSQRT: tl.constexpr
 ):  # fmt: skip
@@ -1592,6 +1672,49 @@ def round_ahead(lab: Lab) -> None:
                     backward_ahead(lab, s, segment, warps, per_sm, lookahead, policy))  # fmt: skip
 
 
+def backward_ahead2(lab: Lab, s: dict, segment: int, warps: int, per_sm: int, lookahead: int, pre_issue: int):
+    """backward_ahead2_kernel as a cooperative launch, then the dw reduction, writing s["dx"],
+    s["dw"]."""
+    x, m, n = s["x"], s["m"], s["n"]
+    segments = triton.cdiv(n, segment)
+    groups = min(m, max(1, per_sm * lab.sms // segments))
+    partial = torch.empty(groups, n, device=x.device)
+    constexprs = (segment, segments, triton.next_power_of_2(segments), lookahead, pre_issue, 1 << 22)
+
+    def call():
+        dot = torch.full((m, segments), -1, dtype=torch.int32, device=x.device)
+        args = (x, s["w"], s["dy"], s["rstd"], s["dx"], partial, dot, m, n, groups, n, n, n, 0.0)
+        backward_ahead2_kernel[(groups, segments)](*args, *constexprs, num_warps=warps,
+                                                   launch_cooperative_grid=not lab.smoke)  # fmt: skip
+        lab.reduce(s, partial, groups)
+
+    return call
+
+
+def round_ahead2(lab: Lab) -> None:
+    """backward_ahead2_kernel (self-validating slots; the ahead row's loads issued before or after
+    the row behind) beside backward_ahead_kernel's best launch from round ahead and production,
+    CUDA-graph timed. Under --smoke only one-segment launches run."""
+    lab.time_with_graphs()
+    shapes = [(3, 8192)] if lab.smoke else [(2048, 65536), (4096, 32768), (1024, 131072)]
+    for m, n in shapes:
+        s = lab.shape(m, n)
+        first = (m, n) == shapes[0]
+        if not lab.smoke:
+            lab.production(s)
+            lab.run("bwd", s, "ahead s8192 w8 p2 d1 dx evict_first",
+                    backward_ahead(lab, s, 8192, 8, 2, 1, "evict_first"))  # fmt: skip
+        for (segment, warps, per_sm), lookahead, pre_issue in itertools.product(
+            [(8192, 8, 2), (16384, 16, 1), (8192, 8, 1)], [1, 2], [0, 1]
+        ):
+            if lab.smoke and (n > segment or lookahead != 1):
+                continue
+            if not first and (segment, warps, per_sm) != (8192, 8, 2):
+                continue
+            lab.run("bwd", s, f"ahead2 s{segment} w{warps} p{per_sm} d{lookahead} pre{pre_issue}",
+                    backward_ahead2(lab, s, segment, warps, per_sm, lookahead, pre_issue))  # fmt: skip
+
+
 ROUNDS = {
     "tile": round_tile,
     "persistent": round_persistent,
@@ -1611,6 +1734,7 @@ ROUNDS = {
     "tile2": round_tile2,
     "hints3": round_hints3,
     "ahead": round_ahead,
+    "ahead2": round_ahead2,
 }
 
 
