@@ -6,11 +6,11 @@ import pytest
 import torch
 
 import rmsnorm_kernel
-from rmsnorm_kernel import ops
+from rmsnorm_kernel import kernels, launch, ops
 from rmsnorm_kernel.cases import TOLERANCES
 from rmsnorm_kernel.reference import rms_norm_backward_reference, rms_norm_reference
 
-from .conftest import HAS_CUDA, KERNEL_DEVICES
+from .conftest import HAS_CUDA, KERNEL_DEVICES, requires_cuda, requires_interpret
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 
@@ -296,3 +296,93 @@ def test_cuda_graph_capture_with_residual(m, n):
     assert_close(xg.grad, (dx_ref.float() + dh.float()).to(BF16), BF16)
     assert_close(rg.grad, (dx_ref.float() + dh.float()).to(BF16), BF16)
     assert_close(wg.grad, dw_ref, BF16)
+
+
+# ---------------------------------------------------------------------------------------------
+# The wide backward as one cooperative launch (backward_wide_fused)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.interpret
+@requires_interpret
+@pytest.mark.parametrize("lookahead", [1, 2])
+@pytest.mark.parametrize("with_dh", [False, True])
+def test_wide_fused_kernel_with_one_segment(lookahead, with_dh):
+    """backward_wide_fused's steps (post a row's sum ahead, finish the row behind from the posted
+    sums) under the interpreter. The interpreter runs programs one after another, so a program
+    may only wait on itself: one segment per row (a segment as wide as the row), three row
+    groups over 17 rows. On CUDA the same kernel runs with several segments per row
+    (test_wide_backward_one_launch_matches_two_launches)."""
+    m, n, groups, eps = 17, 300, 3, 1e-6
+    x, w, dy = make((m, n), F32, "cpu")
+    dh = torch.randn(m, n, generator=torch.Generator().manual_seed(1)) if with_dh else dy
+    rstd = torch.rsqrt(x.square().mean(-1) + eps)
+    dot = torch.empty(m, 1)
+    posted = torch.zeros(m, dtype=torch.int32)
+    dx = torch.full_like(x, float("nan"))
+    partial = torch.full((groups, n), float("nan"))
+    # HAS_WEIGHT, HAS_DH, COMPUTE_DW, CASTING, BLOCK_S, SEGMENTS_POW2, LOOKAHEAD
+    constexprs = (True, with_dh, True, 0, 512, 1, lookahead)
+    kernels.backward_wide_fused[(groups, 1)](
+        x,
+        w,
+        dy,
+        dh,
+        rstd,
+        dot,
+        posted,
+        dx,
+        partial,
+        m,
+        n,
+        groups,
+        n,
+        n,
+        n,
+        n,
+        0.0,
+        1,
+        *constexprs,
+        num_warps=4,
+    )
+    assert posted.tolist() == [1] * m  # every row's one sum posted once
+    dx_ref, dw_ref = rms_norm_backward_reference(x, w, dy, eps)
+    assert_close(dx, dx_ref + (dh if with_dh else 0), F32)
+    assert_close(partial.sum(0), dw_ref, F32)
+
+
+WIDE_FUSED_CASES = [
+    # (M, N, dtype, with_dh, casting): several segments per row; M below, at and above the row
+    # groups of one launch (two programs per SM over 9 segments: 29 groups on an H200).
+    (1, 65537, BF16, False, "default"),
+    (64, 65537, BF16, False, "default"),
+    (300, 32768, F16, True, "default"),
+    (17, 131073, F32, True, "llama"),
+]
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("m, n, dtype, with_dh, casting", WIDE_FUSED_CASES)
+def test_wide_backward_one_launch_matches_two_launches(monkeypatch, m, n, dtype, with_dh, casting):
+    """On CUDA the wide backward runs as one cooperative launch (the two-launch kernels are not
+    called) and gives bitwise the dx and dw of the two launches: the same segment sums, added in
+    the same order, the same row groups."""
+    x, w, dy = make((m, n), dtype, "cuda")
+    dh = torch.randn_like(dy) if with_dh else None
+    rstd = torch.rsqrt(x.float().square().mean(-1) + 1e-6)
+    mode = launch.CASTING_MODES[casting]
+    calls = []
+    two_launch = launch._backward_wide_dot
+
+    def spy(*args):
+        calls.append(args)
+        two_launch(*args)
+
+    monkeypatch.setattr(launch, "_backward_wide_dot", spy)
+    dx1, dw1 = launch.backward(dy, dh, x, w, rstd, 0.0, mode, True, dtype)
+    assert not calls, "the wide backward took the two launches on CUDA"
+    monkeypatch.setattr(launch, "WIDE_FUSED", False)
+    dx2, dw2 = launch.backward(dy, dh, x, w, rstd, 0.0, mode, True, dtype)
+    assert len(calls) == 1
+    assert torch.equal(dx1, dx2) and torch.equal(dw1, dw2)

@@ -148,6 +148,64 @@ def test_arguments_out_of_order_are_a_clear_error(compiled_mode):
         launcher((1, 1, 1), (torch.ones(4), 4, torch.ones(4)), 4, ())
 
 
+def test_cooperative_launcher_asks_triton_for_a_cooperative_grid(compiled_mode):
+    seen = []
+
+    class CooperativeKernel(FakeKernel):
+        def __getitem__(self, grid):
+            call = super().__getitem__(grid)
+
+            def cooperative_call(*args, num_warps, launch_cooperative_grid=False):
+                seen.append(launch_cooperative_grid)
+                return call(*args, num_warps=num_warps)
+
+            return cooperative_call
+
+    x = torch.ones(8)
+    launch.Launcher(CooperativeKernel(), 1, cooperative=True)((1, 1, 1), (x, 8), 4, ())
+    launch.Launcher(CooperativeKernel(), 1)((1, 1, 1), (x, 8), 4, ())
+    assert seen == [True, False]
+
+
+class _Recorder:
+    """Stands in for a module-level launcher: records each launch, or raises ``error``."""
+
+    def __init__(self, name, log, error=None):
+        self.name, self.log, self.error = name, log, error
+
+    def __call__(self, grid, args, num_warps, constexprs):
+        self.log.append(self.name)
+        if self.error is not None:
+            raise self.error
+
+
+def test_wide_backward_falls_back_to_two_launches_when_the_grid_is_refused(compiled_mode, monkeypatch):
+    """A cooperative grid the driver cannot make resident is refused with a RuntimeError; the
+    wide backward then runs its two launches, and does not try that grid again."""
+    log = []
+    refused = RuntimeError("Triton Error [CUDA]: too many blocks in cooperative launch")
+    monkeypatch.setattr(launch, "_wide_fused_refused", {})
+    monkeypatch.setattr(launch, "_backward_wide_fused", _Recorder("fused", log, refused))
+    for name in ("_backward_wide_dot", "_backward_wide", "_reduce_columns"):
+        monkeypatch.setattr(launch, name, _Recorder(name, log))
+    m, n = 5, 20000  # wider than TWO_WALK_MAX: the wide backward
+    x, dy, w, rstd = torch.randn(m, n), torch.randn(m, n), torch.randn(n), torch.ones(m)
+    for _ in range(2):
+        launch.backward(dy, None, x, w, rstd, 0.0, 0, True, torch.float32)
+    two = ["_backward_wide_dot", "_backward_wide", "_reduce_columns"]
+    assert log == ["fused", *two, *two]
+
+
+def test_wide_backward_passes_other_launch_errors_on(compiled_mode, monkeypatch):
+    monkeypatch.setattr(launch, "_wide_fused_refused", {})
+    monkeypatch.setattr(
+        launch, "_backward_wide_fused", _Recorder("fused", [], RuntimeError("out of resources"))
+    )
+    x = torch.randn(2, 20000)
+    with pytest.raises(RuntimeError, match="out of resources"):
+        launch.backward(x, None, x, None, torch.ones(2), 0.0, 0, False, torch.float32)
+
+
 @pytest.mark.gpu
 @requires_cuda
 def test_real_triton_launches_go_direct_and_match_the_first(monkeypatch):

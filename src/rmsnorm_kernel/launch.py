@@ -39,9 +39,14 @@ TWO_WALK_BACKWARD_CHUNK = 4096
 # (warps, programs per SM) by the row width rounded up to a power of two (the second walk issues
 # all of a row's loads at once: tools/kernel_lab.py reorder).
 TWO_WALK_BACKWARD = {8192: (8, 2), 16384: (16, 1)}
-# Wide backward: segment width and warps.
+# Wide backward: segment width and warps; whether it runs as one cooperative launch
+# (backward_wide_fused) where it can, and how many steps ahead of their use that launch posts its
+# segment sums (tools/kernel_lab.py ahead: 8192-wide segments, 8 warps, two programs per SM, one
+# step ahead were the fastest measured).
 SEGMENT = 8192
 SEGMENT_WARPS = 8
+WIDE_FUSED = True
+WIDE_LOOKAHEAD = 1
 
 
 class UnsupportedInput(ValueError):
@@ -171,19 +176,23 @@ class Launcher:
     The first launch per specialisation goes through Triton (compiling if needed); later ones
     hand the arguments straight to the compiled kernel's C launcher on the current stream,
     skipping Triton's per-call argument binding, which costs more host time than the kernel
-    takes on the GPU at small shapes. Under the interpreter every launch goes through Triton.
+    takes on the GPU at small shapes. Under the interpreter every launch goes through Triton
+    (which runs programs one after another, so a cooperative kernel must not be launched there).
     """
 
-    def __init__(self, kernel, pointers: int) -> None:
+    def __init__(self, kernel, pointers: int, cooperative: bool = False) -> None:
         self.kernel = kernel
         self.pointers = pointers
+        # A cooperative grid: the driver runs every program at once or refuses the launch (a
+        # RuntimeError naming the cooperative launch), for kernels whose programs wait on others.
+        self.options = {"launch_cooperative_grid": True} if cooperative else {}
         self.compiled: dict[tuple, tuple] = {}
         self.slow_launches = 0  # launches that went through Triton's own path (first per specialisation)
         self.direct_launches = 0  # specialisations launched through the C launcher directly
 
     def __call__(self, grid: tuple[int, int, int], args: tuple, num_warps: int, constexprs: tuple) -> None:
         if kernels.INTERPRET:
-            self.kernel[grid](*args, *constexprs, num_warps=num_warps)
+            self.kernel[grid](*args, *constexprs, num_warps=num_warps, **self.options)
             return
         tensors, scalars = args[: self.pointers], args[self.pointers :]
         try:
@@ -238,7 +247,7 @@ class Launcher:
     def _first_launch(self, key: tuple, grid, args: tuple, num_warps: int, constexprs: tuple) -> None:
         self._check_order(args)
         self.slow_launches += 1
-        compiled = self.kernel[grid](*args, *constexprs, num_warps=num_warps)
+        compiled = self.kernel[grid](*args, *constexprs, num_warps=num_warps, **self.options)
         entry = _direct_launch(compiled)
         if entry is None:  # through compiled.run: the C launcher's arguments less the four it fills in
             run = compiled.run
@@ -259,6 +268,7 @@ _backward_tile = Launcher(kernels.backward_tile, 7)
 _backward_chunked = Launcher(kernels.backward_chunked, 7)
 _backward_wide_dot = Launcher(kernels.backward_wide_dot, 4)
 _backward_wide = Launcher(kernels.backward_wide, 8)
+_backward_wide_fused = Launcher(kernels.backward_wide_fused, 9, cooperative=True)
 _reduce_columns = Launcher(kernels.reduce_columns, 2)
 
 
@@ -447,6 +457,35 @@ def forward(
     return y, rstd, h
 
 
+# (device, constexprs) -> the smallest grid (programs) the driver refused to launch cooperatively.
+_wide_fused_refused: dict[tuple, int] = {}
+
+
+def _wide_fused(xh2, w, dy2, dh, rstd, dot, dx, partial, scalars, constexprs, device) -> bool:
+    """The wide backward as one cooperative launch of backward_wide_fused, with backward_wide's
+    arguments (``scalars``: M, N, row groups, the strides, the offset, SEGMENTS); False where it
+    did not run: switched off, under the interpreter, or a grid the driver cannot make resident
+    (refused once, then not tried again at that size or larger), and the caller runs the two
+    launches instead."""
+    if not WIDE_FUSED or kernels.INTERPRET:
+        return False
+    m, programs, segments = scalars[0], scalars[2], scalars[-1]
+    grid = (programs, segments, 1)
+    key = (device, constexprs)
+    if programs * segments >= _wide_fused_refused.get(key, math.inf):
+        return False
+    posted = torch.zeros(m, dtype=torch.int32, device=device)
+    args = (xh2, w, dy2, dh, rstd, dot, posted, dx, partial, *scalars)
+    try:
+        _backward_wide_fused(grid, args, SEGMENT_WARPS, (*constexprs, WIDE_LOOKAHEAD))
+    except RuntimeError as exc:
+        if "cooperative" not in str(exc):
+            raise
+        _wide_fused_refused[key] = programs * segments
+        return False
+    return True
+
+
 def backward(
     dy2: Tensor,
     dh2: Tensor | None,
@@ -497,12 +536,9 @@ def backward(
         kernel((programs, 1, 1), args, num_warps, constexprs)
     else:
         segments = (n + SEGMENT - 1) // SEGMENT
-        dot = torch.empty(m, segments, dtype=torch.float32, device=device)
-        args = (xh2, w, dy2, dot, n, strides[0], stride_dy, offset, segments)
-        _backward_wide_dot((m, segments, 1), args, SEGMENT_WARPS, (weight is not None, SEGMENT))
         programs = min(m, max(1, 2 * sm_count(device) // segments))  # row groups
+        dot = torch.empty(m, segments, dtype=torch.float32, device=device)
         partial = torch.empty(programs, n, dtype=torch.float32, device=device) if compute_dw else rstd
-        args = (xh2, w, dy2, dh, rstd, dot, dx, partial, m, n, programs, *strides, segments)
         # HAS_WEIGHT, HAS_DH, COMPUTE_DW, CASTING, BLOCK_S, SEGMENTS_POW2
         constexprs = (
             weight is not None,
@@ -512,7 +548,12 @@ def backward(
             SEGMENT,
             _next_power_of_2(segments),
         )
-        _backward_wide((programs, segments, 1), args, SEGMENT_WARPS, constexprs)
+        scalars = (m, n, programs, *strides, segments)
+        if not _wide_fused(xh2, w, dy2, dh, rstd, dot, dx, partial, scalars, constexprs, device):
+            args = (xh2, w, dy2, dot, n, strides[0], stride_dy, offset, segments)
+            _backward_wide_dot((m, segments, 1), args, SEGMENT_WARPS, (weight is not None, SEGMENT))
+            args = (xh2, w, dy2, dh, rstd, dot, dx, partial, *scalars)
+            _backward_wide((programs, segments, 1), args, SEGMENT_WARPS, constexprs)
     if compute_dw and partial is not dw:
         grid, constexprs = _reduce_plan(n, programs)
         _reduce_columns(grid, (partial, dw, programs, n), 4, constexprs)
