@@ -179,31 +179,72 @@ class _Recorder:
             raise self.error
 
 
+def test_refused_cooperative_grid_is_remembered_per_specialisation(compiled_mode):
+    """The driver refuses a cooperative grid it cannot make resident (a RuntimeError naming the
+    cooperative launch): the launcher raises CooperativeGridRefused, and later grids of that
+    size or larger for the same specialisation are refused without a launch; smaller ones, or
+    another specialisation, are tried."""
+    tried = []
+
+    class RefusingKernel(FakeKernel):
+        def __getitem__(self, grid):
+            def call(*args, num_warps, launch_cooperative_grid=False):
+                tried.append(grid)
+                if grid[0] * grid[1] > 4:
+                    raise RuntimeError("Triton Error [CUDA]: too many blocks in cooperative launch")
+                return FakeKernel.__getitem__(self, grid)(*args, num_warps=num_warps)
+
+            return call
+
+    launcher = launch.Launcher(RefusingKernel(), 1, cooperative=True)
+    x = torch.ones(8)
+    for grid in [(3, 2, 1), (4, 2, 1), (6, 1, 1)]:
+        with pytest.raises(launch.CooperativeGridRefused):
+            launcher(grid, (x, 8), 4, ())
+    assert tried == [(3, 2, 1)]  # the larger and equal grids were not launched again
+    launcher((2, 2, 1), (x, 8), 4, ())  # smaller: launched
+    with pytest.raises(launch.CooperativeGridRefused):
+        launcher((3, 2, 1), (x, 8), 8, ())  # another specialisation (8 warps): tried again
+    assert tried == [(3, 2, 1), (2, 2, 1), (3, 2, 1)]
+
+
+def test_other_launch_errors_are_not_taken_for_a_refusal(compiled_mode):
+    class FailingKernel(FakeKernel):
+        def __getitem__(self, grid):
+            def call(*args, num_warps, launch_cooperative_grid=False):
+                raise RuntimeError("out of resources")
+
+            return call
+
+    launcher = launch.Launcher(FailingKernel(), 1, cooperative=True)
+    with pytest.raises(RuntimeError, match="out of resources") as info:
+        launcher((1, 1, 1), (torch.ones(8), 8), 4, ())
+    assert not isinstance(info.value, launch.CooperativeGridRefused) and not launcher.refused
+
+
+class _Recorder:
+    """Stands in for a module-level launcher: records each launch, or raises ``error``."""
+
+    def __init__(self, name, log, error=None):
+        self.name, self.log, self.error = name, log, error
+
+    def __call__(self, grid, args, num_warps, constexprs):
+        self.log.append(self.name)
+        if self.error is not None:
+            raise self.error
+
+
 def test_wide_backward_falls_back_to_two_launches_when_the_grid_is_refused(compiled_mode, monkeypatch):
-    """A cooperative grid the driver cannot make resident is refused with a RuntimeError; the
-    wide backward then runs its two launches, and does not try that grid again."""
     log = []
-    refused = RuntimeError("Triton Error [CUDA]: too many blocks in cooperative launch")
-    monkeypatch.setattr(launch, "_wide_fused_refused", {})
+    refused = launch.CooperativeGridRefused("backward_wide_fused: too many blocks in cooperative launch")
     monkeypatch.setattr(launch, "_backward_wide_fused", _Recorder("fused", log, refused))
     for name in ("_backward_wide_dot", "_backward_wide", "_reduce_columns"):
         monkeypatch.setattr(launch, name, _Recorder(name, log))
     m, n = 5, 20000  # wider than TWO_WALK_MAX: the wide backward
     x, dy, w, rstd = torch.randn(m, n), torch.randn(m, n), torch.randn(n), torch.ones(m)
-    for _ in range(2):
-        launch.backward(dy, None, x, w, rstd, 0.0, 0, True, torch.float32)
-    two = ["_backward_wide_dot", "_backward_wide", "_reduce_columns"]
-    assert log == ["fused", *two, *two]
-
-
-def test_wide_backward_passes_other_launch_errors_on(compiled_mode, monkeypatch):
-    monkeypatch.setattr(launch, "_wide_fused_refused", {})
-    monkeypatch.setattr(
-        launch, "_backward_wide_fused", _Recorder("fused", [], RuntimeError("out of resources"))
-    )
-    x = torch.randn(2, 20000)
-    with pytest.raises(RuntimeError, match="out of resources"):
-        launch.backward(x, None, x, None, torch.ones(2), 0.0, 0, False, torch.float32)
+    dx, dw = launch.backward(dy, None, x, w, rstd, 0.0, 0, True, torch.float32)
+    assert log == ["fused", "_backward_wide_dot", "_backward_wide", "_reduce_columns"]
+    assert dx.shape == (m, n) and dw.shape == (n,)
 
 
 @pytest.mark.gpu

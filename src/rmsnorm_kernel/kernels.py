@@ -629,12 +629,13 @@ def backward_wide_fused(
     stride_dh,
     stride_dx,
     offset,
-    SEGMENTS,
     HAS_WEIGHT: tl.constexpr,
     HAS_DH: tl.constexpr,
     COMPUTE_DW: tl.constexpr,
     CASTING: tl.constexpr,
     BLOCK_S: tl.constexpr,  # segment width
+    SEGMENTS: tl.constexpr,  # segments per row, ceil(N / BLOCK_S) (a compile-time constant: a runtime one
+    # costs 64 more registers per thread, and two programs of 8 warps no longer fit on an SM)
     SEGMENTS_POW2: tl.constexpr,
     LOOKAHEAD: tl.constexpr,  # steps between posting a row's segment sum and using the row's total
 ):

@@ -166,6 +166,12 @@ def _direct_launch(compiled) -> tuple | None:
     return launch, compiled.function, compiled.packed_metadata, run.launch_cooperative_grid, run.launch_pdl
 
 
+class CooperativeGridRefused(RuntimeError):
+    """The driver cannot run every program of a cooperative grid at once (the compiled kernel's
+    registers or shared memory leave too few programs per SM for the grid): the caller runs
+    another path. Raised before any work is launched."""
+
+
 class Launcher:
     """``launcher(grid, args, num_warps, constexprs)`` launches ``kernel`` like
     ``kernel[grid](*args, *constexprs, num_warps=num_warps)``: ``grid`` has three dims, ``args``
@@ -186,6 +192,8 @@ class Launcher:
         # A cooperative grid: the driver runs every program at once or refuses the launch (a
         # RuntimeError naming the cooperative launch), for kernels whose programs wait on others.
         self.options = {"launch_cooperative_grid": True} if cooperative else {}
+        # Cooperative grids the driver refused: specialisation key -> the fewest programs refused.
+        self.refused: dict[tuple, int] = {}
         self.compiled: dict[tuple, tuple] = {}
         self.slow_launches = 0  # launches that went through Triton's own path (first per specialisation)
         self.direct_launches = 0  # specialisations launched through the C launcher directly
@@ -202,6 +210,8 @@ class Launcher:
             raise
         device = tensors[0].get_device()
         key = (device, num_warps, constexprs, *_spec_key(tensors, pointers, scalars))
+        if self.refused and grid[0] * grid[1] * grid[2] >= self.refused.get(key, math.inf):
+            raise CooperativeGridRefused(f"{self.kernel.__name__}: grid {grid} refused before")
         if device != torch.cuda.current_device():
             # Triton compiles for, and launches on, the current device; the tensors may be on
             # another one (a model spread over GPUs in one process).
@@ -211,7 +221,19 @@ class Launcher:
         self._launch(key, grid, args, pointers, scalars, device, num_warps, constexprs)
 
     def _launch(self, key, grid, args, pointers, scalars, device, num_warps, constexprs) -> None:
-        """The launch of ``__call__`` (with the key it computed), under the right current device."""
+        """The launch of ``__call__`` (with the key it computed), under the right current device.
+        A cooperative grid the driver refuses is remembered per specialisation and raised as
+        CooperativeGridRefused (nothing ran)."""
+        try:
+            self._launch_or_compile(key, grid, args, pointers, scalars, device, num_warps, constexprs)
+        except RuntimeError as exc:
+            if not self.options or "cooperative" not in str(exc):
+                raise
+            programs = grid[0] * grid[1] * grid[2]
+            self.refused[key] = min(programs, self.refused.get(key, programs))
+            raise CooperativeGridRefused(f"{self.kernel.__name__}: {exc}") from exc
+
+    def _launch_or_compile(self, key, grid, args, pointers, scalars, device, num_warps, constexprs) -> None:
         entry = self.compiled.get(key)
         if entry is None:
             self._first_launch(key, grid, args, num_warps, constexprs)
@@ -457,31 +479,25 @@ def forward(
     return y, rstd, h
 
 
-# (device, constexprs) -> the smallest grid (programs) the driver refused to launch cooperatively.
-_wide_fused_refused: dict[tuple, int] = {}
-
-
 def _wide_fused(xh2, w, dy2, dh, rstd, dot, dx, partial, scalars, constexprs, device) -> bool:
     """The wide backward as one cooperative launch of backward_wide_fused, with backward_wide's
     arguments (``scalars``: M, N, row groups, the strides, the offset, SEGMENTS); False where it
-    did not run: switched off, under the interpreter, or a grid the driver cannot make resident
-    (refused once, then not tried again at that size or larger), and the caller runs the two
-    launches instead."""
+    did not run, and the caller runs the two launches instead: switched off, under the
+    interpreter, or a grid the driver cannot make resident. The grid has two programs per SM
+    (fewer with few rows); the kernel fits two per SM where it compiles to at most 128 registers
+    per thread, as bf16 and fp16 rows with N a multiple of 16 and no residual gradient do on an
+    H200, while wider-register specialisations (fp32, other N, dh) run fused only with grids
+    small enough for one per SM. The launcher remembers each refusal, so a refused grid costs
+    one failed launch per specialisation."""
     if not WIDE_FUSED or kernels.INTERPRET:
         return False
     m, programs, segments = scalars[0], scalars[2], scalars[-1]
-    grid = (programs, segments, 1)
-    key = (device, constexprs)
-    if programs * segments >= _wide_fused_refused.get(key, math.inf):
-        return False
     posted = torch.zeros(m, dtype=torch.int32, device=device)
-    args = (xh2, w, dy2, dh, rstd, dot, posted, dx, partial, *scalars)
+    args = (xh2, w, dy2, dh, rstd, dot, posted, dx, partial, *scalars[:-1])
     try:
-        _backward_wide_fused(grid, args, SEGMENT_WARPS, (*constexprs, WIDE_LOOKAHEAD))
-    except RuntimeError as exc:
-        if "cooperative" not in str(exc):
-            raise
-        _wide_fused_refused[key] = programs * segments
+        _backward_wide_fused((programs, segments, 1), args, SEGMENT_WARPS, (*constexprs[:-1], segments,
+                                                                           *constexprs[-1:], WIDE_LOOKAHEAD))  # fmt: skip
+    except CooperativeGridRefused:
         return False
     return True
 
