@@ -64,9 +64,17 @@ Rounds, and what they decided (H200, bf16 unless named; figures in docs/performa
               variants 141.4-156.3, 16 warps 146.7). A probe of the same variants with quack
               installed: production 140.2-141.0, the others 140.9-156.5, quack 135.4-136.1.
 
+  ahead       the wide backward in one cooperative launch (backward_ahead_kernel): segment sums
+              posted LOOKAHEAD rows ahead of their use, so x and dy come from HBM once. 8192-wide
+              segments, 8 warps, two programs per SM, one row ahead: 257.6 against 322.2 µs at
+              2048x65536 (two launches); chose it (kernels.backward_wide_fused).
+  ahead2      self-validating sum slots in place of the counter, and the next row's loads issued
+              before the current row's dx: no faster, or too many registers for two programs
+              per SM.
+
 The first four rounds were run on the H200 as separate scripts and merged into this file; from
 this file the H200 has run lean, static, confirm, tile1d, small, split, wide2, wide3,
-prefetch, reorder, reorder2, tile2, offset and hints3. Every round passes --smoke.
+prefetch, reorder, reorder2, tile2, offset, hints3, ahead and ahead2. Every round passes --smoke.
 """
 
 from __future__ import annotations
