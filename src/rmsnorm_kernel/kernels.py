@@ -550,6 +550,47 @@ def backward_wide_dot(
 
 
 @triton.jit
+def _wide_segment_dx(
+    X,
+    DY,
+    DH,
+    DX,
+    row64,
+    c,  # this segment's columns
+    col_ok,
+    scale,  # offset + w over the segment (unused without a weight)
+    rstd,
+    mean_uxn,
+    stride_x,
+    stride_dy,
+    stride_dh,
+    stride_dx,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_DH: tl.constexpr,
+    CASTING: tl.constexpr,
+    POLICY: tl.constexpr,  # L2 hint of x's and dy's loads and dx's stores
+):
+    """dx of one row's segment, stored; returns the segment's dw terms dy * xn (xn rounded as
+    CASTING says). The wide backward's second step, shared by its two-launch and one-launch
+    kernels."""
+    x_raw = tl.load(X + row64 * stride_x + c, mask=col_ok, other=0.0, eviction_policy=POLICY)
+    dy = tl.load(DY + row64 * stride_dy + c, mask=col_ok, other=0.0, eviction_policy=POLICY)
+    dy = dy.to(tl.float32)
+    xn = x_raw.to(tl.float32) * rstd
+    if HAS_WEIGHT:
+        u = dy * scale
+    else:
+        u = dy
+    dx = (u - xn * mean_uxn) * rstd
+    if HAS_DH:
+        dx += tl.load(DH + row64 * stride_dh + c, mask=col_ok, other=0.0).to(tl.float32)
+    tl.store(DX + row64 * stride_dx + c, dx.to(DX.dtype.element_ty), mask=col_ok, eviction_policy=POLICY)
+    if CASTING == 1:
+        xn = xn.to(x_raw.dtype).to(tl.float32)
+    return dy * xn
+
+
+@triton.jit
 def backward_wide(
     X,
     W,
@@ -584,6 +625,8 @@ def backward_wide(
     col_ok = c < N
     if HAS_WEIGHT:
         scale = offset + tl.load(W + c, mask=col_ok, other=0.0).to(tl.float32)
+    else:
+        scale = offset
     segs = tl.arange(0, SEGMENTS_POW2)
     dw_acc = tl.zeros((BLOCK_S,), dtype=tl.float32)
     for row in range(g, M, groups):
@@ -591,21 +634,10 @@ def backward_wide(
         rstd = tl.load(RSTD + row)
         dot = tl.sum(tl.load(DOT_PARTIAL + row64 * SEGMENTS + segs, mask=segs < SEGMENTS, other=0.0), axis=0)
         mean_uxn = dot * rstd / N
-        x_raw = tl.load(X + row64 * stride_x + c, mask=col_ok, other=0.0)
-        dy = tl.load(DY + row64 * stride_dy + c, mask=col_ok, other=0.0).to(tl.float32)
-        xn = x_raw.to(tl.float32) * rstd
-        if HAS_WEIGHT:
-            u = dy * scale
-        else:
-            u = dy
-        dx = (u - xn * mean_uxn) * rstd
-        if HAS_DH:
-            dx += tl.load(DH + row64 * stride_dh + c, mask=col_ok, other=0.0).to(tl.float32)
-        tl.store(DX + row64 * stride_dx + c, dx.to(DX.dtype.element_ty), mask=col_ok)
+        dw_terms = _wide_segment_dx(X, DY, DH, DX, row64, c, col_ok, scale, rstd, mean_uxn,
+                                    stride_x, stride_dy, stride_dh, stride_dx, HAS_WEIGHT, HAS_DH, CASTING, "")  # fmt: skip
         if COMPUTE_DW:
-            if CASTING == 1:
-                xn = xn.to(x_raw.dtype).to(tl.float32)
-            dw_acc += dy * xn
+            dw_acc += dw_terms
     if COMPUTE_DW:
         tl.store(DW_PARTIAL + g.to(tl.int64) * N + c, dw_acc, mask=col_ok)
 
@@ -667,6 +699,8 @@ def backward_wide_fused(
     col_ok = c < N
     if HAS_WEIGHT:
         scale = offset + tl.load(W + c, mask=col_ok, other=0.0).to(tl.float32)
+    else:
+        scale = offset
     segs = tl.arange(0, SEGMENTS_POW2)
     dw_acc = tl.zeros((BLOCK_S,), dtype=tl.float32)
     for k in range(g, M + LOOKAHEAD * groups, groups):
@@ -691,23 +725,11 @@ def backward_wide_fused(
             )
             rstd = tl.load(RSTD + row)
             mean_uxn = tl.sum(sums, axis=0) * rstd / N
-            x_raw = tl.load(X + row64 * stride_x + c, mask=col_ok, other=0.0, eviction_policy="evict_first")
-            dy = tl.load(DY + row64 * stride_dy + c, mask=col_ok, other=0.0, eviction_policy="evict_first")
-            dy = dy.to(tl.float32)
-            xn = x_raw.to(tl.float32) * rstd
-            if HAS_WEIGHT:
-                u = dy * scale
-            else:
-                u = dy
-            dx = (u - xn * mean_uxn) * rstd
-            if HAS_DH:
-                dx += tl.load(DH + row64 * stride_dh + c, mask=col_ok, other=0.0).to(tl.float32)
-            tl.store(DX + row64 * stride_dx + c, dx.to(DX.dtype.element_ty), mask=col_ok,
-                     eviction_policy="evict_first")  # fmt: skip
+            dw_terms = _wide_segment_dx(X, DY, DH, DX, row64, c, col_ok, scale, rstd, mean_uxn,
+                                        stride_x, stride_dy, stride_dh, stride_dx, HAS_WEIGHT, HAS_DH, CASTING,
+                                        "evict_first")  # fmt: skip
             if COMPUTE_DW:
-                if CASTING == 1:
-                    xn = xn.to(x_raw.dtype).to(tl.float32)
-                dw_acc += dy * xn
+                dw_acc += dw_terms
     if COMPUTE_DW:
         tl.store(DW_PARTIAL + g.to(tl.int64) * N + c, dw_acc, mask=col_ok)
 
