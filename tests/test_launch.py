@@ -20,14 +20,20 @@ class FakeKernel:
 
     __name__ = "fake_kernel"
 
-    def __init__(self, scratch: int = 0):
+    def __init__(self, scratch: int = 0, launch_error=None):
         self.scratch = scratch
+        self.launch_error = launch_error  # grid -> an exception Triton's launch raises, or None
         self.triton_launches = []
+        self.cooperative = []  # launch_cooperative_grid of each of Triton's launches
         self.direct = []
         self.run_calls = []
 
     def __getitem__(self, grid):
-        def call(*args, num_warps):
+        def call(*args, num_warps, launch_cooperative_grid=False):
+            self.cooperative.append(launch_cooperative_grid)
+            error = self.launch_error(grid) if self.launch_error else None
+            if error is not None:
+                raise error
             self.triton_launches.append((grid, args, num_warps))
             run = SimpleNamespace(
                 launch=lambda *a: self.direct.append(a),
@@ -149,34 +155,17 @@ def test_arguments_out_of_order_are_a_clear_error(compiled_mode):
 
 
 def test_cooperative_launcher_asks_triton_for_a_cooperative_grid(compiled_mode):
-    seen = []
-
-    class CooperativeKernel(FakeKernel):
-        def __getitem__(self, grid):
-            call = super().__getitem__(grid)
-
-            def cooperative_call(*args, num_warps, launch_cooperative_grid=False):
-                seen.append(launch_cooperative_grid)
-                return call(*args, num_warps=num_warps)
-
-            return cooperative_call
-
+    cooperative, plain = FakeKernel(), FakeKernel()
     x = torch.ones(8)
-    launch.Launcher(CooperativeKernel(), 1, cooperative=True)((1, 1, 1), (x, 8), 4, ())
-    launch.Launcher(CooperativeKernel(), 1)((1, 1, 1), (x, 8), 4, ())
-    assert seen == [True, False]
+    launch.Launcher(cooperative, 1, cooperative=True)((1, 1, 1), (x, 8), 4, ())
+    launch.Launcher(plain, 1)((1, 1, 1), (x, 8), 4, ())
+    assert (cooperative.cooperative, plain.cooperative) == ([True], [False])
 
 
-class _Recorder:
-    """Stands in for a module-level launcher: records each launch, or raises ``error``."""
-
-    def __init__(self, name, log, error=None):
-        self.name, self.log, self.error = name, log, error
-
-    def __call__(self, grid, args, num_warps, constexprs):
-        self.log.append(self.name)
-        if self.error is not None:
-            raise self.error
+def _refuse_above_four(grid):
+    if grid[0] * grid[1] > 4:
+        return RuntimeError("Triton Error [CUDA]: too many blocks in cooperative launch")
+    return None
 
 
 def test_refused_cooperative_grid_is_remembered_per_specialisation(compiled_mode):
@@ -184,39 +173,23 @@ def test_refused_cooperative_grid_is_remembered_per_specialisation(compiled_mode
     cooperative launch): the launcher raises CooperativeGridRefused, and later grids of that
     size or larger for the same specialisation are refused without a launch; smaller ones, or
     another specialisation, are tried."""
-    tried = []
-
-    class RefusingKernel(FakeKernel):
-        def __getitem__(self, grid):
-            def call(*args, num_warps, launch_cooperative_grid=False):
-                tried.append(grid)
-                if grid[0] * grid[1] > 4:
-                    raise RuntimeError("Triton Error [CUDA]: too many blocks in cooperative launch")
-                return FakeKernel.__getitem__(self, grid)(*args, num_warps=num_warps)
-
-            return call
-
-    launcher = launch.Launcher(RefusingKernel(), 1, cooperative=True)
+    kernel = FakeKernel(launch_error=_refuse_above_four)
+    launcher = launch.Launcher(kernel, 1, cooperative=True)
     x = torch.ones(8)
     for grid in [(3, 2, 1), (4, 2, 1), (6, 1, 1)]:
         with pytest.raises(launch.CooperativeGridRefused):
             launcher(grid, (x, 8), 4, ())
-    assert tried == [(3, 2, 1)]  # the larger and equal grids were not launched again
+    assert len(kernel.cooperative) == 1  # the equal and larger grids were not launched again
     launcher((2, 2, 1), (x, 8), 4, ())  # smaller: launched
+    assert [g for g, _, _ in kernel.triton_launches] == [(2, 2, 1)]
     with pytest.raises(launch.CooperativeGridRefused):
         launcher((3, 2, 1), (x, 8), 8, ())  # another specialisation (8 warps): tried again
-    assert tried == [(3, 2, 1), (2, 2, 1), (3, 2, 1)]
+    assert len(kernel.cooperative) == 3
 
 
 def test_other_launch_errors_are_not_taken_for_a_refusal(compiled_mode):
-    class FailingKernel(FakeKernel):
-        def __getitem__(self, grid):
-            def call(*args, num_warps, launch_cooperative_grid=False):
-                raise RuntimeError("out of resources")
-
-            return call
-
-    launcher = launch.Launcher(FailingKernel(), 1, cooperative=True)
+    kernel = FakeKernel(launch_error=lambda grid: RuntimeError("out of resources"))
+    launcher = launch.Launcher(kernel, 1, cooperative=True)
     with pytest.raises(RuntimeError, match="out of resources") as info:
         launcher((1, 1, 1), (torch.ones(8), 8), 4, ())
     assert not isinstance(info.value, launch.CooperativeGridRefused) and not launcher.refused
