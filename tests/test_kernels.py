@@ -232,7 +232,7 @@ def test_compile_fullgraph_without_recompiling_per_batch(device):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="CUDA graphs need a CUDA device")
-@pytest.mark.parametrize("n", [4096, 65537, 131073])
+@pytest.mark.parametrize("n", [4096, 65536, 65537, 131073])  # 65536: the one-launch wide backward
 def test_cuda_graph_capture_forward_and_backward(n):
     x, w, dy = make((64, n), BF16, "cuda")
     xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
