@@ -3,6 +3,7 @@ so these check which path a launch takes and what reaches the C launcher, not nu
 kernel tests check those on CUDA, where every launch after the first per specialisation takes
 the direct path)."""
 
+import inspect
 from types import SimpleNamespace
 
 import pytest
@@ -203,6 +204,7 @@ class _Recorder:
 
     def __call__(self, grid, args, num_warps, constexprs):
         self.log.append(self.name)
+        self.last = (grid, args, num_warps, constexprs)
         if self.error is not None:
             raise self.error
 
@@ -218,6 +220,17 @@ def test_wide_backward_falls_back_to_two_launches_when_the_grid_is_refused(compi
     dx, dw = launch.backward(dy, None, x, w, rstd, 0.0, 0, True, torch.float32)
     assert log == ["fused", "_backward_wide_dot", "_backward_wide", "_reduce_columns"]
     assert dx.shape == (m, n) and dw.shape == (n,)
+    # What the one launch was asked for: 3 segments of 8192 (2 SMs here: one row group), its
+    # tensors then M, N, row groups, strides and offset, and its constexprs in kernel order.
+    grid, args, warps, constexprs = launch._backward_wide_fused.last
+    assert grid == (1, 3, 1) and warps == launch.SEGMENT_WARPS
+    assert args[0] is x and args[1] is w and args[2] is dy and args[7] is dx
+    assert args[9:] == (m, n, 1, n, n, n, n, 0.0)
+    assert constexprs == (True, False, True, 0, launch.SEGMENT, 3, 4, launch.WIDE_LOOKAHEAD)
+    params = list(inspect.signature(kernels.backward_wide_fused.fn).parameters)
+    assert params[9:] == ["M", "N", "groups", "stride_x", "stride_dy", "stride_dh", "stride_dx", "offset",
+                          "HAS_WEIGHT", "HAS_DH", "COMPUTE_DW", "CASTING", "BLOCK_S", "SEGMENTS", "SEGMENTS_POW2",
+                          "LOOKAHEAD"]  # fmt: skip
 
 
 @pytest.mark.gpu

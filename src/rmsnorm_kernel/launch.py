@@ -494,9 +494,11 @@ def _wide_fused(xh2, w, dy2, dh, rstd, dot, dx, partial, scalars, constexprs, de
     m, programs, segments = scalars[0], scalars[2], scalars[-1]
     posted = torch.zeros(m, dtype=torch.int32, device=device)
     args = (xh2, w, dy2, dh, rstd, dot, posted, dx, partial, *scalars[:-1])
+    # backward_wide's constexprs, with SEGMENTS (a compile-time constant here) and the lookahead
+    has_weight, has_dh, compute_dw, casting, block_s, segments_pow2 = constexprs
+    fused = (has_weight, has_dh, compute_dw, casting, block_s, segments, segments_pow2, WIDE_LOOKAHEAD)
     try:
-        _backward_wide_fused((programs, segments, 1), args, SEGMENT_WARPS, (*constexprs[:-1], segments,
-                                                                           *constexprs[-1:], WIDE_LOOKAHEAD))  # fmt: skip
+        _backward_wide_fused((programs, segments, 1), args, SEGMENT_WARPS, fused)
     except CooperativeGridRefused:
         return False
     return True
