@@ -1636,24 +1636,38 @@ def round_hints3(lab: Lab) -> None:
     )
 
 
-def backward_ahead(lab: Lab, s: dict, segment: int, warps: int, per_sm: int, lookahead: int, dx_policy: str):
-    """backward_ahead_kernel as a cooperative launch, then the dw reduction, writing s["dx"],
-    s["dw"]."""
+def _cooperative_wide(
+    lab: Lab, s: dict, kernel, segment: int, warps: int, per_sm: int, variant: tuple, exchange
+):
+    """A wide-backward lab kernel with backward_ahead_kernel's parameters (its exchange buffers
+    made per call by ``exchange(m, segments)``, its constexprs SEGMENT, SEGMENTS, SEGMENTS_POW2,
+    then ``variant``, then SPIN_LIMIT) as a cooperative launch over ``per_sm`` programs per SM,
+    then the dw reduction, writing s["dx"], s["dw"]."""
     x, m, n = s["x"], s["m"], s["n"]
     segments = triton.cdiv(n, segment)
     groups = min(m, max(1, per_sm * lab.sms // segments))
     partial = torch.empty(groups, n, device=x.device)
-    constexprs = (segment, segments, triton.next_power_of_2(segments), lookahead, dx_policy, 1 << 22)
+    constexprs = (segment, segments, triton.next_power_of_2(segments), *variant, 1 << 22)
 
     def call():
-        dot = torch.empty(m, segments, device=x.device)
-        count = torch.zeros(m, dtype=torch.int32, device=x.device)
-        args = (x, s["w"], s["dy"], s["rstd"], s["dx"], partial, dot, count, m, n, groups, n, n, n, 0.0)
-        backward_ahead_kernel[(groups, segments)](*args, *constexprs, num_warps=warps,
-                                                  launch_cooperative_grid=not lab.smoke)  # fmt: skip
+        buffers = exchange(m, segments)
+        args = (x, s["w"], s["dy"], s["rstd"], s["dx"], partial, *buffers, m, n, groups, n, n, n, 0.0)
+        kernel[(groups, segments)](*args, *constexprs, num_warps=warps, launch_cooperative_grid=not lab.smoke)
         lab.reduce(s, partial, groups)
 
     return call
+
+
+def backward_ahead(lab: Lab, s: dict, segment: int, warps: int, per_sm: int, lookahead: int, dx_policy: str):
+    """backward_ahead_kernel: per-segment sums in DOT, a zeroed counter per row."""
+
+    def exchange(m, segments):
+        dot = torch.empty(m, segments, device=s["x"].device)
+        return dot, torch.zeros(m, dtype=torch.int32, device=s["x"].device)
+
+    return _cooperative_wide(
+        lab, s, backward_ahead_kernel, segment, warps, per_sm, (lookahead, dx_policy), exchange
+    )
 
 
 def round_ahead(lab: Lab) -> None:
@@ -1681,22 +1695,14 @@ def round_ahead(lab: Lab) -> None:
 
 
 def backward_ahead2(lab: Lab, s: dict, segment: int, warps: int, per_sm: int, lookahead: int, pre_issue: int):
-    """backward_ahead2_kernel as a cooperative launch, then the dw reduction, writing s["dx"],
-    s["dw"]."""
-    x, m, n = s["x"], s["m"], s["n"]
-    segments = triton.cdiv(n, segment)
-    groups = min(m, max(1, per_sm * lab.sms // segments))
-    partial = torch.empty(groups, n, device=x.device)
-    constexprs = (segment, segments, triton.next_power_of_2(segments), lookahead, pre_issue, 1 << 22)
+    """backward_ahead2_kernel: self-validating sum slots, -1 ("not yet") at launch."""
 
-    def call():
-        dot = torch.full((m, segments), -1, dtype=torch.int32, device=x.device)
-        args = (x, s["w"], s["dy"], s["rstd"], s["dx"], partial, dot, m, n, groups, n, n, n, 0.0)
-        backward_ahead2_kernel[(groups, segments)](*args, *constexprs, num_warps=warps,
-                                                   launch_cooperative_grid=not lab.smoke)  # fmt: skip
-        lab.reduce(s, partial, groups)
+    def exchange(m, segments):
+        return (torch.full((m, segments), -1, dtype=torch.int32, device=s["x"].device),)
 
-    return call
+    return _cooperative_wide(
+        lab, s, backward_ahead2_kernel, segment, warps, per_sm, (lookahead, pre_issue), exchange
+    )
 
 
 def round_ahead2(lab: Lab) -> None:
