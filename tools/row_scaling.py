@@ -7,6 +7,7 @@ back-to-back launches (no flush). Usage: python tools/row_scaling.py [--n 65536]
 kernel quack ...] (bf16; providers as in the benchmark)."""
 
 import argparse
+import statistics
 
 import torch
 from triton.testing import do_bench
@@ -27,15 +28,6 @@ def back_to_back_us(fn, calls: int = 20, repeats: int = 15) -> float:
         end.synchronize()
         times.append(1e3 * start.elapsed_time(end) / calls)
     return sorted(times)[len(times) // 2]
-
-
-def fit(rows: list[int], times: list[float]) -> tuple[float, float]:
-    """Least-squares (intercept us, slope us per row)."""
-    mean_m, mean_t = sum(rows) / len(rows), sum(times) / len(times)
-    slope = sum((m - mean_m) * (t - mean_t) for m, t in zip(rows, times)) / sum(
-        (m - mean_m) ** 2 for m in rows
-    )
-    return mean_t - slope * mean_m, slope
 
 
 def main() -> None:
@@ -64,7 +56,7 @@ def main() -> None:
                 flush=True,
             )
         for label, times in (("flushed", flushed), ("back to back", unflushed)):
-            intercept, slope = fit(counts, times)
+            slope, intercept = statistics.linear_regression(counts, times)  # least squares
             print(
                 f"{name} {label}: {intercept:.1f} us per launch + {slope * 1e3:.1f} ns per row "
                 f"(steady state {4 * n / (slope * 1e6):.2f} TB/s, bf16 read + write)"
