@@ -835,6 +835,121 @@ def backward_ahead2_kernel(
 
 
 @triton.jit
+def _carry_post(DOT, COUNT, k, k64, seg, x, u, scale, SEGMENTS: tl.constexpr, SLOTS: tl.constexpr):
+    """Post row k's sum of u * x over this segment: an fp32 sum and a release count
+    (backward_ahead_kernel's exchange), or with SLOTS its bits into a self-validating slot
+    (backward_ahead2_kernel's, no fence)."""
+    partial = tl.sum(u.to(tl.float32) * scale * x.to(tl.float32), axis=0)
+    if SLOTS:
+        bits = tl.where(partial != partial, 0x7FC00000, partial.to(tl.int32, bitcast=True))
+        tl.atomic_xchg(DOT + k64 * SEGMENTS + seg, bits, sem="relaxed", scope="gpu")
+    else:
+        tl.store(DOT + k64 * SEGMENTS + seg, partial)
+        tl.debug_barrier()
+        tl.atomic_add(COUNT + k, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _carry_total(DOT, COUNT, row, row64, others, SEGMENTS: tl.constexpr, SLOTS: tl.constexpr,
+                 SPIN_LIMIT: tl.constexpr):  # fmt: skip
+    """The fixed-order total of row's posted segment sums, once all are there."""
+    present = others < SEGMENTS
+    spins = 0
+    if SLOTS:
+        slots = DOT + row64 * SEGMENTS + others
+        seen = tl.load(slots, mask=present, other=0, volatile=True)
+        while (tl.max(tl.where(present & (seen == -1), 1, 0), axis=0) > 0) & (spins < SPIN_LIMIT):
+            seen = tl.load(slots, mask=present, other=0, volatile=True)
+            spins += 1
+        total = tl.sum(tl.where(present, seen.to(tl.float32, bitcast=True), 0.0), axis=0)
+    else:
+        seen = tl.atomic_add(COUNT + row, 0, sem="acquire", scope="gpu")
+        while (seen < SEGMENTS) & (spins < SPIN_LIMIT):
+            seen = tl.atomic_add(COUNT + row, 0, sem="acquire", scope="gpu")
+            spins += 1
+        sums = tl.load(DOT + row64 * SEGMENTS + others, mask=present, other=0.0, cache_modifier=".cg")
+        total = tl.sum(sums, axis=0)
+    return total
+
+
+@triton.jit
+def backward_carry_kernel(
+    X,  # as in backward_ahead_kernel (weight, no dh, default casting)
+    W,
+    DY,
+    RSTD,
+    DX,
+    DW_PARTIAL,
+    DOT,  # fp32 [M, SEGMENTS] with COUNT, or int32 slots (-1 at launch) with SLOTS
+    COUNT,  # int32 [M], zeros at launch (unused with SLOTS)
+    M,
+    N,
+    groups,
+    stride_x,
+    stride_dy,
+    stride_dx,
+    offset,
+    SEGMENT: tl.constexpr,
+    SEGMENTS: tl.constexpr,
+    SEGMENTS_POW2: tl.constexpr,
+    SLOTS: tl.constexpr,  # the exchange: 0 a release counter, 1 self-validating slots
+    POST_FIRST: tl.constexpr,  # 1: post row k before finishing row k - 1; 0: after
+    RELOAD_SCALE: tl.constexpr,  # 1: re-read offset + w at each step instead of holding it in registers
+    SPIN_LIMIT: tl.constexpr,
+):
+    """The one-launch segmented backward with each row's x and dy carried in registers from the
+    step that loads them to the step that finishes the row, instead of re-read from L2
+    (backward_ahead_kernel with LOOKAHEAD = 1). At step k a program issues row k's loads, then
+    (POST_FIRST = 0) finishes row k - 1 from the registers while they fly, then sums and posts
+    row k; or (POST_FIRST = 1) sums and posts row k first. x and dy are read once, from HBM only."""
+    g = tl.program_id(0)
+    seg = tl.program_id(1)
+    cols = seg * SEGMENT + tl.arange(0, SEGMENT)
+    col_ok = cols < N
+    if not RELOAD_SCALE:
+        scale = offset + tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    others = tl.arange(0, SEGMENTS_POW2)
+    dw_acc = tl.zeros((SEGMENT,), dtype=tl.float32)
+    g64 = tl.cast(g, tl.int64)
+    x_prev = tl.load(X + g64 * stride_x + cols, mask=col_ok, other=0.0, eviction_policy="evict_first")
+    u_prev = tl.load(DY + g64 * stride_dy + cols, mask=col_ok, other=0.0, eviction_policy="evict_first")
+    if RELOAD_SCALE:
+        scale = offset + tl.load(W + cols, mask=col_ok, other=0.0, eviction_policy="evict_last").to(
+            tl.float32
+        )
+    _carry_post(DOT, COUNT, g, g64, seg, x_prev, u_prev, scale, SEGMENTS, SLOTS)
+    for k in range(g + groups, M + groups, groups):
+        k64 = tl.cast(k, tl.int64)
+        ahead_ok = col_ok & (k < M)
+        x = tl.load(X + k64 * stride_x + cols, mask=ahead_ok, other=0.0, eviction_policy="evict_first")
+        u = tl.load(DY + k64 * stride_dy + cols, mask=ahead_ok, other=0.0, eviction_policy="evict_first")
+        if RELOAD_SCALE:
+            scale = offset + tl.load(W + cols, mask=col_ok, other=0.0, eviction_policy="evict_last").to(
+                tl.float32
+            )
+        if POST_FIRST:
+            if k < M:
+                _carry_post(DOT, COUNT, k, k64, seg, x, u, scale, SEGMENTS, SLOTS)
+        row = k - groups
+        row64 = tl.cast(row, tl.int64)
+        total = _carry_total(DOT, COUNT, row, row64, others, SEGMENTS, SLOTS, SPIN_LIMIT)
+        rstd = tl.load(RSTD + row)
+        mean_uxn = total * rstd / N
+        dy = u_prev.to(tl.float32)
+        xn = x_prev.to(tl.float32) * rstd
+        dx = (dy * scale - xn * mean_uxn) * rstd
+        tl.store(DX + row64 * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=col_ok,
+                 eviction_policy="evict_first")  # fmt: skip
+        dw_acc += dy * xn
+        if not POST_FIRST:
+            if k < M:
+                _carry_post(DOT, COUNT, k, k64, seg, x, u, scale, SEGMENTS, SLOTS)
+        x_prev = x
+        u_prev = u
+    tl.store(DW_PARTIAL + g64 * N + cols, dw_acc, mask=col_ok)
+
+
+@triton.jit
 def fwd_tile_1d(
     X, W, Y, RSTD, N, stride_x, eps, BLOCK_N: tl.constexpr, FULL: tl.constexpr, HW_RSQRT: tl.constexpr
 ):  # fmt: skip
@@ -1729,6 +1844,46 @@ def round_ahead2(lab: Lab) -> None:
                     backward_ahead2(lab, s, segment, warps, per_sm, lookahead, pre_issue))  # fmt: skip
 
 
+def backward_carry(
+    lab: Lab, s: dict, segment: int, warps: int, per_sm: int, slots: int, post_first: int, reload: int
+):
+    """backward_carry_kernel with either exchange."""
+    x = s["x"]
+
+    def exchange(m, segments):
+        if slots:  # COUNT unused: any int32 tensor
+            return torch.full((m, segments), -1, dtype=torch.int32, device=x.device), s["rstd"]
+        return torch.empty(m, segments, device=x.device), torch.zeros(m, dtype=torch.int32, device=x.device)
+
+    return _cooperative_wide(
+        lab, s, backward_carry_kernel, segment, warps, per_sm, (slots, post_first, reload), exchange
+    )
+
+
+def round_carry(lab: Lab) -> None:
+    """backward_carry_kernel (each row's x and dy carried in registers to the step that finishes
+    it: read once, from HBM only) at both exchanges, both orders, w held or re-read, beside
+    production (backward_wide_fused), CUDA-graph timed. Launches that fit in 128 registers
+    (sm_90, Triton 3.6, bf16): 4096-wide segments with 8 warps (two programs per SM) and
+    8192-wide with 16 warps (one); 8192-wide with 8 warps takes 202-254. Under --smoke only
+    one-segment launches run."""
+    lab.time_with_graphs()
+    shapes = [(3, 4096)] if lab.smoke else [(2048, 65536), (4096, 32768), (1024, 131072)]
+    for m, n in shapes:
+        s = lab.shape(m, n)
+        first = (m, n) == shapes[0]
+        if not lab.smoke:
+            lab.production(s)
+        launches = [(4096, 8, 2), (8192, 16, 1)]
+        for (segment, warps, per_sm), slots, post_first, reload in itertools.product(
+            launches, [0, 1], [0, 1], [0, 1]
+        ):
+            if lab.smoke and n > segment or not first and (slots, reload) != (0, 1):
+                continue
+            lab.run("bwd", s, f"carry s{segment} w{warps} p{per_sm} slots{slots} post{post_first} reload{reload}",
+                    backward_carry(lab, s, segment, warps, per_sm, slots, post_first, reload))  # fmt: skip
+
+
 ROUNDS = {
     "tile": round_tile,
     "persistent": round_persistent,
@@ -1749,6 +1904,7 @@ ROUNDS = {
     "hints3": round_hints3,
     "ahead": round_ahead,
     "ahead2": round_ahead2,
+    "carry": round_carry,
 }
 
 
