@@ -70,7 +70,7 @@ def compiled_mode(monkeypatch):
     tensors report -1) as the current one."""
     monkeypatch.setattr(kernels, "INTERPRET", False)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: -1)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: -1, raising=False)
 
 
 def test_second_launch_goes_straight_to_the_c_launcher(compiled_mode):
@@ -129,7 +129,7 @@ def test_tensors_on_another_device_launch_under_that_device(compiled_mode, monke
             entered.append(("exit", self.device))
 
     monkeypatch.setattr(torch.cuda, "device", Guard)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)  # the tensors report -1
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)  # the tensors report -1
     kernel = FakeKernel()
     launcher = launch.Launcher(kernel, 1)
     x = torch.ones(8)

@@ -1884,6 +1884,34 @@ def round_carry(lab: Lab) -> None:
                     backward_carry(lab, s, segment, warps, per_sm, slots, post_first, reload))  # fmt: skip
 
 
+def tile_forward_any(s: dict, rows: int, warps: int):
+    """The production forward_tile (weight, no residual) at any N up to the tile width, with ROWS
+    = rows and the given warps, writing s["y"]."""
+    x, m, n = s["x"], s["m"], s["n"]
+    args = (x, x, s["w"], s["y"], x, s["rstd_out"], m, n, n, n, n, n, EPS, 0.0)
+    constexprs = (True, False, 0, triton.next_power_of_2(n), rows)
+    return lambda: kernels.forward_tile[(triton.cdiv(m, rows),)](*args, *constexprs, num_warps=warps)
+
+
+def round_launch(lab: Lab) -> None:
+    """The tile forward at the launch-bound shapes (1x4096 and 256x4096 bf16, 128x257 fp32 and
+    fp16) over rows per program and warps, beside production, torch.compile and Liger,
+    CUDA-graph timed: production picks its launch by N alone, tuned on large M, and a program
+    that is alone on its SM may want more warps."""
+    lab.time_with_graphs()
+    cases = [(1, 4096, torch.bfloat16), (256, 4096, torch.bfloat16), (128, 257, torch.float32),
+             (128, 257, torch.float16)]  # fmt: skip
+    for m, n, dtype in cases:
+        s = lab.shape(m, n, dtype)
+        if not lab.smoke:
+            lab.production(s)
+            peers(lab, s)
+        for rows, warps in itertools.product([1, 2, 4, 8], [1, 2, 4, 8, 16]):
+            if rows > 1 and (m == 1 or n > 1024) or rows * triton.next_power_of_2(n) // (32 * warps) < 1:
+                continue
+            lab.run("fwd", s, f"tile rows {rows} w{warps}", tile_forward_any(s, rows, warps))
+
+
 ROUNDS = {
     "tile": round_tile,
     "persistent": round_persistent,
@@ -1905,6 +1933,7 @@ ROUNDS = {
     "ahead": round_ahead,
     "ahead2": round_ahead2,
     "carry": round_carry,
+    "launch": round_launch,
 }
 
 
