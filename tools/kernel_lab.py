@@ -71,10 +71,22 @@ Rounds, and what they decided (H200, bf16 unless named; figures in docs/performa
   ahead2      self-validating sum slots in place of the counter, and the next row's loads issued
               before the current row's dx: no faster, or too many registers for two programs
               per SM.
+  carry       the one-launch wide backward with each row's x and dy carried in registers to the
+              step that finishes it (read once from HBM, no L2 re-read). Within 128 registers
+              only 4096-wide segments with 8 warps (two programs per SM) or 8192-wide with 16
+              (one) fit; 8192-wide with 8 warps takes 202-254. At best 269.4 µs at 2048x65536
+              (8192-wide, 16 warps, self-validating slots) against production's 256.6, and
+              340-388 µs with the release counter: not used.
+  launch      the tile forward at the launch-bound shapes over rows per program and warps
+              (CUDA-graph timing): no launch beats production by more than 0.1 µs (1x4096 bf16
+              1.6 against 1.7 µs; 256x4096 2.5 at every launch; 128x257 1.6), so the launch
+              stays chosen by N alone. torch.compile and Liger run 0.1-0.2 µs faster at
+              256x4096 (2.3 µs) and torch.compile 0.1 faster at 128x257.
 
 The first four rounds were run on the H200 as separate scripts and merged into this file; from
 this file the H200 has run lean, static, confirm, tile1d, small, split, wide2, wide3,
-prefetch, reorder, reorder2, tile2, offset, hints3, ahead and ahead2. Every round passes --smoke.
+prefetch, reorder, reorder2, tile2, offset, hints3, ahead, ahead2, carry and launch. Every round
+passes --smoke.
 """
 
 from __future__ import annotations
