@@ -1924,6 +1924,26 @@ def round_launch(lab: Lab) -> None:
             lab.run("fwd", s, f"tile rows {rows} w{warps}", tile_forward_any(s, rows, warps))
 
 
+def round_launch2(lab: Lab) -> None:
+    """What the tile forward's time at the launch-bound shapes is made of: fwd_tile_1d (one row
+    per program as a 1-D block) with and without masks and with the correctly rounded or the
+    hardware rsqrt, beside production, torch.compile and Liger, CUDA-graph timed. Round launch
+    found no launch of the production kernel within 0.1 µs of the peers at 256x4096."""
+    lab.time_with_graphs()
+    cases = [(1, 4096, torch.bfloat16), (256, 4096, torch.bfloat16), (128, 257, torch.float32),
+             (128, 257, torch.float16)]  # fmt: skip
+    for m, n, dtype in cases:
+        s = lab.shape(m, n, dtype)
+        if not lab.smoke:
+            lab.production(s)
+            peers(lab, s)
+        block = triton.next_power_of_2(n)
+        for hw, warps in itertools.product([0, 1], [1, 2, 4, 8] if n < 1024 else [2, 4, 8]):
+            args = (s["x"], s["w"], s["y"], s["rstd_out"], n, n, EPS, block, int(n == block), hw)
+            lab.run("fwd", s, f"1d tile w{warps} {'hardware rsqrt' if hw else 'rsqrt_rn'}",
+                    lambda args=args, warps=warps: fwd_tile_1d[(s["m"],)](*args, num_warps=warps))  # fmt: skip
+
+
 ROUNDS = {
     "tile": round_tile,
     "persistent": round_persistent,
@@ -1946,6 +1966,7 @@ ROUNDS = {
     "ahead2": round_ahead2,
     "carry": round_carry,
     "launch": round_launch,
+    "launch2": round_launch2,
 }
 
 
