@@ -82,11 +82,19 @@ Rounds, and what they decided (H200, bf16 unless named; figures in docs/performa
               1.6 against 1.7 µs; 256x4096 2.5 at every launch; 128x257 1.6), so the launch
               stays chosen by N alone. torch.compile and Liger run 0.1-0.2 µs faster at
               256x4096 (2.3 µs) and torch.compile 0.1 faster at 128x257.
+  launch2     the tile forward at those shapes as a 1-D block (fwd_tile_1d): unmasked at N = 4096
+              it ran 2.2 µs at 256x4096 against production's 2.5 (Liger 2.4, torch.compile 2.3);
+              the hardware rsqrt changed nothing measurable. A follow-up (launch3, on commit
+              759691d, since removed with the flag it measured) gave forward_tile an unmasked
+              variant for N = BLOCK_N and one row per program: 2.3 against 2.5 µs at 256x4096,
+              level at 1x4096, but slower at every large shape the tile forward runs (32768x4096
+              bf16 131.6-131.8 against 128.0 µs with masks, 4096x4096 bf16 19.2-19.3 against
+              18.0, fp16 19.1 against 17.5, fp32 35.3-35.4 against 34.2), so the masks stay.
 
 The first four rounds were run on the H200 as separate scripts and merged into this file; from
 this file the H200 has run lean, static, confirm, tile1d, small, split, wide2, wide3,
-prefetch, reorder, reorder2, tile2, offset, hints3, ahead, ahead2, carry and launch. Every round
-passes --smoke.
+prefetch, reorder, reorder2, tile2, offset, hints3, ahead, ahead2, carry, launch and launch2. Every
+round passes --smoke.
 """
 
 from __future__ import annotations
@@ -1185,7 +1193,6 @@ def tile_forward(s: dict, rows: int, warps: int):
         0,
         n,
         rows,
-        rows == 1,
         num_warps=warps,
     )
 
@@ -1897,14 +1904,12 @@ def round_carry(lab: Lab) -> None:
                     backward_carry(lab, s, segment, warps, per_sm, slots, post_first, reload))  # fmt: skip
 
 
-def tile_forward_any(s: dict, rows: int, warps: int, even: int = 0):
+def tile_forward_any(s: dict, rows: int, warps: int):
     """The production forward_tile (weight, no residual) at any N up to the tile width, with ROWS
-    = rows and the given warps (unmasked with ``even`` where N is a power of two and ROWS is 1),
-    writing s["y"]."""
+    = rows and the given warps, writing s["y"]."""
     x, m, n = s["x"], s["m"], s["n"]
     args = (x, x, s["w"], s["y"], x, s["rstd_out"], m, n, n, n, n, n, EPS, 0.0)
-    block = triton.next_power_of_2(n)
-    constexprs = (True, False, 0, block, rows, int(even and n == block and rows == 1))
+    constexprs = (True, False, 0, triton.next_power_of_2(n), rows)
     return lambda: kernels.forward_tile[(triton.cdiv(m, rows),)](*args, *constexprs, num_warps=warps)
 
 
@@ -1947,29 +1952,6 @@ def round_launch2(lab: Lab) -> None:
                     lambda args=args, warps=warps: fwd_tile_1d[(s["m"],)](*args, num_warps=warps))  # fmt: skip
 
 
-def round_launch3(lab: Lab) -> None:
-    """The tile forward with and without masks (forward_tile's EVEN, for N a power of two and
-    one row per program) at 2, 4 and 8 warps, beside fwd_tile_1d masked and unmasked,
-    production and the peers, at the launch-bound shapes and the large shapes the tile forward
-    runs, CUDA-graph timed: round launch2 found the unmasked 1-D tile 0.3 µs ahead of production
-    at 256x4096; this separates the masks from the block's shape."""
-    lab.time_with_graphs()
-    cases = [(1, 4096, torch.bfloat16), (256, 4096, torch.bfloat16), (4096, 4096, torch.bfloat16),
-             (4096, 4096, torch.float16), (4096, 4096, torch.float32), (32768, 4096, torch.bfloat16),
-             (8192, 2048, torch.bfloat16)]  # fmt: skip
-    for m, n, dtype in cases:
-        s = lab.shape(m, n, dtype)
-        if not lab.smoke:
-            lab.production(s)
-            peers(lab, s)
-        for even, warps in itertools.product([0, 1], [2, 4, 8]):
-            lab.run("fwd", s, f"tile rows 1 w{warps} even{even}", tile_forward_any(s, 1, warps, even))
-        for full, warps in itertools.product([0, 1], [2, 8]):
-            args = (s["x"], s["w"], s["y"], s["rstd_out"], n, n, EPS, n, full, 0)
-            lab.run("fwd", s, f"1d tile w{warps} full{full}",
-                    lambda args=args, warps=warps: fwd_tile_1d[(s["m"],)](*args, num_warps=warps))  # fmt: skip
-
-
 ROUNDS = {
     "tile": round_tile,
     "persistent": round_persistent,
@@ -1993,7 +1975,6 @@ ROUNDS = {
     "carry": round_carry,
     "launch": round_launch,
     "launch2": round_launch2,
-    "launch3": round_launch3,
 }
 
 

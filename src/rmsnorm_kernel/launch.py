@@ -363,8 +363,7 @@ def backward_config(n: int) -> tuple[int, int, int, tuple[int, int], bool]:
 def _forward_tile_plan(n: int, has_weight: bool, has_residual: bool, casting: int) -> tuple:
     """(ROWS, num_warps, constexprs) of forward_tile."""
     block_n, rows, num_warps = forward_config(n)
-    even = n == block_n and rows == 1  # EVEN: the launch has one program per row
-    return rows, num_warps, (has_weight, has_residual, casting, block_n, rows, even)
+    return rows, num_warps, (has_weight, has_residual, casting, block_n, rows)
 
 
 @functools.cache
