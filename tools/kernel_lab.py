@@ -1952,6 +1952,27 @@ def round_launch2(lab: Lab) -> None:
                     lambda args=args, warps=warps: fwd_tile_1d[(s["m"],)](*args, num_warps=warps))  # fmt: skip
 
 
+def round_ahead3(lab: Lab) -> None:
+    """backward_ahead_kernel with narrower segments and more programs per SM at the same 128
+    registers per thread (sm_90, bf16): 4096-wide with 4 warps (four programs per SM), 2048-wide
+    with 2 (eight), and the narrower launches that take fewer registers (4096-wide with 8 warps,
+    80, three per SM; 2048-wide with 4 warps, 72, six per SM), beside production's 8192-wide
+    with 8 warps (two per SM), CUDA-graph timed. More programs per SM run more exchanges at
+    once; round ahead measured 4096-wide segments with one or two programs per SM only."""
+    lab.time_with_graphs()
+    shapes = [(3, 4096)] if lab.smoke else [(2048, 65536), (4096, 32768), (1024, 131072)]
+    for m, n in shapes:
+        s = lab.shape(m, n)
+        if not lab.smoke:
+            lab.production(s)
+        for segment, warps, per_sm in [(8192, 8, 2), (4096, 4, 4), (4096, 8, 3), (4096, 4, 3), (2048, 2, 8),
+                                       (2048, 4, 6), (2048, 4, 4)]:  # fmt: skip
+            if lab.smoke and n > segment:
+                continue
+            lab.run("bwd", s, f"ahead s{segment} w{warps} p{per_sm} d1 dx evict_first",
+                    backward_ahead(lab, s, segment, warps, per_sm, 1, "evict_first"))  # fmt: skip
+
+
 ROUNDS = {
     "tile": round_tile,
     "persistent": round_persistent,
@@ -1975,6 +1996,7 @@ ROUNDS = {
     "carry": round_carry,
     "launch": round_launch,
     "launch2": round_launch2,
+    "ahead3": round_ahead3,
 }
 
 
