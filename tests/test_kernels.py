@@ -333,10 +333,11 @@ def test_wide_fused_kernel_with_one_segment(lookahead, with_dh):
 
 
 WIDE_FUSED_CASES = [
-    # (M, N, dtype, with_dh, casting, fused): several segments per row. bf16 and fp16 rows with N
-    # a multiple of 16 and no dh compile to at most 128 registers, so their grids of two programs
-    # per SM run fused; the other specialisations need more registers and run fused only where
-    # the grid is small enough for one program per SM (few rows), else the two launches.
+    # (M, N, dtype, with_dh, casting, fused): several segments per row. bf16 rows with N a
+    # multiple of 16 and no dh (either casting) and fp16 ones in the default casting compile to
+    # at most 128 registers, so their grids of four programs per SM run fused; the other
+    # specialisations need more registers and run fused only where the grid is small enough
+    # (few rows), else the two launches.
     (64, 65536, BF16, False, "default", True),
     (300, 32768, F16, False, "default", True),
     (256, 65536, BF16, False, "llama", True),

@@ -220,13 +220,17 @@ def test_wide_backward_falls_back_to_two_launches_when_the_grid_is_refused(compi
     dx, dw = launch.backward(dy, None, x, w, rstd, 0.0, 0, True, torch.float32)
     assert log == ["fused", "_backward_wide_dot", "_backward_wide", "_reduce_columns"]
     assert dx.shape == (m, n) and dw.shape == (n,)
-    # What the one launch was asked for: 3 segments of 8192 (2 SMs here: one row group), its
-    # tensors then M, N, row groups, strides and offset, and its constexprs in kernel order.
+    # What the one launch was asked for: ceil(N / SEGMENT) segments, row groups as WIDE_PER_SM
+    # programs per SM allow (2 SMs here), its tensors then M, N, row groups, strides and offset,
+    # and its constexprs in kernel order.
+    segments = -(-n // launch.SEGMENT)
+    groups = min(m, max(1, launch.WIDE_PER_SM * 2 // segments))
     grid, args, warps, constexprs = launch._backward_wide_fused.last
-    assert grid == (1, 3, 1) and warps == launch.SEGMENT_WARPS
+    assert grid == (groups, segments, 1) and warps == launch.SEGMENT_WARPS
     assert args[0] is x and args[1] is w and args[2] is dy and args[7] is dx
-    assert args[9:] == (m, n, 1, n, n, n, n, 0.0)
-    assert constexprs == (True, False, True, 0, launch.SEGMENT, 3, 4, launch.WIDE_LOOKAHEAD)
+    assert args[9:] == (m, n, groups, n, n, n, n, 0.0)
+    pow2 = 1 << (segments - 1).bit_length()
+    assert constexprs == (True, False, True, 0, launch.SEGMENT, segments, pow2, launch.WIDE_LOOKAHEAD)
     params = list(inspect.signature(kernels.backward_wide_fused.fn).parameters)
     assert params[9:] == ["M", "N", "groups", "stride_x", "stride_dy", "stride_dh", "stride_dx", "offset",
                           "HAS_WEIGHT", "HAS_DH", "COMPUTE_DW", "CASTING", "BLOCK_S", "SEGMENTS", "SEGMENTS_POW2",

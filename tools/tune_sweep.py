@@ -1,86 +1,102 @@
-"""Launch-configuration sweep for kernel development: times launch.forward / launch.backward
-(GPU work plus the lean launch path) under variants of the wide backward's knobs (segment width
-and warps) at wide shapes, beside torch's fused rms_norm in the same run. Prints the best variant
-per shape. The forward's and the two-walk backward's variants: tools/kernel_lab.py."""
+"""Launch-configuration sweep for kernel development: times launch.backward (GPU work plus the
+lean launch path, L2 flushed between calls) at wide shapes under variants of the wide backward's
+knobs (segment width, warps, programs per SM), in the dtypes, castings and with the residual
+gradient that decide whether it runs as one launch or two, and says which ran. Prints the best
+variant per case. The forward's and the two-walk backward's variants: tools/kernel_lab.py."""
 
-import itertools
 import json
 import os
 
 import torch
-import torch.nn.functional as F
 from triton.testing import do_bench
 
 from rmsnorm_kernel import launch
 
-DT = torch.bfloat16
+KNOBS = ("SEGMENT", "SEGMENT_WARPS", "WIDE_PER_SM")
+DEFAULTS = {name: getattr(launch, name) for name in KNOBS}
+# Production's knobs, the previous ones, and neighbours.
+VARIANTS = [
+    {},
+    dict(SEGMENT=8192, SEGMENT_WARPS=8, WIDE_PER_SM=2),
+    dict(SEGMENT=2048, SEGMENT_WARPS=2, WIDE_PER_SM=8),
+]
+# (M, N, dtype, with a residual gradient, casting)
+CASES = [
+    (2048, 65536, torch.bfloat16, False, "default"),
+    (4096, 32768, torch.bfloat16, False, "default"),
+    (1024, 131072, torch.bfloat16, False, "default"),
+    (2048, 65536, torch.bfloat16, False, "llama"),
+    (2048, 65536, torch.float16, False, "llama"),
+    (2048, 65536, torch.bfloat16, True, "default"),
+    (2048, 65536, torch.float32, False, "default"),
+    (2048, 65537, torch.bfloat16, False, "default"),
+]
 
 
 def set_config(**knobs):
-    """Override launch-configuration knobs of rmsnorm_kernel.launch by name (upper-case globals)."""
+    """Override the wide backward's knobs of rmsnorm_kernel.launch by name."""
     for name, value in DEFAULTS.items():
         setattr(launch, name, knobs.get(name, value))
 
 
-DEFAULTS = {name: getattr(launch, name) for name in ("SEGMENT", "SEGMENT_WARPS")}
-SHAPES = [(2048, 65536), (512, 262144)]
-
-
 def main():
-    results = []
-    a = torch.randn(2**30, device="cuda", dtype=DT)
+    ran = []
+    fused = launch._wide_fused
+
+    def spy(*args):
+        ran.append(fused(*args))
+        return ran[-1]
+
+    launch._wide_fused = spy
+    a = torch.randn(2**30, device="cuda", dtype=torch.bfloat16)
     b = torch.empty_like(a)
     copy = (
         4 * a.numel() / (do_bench(lambda: b.copy_(a), warmup=25, rep=200, return_mode="median") * 1e-3) / 1e12
     )
     a = b = None  # free the 4 GiB before the shapes
     print(f"copy {copy:.3f} TB/s", flush=True)
-    for m, n in SHAPES:
-        x = torch.randn(m, n, device="cuda", dtype=DT)
-        w = (1 + 0.1 * torch.randn(n, device="cuda")).to(DT)
-        dy = torch.randn_like(x)
-        nbytes = m * n * 2
-        t_nat = do_bench(lambda: F.rms_norm(x, (n,), w, 1e-6), warmup=10, rep=60, return_mode="median")
-        print(f"{m}x{n} native fwd {t_nat * 1e3:.1f} us {2 * nbytes / t_nat / 1e9:.2f} TB/s", flush=True)
-        variants = [{}]
-        if n > 16384:
-            for sg, sw in itertools.product([2048, 4096, 8192], [4, 8, 16]):
-                variants.append(dict(SEGMENT=sg, SEGMENT_WARPS=sw))
-        for v in variants:
+    results = []
+    for m, n, dtype, with_dh, casting in CASES:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        x = torch.randn(m, n, device="cuda", dtype=dtype, generator=g)
+        w = (1 + 0.1 * torch.randn(n, device="cuda", generator=g)).to(dtype)
+        dy = torch.randn(m, n, device="cuda", dtype=dtype, generator=g)
+        dh = torch.randn(m, n, device="cuda", dtype=dtype, generator=g) if with_dh else None
+        mode = launch.CASTING_MODES[casting]
+        _, rstd, _ = launch.forward(x, w, None, 1e-6, 0.0, mode, dtype, dtype)
+        nbytes = (4 if with_dh else 3) * m * n * x.element_size()
+        name = f"{m}x{n} {str(dtype)[6:]} {casting}{' dh' if with_dh else ''}"
+        for v in VARIANTS:
             set_config(**v)
             try:
-                y, rstd, _ = launch.forward(x, w, None, 1e-6, 0.0, 0, DT, DT)
-                tf = do_bench(
-                    lambda: launch.forward(x, w, None, 1e-6, 0.0, 0, DT, DT),
-                    warmup=10,
-                    rep=60,
-                    return_mode="median",
-                )
-                tb = do_bench(
-                    lambda: launch.backward(dy, None, x, w, rstd, 0.0, 0, True, DT),
+                ran.clear()
+                launch.backward(dy, dh, x, w, rstd, 0.0, mode, True, dtype)
+                path = "one launch" if ran[-1] else "two launches"
+                t = do_bench(
+                    lambda: launch.backward(dy, dh, x, w, rstd, 0.0, mode, True, dtype),
                     warmup=10,
                     rep=60,
                     return_mode="median",
                 )
             except Exception as e:
-                print(f"  {v} FAILED {type(e).__name__} {str(e)[:100]}", flush=True)
+                print(f"{name:32} {str(v):60} FAILED {type(e).__name__} {str(e)[:100]}", flush=True)
                 continue
-            results.append(dict(m=m, n=n, fwd_us=tf * 1e3, bwd_us=tb * 1e3, **v))
-            print(
-                f"  {str(v):70} fwd {tf * 1e3:7.1f} us {2 * nbytes / tf / 1e9:4.2f} | bwd {tb * 1e3:7.1f} us "
-                f"{3 * nbytes / tb / 1e9:4.2f} TB/s",
-                flush=True,
+            us = t * 1e3
+            frac = nbytes / (us * 1e-6) / 1e12 / copy
+            results.append(
+                dict(case=name, us=us, frac=frac, path=path, **{k: getattr(launch, k) for k in KNOBS})
             )
-        x = dy = None  # free before the next shape
+            print(f"{name:32} {str(v or 'production'):60} {path:13} {us:7.1f} us {frac:6.1%}", flush=True)
+        x = dy = dh = None  # free before the next case
         torch.cuda.empty_cache()
+    set_config()
     with open(os.path.join(os.environ.get("OUT", "."), "sweep.json"), "w") as fh:
         json.dump(dict(copy_tbs=copy, rows=results), fh)
-    print("\nbest per shape:")
-    for m, n in SHAPES:
-        rs = [r for r in results if r["m"] == m and r["n"] == n]
-        bf = min(rs, key=lambda r: r["fwd_us"])
-        bb = min(rs, key=lambda r: r["bwd_us"])
-        print(f"{m}x{n}: fwd {bf['fwd_us']:.1f} us {bf} \n          bwd {bb['bwd_us']:.1f} us {bb}")
+    print("\nbest per case:")
+    for case in dict.fromkeys(r["case"] for r in results):
+        best = min((r for r in results if r["case"] == case), key=lambda r: r["us"])
+        print(f"{case:32} {best['us']:7.1f} us {best['frac']:6.1%} {best['path']:13} "
+              f"{ {k: best[k] for k in KNOBS} }")  # fmt: skip
 
 
 if __name__ == "__main__":

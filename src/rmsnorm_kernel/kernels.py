@@ -667,7 +667,7 @@ def backward_wide_fused(
     CASTING: tl.constexpr,
     BLOCK_S: tl.constexpr,  # segment width
     SEGMENTS: tl.constexpr,  # segments per row, ceil(N / BLOCK_S) (a compile-time constant: a runtime one
-    # costs 64 more registers per thread, and two programs of 8 warps no longer fit on an SM)
+    # costs 64 more registers per thread, and the programs no longer fit WIDE_PER_SM to an SM)
     SEGMENTS_POW2: tl.constexpr,
     LOOKAHEAD: tl.constexpr,  # steps between posting a row's segment sum and using the row's total
 ):
@@ -685,9 +685,10 @@ def backward_wide_fused(
     steady state nobody waits, and x and dy come from HBM once: 5 M·N element transfers for
     forward and backward together, where the two launches move 7 (backward_wide_dot's read of x
     and dy has left L2 by the time backward_wide reads them). Measured with tools/kernel_lab.py
-    ahead on an H200 (bf16, CUDA-graph timing): 257.6 against 322.2 µs at 2048x65536, 256.4
-    against 320.6 at 4096x32768, 263.3 against 323.3 at 1024x131072; one step ahead was
-    faster than two or three.
+    ahead on an H200 (bf16, CUDA-graph timing, 8192-wide segments): 257.6 against 322.2 µs at
+    2048x65536, 256.4 against 320.6 at 4096x32768, 263.3 against 323.3 at 1024x131072; one step
+    ahead was faster than two or three. With 4096-wide segments of 4 warps, four programs per SM
+    (round ahead3): 246.8, 249.6 and 253.0 µs at those shapes.
 
     Waiting on other programs is safe only if they all run at once: the launcher launches this
     kernel as a cooperative grid, which the driver refuses (rather than hangs) where the grid

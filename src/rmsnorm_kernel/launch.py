@@ -39,12 +39,15 @@ TWO_WALK_BACKWARD_CHUNK = 4096
 # (warps, programs per SM) by the row width rounded up to a power of two (the second walk issues
 # all of a row's loads at once: tools/kernel_lab.py reorder).
 TWO_WALK_BACKWARD = {8192: (8, 2), 16384: (16, 1)}
-# Wide backward: segment width and warps; whether it runs as one cooperative launch
-# (backward_wide_fused) where it can, and how many steps ahead of their use that launch posts its
-# segment sums (tools/kernel_lab.py ahead: 8192-wide segments, 8 warps, two programs per SM, one
-# step ahead were the fastest measured).
-SEGMENT = 8192
-SEGMENT_WARPS = 8
+# Wide backward: segment width, warps, and programs per SM of its grid; whether it runs as one
+# cooperative launch (backward_wide_fused) where it can, and how many steps ahead of their use
+# that launch posts its segment sums. tools/kernel_lab.py ahead: one step ahead was the fastest;
+# ahead3: 4096-wide segments with 4 warps, four programs per SM, 246.8 µs at 2048x65536 bf16
+# against 257.3 with 8192-wide segments, 8 warps and two per SM (the same 128 registers per
+# thread, twice the exchanges in flight per SM).
+SEGMENT = 4096
+SEGMENT_WARPS = 4
+WIDE_PER_SM = 4
 WIDE_FUSED = True
 WIDE_LOOKAHEAD = 1
 
@@ -485,12 +488,13 @@ def _wide_fused(xh2, w, dy2, dh, rstd, dot, dx, partial, scalars, constexprs, de
     """The wide backward as one cooperative launch of backward_wide_fused, with backward_wide's
     arguments (``scalars``: M, N, row groups, the strides, the offset, SEGMENTS); False where it
     did not run, and the caller runs the two launches instead: switched off, under the
-    interpreter, or a grid the driver cannot make resident. The grid has two programs per SM
-    (fewer with few rows); the kernel fits two per SM where it compiles to at most 128 registers
-    per thread, as bf16 and fp16 rows with N a multiple of 16 and no residual gradient do on an
-    H200, while wider-register specialisations (fp32, other N, dh) run fused only with grids
-    small enough for one per SM. The launcher remembers each refusal, so a refused grid costs
-    one failed launch per specialisation."""
+    interpreter, or a grid the driver cannot make resident. The grid has WIDE_PER_SM programs per
+    SM (fewer with few rows); the kernel fits four of 4 warps per SM where it compiles to at most
+    128 registers per thread, as bf16 rows with N a multiple of 16 and no residual gradient (either
+    casting) and fp16 ones in the default casting do on an H200 (Triton 3.6), while
+    wider-register specialisations (fp32, other N, dh, fp16 with Llama's casting: 167-255) run
+    fused only with grids small enough for them. The launcher remembers each refusal, so a
+    refused grid costs one failed launch per specialisation."""
     if not WIDE_FUSED or kernels.INTERPRET:
         return False
     m, programs, segments = scalars[0], scalars[2], scalars[-1]
@@ -556,7 +560,7 @@ def backward(
         kernel((programs, 1, 1), args, num_warps, constexprs)
     else:
         segments = (n + SEGMENT - 1) // SEGMENT
-        programs = min(m, max(1, 2 * sm_count(device) // segments))  # row groups
+        programs = min(m, max(1, WIDE_PER_SM * sm_count(device) // segments))  # row groups
         dot = torch.empty(m, segments, dtype=torch.float32, device=device)
         partial = torch.empty(programs, n, dtype=torch.float32, device=device) if compute_dw else rstd
         # HAS_WEIGHT, HAS_DH, COMPUTE_DW, CASTING, BLOCK_S, SEGMENTS_POW2
