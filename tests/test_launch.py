@@ -209,6 +209,22 @@ class _Recorder:
             raise self.error
 
 
+def test_wide_backward_one_launch_reduces_the_row_groups_it_ran(compiled_mode, monkeypatch):
+    """Where the one launch runs, the two-launch kernels are not called and dw's reduction sums
+    the one launch's row groups (its grid differs from the two launches')."""
+    log = []
+    monkeypatch.setattr(launch, "_backward_wide_fused", _Recorder("fused", log))
+    for name in ("_backward_wide_dot", "_backward_wide", "_reduce_columns"):
+        monkeypatch.setattr(launch, name, _Recorder(name, log))
+    m, n = 5, 20000
+    x, dy, w, rstd = torch.randn(m, n), torch.randn(m, n), torch.randn(n), torch.ones(m)
+    launch.backward(dy, None, x, w, rstd, 0.0, 0, True, torch.float32)
+    assert log == ["fused", "_reduce_columns"]
+    groups = launch._backward_wide_fused.last[0][0]
+    partial = launch._backward_wide_fused.last[1][8]
+    assert launch._reduce_columns.last[1][0] is partial and launch._reduce_columns.last[1][2] == groups
+
+
 def test_wide_backward_falls_back_to_two_launches_when_the_grid_is_refused(compiled_mode, monkeypatch):
     log = []
     refused = launch.CooperativeGridRefused("backward_wide_fused: too many blocks in cooperative launch")
@@ -220,17 +236,25 @@ def test_wide_backward_falls_back_to_two_launches_when_the_grid_is_refused(compi
     dx, dw = launch.backward(dy, None, x, w, rstd, 0.0, 0, True, torch.float32)
     assert log == ["fused", "_backward_wide_dot", "_backward_wide", "_reduce_columns"]
     assert dx.shape == (m, n) and dw.shape == (n,)
-    # What the one launch was asked for: ceil(N / SEGMENT) segments, row groups as WIDE_PER_SM
-    # programs per SM allow (2 SMs here), its tensors then M, N, row groups, strides and offset,
-    # and its constexprs in kernel order.
-    segments = -(-n // launch.SEGMENT)
-    groups = min(m, max(1, launch.WIDE_PER_SM * 2 // segments))
+    # What the one launch was asked for: ceil(N / FUSED_SEGMENT) segments, row groups as
+    # FUSED_PER_SM programs per SM allow (2 SMs here), its tensors then M, N, row groups, strides
+    # and offset, and its constexprs in kernel order; and the two launches, with their own grid.
+    segments = -(-n // launch.FUSED_SEGMENT)
+    groups = min(m, max(1, launch.FUSED_PER_SM * 2 // segments))
     grid, args, warps, constexprs = launch._backward_wide_fused.last
-    assert grid == (groups, segments, 1) and warps == launch.SEGMENT_WARPS
+    assert grid == (groups, segments, 1) and warps == launch.FUSED_WARPS
     assert args[0] is x and args[1] is w and args[2] is dy and args[7] is dx
+    assert args[5].shape == (m, segments) and args[8].shape[1] == n
     assert args[9:] == (m, n, groups, n, n, n, n, 0.0)
     pow2 = 1 << (segments - 1).bit_length()
-    assert constexprs == (True, False, True, 0, launch.SEGMENT, segments, pow2, launch.WIDE_LOOKAHEAD)
+    assert constexprs == (True, False, True, 0, launch.FUSED_SEGMENT, segments, pow2, launch.WIDE_LOOKAHEAD)
+    segments2 = -(-n // launch.SEGMENT)
+    groups2 = min(m, max(1, launch.WIDE_PER_SM * 2 // segments2))
+    grid, args, warps, _ = launch._backward_wide.last
+    assert grid == (groups2, segments2, 1) and warps == launch.SEGMENT_WARPS
+    assert args[5].shape == (m, segments2) and args[8:11] == (m, n, groups2) and args[-1] == segments2
+    assert launch._backward_wide_dot.last[0] == (m, segments2, 1)
+    assert launch._reduce_columns.last[1][2] == groups2  # dw sums the row groups that ran
     params = list(inspect.signature(kernels.backward_wide_fused.fn).parameters)
     assert params[9:] == ["M", "N", "groups", "stride_x", "stride_dy", "stride_dh", "stride_dx", "offset",
                           "HAS_WEIGHT", "HAS_DH", "COMPUTE_DW", "CASTING", "BLOCK_S", "SEGMENTS", "SEGMENTS_POW2",

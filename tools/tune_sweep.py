@@ -1,8 +1,8 @@
 """Launch-configuration sweep for kernel development: times launch.backward (GPU work plus the
 lean launch path, L2 flushed between calls) at wide shapes under variants of the wide backward's
-knobs (segment width, warps, programs per SM), in the dtypes, castings and with the residual
-gradient that decide whether it runs as one launch or two, and says which ran. Prints the best
-variant per case. The forward's and the two-walk backward's variants: tools/kernel_lab.py."""
+knobs (segment width, warps, programs per SM of the one launch and of the two), in the dtypes,
+castings and with the residual gradient that decide whether it runs as one launch or two, and
+says which ran. Prints the best variant per case. The forward's and the two-walk backward's variants: tools/kernel_lab.py."""
 
 import json
 import os
@@ -12,13 +12,14 @@ from triton.testing import do_bench
 
 from rmsnorm_kernel import launch
 
-KNOBS = ("SEGMENT", "SEGMENT_WARPS", "WIDE_PER_SM")
+KNOBS = ("SEGMENT", "SEGMENT_WARPS", "WIDE_PER_SM", "FUSED_SEGMENT", "FUSED_WARPS", "FUSED_PER_SM")
 DEFAULTS = {name: getattr(launch, name) for name in KNOBS}
-# Production's knobs, the previous ones, and neighbours.
+# Production's knobs, and neighbours of the one launch's and of the two launches'.
 VARIANTS = [
     {},
-    dict(SEGMENT=8192, SEGMENT_WARPS=8, WIDE_PER_SM=2),
-    dict(SEGMENT=2048, SEGMENT_WARPS=2, WIDE_PER_SM=8),
+    dict(FUSED_SEGMENT=8192, FUSED_WARPS=8, FUSED_PER_SM=2),
+    dict(FUSED_SEGMENT=2048, FUSED_WARPS=2, FUSED_PER_SM=8),
+    dict(SEGMENT=4096, SEGMENT_WARPS=4, WIDE_PER_SM=4),
 ]
 # (M, N, dtype, with a residual gradient, casting)
 CASES = [

@@ -39,15 +39,22 @@ TWO_WALK_BACKWARD_CHUNK = 4096
 # (warps, programs per SM) by the row width rounded up to a power of two (the second walk issues
 # all of a row's loads at once: tools/kernel_lab.py reorder).
 TWO_WALK_BACKWARD = {8192: (8, 2), 16384: (16, 1)}
-# Wide backward: segment width, warps, and programs per SM of its grid; whether it runs as one
-# cooperative launch (backward_wide_fused) where it can, and how many steps ahead of their use
-# that launch posts its segment sums. tools/kernel_lab.py ahead: one step ahead was the fastest;
-# ahead3: 4096-wide segments with 4 warps, four programs per SM, 246.8 µs at 2048x65536 bf16
-# against 257.3 with 8192-wide segments, 8 warps and two per SM (the same 128 registers per
-# thread, twice the exchanges in flight per SM).
-SEGMENT = 4096
-SEGMENT_WARPS = 4
-WIDE_PER_SM = 4
+# Wide backward. As two launches (backward_wide_dot, then backward_wide): segment width, warps,
+# and programs per SM of backward_wide's grid. As one cooperative launch (backward_wide_fused),
+# run where the driver can make its grid resident: the same, and how many steps ahead of their
+# use it posts its segment sums. Measured on an H200 (bf16 unless named; tools/kernel_lab.py
+# ahead, ahead3 and tools/tune_sweep.py on commit 86d9ee4, where both launches shared one set):
+# the one launch, 4096-wide segments with 4 warps and four programs per SM against 8192-wide with
+# 8 and two: 253.4 against 265.7 µs at 2048x65536 (the same 128 registers per thread, twice the
+# exchanges in flight per SM); one step ahead was faster than two or three. The two launches
+# keep 8192-wide segments with 8 warps and two per SM: 395.8 against 436.6 µs with a residual
+# gradient, fp16 with Llama's casting 351.8 against 383.6, fp32 662.1 against 674.9.
+SEGMENT = 8192
+SEGMENT_WARPS = 8
+WIDE_PER_SM = 2
+FUSED_SEGMENT = 4096
+FUSED_WARPS = 4
+FUSED_PER_SM = 4
 WIDE_FUSED = True
 WIDE_LOOKAHEAD = 1
 
@@ -484,27 +491,28 @@ def forward(
     return y, rstd, h
 
 
-def _wide_fused(xh2, w, dy2, dh, rstd, dot, dx, partial, scalars, constexprs, device) -> bool:
-    """The wide backward as one cooperative launch of backward_wide_fused, with backward_wide's
-    arguments (``scalars``: M, N, row groups, the strides, the offset, SEGMENTS); False where it
-    did not run, and the caller runs the two launches instead: switched off, under the
-    interpreter, or a grid the driver cannot make resident. The grid has WIDE_PER_SM programs per
-    SM (fewer with few rows); the kernel fits four of 4 warps per SM where it compiles to at most
-    128 registers per thread, as bf16 rows with N a multiple of 16 and no residual gradient (either
-    casting) and fp16 ones in the default casting do on an H200 (Triton 3.6), while
-    wider-register specialisations (fp32, other N, dh, fp16 with Llama's casting: 167-255) run
-    fused only with grids small enough for them. The launcher remembers each refusal, so a
-    refused grid costs one failed launch per specialisation."""
-    if not WIDE_FUSED or kernels.INTERPRET:
-        return False
-    m, programs, segments = scalars[0], scalars[2], scalars[-1]
-    posted = torch.zeros(m, dtype=torch.int32, device=device)
-    args = (xh2, w, dy2, dh, rstd, dot, posted, dx, partial, *scalars[:-1])
-    # backward_wide's constexprs, with SEGMENTS (a compile-time constant here) and the lookahead
-    has_weight, has_dh, compute_dw, casting, block_s, segments_pow2 = constexprs
-    fused = (has_weight, has_dh, compute_dw, casting, block_s, segments, segments_pow2, WIDE_LOOKAHEAD)
+def _wide_grid(m: int, n: int, segment: int, per_sm: int, sms: int) -> tuple[int, int]:
+    """(segments per row, row groups) of a wide-backward grid of ``per_sm`` programs per SM
+    (fewer with few rows)."""
+    segments = (n + segment - 1) // segment
+    return segments, min(m, max(1, per_sm * sms // segments))
+
+
+def _wide_fused(xh2, w, dy2, dh, rstd, dot, dx, partial, scalars, constexprs) -> bool:
+    """The wide backward as one cooperative launch of backward_wide_fused (``scalars``: M, N, row
+    groups, the strides, the offset; ``constexprs`` in the kernel's order); False where the
+    driver cannot make the grid resident, and the caller runs the two launches instead. The grid
+    has FUSED_PER_SM programs per SM (fewer with few rows); four of 4 warps fit on an SM where
+    the kernel compiles to at most 128 registers per thread, as bf16 rows with N a multiple of 16
+    and no residual gradient (either casting) and fp16 ones in the default casting do on an H200
+    (Triton 3.6), while wider-register specialisations (fp32, other N, dh, fp16 with Llama's
+    casting: 167-255) run fused only with grids small enough for them. The launcher remembers
+    each refusal, so a refused grid costs one failed launch per specialisation."""
+    m, groups, segments = scalars[0], scalars[2], constexprs[5]
+    posted = torch.zeros(m, dtype=torch.int32, device=xh2.device)
+    args = (xh2, w, dy2, dh, rstd, dot, posted, dx, partial, *scalars)
     try:
-        _backward_wide_fused((programs, segments, 1), args, SEGMENT_WARPS, fused)
+        _backward_wide_fused((groups, segments, 1), args, FUSED_WARPS, constexprs)
     except CooperativeGridRefused:
         return False
     return True
@@ -559,24 +567,36 @@ def backward(
         args = (xh2, w, dy2, dh, rstd, dx, partial, m, n, programs, *strides)
         kernel((programs, 1, 1), args, num_warps, constexprs)
     else:
-        segments = (n + SEGMENT - 1) // SEGMENT
-        programs = min(m, max(1, WIDE_PER_SM * sm_count(device) // segments))  # row groups
-        dot = torch.empty(m, segments, dtype=torch.float32, device=device)
-        partial = torch.empty(programs, n, dtype=torch.float32, device=device) if compute_dw else rstd
-        # HAS_WEIGHT, HAS_DH, COMPUTE_DW, CASTING, BLOCK_S, SEGMENTS_POW2
-        constexprs = (
-            weight is not None,
-            dh2 is not None,
-            compute_dw,
-            casting,
-            SEGMENT,
-            _next_power_of_2(segments),
+        sms = sm_count(device)
+        segments, programs = _wide_grid(m, n, SEGMENT, WIDE_PER_SM, sms)
+        # One launch where it can (not under the interpreter, which runs programs one after
+        # another), else two. One allocation of the sums and the dw scratch serves either.
+        one_launch = WIDE_FUSED and not kernels.INTERPRET
+        f_segments, f_programs = _wide_grid(m, n, FUSED_SEGMENT, FUSED_PER_SM, sms) if one_launch else (0, 0)
+        dot = torch.empty(m * max(segments, f_segments), dtype=torch.float32, device=device)
+        partial = (
+            torch.empty(max(programs, f_programs), n, dtype=torch.float32, device=device)
+            if compute_dw
+            else rstd
         )
-        scalars = (m, n, programs, *strides, segments)
-        if not _wide_fused(xh2, w, dy2, dh, rstd, dot, dx, partial, scalars, constexprs, device):
+        has_weight, has_dh = weight is not None, dh2 is not None
+        ran_fused = False
+        if one_launch:
+            # HAS_WEIGHT, HAS_DH, COMPUTE_DW, CASTING, BLOCK_S, SEGMENTS, SEGMENTS_POW2, LOOKAHEAD
+            fused = (has_weight, has_dh, compute_dw, casting, FUSED_SEGMENT, f_segments,
+                     _next_power_of_2(f_segments), WIDE_LOOKAHEAD)  # fmt: skip
+            f_dot = dot[: m * f_segments].view(m, f_segments)
+            scalars = (m, n, f_programs, *strides)
+            ran_fused = _wide_fused(xh2, w, dy2, dh, rstd, f_dot, dx, partial, scalars, fused)
+        if ran_fused:
+            programs = f_programs
+        else:
+            dot = dot[: m * segments].view(m, segments)
             args = (xh2, w, dy2, dot, n, strides[0], stride_dy, offset, segments)
-            _backward_wide_dot((m, segments, 1), args, SEGMENT_WARPS, (weight is not None, SEGMENT))
-            args = (xh2, w, dy2, dh, rstd, dot, dx, partial, *scalars)
+            _backward_wide_dot((m, segments, 1), args, SEGMENT_WARPS, (has_weight, SEGMENT))
+            # HAS_WEIGHT, HAS_DH, COMPUTE_DW, CASTING, BLOCK_S, SEGMENTS_POW2
+            constexprs = (has_weight, has_dh, compute_dw, casting, SEGMENT, _next_power_of_2(segments))
+            args = (xh2, w, dy2, dh, rstd, dot, dx, partial, m, n, programs, *strides, segments)
             _backward_wide((programs, segments, 1), args, SEGMENT_WARPS, constexprs)
     if compute_dw and partial is not dw:
         grid, constexprs = _reduce_plan(n, programs)
