@@ -312,7 +312,7 @@ def test_wide_fused_kernel_with_one_segment(lookahead, with_dh):
     sums) under the interpreter. The interpreter runs programs one after another, so a program
     may only wait on itself: one segment per row (a segment as wide as the row), three row
     groups over 17 rows. On CUDA the same kernel runs with several segments per row
-    (test_wide_backward_one_launch_matches_two_launches)."""
+    (test_wide_backward_one_launch_and_two_launches)."""
     m, n, groups, eps = 17, 300, 3, 1e-6
     x, w, dy = make((m, n), F32, "cpu")
     dh = torch.randn(m, n, generator=torch.Generator().manual_seed(1)) if with_dh else dy

@@ -678,8 +678,9 @@ def backward_wide_fused(
     1. sums u * x over its segment of row k (of its group), loads hinted to stay in L2, writes
        the sum to DOT_PARTIAL and adds 1 to POSTED[k] (release: the sum is visible first);
     2. finishes the row LOOKAHEAD steps behind: waits until POSTED says all SEGMENTS sums of that
-       row are there (acquire), adds them in a fixed order (deterministic, and the same sum
-       backward_wide forms), re-reads its x and dy segment, now from L2, and stores dx.
+       row are there (acquire), adds them in a fixed order (deterministic; backward_wide forms
+       the same sum where its segments are as wide), re-reads its x and dy segment, now from
+       L2, and stores dx.
 
     The group's programs post each row's sums a step before any of them needs the total, so in
     steady state nobody waits, and x and dy come from HBM once: 5 M·N element transfers for
