@@ -71,6 +71,12 @@ Rounds, and what they decided (H200, bf16 unless named; figures in docs/performa
   ahead2      self-validating sum slots in place of the counter, and the next row's loads issued
               before the current row's dx: no faster, or too many registers for two programs
               per SM.
+  ahead3      the one launch with narrower segments and more programs per SM at the same 128
+              registers: 4096-wide segments of 4 warps, four per SM, 246.8 against 257.3 µs at
+              2048x65536 (249.6 against 256.5 at 4096x32768, 253.0 against 263.2 at
+              1024x131072); 2048-wide of 2 warps, eight per SM, 256.2, 245.9 and 295.0; three per
+              SM or 4-warp 2048-wide segments slower. Chose the first
+              (launch.FUSED_SEGMENT, FUSED_WARPS, FUSED_PER_SM).
   carry       the one-launch wide backward with each row's x and dy carried in registers to the
               step that finishes it (read once from HBM, no L2 re-read). Within 128 registers
               only 4096-wide segments with 8 warps (two programs per SM) or 8192-wide with 16
@@ -93,8 +99,8 @@ Rounds, and what they decided (H200, bf16 unless named; figures in docs/performa
 
 The first four rounds were run on the H200 as separate scripts and merged into this file; from
 this file the H200 has run lean, static, confirm, tile1d, small, split, wide2, wide3,
-prefetch, reorder, reorder2, tile2, offset, hints3, ahead, ahead2, carry, launch and launch2. Every
-round passes --smoke.
+prefetch, reorder, reorder2, tile2, offset, hints3, ahead, ahead2, carry, launch, launch2 and
+ahead3. Every round passes --smoke.
 """
 
 from __future__ import annotations
