@@ -667,7 +667,7 @@ def backward_wide_fused(
     CASTING: tl.constexpr,
     BLOCK_S: tl.constexpr,  # segment width
     SEGMENTS: tl.constexpr,  # segments per row, ceil(N / BLOCK_S) (a compile-time constant: a runtime one
-    # costs 64 more registers per thread, and the programs no longer fit WIDE_PER_SM to an SM)
+    # costs 64 more registers per thread, and the programs no longer fit FUSED_PER_SM to an SM)
     SEGMENTS_POW2: tl.constexpr,
     LOOKAHEAD: tl.constexpr,  # steps between posting a row's segment sum and using the row's total
 ):

@@ -222,8 +222,8 @@ class Launcher:
         key = (device, num_warps, constexprs, *_spec_key(tensors, pointers, scalars))
         if self.refused and grid[0] * grid[1] * grid[2] >= self.refused.get(key, math.inf):
             raise CooperativeGridRefused(f"{self.kernel.__name__}: grid {grid} refused before")
-        # torch.cuda.current_device() less its lazy-initialisation check, which costs about a
-        # microsecond per launch: CUDA is initialised once a CUDA tensor exists.
+        # torch.cuda.current_device() less its Python-level lazy-initialisation check (a call on
+        # every launch's path): CUDA is initialised once a CUDA tensor exists.
         if device != torch._C._cuda_getDevice():
             # Triton compiles for, and launches on, the current device; the tensors may be on
             # another one (a model spread over GPUs in one process).
