@@ -706,6 +706,44 @@ def backward_split_kernel(
 
 
 @triton.jit
+def _post_segment_sum(DOT, COUNT, k, k64, seg, x, u, scale, SEGMENTS: tl.constexpr, SLOTS: tl.constexpr):
+    """Post row k's sum of u * x over this segment: an fp32 sum and a release count in COUNT, or
+    with SLOTS its bits into a self-validating slot of DOT (NaN made canonical, 0x7FC00000, so -1
+    never occurs; no fence, COUNT unused). The exchange of the one-launch lab kernels."""
+    partial = tl.sum(u.to(tl.float32) * scale * x.to(tl.float32), axis=0)
+    if SLOTS:
+        bits = tl.where(partial != partial, 0x7FC00000, partial.to(tl.int32, bitcast=True))
+        tl.atomic_xchg(DOT + k64 * SEGMENTS + seg, bits, sem="relaxed", scope="gpu")
+    else:
+        tl.store(DOT + k64 * SEGMENTS + seg, partial)
+        tl.debug_barrier()
+        tl.atomic_add(COUNT + k, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _row_total(DOT, COUNT, row, row64, others, SEGMENTS: tl.constexpr, SLOTS: tl.constexpr,
+                 SPIN_LIMIT: tl.constexpr):  # fmt: skip
+    """The fixed-order total of row's posted segment sums, once all are there."""
+    present = others < SEGMENTS
+    spins = 0
+    if SLOTS:
+        slots = DOT + row64 * SEGMENTS + others
+        seen = tl.load(slots, mask=present, other=0, volatile=True)
+        while (tl.max(tl.where(present & (seen == -1), 1, 0), axis=0) > 0) & (spins < SPIN_LIMIT):
+            seen = tl.load(slots, mask=present, other=0, volatile=True)
+            spins += 1
+        total = tl.sum(tl.where(present, seen.to(tl.float32, bitcast=True), 0.0), axis=0)
+    else:
+        seen = tl.atomic_add(COUNT + row, 0, sem="acquire", scope="gpu")
+        while (seen < SEGMENTS) & (spins < SPIN_LIMIT):
+            seen = tl.atomic_add(COUNT + row, 0, sem="acquire", scope="gpu")
+            spins += 1
+        sums = tl.load(DOT + row64 * SEGMENTS + others, mask=present, other=0.0, cache_modifier=".cg")
+        total = tl.sum(sums, axis=0)
+    return total
+
+
+@triton.jit
 def backward_ahead_kernel(
     X,  # as in backward_tile (weight, no dh, default casting)
     W,
@@ -751,22 +789,13 @@ def backward_ahead_kernel(
             k64 = tl.cast(k, tl.int64)
             x = tl.load(X + k64 * stride_x + cols, mask=col_ok, other=0.0, eviction_policy="evict_last")
             u = tl.load(DY + k64 * stride_dy + cols, mask=col_ok, other=0.0, eviction_policy="evict_last")
-            tl.store(DOT + k64 * SEGMENTS + seg, tl.sum(u.to(tl.float32) * scale * x.to(tl.float32), axis=0))
-            tl.debug_barrier()
-            tl.atomic_add(COUNT + k, 1, sem="release", scope="gpu")
+            _post_segment_sum(DOT, COUNT, k, k64, seg, x, u, scale, SEGMENTS, 0)
         row = k - LOOKAHEAD * groups
         if row >= 0:  # finish the row LOOKAHEAD steps behind
             row64 = tl.cast(row, tl.int64)
-            seen = tl.atomic_add(COUNT + row, 0, sem="acquire", scope="gpu")
-            spins = 0
-            while (seen < SEGMENTS) & (spins < SPIN_LIMIT):
-                seen = tl.atomic_add(COUNT + row, 0, sem="acquire", scope="gpu")
-                spins += 1
-            sums = tl.load(
-                DOT + row64 * SEGMENTS + others, mask=others < SEGMENTS, other=0.0, cache_modifier=".cg"
-            )
+            total = _row_total(DOT, COUNT, row, row64, others, SEGMENTS, 0, SPIN_LIMIT)
             rstd = tl.load(RSTD + row)
-            mean_uxn = tl.sum(sums, axis=0) * rstd / N
+            mean_uxn = total * rstd / N
             x_raw = tl.load(
                 X + row64 * stride_x + cols, mask=col_ok, other=0.0, eviction_policy="evict_first"
             )
@@ -813,7 +842,6 @@ def backward_ahead2_kernel(
     col_ok = cols < N
     scale = offset + tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
     others = tl.arange(0, SEGMENTS_POW2)
-    present = others < SEGMENTS
     dw_acc = tl.zeros((SEGMENT,), dtype=tl.float32)
     for k in range(g, M + LOOKAHEAD * groups, groups):
         k64 = tl.cast(k, tl.int64)
@@ -827,75 +855,20 @@ def backward_ahead2_kernel(
                 u = tl.load(
                     DY + k64 * stride_dy + cols, mask=ahead_ok, other=0.0, eviction_policy="evict_last"
                 )
-                partial = tl.sum(u.to(tl.float32) * scale * x.to(tl.float32), axis=0)
-                bits = tl.where(partial != partial, 0x7FC00000, partial.to(tl.int32, bitcast=True))
-                tl.atomic_xchg(DOT + k64 * SEGMENTS + seg, bits, sem="relaxed", scope="gpu")
+                _post_segment_sum(DOT, DOT, k, k64, seg, x, u, scale, SEGMENTS, 1)
         row = k - LOOKAHEAD * groups
         if row >= 0:
             row64 = tl.cast(row, tl.int64)
-            slots = DOT + row64 * SEGMENTS + others
-            seen = tl.load(slots, mask=present, other=0, volatile=True)
-            spins = 0
-            while (tl.max(tl.where(present & (seen == -1), 1, 0), axis=0) > 0) & (spins < SPIN_LIMIT):
-                seen = tl.load(slots, mask=present, other=0, volatile=True)
-                spins += 1
-            total = tl.sum(tl.where(present, seen.to(tl.float32, bitcast=True), 0.0), axis=0)
+            total = _row_total(DOT, DOT, row, row64, others, SEGMENTS, 1, SPIN_LIMIT)
             rstd = tl.load(RSTD + row)
             mean_uxn = total * rstd / N
-            x_raw = tl.load(
-                X + row64 * stride_x + cols, mask=col_ok, other=0.0, eviction_policy="evict_first"
-            )
-            dy = tl.load(DY + row64 * stride_dy + cols, mask=col_ok, other=0.0, eviction_policy="evict_first")
-            dy = dy.to(tl.float32)
-            xn = x_raw.to(tl.float32) * rstd
-            dx = (dy * scale - xn * mean_uxn) * rstd
-            tl.store(DX + row64 * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=col_ok,
-                     eviction_policy="evict_first")  # fmt: skip
-            dw_acc += dy * xn
+            # production's dx step (weight, no dh, default casting, every access evict_first)
+            dw_acc += kernels._wide_segment_dx(X, DY, DY, DX, row64, cols, col_ok, scale, rstd, mean_uxn,
+                                               stride_x, stride_dy, 0, stride_dx, True, False, 0, "evict_first")  # fmt: skip
         if PRE_ISSUE:
             if k < M:
-                partial = tl.sum(u.to(tl.float32) * scale * x.to(tl.float32), axis=0)
-                bits = tl.where(partial != partial, 0x7FC00000, partial.to(tl.int32, bitcast=True))
-                tl.atomic_xchg(DOT + k64 * SEGMENTS + seg, bits, sem="relaxed", scope="gpu")
+                _post_segment_sum(DOT, DOT, k, k64, seg, x, u, scale, SEGMENTS, 1)
     tl.store(DW_PARTIAL + tl.cast(g, tl.int64) * N + cols, dw_acc, mask=col_ok)
-
-
-@triton.jit
-def _carry_post(DOT, COUNT, k, k64, seg, x, u, scale, SEGMENTS: tl.constexpr, SLOTS: tl.constexpr):
-    """Post row k's sum of u * x over this segment: an fp32 sum and a release count
-    (backward_ahead_kernel's exchange), or with SLOTS its bits into a self-validating slot
-    (backward_ahead2_kernel's, no fence)."""
-    partial = tl.sum(u.to(tl.float32) * scale * x.to(tl.float32), axis=0)
-    if SLOTS:
-        bits = tl.where(partial != partial, 0x7FC00000, partial.to(tl.int32, bitcast=True))
-        tl.atomic_xchg(DOT + k64 * SEGMENTS + seg, bits, sem="relaxed", scope="gpu")
-    else:
-        tl.store(DOT + k64 * SEGMENTS + seg, partial)
-        tl.debug_barrier()
-        tl.atomic_add(COUNT + k, 1, sem="release", scope="gpu")
-
-
-@triton.jit
-def _carry_total(DOT, COUNT, row, row64, others, SEGMENTS: tl.constexpr, SLOTS: tl.constexpr,
-                 SPIN_LIMIT: tl.constexpr):  # fmt: skip
-    """The fixed-order total of row's posted segment sums, once all are there."""
-    present = others < SEGMENTS
-    spins = 0
-    if SLOTS:
-        slots = DOT + row64 * SEGMENTS + others
-        seen = tl.load(slots, mask=present, other=0, volatile=True)
-        while (tl.max(tl.where(present & (seen == -1), 1, 0), axis=0) > 0) & (spins < SPIN_LIMIT):
-            seen = tl.load(slots, mask=present, other=0, volatile=True)
-            spins += 1
-        total = tl.sum(tl.where(present, seen.to(tl.float32, bitcast=True), 0.0), axis=0)
-    else:
-        seen = tl.atomic_add(COUNT + row, 0, sem="acquire", scope="gpu")
-        while (seen < SEGMENTS) & (spins < SPIN_LIMIT):
-            seen = tl.atomic_add(COUNT + row, 0, sem="acquire", scope="gpu")
-            spins += 1
-        sums = tl.load(DOT + row64 * SEGMENTS + others, mask=present, other=0.0, cache_modifier=".cg")
-        total = tl.sum(sums, axis=0)
-    return total
 
 
 @triton.jit
@@ -943,7 +916,7 @@ def backward_carry_kernel(
         scale = offset + tl.load(W + cols, mask=col_ok, other=0.0, eviction_policy="evict_last").to(
             tl.float32
         )
-    _carry_post(DOT, COUNT, g, g64, seg, x_prev, u_prev, scale, SEGMENTS, SLOTS)
+    _post_segment_sum(DOT, COUNT, g, g64, seg, x_prev, u_prev, scale, SEGMENTS, SLOTS)
     for k in range(g + groups, M + groups, groups):
         k64 = tl.cast(k, tl.int64)
         ahead_ok = col_ok & (k < M)
@@ -955,10 +928,10 @@ def backward_carry_kernel(
             )
         if POST_FIRST:
             if k < M:
-                _carry_post(DOT, COUNT, k, k64, seg, x, u, scale, SEGMENTS, SLOTS)
+                _post_segment_sum(DOT, COUNT, k, k64, seg, x, u, scale, SEGMENTS, SLOTS)
         row = k - groups
         row64 = tl.cast(row, tl.int64)
-        total = _carry_total(DOT, COUNT, row, row64, others, SEGMENTS, SLOTS, SPIN_LIMIT)
+        total = _row_total(DOT, COUNT, row, row64, others, SEGMENTS, SLOTS, SPIN_LIMIT)
         rstd = tl.load(RSTD + row)
         mean_uxn = total * rstd / N
         dy = u_prev.to(tl.float32)
@@ -969,7 +942,7 @@ def backward_carry_kernel(
         dw_acc += dy * xn
         if not POST_FIRST:
             if k < M:
-                _carry_post(DOT, COUNT, k, k64, seg, x, u, scale, SEGMENTS, SLOTS)
+                _post_segment_sum(DOT, COUNT, k, k64, seg, x, u, scale, SEGMENTS, SLOTS)
         x_prev = x
         u_prev = u
     tl.store(DW_PARTIAL + g64 * N + cols, dw_acc, mask=col_ok)
