@@ -209,16 +209,24 @@ class _Recorder:
             raise self.error
 
 
-def test_wide_backward_one_launch_reduces_the_row_groups_it_ran(compiled_mode, monkeypatch):
-    """Where the one launch runs, the two-launch kernels are not called and dw's reduction sums
-    the one launch's row groups (its grid differs from the two launches')."""
+def _wide_backward_with_stand_ins(monkeypatch, fused_error=None):
+    """launch.backward over 5 rows of N = 20000 (wider than TWO_WALK_MAX: the wide backward)
+    with every wide-backward launcher replaced by a _Recorder, the one launch raising
+    ``fused_error``. Returns (launch log, x, w, dy, dx, dw)."""
     log = []
-    monkeypatch.setattr(launch, "_backward_wide_fused", _Recorder("fused", log))
+    monkeypatch.setattr(launch, "_backward_wide_fused", _Recorder("fused", log, fused_error))
     for name in ("_backward_wide_dot", "_backward_wide", "_reduce_columns"):
         monkeypatch.setattr(launch, name, _Recorder(name, log))
     m, n = 5, 20000
     x, dy, w, rstd = torch.randn(m, n), torch.randn(m, n), torch.randn(n), torch.ones(m)
-    launch.backward(dy, None, x, w, rstd, 0.0, 0, True, torch.float32)
+    dx, dw = launch.backward(dy, None, x, w, rstd, 0.0, 0, True, torch.float32)
+    return log, x, w, dy, dx, dw
+
+
+def test_wide_backward_one_launch_reduces_the_row_groups_it_ran(compiled_mode, monkeypatch):
+    """Where the one launch runs, the two-launch kernels are not called and dw's reduction sums
+    the one launch's row groups (its grid differs from the two launches')."""
+    log, *_ = _wide_backward_with_stand_ins(monkeypatch)
     assert log == ["fused", "_reduce_columns"]
     groups = launch._backward_wide_fused.last[0][0]
     partial = launch._backward_wide_fused.last[1][8]
@@ -226,14 +234,9 @@ def test_wide_backward_one_launch_reduces_the_row_groups_it_ran(compiled_mode, m
 
 
 def test_wide_backward_falls_back_to_two_launches_when_the_grid_is_refused(compiled_mode, monkeypatch):
-    log = []
     refused = launch.CooperativeGridRefused("backward_wide_fused: too many blocks in cooperative launch")
-    monkeypatch.setattr(launch, "_backward_wide_fused", _Recorder("fused", log, refused))
-    for name in ("_backward_wide_dot", "_backward_wide", "_reduce_columns"):
-        monkeypatch.setattr(launch, name, _Recorder(name, log))
-    m, n = 5, 20000  # wider than TWO_WALK_MAX: the wide backward
-    x, dy, w, rstd = torch.randn(m, n), torch.randn(m, n), torch.randn(n), torch.ones(m)
-    dx, dw = launch.backward(dy, None, x, w, rstd, 0.0, 0, True, torch.float32)
+    log, x, w, dy, dx, dw = _wide_backward_with_stand_ins(monkeypatch, refused)
+    m, n = x.shape
     assert log == ["fused", "_backward_wide_dot", "_backward_wide", "_reduce_columns"]
     assert dx.shape == (m, n) and dw.shape == (n,)
     # What the one launch was asked for: ceil(N / FUSED_SEGMENT) segments, row groups as
