@@ -90,7 +90,7 @@ def test_session_has_a_description_for_nox_list(name):
 
 
 def test_plain_nox_runs_the_cpu_test_sessions():
-    assert noxfile_default_sessions() == ["lint", "tests", "interpret"]
+    assert noxfile_default_sessions() == ["lint", "tests"]
 
 
 def test_readme_quickstart_is_two_commands_verdict_then_tests():

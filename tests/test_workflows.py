@@ -141,7 +141,7 @@ def test_every_nox_session_a_workflow_calls_exists():
     sessions = noxfile_sessions()
     calls = list(nox_calls())
     called = {name for _, _, name in calls}
-    assert {"lint", "tests", "interpret", "pr_verdict", "asv", "history"} <= called, called
+    assert {"lint", "tests", "pr_verdict", "asv", "history"} <= called, called
     for wf_name, job_id, name in calls:
         assert name in sessions, f"{wf_name}/{job_id} calls `nox -s {name}`, which noxfile.py lacks"
 
