@@ -150,6 +150,18 @@ def test_nox_lists_the_same_sessions_as_parsed():
 
 
 @pytest.mark.skipif(not HAS_NOX, reason="nox is not installed in this environment")
+def test_tests_session_collects_the_cpu_tests_then_the_interpreter_tests():
+    """Plain `nox` (and .ci/run) has no interpret session: `tests` must run both sets of tests."""
+    result = _nox("--no-venv", "-s", "tests", "--", "--collect-only", "-q")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    collected = [int(n) for n in re.findall(r"^(\d+)/\d+ tests collected", output, re.M)]
+    markers = re.findall(r"-m '([^']+)'", output)
+    assert markers == ["not gpu and not interpret", "interpret and not gpu"], output
+    assert len(collected) == 2 and min(collected) > 0, output
+
+
+@pytest.mark.skipif(not HAS_NOX, reason="nox is not installed in this environment")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given where CUDA is absent")
 @pytest.mark.parametrize("name", GPU_SESSIONS)
 def test_gpu_session_without_cuda_stops_with_a_clear_message(name):
