@@ -1,4 +1,4 @@
-"""The regression suite as nox sessions: `nox` runs the CPU sessions, `nox -l` lists every session.
+"""The regression suite as nox sessions: `nox` runs lint and tests, `nox -l` lists every session.
 
 Each session installs what it needs into its own virtualenv (torch and triton from the pins below,
 then the package with extras), or, under ``nox --no-venv``, installs nothing and uses the
