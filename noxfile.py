@@ -120,8 +120,13 @@ def require_cuda(session: nox.Session) -> None:
     session.env["TRITON_INTERPRET"] = None  # GPU sessions time and check the compiled kernels
 
 
-def pytest(session: nox.Session, *args: str, **kwargs) -> None:
-    run(session, "python", "-m", "pytest", *PYTEST_FLAGS, *args, *session.posargs, **kwargs)
+def pytest(session: nox.Session, *args: str, one_of_several: bool = False, **kwargs) -> None:
+    """pytest with the session's arguments after ``--``. ``one_of_several``: the session runs
+    pytest more than once with those arguments, so they may leave one run with nothing selected
+    (pytest's exit 5), which is then the user's choice; without arguments an empty run fails."""
+    codes = [0, 5] if one_of_several and session.posargs else [0]
+    command = ("-m", "pytest", *PYTEST_FLAGS, *args, *session.posargs)
+    run(session, "python", *command, success_codes=codes, **kwargs)
 
 
 def git(session: nox.Session, *args: str) -> str:
@@ -146,13 +151,12 @@ def lint(session: nox.Session) -> None:
     run(session, "check-jsonschema", "--builtin-schema", "vendor.github-workflows", *workflows)
 
 
-def interpreter_tests(session: nox.Session) -> None:
-    """The interpret-marked tests in a second pytest process: the interpreter is chosen when Triton
-    decorates the kernels, so TRITON_INTERPRET=1 has to be set before the package is imported."""
-    # Arguments after -- narrow both pytest runs; one of them may then select nothing (exit 5),
-    # which is the user's choice. Without arguments an empty run fails the session.
-    codes = [0, 5] if session.posargs else [0]
-    pytest(session, "-m", "interpret and not gpu", env={"TRITON_INTERPRET": "1"}, success_codes=codes)
+def interpreter_tests(session: nox.Session, one_of_several: bool = False) -> None:
+    """The interpret-marked tests in a pytest process of their own: the interpreter is chosen when
+    Triton decorates the kernels, so TRITON_INTERPRET=1 has to be set before the package is imported."""
+    pytest(
+        session, "-m", "interpret and not gpu", one_of_several=one_of_several, env={"TRITON_INTERPRET": "1"}
+    )
 
 
 @nox.session(tags=["cpu"])
@@ -162,9 +166,8 @@ def tests(session: nox.Session) -> None:
     if not is_passthrough(session):
         session.install("-r", NOX_REQUIREMENTS)  # tests/test_noxfile.py runs `nox -l` and GPU sessions
     # One virtualenv (one torch install) serves both pytest runs.
-    codes = [0, 5] if session.posargs else [0]
-    pytest(session, "-m", "not gpu and not interpret", success_codes=codes)
-    interpreter_tests(session)
+    pytest(session, "-m", "not gpu and not interpret", one_of_several=True)
+    interpreter_tests(session, one_of_several=True)
 
 
 @nox.session(tags=["cpu"])

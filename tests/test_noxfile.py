@@ -162,6 +162,17 @@ def test_tests_session_collects_the_cpu_tests_then_the_interpreter_tests():
 
 
 @pytest.mark.skipif(not HAS_NOX, reason="nox is not installed in this environment")
+def test_an_empty_pytest_run_is_accepted_only_beside_another_run():
+    """`-k` may leave one of `tests`' two runs empty; `interpret` runs once, so empty fails it."""
+    narrowed = ("--", "-k", "test_plain_nox_runs_the_cpu_test_sessions", "--collect-only", "-q")
+    tests = _nox("--no-venv", "-s", "tests", *narrowed)
+    assert tests.returncode == 0, tests.stdout + tests.stderr
+    interpret = _nox("--no-venv", "-s", "interpret", *narrowed)
+    assert interpret.returncode != 0, interpret.stdout + interpret.stderr
+    assert "exit code 5" in interpret.stdout + interpret.stderr
+
+
+@pytest.mark.skipif(not HAS_NOX, reason="nox is not installed in this environment")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given where CUDA is absent")
 @pytest.mark.parametrize("name", GPU_SESSIONS)
 def test_gpu_session_without_cuda_stops_with_a_clear_message(name):
