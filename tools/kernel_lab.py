@@ -744,6 +744,66 @@ def _row_total(DOT, COUNT, row, row64, others, SEGMENTS: tl.constexpr, SLOTS: tl
 
 
 @triton.jit
+def forward_ahead_kernel(
+    X,  # bf16/fp16/fp32 [M, N], weight, no residual, default casting
+    W,
+    Y,
+    RSTD,
+    SQ,  # fp32 [M, SEGMENTS]: each segment's sum of x^2
+    COUNT,  # int32 [M], zeros at launch: segments of the row whose sums are posted
+    M,
+    N,
+    groups,  # row groups: program (g, segment) handles rows g, g + groups, ...
+    stride_x,
+    stride_y,
+    eps,
+    offset,
+    SEGMENT: tl.constexpr,
+    SEGMENTS: tl.constexpr,
+    SEGMENTS_POW2: tl.constexpr,
+    LOOKAHEAD: tl.constexpr,  # rows of the group between posting a row's sum and using it
+    STORE_POLICY: tl.constexpr,  # L2 hint of y's stores
+    EARLY: tl.constexpr,  # issue the finishing row's (L2) load before the posting row's sum
+    SPIN_LIMIT: tl.constexpr,
+):
+    """The wide forward as backward_ahead_kernel runs the backward: program (g, segment) owns one
+    column segment of a group of rows. At each step it sums x^2 over its segment of the row
+    LOOKAHEAD rows ahead (loads kept in L2), posts the sum, then finishes the row LOOKAHEAD rows
+    behind: waits for all its segments' sums (in steady state they are there), adds them in a
+    fixed order, re-reads its x segment from L2 and stores y. x comes from HBM once, as in the
+    two walks of forward_looped, but a program's unit of work is a segment rather than a whole
+    row, so the launch fills and drains in a segment's time. Cooperative launch only."""
+    g = tl.program_id(0)
+    seg = tl.program_id(1)
+    cols = seg * SEGMENT + tl.arange(0, SEGMENT)
+    col_ok = cols < N
+    scale = offset + tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    others = tl.arange(0, SEGMENTS_POW2)
+    for k in range(g, M + LOOKAHEAD * groups, groups):
+        row = k - LOOKAHEAD * groups
+        row64 = tl.cast(row, tl.int64)
+        if EARLY:
+            x_old = tl.load(X + row64 * stride_x + cols, mask=col_ok & (row >= 0), other=0.0,
+                            eviction_policy="evict_first")  # fmt: skip
+        if k < M:  # post row k's sum of squares over this segment
+            k64 = tl.cast(k, tl.int64)
+            x = tl.load(X + k64 * stride_x + cols, mask=col_ok, other=0.0, eviction_policy="evict_last")
+            _post_segment_sum(SQ, COUNT, k, k64, seg, x, x, 1.0, SEGMENTS, 0)
+        if row >= 0:  # finish the row LOOKAHEAD steps behind
+            total = _row_total(SQ, COUNT, row, row64, others, SEGMENTS, 0, SPIN_LIMIT)
+            rstd = kernels._rsqrt_rn(total / N + eps)
+            if seg == 0:
+                tl.store(RSTD + row, rstd)
+            if not EARLY:
+                x_old = tl.load(
+                    X + row64 * stride_x + cols, mask=col_ok, other=0.0, eviction_policy="evict_first"
+                )
+            y = x_old.to(tl.float32) * rstd * scale
+            tl.store(Y + row64 * stride_y + cols, y.to(Y.dtype.element_ty), mask=col_ok,
+                     eviction_policy=STORE_POLICY)  # fmt: skip
+
+
+@triton.jit
 def backward_ahead_kernel(
     X,  # as in backward_tile (weight, no dh, default casting)
     W,
@@ -1952,6 +2012,65 @@ def round_ahead3(lab: Lab) -> None:
                     backward_ahead(lab, s, segment, warps, per_sm, 1, "evict_first"))  # fmt: skip
 
 
+def forward_ahead(
+    lab: Lab, s: dict, segment: int, warps: int, per_sm: int, lookahead: int, store: str, early: int
+):
+    """forward_ahead_kernel as a cooperative launch over ``per_sm`` programs per SM, writing s["y"]
+    and s["rstd_out"]; the sums and the zeroed counter are made per call, as a launcher would."""
+    x, m, n = s["x"], s["m"], s["n"]
+    segments = triton.cdiv(n, segment)
+    groups = min(m, max(1, per_sm * lab.sms // segments))
+    constexprs = (segment, segments, triton.next_power_of_2(segments), lookahead, store, early, 1 << 22)
+
+    def call():
+        sq = torch.empty(m, segments, device=x.device)
+        count = torch.zeros(m, dtype=torch.int32, device=x.device)
+        args = (x, s["w"], s["y"], s["rstd_out"], sq, count, m, n, groups, n, n, EPS, 0.0)
+        forward_ahead_kernel[(groups, segments)](*args, *constexprs, num_warps=warps,
+                                                 launch_cooperative_grid=not lab.smoke)  # fmt: skip
+
+    return call
+
+
+def round_fahead(lab: Lab) -> None:
+    """The wide forward in one cooperative launch whose segment sums of squares are posted
+    LOOKAHEAD rows ahead of their use (forward_ahead_kernel), over segment widths, warps,
+    programs per SM, lookahead, y's store hint and the early L2 load, beside production
+    (forward_looped, one program per row), timed as the page times (L2 flushed before each
+    call), then the best few again as CUDA-graph replays."""
+    shapes = [(3, 4096)] if lab.smoke else [(2048, 65536), (4096, 32768), (8192, 16384)]
+    launches = [(4096, 4, 4), (4096, 4, 3), (4096, 8, 2), (8192, 8, 2), (8192, 16, 1), (2048, 2, 8),
+                (2048, 4, 4), (16384, 16, 1)]  # fmt: skip
+    for graphs in (False, True):
+        if graphs:
+            lab.time_with_graphs()
+        for m, n in shapes:
+            s = lab.shape(m, n)
+            if not lab.smoke:
+                lab.run(
+                    "fwd",
+                    s,
+                    "production",
+                    lambda: s["y"].copy_(
+                        launch.forward(s["x"], s["w"], None, EPS, 0.0, 0, s["x"].dtype, s["x"].dtype)[0]
+                    ),
+                    lambda: launch.forward(s["x"], s["w"], None, EPS, 0.0, 0, s["x"].dtype, s["x"].dtype),
+                )
+            for (segment, warps, per_sm), lookahead, store, early in itertools.product(
+                launches, [1, 2], ["evict_first", ""], [0, 1]
+            ):
+                if lab.smoke and (n > segment or (per_sm, lookahead, store) != (4, 1, "evict_first")):
+                    continue
+                if graphs and (lookahead, store) != (1, "evict_first"):
+                    continue
+                if (m, n) != shapes[0] and (lookahead, store) != (1, "evict_first"):
+                    continue
+                lab.run("fwd", s, f"ahead s{segment} w{warps} p{per_sm} d{lookahead} st={store or '-'} e{early}",
+                        forward_ahead(lab, s, segment, warps, per_sm, lookahead, store, early))  # fmt: skip
+        if lab.smoke:
+            return
+
+
 ROUNDS = {
     "tile": round_tile,
     "persistent": round_persistent,
@@ -1976,6 +2095,7 @@ ROUNDS = {
     "launch": round_launch,
     "launch2": round_launch2,
     "ahead3": round_ahead3,
+    "fahead": round_fahead,
 }
 
 
