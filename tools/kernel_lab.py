@@ -96,11 +96,19 @@ Rounds, and what they decided (H200, bf16 unless named; figures in docs/performa
               level at 1x4096, but slower at every large shape the tile forward runs (32768x4096
               bf16 131.6-131.8 against 128.0 µs with masks, 4096x4096 bf16 19.2-19.3 against
               18.0, fp16 19.1 against 17.5, fp32 35.3-35.4 against 34.2), so the masks stay.
+  fahead      the wide forward as the one-launch backward runs (forward_ahead_kernel: segment
+              sums of squares posted one or two rows ahead of their use, a cooperative grid),
+              2048-16384-wide segments, 2-16 warps, 1-8 programs per SM, y's store hint, the
+              finishing row's L2 load issued first or last: at best 188.7 µs at 2048x65536
+              (66% of copy, 4096-wide segments of 4 warps, four per SM) against production's
+              136.7 in the same run (CUDA-graph timing; 142.0 against 188.7-410 with the L2
+              flushed), and 190-410 µs against 128-131 at 4096x32768 and 8192x16384. The
+              forward does too little per element for the exchange to hide behind: not used.
 
 The first four rounds were run on the H200 as separate scripts and merged into this file; from
 this file the H200 has run lean, static, confirm, tile1d, small, split, wide2, wide3,
-prefetch, reorder, reorder2, tile2, offset, hints3, ahead, ahead2, carry, launch, launch2 and
-ahead3. Every round passes --smoke.
+prefetch, reorder, reorder2, tile2, offset, hints3, ahead, ahead2, carry, launch, launch2,
+ahead3 and fahead. Every round passes --smoke.
 """
 
 from __future__ import annotations
