@@ -2079,6 +2079,61 @@ def round_fahead(lab: Lab) -> None:
             return
 
 
+def _with_maxnreg(maxnreg: int | None) -> dict:
+    """Launch options capping registers per thread (None: the compiler's choice)."""
+    return {} if maxnreg is None else {"maxnreg": maxnreg}
+
+
+def round_maxnreg(lab: Lab) -> None:
+    """The forward kernels with registers per thread capped (Triton's ``maxnreg``), so that more
+    programs fit on an SM: the tile forward at N = 1024 (production: 2 rows, 4 warps, 47
+    registers, ten programs per SM) and 4096 (1 row, 2 warps, 147 registers, six per SM), the
+    wide forward at N = 65536 (32 warps, 50 registers: one program per SM, so an SM idles
+    between one row's walks and while the next program starts) and the two-walk forward at N =
+    16384 (16 warps, 36 registers, three per SM), beside production, first with the L2 flushed
+    before each call (as the page times), then as CUDA-graph replays."""
+    policies = ("evict_last", "evict_first")
+    tile = {1024: [(2, 4, None), (2, 4, 40), (2, 4, 32), (4, 4, None), (4, 4, 48), (4, 4, 32), (4, 8, 40),
+                   (4, 8, 32), (2, 2, 32), (1, 4, None), (1, 2, 32), (8, 8, 32)],
+            4096: [(1, 2, None), (1, 2, 128), (1, 2, 96), (1, 4, None), (1, 4, 64), (1, 4, 48)]}  # fmt: skip
+    # (chunk, warps, unrolled, maxnreg, y's store hint)
+    walks = {65536: [(16384, 32, True, None, "evict_first"), (16384, 32, True, 32, "evict_first"),
+                     (8192, 32, False, None, "evict_first"), (8192, 32, False, 32, "evict_first"),
+                     (8192, 16, False, None, "evict_first"), (8192, 16, False, 64, "evict_first"),
+                     (16384, 16, True, 64, "evict_first"), (8192, 8, False, None, "evict_first"),
+                     (4096, 8, False, None, "evict_first"), (4096, 16, False, None, "evict_first"),
+                     (8192, 32, False, 32, "")],
+             16384: [(8192, 16, False, None, ""), (8192, 16, False, 32, ""), (4096, 8, False, None, ""),
+                     (8192, 32, False, 32, ""), (16384, 32, False, 32, "")]}  # fmt: skip
+    shapes = [(3, 1024), (3, 4096), (3, 16384)] if lab.smoke else [(65536, 1024), (32768, 4096), (2048, 65536),
+                                                                   (8192, 16384)]  # fmt: skip
+    for graphs in (False, True):
+        if graphs:
+            if lab.smoke:
+                return
+            lab.time_with_graphs()
+        for m, n in shapes:
+            s = lab.shape(m, n)
+            x = s["x"]
+            if not lab.smoke:
+                lab.run("fwd", s, "production",
+                        lambda: s["y"].copy_(launch.forward(x, s["w"], None, EPS, 0.0, 0, x.dtype, x.dtype)[0]),
+                        lambda: launch.forward(x, s["w"], None, EPS, 0.0, 0, x.dtype, x.dtype))  # fmt: skip
+            for rows, warps, maxnreg in tile.get(n, []):
+                args = (x, x, s["w"], s["y"], x, s["rstd_out"], s["m"], n, n, n, n, n, EPS, 0.0)
+                grid = (triton.cdiv(s["m"], rows),)
+                lab.run("fwd", s, f"tile r{rows} w{warps} maxnreg {maxnreg}",
+                        lambda args=args, grid=grid, rows=rows, warps=warps, maxnreg=maxnreg:
+                        kernels.forward_tile[grid](*args, True, False, 0, n, rows, num_warps=warps,
+                                                   **_with_maxnreg(maxnreg)))  # fmt: skip
+            for block, warps, unroll, maxnreg, store in walks.get(n, []):
+                args = (x, x, s["w"], s["y"], s["y"], s["rstd_out"], n, n, n, n, EPS, 0.0)
+                lab.run("fwd", s, f"walk b{block} w{warps} unroll{int(unroll)} maxnreg {maxnreg} st={store or '-'}",
+                        lambda args=args, block=block, warps=warps, unroll=unroll, maxnreg=maxnreg, store=store:
+                        kernels.forward_looped[(s["m"],)](*args, True, False, 0, block, *policies, store, unroll, n,
+                                                          num_warps=warps, **_with_maxnreg(maxnreg)))  # fmt: skip
+
+
 ROUNDS = {
     "tile": round_tile,
     "persistent": round_persistent,
@@ -2104,6 +2159,7 @@ ROUNDS = {
     "launch2": round_launch2,
     "ahead3": round_ahead3,
     "fahead": round_fahead,
+    "maxnreg": round_maxnreg,
 }
 
 
