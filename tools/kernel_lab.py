@@ -2084,6 +2084,20 @@ def _with_maxnreg(maxnreg: int | None) -> dict:
     return {} if maxnreg is None else {"maxnreg": maxnreg}
 
 
+def _run_noting_registers(lab: Lab, s: dict, variant: str, launch_fn) -> None:
+    """lab.run of a launch that returns its compiled kernel, then the kernel's registers and
+    spills per thread (on a GPU)."""
+    seen = {}
+
+    def call():
+        seen["kernel"] = launch_fn()
+
+    lab.run("fwd", s, variant, call)
+    kernel = seen.get("kernel")
+    if not lab.smoke and kernel is not None and hasattr(kernel, "n_regs"):
+        print(f"    {variant}: {kernel.n_regs} registers, {kernel.n_spills} spilled", flush=True)
+
+
 def round_maxnreg(lab: Lab) -> None:
     """The forward kernels with registers per thread capped (Triton's ``maxnreg``), so that more
     programs fit on an SM: the tile forward at N = 1024 (production: 2 rows, 4 warps, 47
@@ -2122,13 +2136,13 @@ def round_maxnreg(lab: Lab) -> None:
             for rows, warps, maxnreg in tile.get(n, []):
                 args = (x, x, s["w"], s["y"], x, s["rstd_out"], s["m"], n, n, n, n, n, EPS, 0.0)
                 grid = (triton.cdiv(s["m"], rows),)
-                lab.run("fwd", s, f"tile r{rows} w{warps} maxnreg {maxnreg}",
+                _run_noting_registers(lab, s, f"tile r{rows} w{warps} maxnreg {maxnreg}",
                         lambda args=args, grid=grid, rows=rows, warps=warps, maxnreg=maxnreg:
                         kernels.forward_tile[grid](*args, True, False, 0, n, rows, num_warps=warps,
                                                    **_with_maxnreg(maxnreg)))  # fmt: skip
             for block, warps, unroll, maxnreg, store in walks.get(n, []):
                 args = (x, x, s["w"], s["y"], s["y"], s["rstd_out"], n, n, n, n, EPS, 0.0)
-                lab.run("fwd", s, f"walk b{block} w{warps} unroll{int(unroll)} maxnreg {maxnreg} st={store or '-'}",
+                _run_noting_registers(lab, s, f"walk b{block} w{warps} unroll{int(unroll)} maxnreg {maxnreg} st={store or '-'}",
                         lambda args=args, block=block, warps=warps, unroll=unroll, maxnreg=maxnreg, store=store:
                         kernels.forward_looped[(s["m"],)](*args, True, False, 0, block, *policies, store, unroll, n,
                                                           num_warps=warps, **_with_maxnreg(maxnreg)))  # fmt: skip
