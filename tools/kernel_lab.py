@@ -96,6 +96,11 @@ Rounds, and what they decided (H200, bf16 unless named; figures in docs/performa
               level at 1x4096, but slower at every large shape the tile forward runs (32768x4096
               bf16 131.6-131.8 against 128.0 µs with masks, 4096x4096 bf16 19.2-19.3 against
               18.0, fp16 19.1 against 17.5, fp32 35.3-35.4 against 34.2), so the masks stay.
+  maxnreg     the forward kernels with registers per thread capped (Triton's maxnreg) so that
+              more programs fit on an SM: every cap that raised occupancy spilled or slowed the
+              kernel (65536x1024: 40 registers for the 2-row tile, 66.3 against production's 65.9
+              µs, CUDA-graph timing; 2048x65536: 32 for the 32-warp walk, 153-172 against 136.6;
+              32768x4096: 128 or 96 for the 2-warp tile, 164-414 against 129.4); not used.
   fahead      the wide forward as the one-launch backward runs (forward_ahead_kernel: segment
               sums of squares posted one or two rows ahead of their use, a cooperative grid),
               2048-16384-wide segments, 2-16 warps, 1-8 programs per SM, y's store hint, the
@@ -108,7 +113,7 @@ Rounds, and what they decided (H200, bf16 unless named; figures in docs/performa
 The first four rounds were run on the H200 as separate scripts and merged into this file; from
 this file the H200 has run lean, static, confirm, tile1d, small, split, wide2, wide3,
 prefetch, reorder, reorder2, tile2, offset, hints3, ahead, ahead2, carry, launch, launch2,
-ahead3 and fahead. Every round passes --smoke.
+ahead3, fahead and maxnreg. Every round passes --smoke.
 """
 
 from __future__ import annotations
@@ -403,6 +408,79 @@ def fwd_row4(
     tl.store(y + 2 * BLOCK, (_widen(x2, SHIFT) * rstd * w2).to(dt), eviction_policy=STORE_POLICY)
     w3 = tl.load(W + 3 * BLOCK + cols).to(tl.float32)
     tl.store(y + 3 * BLOCK, (_widen(x3, SHIFT) * rstd * w3).to(dt), eviction_policy=STORE_POLICY)
+
+
+@triton.jit
+def _prefetch_to_l2(row_ptr, N: tl.constexpr, LINE: tl.constexpr, ON: tl.constexpr):
+    """Ask L2 to fetch a row (one prefetch per LINE elements, a 128-byte line), kept with the
+    first walk's evict_last priority. Nothing is loaded into registers. Off (ON = 0) under the
+    interpreter, which has no inline assembly."""
+    if ON:
+        offs = tl.arange(0, N // LINE) * LINE
+        tl.inline_asm_elementwise(
+            "prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;",
+            "=r,l",
+            [row_ptr + offs],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
+
+
+@triton.jit
+def fwd_wide_prefetch(
+    X, W, Y, RSTD, M, programs, eps, N: tl.constexpr, BLOCK: tl.constexpr, LINE: tl.constexpr,
+    AHEAD: tl.constexpr, PERSISTENT: tl.constexpr, WHERE: tl.constexpr, PREFETCH: tl.constexpr,
+):  # fmt: skip
+    """fwd_row4's two walks (N = 4 * BLOCK, weight, no residual) with an L2 prefetch of a row
+    processed later, so that an SM's HBM reads continue while it reduces and writes. Without
+    PERSISTENT, program r (one per row) prefetches row r + AHEAD, which the in-order block
+    dispatch starts about a row's time later; with it, ``programs`` programs walk rows r,
+    r + programs, ... and each prefetches its own next row. WHERE: the prefetch is issued
+    before the first walk (0) or between the walks (1)."""
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    if PERSISTENT:
+        first = pid
+        step = programs
+    else:
+        first = pid
+        step = M
+    for row in range(first, M, step):
+        row64 = tl.cast(row, tl.int64)
+        base = X + row64 * N
+        if PERSISTENT:
+            nxt = row + programs
+        else:
+            nxt = row + AHEAD
+        if WHERE == 0:
+            if nxt < M:
+                _prefetch_to_l2(X + tl.cast(nxt, tl.int64) * N, N, LINE, PREFETCH)
+        x0 = tl.load(base + cols, eviction_policy="evict_last")
+        x1 = tl.load(base + BLOCK + cols, eviction_policy="evict_last")
+        x2 = tl.load(base + 2 * BLOCK + cols, eviction_policy="evict_last")
+        x3 = tl.load(base + 3 * BLOCK + cols, eviction_policy="evict_last")
+        f0, f1, f2, f3 = x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32), x3.to(tl.float32)
+        total = tl.sum(f0 * f0 + f1 * f1 + f2 * f2 + f3 * f3, axis=0)
+        rstd = kernels._rsqrt_rn(total / N + eps)
+        tl.store(RSTD + row, rstd)
+        if WHERE == 1:
+            if nxt < M:
+                _prefetch_to_l2(X + tl.cast(nxt, tl.int64) * N, N, LINE, PREFETCH)
+        x0 = tl.load(base + cols, eviction_policy="evict_first")
+        x1 = tl.load(base + BLOCK + cols, eviction_policy="evict_first")
+        x2 = tl.load(base + 2 * BLOCK + cols, eviction_policy="evict_first")
+        x3 = tl.load(base + 3 * BLOCK + cols, eviction_policy="evict_first")
+        y = Y + row64 * N + cols
+        dt = Y.dtype.element_ty
+        w0 = tl.load(W + cols).to(tl.float32)
+        tl.store(y, (x0.to(tl.float32) * rstd * w0).to(dt), eviction_policy="evict_first")
+        w1 = tl.load(W + BLOCK + cols).to(tl.float32)
+        tl.store(y + BLOCK, (x1.to(tl.float32) * rstd * w1).to(dt), eviction_policy="evict_first")
+        w2 = tl.load(W + 2 * BLOCK + cols).to(tl.float32)
+        tl.store(y + 2 * BLOCK, (x2.to(tl.float32) * rstd * w2).to(dt), eviction_policy="evict_first")
+        w3 = tl.load(W + 3 * BLOCK + cols).to(tl.float32)
+        tl.store(y + 3 * BLOCK, (x3.to(tl.float32) * rstd * w3).to(dt), eviction_policy="evict_first")
 
 
 @triton.jit
@@ -2148,6 +2226,42 @@ def round_maxnreg(lab: Lab) -> None:
                                                           num_warps=warps, **_with_maxnreg(maxnreg)))  # fmt: skip
 
 
+def round_l2prefetch(lab: Lab) -> None:
+    """fwd_wide_prefetch at 2048x65536 and 4096x32768: the wide forward with an L2 prefetch of a
+    later row, one program per row (prefetching the row 1-3 SM-counts ahead) or persistent (one
+    or two programs per SM), the prefetch before or between the walks; beside production and
+    fwd_row4 (the same walks without prefetch), with the L2 flushed before each call, then as
+    CUDA-graph replays."""
+    shapes = [(5, 4096)] if lab.smoke else [(2048, 65536), (4096, 32768)]
+    on = 0 if lab.smoke else 1
+    for graphs in (False, True):
+        if graphs:
+            if lab.smoke:
+                return
+            lab.time_with_graphs()
+        for m, n in shapes:
+            s = lab.shape(m, n)
+            x = s["x"]
+            line = 128 // x.element_size()
+            if not lab.smoke:
+                lab.run("fwd", s, "production",
+                        lambda: s["y"].copy_(launch.forward(x, s["w"], None, EPS, 0.0, 0, x.dtype, x.dtype)[0]),
+                        lambda: launch.forward(x, s["w"], None, EPS, 0.0, 0, x.dtype, x.dtype))  # fmt: skip
+                lab.run("fwd", s, "fwd_row4 w32", row4_forward(s, 32))
+            variants = [(0, a, 0, w) for a in (1, 2, 3) for w in (0, 1)] + [
+                (1, 0, p, w) for p in (1, 2) for w in (0, 1)
+            ]
+            for persistent, ahead, per_sm, where in variants:
+                programs = min(s["m"], per_sm * lab.sms) if persistent else s["m"]
+                name = (
+                    f"prefetch persistent p{per_sm}" if persistent else f"prefetch ahead {ahead}x SMs"
+                ) + f" at {where}"
+                args = (x, s["w"], s["y"], s["rstd_out"], s["m"], programs, EPS, n, n // 4, line,
+                        ahead * lab.sms, persistent, where, on)  # fmt: skip
+                lab.run("fwd", s, name,
+                        lambda args=args, programs=programs: fwd_wide_prefetch[(programs,)](*args, num_warps=32))  # fmt: skip
+
+
 ROUNDS = {
     "tile": round_tile,
     "persistent": round_persistent,
@@ -2174,6 +2288,7 @@ ROUNDS = {
     "ahead3": round_ahead3,
     "fahead": round_fahead,
     "maxnreg": round_maxnreg,
+    "l2prefetch": round_l2prefetch,
 }
 
 
