@@ -484,6 +484,54 @@ def fwd_wide_prefetch(
 
 
 @triton.jit
+def fwd_row4_v(
+    X, W, Y, RSTD, stride_x, stride_y, eps, offset, N: tl.constexpr, BLOCK: tl.constexpr,
+    STRIDED: tl.constexpr, ADD_OFFSET: tl.constexpr, WIDE_ROW: tl.constexpr,
+):  # fmt: skip
+    """fwd_row4 (KEEP = 0) with production's differences one at a time: rows addressed by the
+    runtime strides (STRIDED) instead of N, the weight offset added (ADD_OFFSET), the row base
+    computed from a 64-bit row index (WIDE_ROW) or as fwd_row4 does."""
+    if WIDE_ROW:
+        row = tl.cast(tl.program_id(0), tl.int64)
+    else:
+        row = tl.program_id(0).to(tl.int64)
+    if STRIDED:
+        base = X + row * stride_x
+        y = Y + row * stride_y
+    else:
+        base = X + row * N
+        y = Y + row * N
+    cols = tl.arange(0, BLOCK)
+    x0 = tl.load(base + cols, eviction_policy="evict_last")
+    x1 = tl.load(base + BLOCK + cols, eviction_policy="evict_last")
+    x2 = tl.load(base + 2 * BLOCK + cols, eviction_policy="evict_last")
+    x3 = tl.load(base + 3 * BLOCK + cols, eviction_policy="evict_last")
+    f0, f1, f2, f3 = x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32), x3.to(tl.float32)
+    total = tl.sum(f0 * f0 + f1 * f1 + f2 * f2 + f3 * f3, axis=0)
+    rstd = kernels._rsqrt_rn(total / N + eps)
+    tl.store(RSTD + row, rstd)
+    x0 = tl.load(base + cols, eviction_policy="evict_first")
+    x1 = tl.load(base + BLOCK + cols, eviction_policy="evict_first")
+    x2 = tl.load(base + 2 * BLOCK + cols, eviction_policy="evict_first")
+    x3 = tl.load(base + 3 * BLOCK + cols, eviction_policy="evict_first")
+    y = y + cols
+    dt = Y.dtype.element_ty
+    for k in tl.static_range(4):
+        w = tl.load(W + k * BLOCK + cols).to(tl.float32)
+        if ADD_OFFSET:
+            w = offset + w
+        if k == 0:
+            xk = x0
+        elif k == 1:
+            xk = x1
+        elif k == 2:
+            xk = x2
+        else:
+            xk = x3
+        tl.store(y + k * BLOCK, (xk.to(tl.float32) * rstd * w).to(dt), eviction_policy="evict_first")
+
+
+@triton.jit
 def _row_chunk(row_ptr, k: tl.constexpr, CHUNK: tl.constexpr, N, ok, POLICY: tl.constexpr):
     """Chunk k of one row (zeros where the row is past M or the chunk past N)."""
     c = k * CHUNK + tl.arange(0, CHUNK)
@@ -2262,6 +2310,45 @@ def round_l2prefetch(lab: Lab) -> None:
                         lambda args=args, programs=programs: fwd_wide_prefetch[(programs,)](*args, num_warps=32))  # fmt: skip
 
 
+def round_row4gap(lab: Lab) -> None:
+    """Where fwd_row4's lead over the production wide forward comes from (the two compile to the
+    same memory operations; production adds the weight offset, 64 more FADDs per thread, and
+    addresses rows by runtime strides): fwd_row4_v with each difference on and off, beside
+    production and fwd_row4, flushed L2, then CUDA-graph replays."""
+    shapes = [(3, 4096)] if lab.smoke else [(2048, 65536), (4096, 32768)]
+    for graphs in (False, True):
+        if graphs:
+            if lab.smoke:
+                return
+            lab.time_with_graphs()
+        for m, n in shapes:
+            s = lab.shape(m, n)
+            x = s["x"]
+            if not lab.smoke:
+                lab.run("fwd", s, "production",
+                        lambda: s["y"].copy_(launch.forward(x, s["w"], None, EPS, 0.0, 0, x.dtype, x.dtype)[0]),
+                        lambda: launch.forward(x, s["w"], None, EPS, 0.0, 0, x.dtype, x.dtype))  # fmt: skip
+                lab.run("fwd", s, "fwd_row4 w32", row4_forward(s, 32))
+            for strided, add_offset, wide_row in itertools.product([0, 1], [0, 1], [0, 1]):
+                args = (
+                    x,
+                    s["w"],
+                    s["y"],
+                    s["rstd_out"],
+                    n,
+                    n,
+                    EPS,
+                    0.0,
+                    n,
+                    n // 4,
+                    strided,
+                    add_offset,
+                    wide_row,
+                )
+                lab.run("fwd", s, f"row4 strided{strided} offset{add_offset} wide_row{wide_row}",
+                        lambda args=args: fwd_row4_v[(s["m"],)](*args, num_warps=32 if not lab.smoke else 4))  # fmt: skip
+
+
 ROUNDS = {
     "tile": round_tile,
     "persistent": round_persistent,
@@ -2289,6 +2376,7 @@ ROUNDS = {
     "fahead": round_fahead,
     "maxnreg": round_maxnreg,
     "l2prefetch": round_l2prefetch,
+    "row4gap": round_row4gap,
 }
 
 
