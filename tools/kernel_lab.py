@@ -532,6 +532,39 @@ def fwd_row4_v(
 
 
 @triton.jit
+def fwd_tile_s(
+    X, W, Y, RSTD, M, N, stride_x, eps, offset, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+    STRIDE: tl.constexpr, HAS_OFFSET: tl.constexpr,
+):  # fmt: skip
+    """forward_tile (weight, no residual, default casting) with the row stride a compile-time
+    constant (STRIDE, for rows stored contiguously; 0: the runtime stride_x, and N for y, as
+    production) and the weight offset added only with HAS_OFFSET."""
+    pid = tl.program_id(0)
+    first = pid * ROWS
+    local = tl.arange(0, ROWS)
+    rows = first + local
+    cols = tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    mask = row_ok[:, None] & (cols < N)[None, :]
+    first64 = first.to(tl.int64)
+    local64 = local.to(tl.int64)[:, None]
+    if STRIDE:
+        x_ptrs = (X + first64 * STRIDE) + local64 * STRIDE
+        y_ptrs = (Y + first64 * STRIDE) + local64 * STRIDE
+    else:
+        x_ptrs = (X + first64 * stride_x) + local64 * stride_x
+        y_ptrs = (Y + first64 * N) + local64 * N
+    x = tl.load(x_ptrs + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    w_raw = tl.load(W + cols, mask=cols < N, other=0.0)
+    rstd = kernels._rsqrt_rn(tl.sum(x * x, axis=1) / N + eps)
+    tl.store(RSTD + rows, rstd, mask=row_ok)
+    w = w_raw.to(tl.float32)
+    if HAS_OFFSET:
+        w = offset + w
+    tl.store(y_ptrs + cols[None, :], (x * rstd[:, None] * w[None, :]).to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _row_chunk(row_ptr, k: tl.constexpr, CHUNK: tl.constexpr, N, ok, POLICY: tl.constexpr):
     """Chunk k of one row (zeros where the row is past M or the chunk past N)."""
     c = k * CHUNK + tl.arange(0, CHUNK)
@@ -2349,6 +2382,48 @@ def round_row4gap(lab: Lab) -> None:
                         lambda args=args: fwd_row4_v[(s["m"],)](*args, num_warps=32 if not lab.smoke else 4))  # fmt: skip
 
 
+def round_stride(lab: Lab) -> None:
+    """The tile forward with its row stride a compile-time constant and the weight offset
+    optional (fwd_tile_s), at production's launch per N, beside production: what the constant
+    row stride gained the wide forward (round row4gap), asked of the tile. Flushed L2, then
+    CUDA-graph replays."""
+    cases = [(3, 1024, torch.bfloat16)] if lab.smoke else [
+        (65536, 1024, torch.bfloat16), (32768, 4096, torch.bfloat16), (4096, 4096, torch.float16),
+        (4096, 4096, torch.float32), (256, 4096, torch.bfloat16)]  # fmt: skip
+    for graphs in (False, True):
+        if graphs:
+            if lab.smoke:
+                return
+            lab.time_with_graphs()
+        for m, n, dtype in cases:
+            s = lab.shape(m, n, dtype)
+            x = s["x"]
+            if not lab.smoke:
+                lab.run("fwd", s, "production",
+                        lambda: s["y"].copy_(launch.forward(x, s["w"], None, EPS, 0.0, 0, x.dtype, x.dtype)[0]),
+                        lambda: launch.forward(x, s["w"], None, EPS, 0.0, 0, x.dtype, x.dtype))  # fmt: skip
+            block, rows, warps = launch.forward_config(n)
+            for stride, has_offset in itertools.product([0, n], [1, 0]):
+                args = (
+                    x,
+                    s["w"],
+                    s["y"],
+                    s["rstd_out"],
+                    s["m"],
+                    n,
+                    n,
+                    EPS,
+                    0.0,
+                    block,
+                    rows,
+                    stride,
+                    has_offset,
+                )
+                lab.run("fwd", s, f"tile stride {stride or 'runtime'} offset{has_offset}",
+                        lambda args=args, g=(triton.cdiv(s["m"], rows),), warps=warps:
+                        fwd_tile_s[g](*args, num_warps=warps))  # fmt: skip
+
+
 ROUNDS = {
     "tile": round_tile,
     "persistent": round_persistent,
@@ -2377,6 +2452,7 @@ ROUNDS = {
     "maxnreg": round_maxnreg,
     "l2prefetch": round_l2prefetch,
     "row4gap": round_row4gap,
+    "stride": round_stride,
 }
 
 
