@@ -313,9 +313,9 @@ FORWARD_WALK_PLANS = [
 
 @pytest.mark.parametrize(("n", "warps", "chunk", "store", "unroll"), FORWARD_WALK_PLANS)
 def test_forward_walk_plan(n, warps, chunk, store, unroll):
-    num_warps, constexprs = launch._forward_looped_plan(n, True, False, 0)
+    num_warps, constexprs = launch._forward_looped_plan(n, True, False, 0, True, False)
     # HAS_WEIGHT, HAS_RESIDUAL, CASTING, BLOCK_N, FIRST_WALK_POLICY, SECOND_WALK_POLICY, STORE_POLICY,
-    # UNROLL_WALKS, N
+    # UNROLL_WALKS, N, CONTIGUOUS, HAS_OFFSET
     assert (num_warps, constexprs[3], constexprs[6], constexprs[7], constexprs[8]) == (
         warps,
         chunk,

@@ -196,6 +196,19 @@ def test_default_dtypes_with_a_residual(
     assert_close(y, rms_norm_reference(h, w, EPS, casting=casting, out_dtype=y_dtype), tol_dtype)
 
 
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("n", [257, 9000, 24577])  # tile, two-walk, wide forward
+def test_residual_with_strided_rows(device, n):
+    """A residual whose rows are not n apart (a slice of a wider stream) beside contiguous x: the
+    walked forwards then read both by their runtime strides."""
+    x, w, _ = make((3, n), BF16, device)
+    wide = torch.randn(3, n + 24, generator=torch.Generator().manual_seed(1)).to(BF16).to(device)
+    r = wide[:, 24:]
+    y, h = rmsnorm_kernel.rms_norm(x, weight=w, eps=EPS, residual=r)
+    assert torch.equal(h, (x.float() + r.float()).to(BF16))
+    assert_close(y, rms_norm_reference(h, w, EPS), BF16)
+
+
 RESIDUAL_BACKWARD = [
     # (x dtype, residual dtype, residual_dtype argument, h used downstream, shape)
     (F32, F32, None, False, (17, 257)),

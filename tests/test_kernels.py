@@ -33,8 +33,10 @@ def make(shape, dtype, device, seed=0, weight_dtype=None, n=None):
 
 
 def run_kernel(x, w, dy, **kwargs):
-    xg = x.detach().clone().requires_grad_()
-    wg = w.detach().clone().requires_grad_() if w is not None else None
+    # detach(), not clone(): a clone of strided rows is contiguous, and the strided tests are
+    # about the op reading x's own layout.
+    xg = x.detach().requires_grad_()
+    wg = w.detach().requires_grad_() if w is not None else None
     y = rmsnorm_kernel.rms_norm(xg, weight=wg, **kwargs)
     y.backward(dy)
     return y.detach(), xg.grad, (wg.grad if wg is not None else None)
@@ -114,6 +116,23 @@ def test_strided_inputs_are_read_in_place_or_copied_correctly(device, layout):
     dy = torch.randn(x.shape, dtype=F16, device=device)
     before = base.clone()
     check_against_reference(x, w, dy, F16)
+    assert torch.equal(base, before), "the input must not be modified"
+
+
+# The two-walk and wide forwards take N as the row stride where rows are contiguous and read
+# the runtime stride otherwise: strided rows on both paths (N = 9000: two-walk, 3 chunks;
+# 24577: wide, the last chunk one element past a full one).
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("n", [9000, 24577])
+@pytest.mark.parametrize("layout", ["column slice", "every other row"])
+def test_strided_rows_on_the_walked_paths(device, n, layout):
+    base, w, _ = make((6, n + 40), BF16, device)
+    w = w[:n].contiguous()
+    x = base[:3, 40:] if layout == "column slice" else base[::2, :n]
+    assert x.stride(0) != n
+    dy = torch.randn(x.shape, dtype=BF16, device=device)
+    before = base.clone()
+    check_against_reference(x, w, dy, BF16)
     assert torch.equal(base, before), "the input must not be modified"
 
 

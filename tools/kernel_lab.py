@@ -1464,9 +1464,10 @@ def round_persistent(lab: Lab) -> None:
 def forward_looped(s: dict, block: int, warps: int, policies: tuple[str, str], store: str = "", unroll=False):
     """The production forward_looped (one program per row) with a chosen launch, writing s["y"]."""
     x, m, n = s["x"], s["m"], s["n"]
-    args = (x, x, s["w"], s["y"], s["y"], s["rstd_out"], n, n, n, n, EPS, 0.0)
+    args = (x, x, s["w"], s["y"], s["y"], s["rstd_out"], n, n, EPS, 0.0)
+    # ..., N, CONTIGUOUS, HAS_OFFSET as production launches contiguous rows with a zero offset
     return lambda: kernels.forward_looped[(m,)](
-        *args, True, False, 0, block, *policies, store, unroll, n, num_warps=warps
+        *args, True, False, 0, block, *policies, store, unroll, n, True, False, num_warps=warps
     )
 
 
@@ -2300,10 +2301,10 @@ def round_maxnreg(lab: Lab) -> None:
                         kernels.forward_tile[grid](*args, True, False, 0, n, rows, num_warps=warps,
                                                    **_with_maxnreg(maxnreg)))  # fmt: skip
             for block, warps, unroll, maxnreg, store in walks.get(n, []):
-                args = (x, x, s["w"], s["y"], s["y"], s["rstd_out"], n, n, n, n, EPS, 0.0)
+                args = (x, x, s["w"], s["y"], s["y"], s["rstd_out"], n, n, EPS, 0.0)
                 _run_noting_registers(lab, s, f"walk b{block} w{warps} unroll{int(unroll)} maxnreg {maxnreg} st={store or '-'}",
                         lambda args=args, block=block, warps=warps, unroll=unroll, maxnreg=maxnreg, store=store:
-                        kernels.forward_looped[(s["m"],)](*args, True, False, 0, block, *policies, store, unroll, n,
+                        kernels.forward_looped[(s["m"],)](*args, True, False, 0, block, *policies, store, unroll, n, True, False,
                                                           num_warps=warps, **_with_maxnreg(maxnreg)))  # fmt: skip
 
 
@@ -2419,9 +2420,9 @@ def round_stride(lab: Lab) -> None:
                     stride,
                     has_offset,
                 )
+                grid = (triton.cdiv(s["m"], rows),)
                 lab.run("fwd", s, f"tile stride {stride or 'runtime'} offset{has_offset}",
-                        lambda args=args, g=(triton.cdiv(s["m"], rows),), warps=warps:
-                        fwd_tile_s[g](*args, num_warps=warps))  # fmt: skip
+                        lambda args=args, grid=grid, warps=warps: fwd_tile_s[grid](*args, num_warps=warps))  # fmt: skip
 
 
 ROUNDS = {

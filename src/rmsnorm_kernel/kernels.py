@@ -188,9 +188,10 @@ def _chunk_squares(
 @triton.jit
 def _store_scaled(
     x, y_row, W, c, N, rstd, offset, STORE_POLICY: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-    CASTING: tl.constexpr, MASKED: tl.constexpr,
+    HAS_OFFSET: tl.constexpr, CASTING: tl.constexpr, MASKED: tl.constexpr,
 ):  # fmt: skip
-    """Second walk of forward_looped: y = x * r * (offset + w) of one loaded chunk, stored."""
+    """Second walk of forward_looped: y = x * r * (offset + w) of one loaded chunk, stored (the
+    add only with HAS_OFFSET)."""
     xn = x.to(tl.float32) * rstd
     if CASTING == 1:
         xn = xn.to(x.dtype).to(tl.float32)
@@ -199,7 +200,10 @@ def _store_scaled(
             w = tl.load(W + c, mask=c < N, other=0.0)
         else:
             w = tl.load(W + c)
-        xn = xn * (offset + w.to(tl.float32))
+        if HAS_OFFSET:
+            xn = xn * (offset + w.to(tl.float32))
+        else:
+            xn = xn * w.to(tl.float32)
     if MASKED:
         tl.store(y_row + c, xn.to(y_row.dtype.element_ty), mask=c < N, eviction_policy=STORE_POLICY)
     else:
@@ -214,10 +218,8 @@ def forward_looped(
     Y,
     H,
     RSTD,
-    stride_x,
+    stride_x,  # row strides of x and the residual (y and h are contiguous: their stride is N)
     stride_res,
-    stride_y,
-    stride_h,
     eps,
     offset,
     HAS_WEIGHT: tl.constexpr,
@@ -229,6 +231,8 @@ def forward_looped(
     STORE_POLICY: tl.constexpr,  # L2 eviction hint of y's stores ("" for none)
     UNROLL_WALKS: tl.constexpr,  # unroll both walks; rows of at most four chunks
     N: tl.constexpr,  # row length, known at compile time (see below)
+    CONTIGUOUS: tl.constexpr,  # x's (and the residual's) rows are N apart: strides unused
+    HAS_OFFSET: tl.constexpr,  # offset != 0 (Gemma): y = xn * (offset + w); else xn * w
 ):
     """Rows wider than a tile, walked twice in BLOCK_N chunks by one program per row: the sum of
     squares, then the scale. The first walk's loads ask L2 to keep the row ("evict_last"), the
@@ -250,13 +254,23 @@ def forward_looped(
     since y may alias x. Unrolled without the reordering, the walks measured level with the
     rolled ones (143.4 against 143.8 µs at 2048x65536 bf16 on the performance page); reordered,
     141.3 µs there, and 136.0 against 140.3 µs in the kernel lab (`tools/kernel_lab.py reorder`
-    and `prefetch`, CUDA-graph timing)."""
+    and `prefetch`, CUDA-graph timing).
+
+    Every row stride is the constant N where the rows are contiguous (y and h always are; x and
+    the residual with CONTIGUOUS), and the offset is added only where it is nonzero. Both cut
+    the wide rows' time: 2048x65536 bf16 134.2 µs with N as the stride and no offset add,
+    134.7 with the add, 136.6 with runtime strides and the add (`tools/kernel_lab.py row4gap`,
+    CUDA-graph timing; no change at 4096x32768)."""
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     row64 = tl.cast(row, tl.int64)
-    x_row = X + row64 * stride_x
-    res_row = RES + row64 * stride_res
-    h_row = H + row64 * stride_h
+    if CONTIGUOUS:
+        x_row = X + row64 * N
+        res_row = RES + row64 * N
+    else:
+        x_row = X + row64 * stride_x
+        res_row = RES + row64 * stride_res
+    h_row = H + row64 * N
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     if UNROLL_WALKS:
         tl.static_assert(N <= 4 * BLOCK_N, "the unrolled walks hold at most four chunks")
@@ -271,7 +285,7 @@ def forward_looped(
     rstd = _rsqrt_rn(tl.sum(acc, axis=0) / N + eps)
     tl.store(RSTD + row, rstd)
 
-    y_row = Y + row64 * stride_y
+    y_row = Y + row64 * N
     if HAS_RESIDUAL:
         src_row = h_row
     else:
@@ -288,21 +302,25 @@ def forward_looped(
             x2 = _load_chunk(src_row, 2 * BLOCK_N + cols, N, SECOND_WALK_POLICY, 3 * BLOCK_N > N)
         if N > 3 * BLOCK_N:
             x3 = _load_chunk(src_row, 3 * BLOCK_N + cols, N, SECOND_WALK_POLICY, 4 * BLOCK_N > N)
-        _store_scaled(x0, y_row, W, cols, N, rstd, offset, STORE_POLICY, HAS_WEIGHT, CASTING, BLOCK_N > N)
+        _store_scaled(
+            x0, y_row, W, cols, N, rstd, offset, STORE_POLICY, HAS_WEIGHT, HAS_OFFSET, CASTING, BLOCK_N > N
+        )
         if N > BLOCK_N:
-            _store_scaled(x1, y_row, W, BLOCK_N + cols, N, rstd, offset, STORE_POLICY, HAS_WEIGHT, CASTING,
-                          2 * BLOCK_N > N)  # fmt: skip
+            _store_scaled(x1, y_row, W, BLOCK_N + cols, N, rstd, offset, STORE_POLICY, HAS_WEIGHT,
+                          HAS_OFFSET, CASTING, 2 * BLOCK_N > N)  # fmt: skip
         if N > 2 * BLOCK_N:
-            _store_scaled(x2, y_row, W, 2 * BLOCK_N + cols, N, rstd, offset, STORE_POLICY, HAS_WEIGHT, CASTING,
-                          3 * BLOCK_N > N)  # fmt: skip
+            _store_scaled(x2, y_row, W, 2 * BLOCK_N + cols, N, rstd, offset, STORE_POLICY, HAS_WEIGHT,
+                          HAS_OFFSET, CASTING, 3 * BLOCK_N > N)  # fmt: skip
         if N > 3 * BLOCK_N:
-            _store_scaled(x3, y_row, W, 3 * BLOCK_N + cols, N, rstd, offset, STORE_POLICY, HAS_WEIGHT, CASTING,
-                          4 * BLOCK_N > N)  # fmt: skip
+            _store_scaled(x3, y_row, W, 3 * BLOCK_N + cols, N, rstd, offset, STORE_POLICY, HAS_WEIGHT,
+                          HAS_OFFSET, CASTING, 4 * BLOCK_N > N)  # fmt: skip
     else:
         for start in range(0, N, BLOCK_N):
             c = start + cols
             x = _load_chunk(src_row, c, N, SECOND_WALK_POLICY, True)
-            _store_scaled(x, y_row, W, c, N, rstd, offset, STORE_POLICY, HAS_WEIGHT, CASTING, True)
+            _store_scaled(
+                x, y_row, W, c, N, rstd, offset, STORE_POLICY, HAS_WEIGHT, HAS_OFFSET, CASTING, True
+            )
 
 
 @triton.jit

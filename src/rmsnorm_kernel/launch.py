@@ -377,15 +377,18 @@ def _forward_tile_plan(n: int, has_weight: bool, has_residual: bool, casting: in
 
 
 @functools.cache
-def _forward_looped_plan(n: int, has_weight: bool, has_residual: bool, casting: int) -> tuple:
-    """(num_warps, constexprs) of forward_looped."""
+def _forward_looped_plan(
+    n: int, has_weight: bool, has_residual: bool, casting: int, contiguous: bool, has_offset: bool
+) -> tuple:
+    """(num_warps, constexprs) of forward_looped; ``contiguous``: x's and the residual's rows
+    are n apart, ``has_offset``: the weight offset is nonzero."""
     if n <= TWO_WALK_MAX:
         num_warps, block, store, unroll = FORWARD_WALK_WARPS, FORWARD_WALK_BLOCK, "", False
     else:
         num_warps, block, store = FORWARD_WIDE_WARPS, FORWARD_WIDE_BLOCK, "evict_first"
         unroll = n <= FORWARD_WIDE_UNROLL * block
     # HAS_WEIGHT, HAS_RESIDUAL, CASTING, BLOCK_N, FIRST_WALK_POLICY, SECOND_WALK_POLICY, STORE_POLICY,
-    # UNROLL_WALKS, N
+    # UNROLL_WALKS, N, CONTIGUOUS, HAS_OFFSET
     return num_warps, (
         has_weight,
         has_residual,
@@ -396,6 +399,8 @@ def _forward_looped_plan(n: int, has_weight: bool, has_residual: bool, casting: 
         store,
         unroll,
         n,
+        contiguous,
+        has_offset,
     )
 
 
@@ -485,8 +490,11 @@ def forward(
         args = (x2, r, w, y, hs, rstd, m, n, stride_x, stride_r, n, n, eps, offset)
         _forward_tile(((m + rows - 1) // rows, 1, 1), args, num_warps, constexprs)
     else:  # one program per row, the row kept in L2 between the walks
-        num_warps, constexprs = _forward_looped_plan(n, weight is not None, res2 is not None, casting)
-        args = (x2, r, w, y, hs, rstd, stride_x, stride_r, n, n, eps, offset)
+        contiguous = stride_x == n and stride_r == n
+        num_warps, constexprs = _forward_looped_plan(
+            n, weight is not None, res2 is not None, casting, contiguous, offset != 0.0
+        )
+        args = (x2, r, w, y, hs, rstd, stride_x, stride_r, eps, offset)
         _forward_looped((m, 1, 1), args, num_warps, constexprs)
     return y, rstd, h
 
