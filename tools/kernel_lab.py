@@ -101,6 +101,17 @@ Rounds, and what they decided (H200, bf16 unless named; figures in docs/performa
               kernel (65536x1024: 40 registers for the 2-row tile, 66.3 against production's 65.9
               µs, CUDA-graph timing; 2048x65536: 32 for the 32-warp walk, 153-172 against 136.6;
               32768x4096: 128 or 96 for the 2-warp tile, 164-414 against 129.4); not used.
+  l2prefetch  the wide forward prefetching a later row into L2 (inline PTX prefetch, one per
+              128-byte line): one program per row prefetching 1-3 SM-counts ahead, or persistent
+              with one or two programs per SM, before or between the walks: 141.4-187 µs at
+              2048x65536 against production's 136.6 (CUDA-graph timing); not used.
+  row4gap     fwd_row4 with production's differences one at a time (2048x65536 bf16, CUDA-graph
+              timing): N as the row stride and no offset add 134.2 µs, the add 134.7, runtime
+              strides 136.0, both 136.6 = production. Chose N as the stride where rows are
+              contiguous and the add only for a nonzero offset (production then 134.3).
+  stride      the same two asked of the tile forward (fwd_tile_s) at N = 1024 and 4096: within
+              the spread (65536x1024 65.8-66.1 against 66.3 µs; 32768x4096 128.1-128.8 against
+              129.7; 4096x4096 fp16 17.8-18.2 against 17.7); not used.
   fahead      the wide forward as the one-launch backward runs (forward_ahead_kernel: segment
               sums of squares posted one or two rows ahead of their use, a cooperative grid),
               2048-16384-wide segments, 2-16 warps, 1-8 programs per SM, y's store hint, the
@@ -113,7 +124,7 @@ Rounds, and what they decided (H200, bf16 unless named; figures in docs/performa
 The first four rounds were run on the H200 as separate scripts and merged into this file; from
 this file the H200 has run lean, static, confirm, tile1d, small, split, wide2, wide3,
 prefetch, reorder, reorder2, tile2, offset, hints3, ahead, ahead2, carry, launch, launch2,
-ahead3, fahead and maxnreg. Every round passes --smoke.
+ahead3, fahead, maxnreg, l2prefetch, row4gap and stride. Every round passes --smoke.
 """
 
 from __future__ import annotations
