@@ -188,6 +188,25 @@ def test_refused_cooperative_grid_is_remembered_per_specialisation(compiled_mode
     assert len(kernel.cooperative) == 3
 
 
+def test_refuses_answers_for_a_grid_without_launching(compiled_mode):
+    """Launcher.refuses says whether a launch would be refused without one, from the
+    specialisation of its arguments: a stand-in tensor of the same dtype and alignment gives
+    the launch's own answer."""
+    kernel = FakeKernel(launch_error=_refuse_above_four)
+    launcher = launch.Launcher(kernel, 2, cooperative=True)
+    x, counters = torch.ones(8), torch.zeros(8, dtype=torch.int32)
+    stand_in = torch.empty(0, dtype=torch.int32)
+    assert not launcher.refuses((6, 1, 1), (x, stand_in, 8), 4, ())  # nothing refused yet
+    with pytest.raises(launch.CooperativeGridRefused):
+        launcher((6, 1, 1), (x, counters, 8), 4, ())
+    assert launcher.refuses((6, 1, 1), (x, stand_in, 8), 4, ())
+    assert launcher.refuses((7, 1, 1), (x, stand_in, 8), 4, ())
+    assert not launcher.refuses((5, 1, 1), (x, stand_in, 8), 4, ())  # smaller: may fit
+    assert not launcher.refuses((6, 1, 1), (x, x, 8), 4, ())  # another dtype: another kernel
+    assert not launcher.refuses((6, 1, 1), (x, stand_in, 8), 8, ())  # another warp count
+    assert len(kernel.cooperative) == 1
+
+
 def test_other_launch_errors_are_not_taken_for_a_refusal(compiled_mode):
     kernel = FakeKernel(launch_error=lambda grid: RuntimeError("out of resources"))
     launcher = launch.Launcher(kernel, 1, cooperative=True)
@@ -201,6 +220,7 @@ class _Recorder:
 
     def __init__(self, name, log, error=None):
         self.name, self.log, self.error = name, log, error
+        self.refused = {}  # as a Launcher's: nothing refused yet
 
     def __call__(self, grid, args, num_warps, constexprs):
         self.log.append(self.name)
@@ -231,6 +251,33 @@ def test_wide_backward_one_launch_reduces_the_row_groups_it_ran(compiled_mode, m
     groups = launch._backward_wide_fused.last[0][0]
     partial = launch._backward_wide_fused.last[1][8]
     assert launch._reduce_columns.last[1][0] is partial and launch._reduce_columns.last[1][2] == groups
+
+
+def test_a_known_refusal_allocates_no_counters(compiled_mode, monkeypatch):
+    """Once the driver has refused the one launch's grid, later calls of that specialisation go
+    straight to the two launches: no second cooperative attempt, and no arrival counters
+    allocated and zeroed for it."""
+    refuse = lambda grid: RuntimeError("Triton Error [CUDA]: too many blocks in cooperative launch")  # noqa: E731
+    fused = FakeKernel(launch_error=refuse)
+    monkeypatch.setattr(launch, "_backward_wide_fused", launch.Launcher(fused, 9, cooperative=True))
+    log = []
+    for name in ("_backward_wide_dot", "_backward_wide", "_reduce_columns"):
+        monkeypatch.setattr(launch, name, _Recorder(name, log))
+    zeros = []
+    real_zeros = torch.zeros
+
+    def counting_zeros(*args, **kwargs):
+        zeros.append(kwargs.get("dtype"))
+        return real_zeros(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "zeros", counting_zeros)
+    m, n = 5, 20000
+    x, dy, w, rstd = torch.randn(m, n), torch.randn(m, n), torch.randn(n), torch.ones(m)
+    for _ in range(3):
+        launch.backward(dy, None, x, w, rstd, 0.0, 0, True, torch.float32)
+    assert len(fused.cooperative) == 1, "the refused grid is tried once"
+    assert zeros.count(torch.int32) == 1, "counters only for the launch that was tried"
+    assert log == ["_backward_wide_dot", "_backward_wide", "_reduce_columns"] * 3
 
 
 def test_wide_backward_falls_back_to_two_launches_when_the_grid_is_refused(compiled_mode, monkeypatch):

@@ -220,7 +220,7 @@ class Launcher:
             raise
         device = tensors[0].get_device()
         key = (device, num_warps, constexprs, *_spec_key(tensors, pointers, scalars))
-        if self.refused and grid[0] * grid[1] * grid[2] >= self.refused.get(key, math.inf):
+        if self.refused and self._refused_before(key, grid):
             raise CooperativeGridRefused(f"{self.kernel.__name__}: grid {grid} refused before")
         # torch.cuda.current_device() less its Python-level lazy-initialisation check (a call on
         # every launch's path): CUDA is initialised once a CUDA tensor exists.
@@ -231,6 +231,22 @@ class Launcher:
                 self._launch(key, grid, args, pointers, scalars, device, num_warps, constexprs)
             return
         self._launch(key, grid, args, pointers, scalars, device, num_warps, constexprs)
+
+    def _refused_before(self, key: tuple, grid: tuple[int, int, int]) -> bool:
+        return grid[0] * grid[1] * grid[2] >= self.refused.get(key, math.inf)
+
+    def refuses(self, grid: tuple[int, int, int], args: tuple, num_warps: int, constexprs: tuple) -> bool:
+        """Whether launching ``args`` on ``grid`` would be refused without a launch: the driver
+        refused this grid, or a smaller one, for the same specialisation before. Lets a caller
+        skip what it would allocate for a launch that cannot run. A tensor that only stands in
+        for the key needs the dtype and 16-byte alignment of the one the launch would get (an
+        empty tensor's pointer is 0)."""
+        if not self.refused:
+            return False
+        tensors, scalars = args[: self.pointers], args[self.pointers :]
+        pointers = [t.data_ptr() for t in tensors]
+        key = (tensors[0].get_device(), num_warps, constexprs, *_spec_key(tensors, pointers, scalars))
+        return self._refused_before(key, grid)
 
     def _launch(self, key, grid, args, pointers, scalars, device, num_warps, constexprs) -> None:
         """The launch of ``__call__`` (with the key it computed), under the right current device.
@@ -515,12 +531,20 @@ def _wide_fused(xh2, w, dy2, dh, rstd, dot, dx, partial, scalars, constexprs) ->
     and no residual gradient (either casting) and fp16 ones in the default casting do on an H200
     (Triton 3.6), while wider-register specialisations (fp32, other N, dh, fp16 with Llama's
     casting: 167-255) run fused only with grids small enough for them. The launcher remembers
-    each refusal, so a refused grid costs one failed launch per specialisation."""
+    each refusal, so a refused grid costs one failed launch per specialisation, and a call whose
+    grid is known to be refused allocates no arrival counters."""
     m, groups, segments = scalars[0], scalars[2], constexprs[5]
+    grid = (groups, segments, 1)
+    if _backward_wide_fused.refused:
+        # An empty int32 tensor stands in for the counters in the specialisation key.
+        counters = xh2.new_empty(0, dtype=torch.int32)
+        args = (xh2, w, dy2, dh, rstd, dot, counters, dx, partial, *scalars)
+        if _backward_wide_fused.refuses(grid, args, FUSED_WARPS, constexprs):
+            return False
     posted = torch.zeros(m, dtype=torch.int32, device=xh2.device)
     args = (xh2, w, dy2, dh, rstd, dot, posted, dx, partial, *scalars)
     try:
-        _backward_wide_fused((groups, segments, 1), args, FUSED_WARPS, constexprs)
+        _backward_wide_fused(grid, args, FUSED_WARPS, constexprs)
     except CooperativeGridRefused:
         return False
     return True
