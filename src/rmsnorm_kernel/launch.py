@@ -245,6 +245,7 @@ class Launcher:
             return False
         tensors, scalars = args[: self.pointers], args[self.pointers :]
         pointers = [t.data_ptr() for t in tensors]
+        # the key __call__ computes for these arguments
         key = (tensors[0].get_device(), num_warps, constexprs, *_spec_key(tensors, pointers, scalars))
         return self._refused_before(key, grid)
 
