@@ -324,3 +324,4 @@ def test_forward_walk_plan(n, warps, chunk, store, unroll):
         n,
     )
     assert constexprs[4:6] == ("evict_last", "evict_first")
+    assert constexprs[9:] == (True, False)  # CONTIGUOUS, HAS_OFFSET as asked

@@ -229,6 +229,35 @@ class _Recorder:
             raise self.error
 
 
+@pytest.mark.parametrize(
+    ("layout", "offset", "contiguous", "has_offset"),
+    [
+        ("contiguous", 0.0, True, False),
+        ("contiguous", 1.0, True, True),
+        ("strided x", 0.0, False, False),
+        ("strided residual", 0.0, False, False),
+        ("contiguous residual", 0.5, True, True),
+    ],
+)
+def test_walked_forward_knows_contiguous_rows_and_a_nonzero_offset(
+    compiled_mode, monkeypatch, layout, offset, contiguous, has_offset
+):
+    """forward_looped takes N as the row stride only where x's (and the residual's) rows are N
+    apart, and adds the offset only where it is nonzero: the launcher says which, and still
+    passes the runtime strides."""
+    log = []
+    monkeypatch.setattr(launch, "_forward_looped", _Recorder("looped", log))
+    n = 9000
+    base = torch.randn(6, n + 8)
+    x = base[::2, :n] if layout == "strided x" else base[:3, :n].contiguous()
+    res = {"strided residual": base[:3, 8:], "contiguous residual": base[3:, :n].contiguous()}.get(layout)
+    launch.forward(x, torch.randn(n), res, 1e-6, offset, 0, torch.float32, torch.float32)
+    grid, args, _, constexprs = launch._forward_looped.last
+    assert log == ["looped"] and grid == (3, 1, 1)
+    assert constexprs[8:] == (n, contiguous, has_offset)  # N, CONTIGUOUS, HAS_OFFSET
+    assert args[6:8] == (x.stride(0), res.stride(0) if res is not None else x.stride(0))
+
+
 def _wide_backward_with_stand_ins(monkeypatch, fused_error=None):
     """launch.backward over 5 rows of N = 20000 (wider than TWO_WALK_MAX: the wide backward)
     with every wide-backward launcher replaced by a _Recorder, the one launch raising
