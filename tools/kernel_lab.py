@@ -1248,6 +1248,27 @@ class Lab:
 
         self.median_us = lambda fn: do_bench_cudagraph(fn, rep=50, return_mode="median") * 1e3
 
+    def flushed_then_graphs(self):
+        """For a round's loop: yields False (calls timed with the L2 flushed before each, as the
+        performance page times), then True after switching to CUDA-graph replays; only False
+        under --smoke."""
+        yield False
+        if not self.smoke:
+            self.time_with_graphs()
+            yield True
+
+    def production_forward(self, s: dict) -> None:
+        """The production forward at this shape, the baseline of a forward round (not under
+        --smoke)."""
+        if self.smoke:
+            return
+        x, w = s["x"], s["w"]
+
+        def fwd():
+            return launch.forward(x, w, None, EPS, 0.0, 0, x.dtype, x.dtype)
+
+        self.run("fwd", s, "production", lambda: s["y"].copy_(fwd()[0]), fwd)
+
     def _copy_ceiling(self) -> float:
         a = torch.randn(2**30, device="cuda", dtype=torch.bfloat16)
         b = torch.empty_like(a)
@@ -2220,21 +2241,10 @@ def round_fahead(lab: Lab) -> None:
     shapes = [(3, 4096)] if lab.smoke else [(2048, 65536), (4096, 32768), (8192, 16384)]
     launches = [(4096, 4, 4), (4096, 4, 3), (4096, 8, 2), (8192, 8, 2), (8192, 16, 1), (2048, 2, 8),
                 (2048, 4, 4), (16384, 16, 1)]  # fmt: skip
-    for graphs in (False, True):
-        if graphs:
-            lab.time_with_graphs()
+    for graphs in lab.flushed_then_graphs():
         for m, n in shapes:
             s = lab.shape(m, n)
-            if not lab.smoke:
-                lab.run(
-                    "fwd",
-                    s,
-                    "production",
-                    lambda: s["y"].copy_(
-                        launch.forward(s["x"], s["w"], None, EPS, 0.0, 0, s["x"].dtype, s["x"].dtype)[0]
-                    ),
-                    lambda: launch.forward(s["x"], s["w"], None, EPS, 0.0, 0, s["x"].dtype, s["x"].dtype),
-                )
+            lab.production_forward(s)
             for (segment, warps, per_sm), lookahead, store, early in itertools.product(
                 launches, [1, 2], ["evict_first", ""], [0, 1]
             ):
@@ -2246,8 +2256,6 @@ def round_fahead(lab: Lab) -> None:
                     continue
                 lab.run("fwd", s, f"ahead s{segment} w{warps} p{per_sm} d{lookahead} st={store or '-'} e{early}",
                         forward_ahead(lab, s, segment, warps, per_sm, lookahead, store, early))  # fmt: skip
-        if lab.smoke:
-            return
 
 
 def _with_maxnreg(maxnreg: int | None) -> dict:
@@ -2292,18 +2300,11 @@ def round_maxnreg(lab: Lab) -> None:
                      (8192, 32, False, 32, ""), (16384, 32, False, 32, "")]}  # fmt: skip
     shapes = [(3, 1024), (3, 4096), (3, 16384)] if lab.smoke else [(65536, 1024), (32768, 4096), (2048, 65536),
                                                                    (8192, 16384)]  # fmt: skip
-    for graphs in (False, True):
-        if graphs:
-            if lab.smoke:
-                return
-            lab.time_with_graphs()
+    for _graphs in lab.flushed_then_graphs():
         for m, n in shapes:
             s = lab.shape(m, n)
             x = s["x"]
-            if not lab.smoke:
-                lab.run("fwd", s, "production",
-                        lambda: s["y"].copy_(launch.forward(x, s["w"], None, EPS, 0.0, 0, x.dtype, x.dtype)[0]),
-                        lambda: launch.forward(x, s["w"], None, EPS, 0.0, 0, x.dtype, x.dtype))  # fmt: skip
+            lab.production_forward(s)
             for rows, warps, maxnreg in tile.get(n, []):
                 args = (x, x, s["w"], s["y"], x, s["rstd_out"], s["m"], n, n, n, n, n, EPS, 0.0)
                 grid = (triton.cdiv(s["m"], rows),)
@@ -2327,19 +2328,13 @@ def round_l2prefetch(lab: Lab) -> None:
     CUDA-graph replays."""
     shapes = [(5, 4096)] if lab.smoke else [(2048, 65536), (4096, 32768)]
     on = 0 if lab.smoke else 1
-    for graphs in (False, True):
-        if graphs:
-            if lab.smoke:
-                return
-            lab.time_with_graphs()
+    for _graphs in lab.flushed_then_graphs():
         for m, n in shapes:
             s = lab.shape(m, n)
             x = s["x"]
             line = 128 // x.element_size()
+            lab.production_forward(s)
             if not lab.smoke:
-                lab.run("fwd", s, "production",
-                        lambda: s["y"].copy_(launch.forward(x, s["w"], None, EPS, 0.0, 0, x.dtype, x.dtype)[0]),
-                        lambda: launch.forward(x, s["w"], None, EPS, 0.0, 0, x.dtype, x.dtype))  # fmt: skip
                 lab.run("fwd", s, "fwd_row4 w32", row4_forward(s, 32))
             variants = [(0, a, 0, w) for a in (1, 2, 3) for w in (0, 1)] + [
                 (1, 0, p, w) for p in (1, 2) for w in (0, 1)
@@ -2361,18 +2356,12 @@ def round_row4gap(lab: Lab) -> None:
     addresses rows by runtime strides): fwd_row4_v with each difference on and off, beside
     production and fwd_row4, flushed L2, then CUDA-graph replays."""
     shapes = [(3, 4096)] if lab.smoke else [(2048, 65536), (4096, 32768)]
-    for graphs in (False, True):
-        if graphs:
-            if lab.smoke:
-                return
-            lab.time_with_graphs()
+    for _graphs in lab.flushed_then_graphs():
         for m, n in shapes:
             s = lab.shape(m, n)
             x = s["x"]
+            lab.production_forward(s)
             if not lab.smoke:
-                lab.run("fwd", s, "production",
-                        lambda: s["y"].copy_(launch.forward(x, s["w"], None, EPS, 0.0, 0, x.dtype, x.dtype)[0]),
-                        lambda: launch.forward(x, s["w"], None, EPS, 0.0, 0, x.dtype, x.dtype))  # fmt: skip
                 lab.run("fwd", s, "fwd_row4 w32", row4_forward(s, 32))
             for strided, add_offset, wide_row in itertools.product([0, 1], [0, 1], [0, 1]):
                 args = (
@@ -2402,18 +2391,11 @@ def round_stride(lab: Lab) -> None:
     cases = [(3, 1024, torch.bfloat16)] if lab.smoke else [
         (65536, 1024, torch.bfloat16), (32768, 4096, torch.bfloat16), (4096, 4096, torch.float16),
         (4096, 4096, torch.float32), (256, 4096, torch.bfloat16)]  # fmt: skip
-    for graphs in (False, True):
-        if graphs:
-            if lab.smoke:
-                return
-            lab.time_with_graphs()
+    for _graphs in lab.flushed_then_graphs():
         for m, n, dtype in cases:
             s = lab.shape(m, n, dtype)
             x = s["x"]
-            if not lab.smoke:
-                lab.run("fwd", s, "production",
-                        lambda: s["y"].copy_(launch.forward(x, s["w"], None, EPS, 0.0, 0, x.dtype, x.dtype)[0]),
-                        lambda: launch.forward(x, s["w"], None, EPS, 0.0, 0, x.dtype, x.dtype))  # fmt: skip
+            lab.production_forward(s)
             block, rows, warps = launch.forward_config(n)
             for stride, has_offset in itertools.product([0, n], [1, 0]):
                 args = (
