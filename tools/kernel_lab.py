@@ -405,10 +405,7 @@ def fwd_row4(
     rstd = kernels._rsqrt_rn(total / N + eps)
     tl.store(RSTD + row, rstd)
     if not KEEP:
-        x0 = tl.load(base + cols, eviction_policy="evict_first")
-        x1 = tl.load(base + BLOCK + cols, eviction_policy="evict_first")
-        x2 = tl.load(base + 2 * BLOCK + cols, eviction_policy="evict_first")
-        x3 = tl.load(base + 3 * BLOCK + cols, eviction_policy="evict_first")
+        x0, x1, x2, x3 = _row4_reload(base, cols, BLOCK)
     y = Y + row * N + cols
     dt = Y.dtype.element_ty
     w0 = tl.load(W + cols).to(tl.float32)
@@ -419,6 +416,29 @@ def fwd_row4(
     tl.store(y + 2 * BLOCK, (_widen(x2, SHIFT) * rstd * w2).to(dt), eviction_policy=STORE_POLICY)
     w3 = tl.load(W + 3 * BLOCK + cols).to(tl.float32)
     tl.store(y + 3 * BLOCK, (_widen(x3, SHIFT) * rstd * w3).to(dt), eviction_policy=STORE_POLICY)
+
+
+@triton.jit
+def _row4_rstd(base, cols, BLOCK: tl.constexpr, N: tl.constexpr, eps):
+    """fwd_row4's first walk over a row of four chunks (all four loads issued together, kept in
+    L2): the row's rstd."""
+    x0 = tl.load(base + cols, eviction_policy="evict_last")
+    x1 = tl.load(base + BLOCK + cols, eviction_policy="evict_last")
+    x2 = tl.load(base + 2 * BLOCK + cols, eviction_policy="evict_last")
+    x3 = tl.load(base + 3 * BLOCK + cols, eviction_policy="evict_last")
+    f0, f1, f2, f3 = x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32), x3.to(tl.float32)
+    total = tl.sum(f0 * f0 + f1 * f1 + f2 * f2 + f3 * f3, axis=0)
+    return kernels._rsqrt_rn(total / N + eps)
+
+
+@triton.jit
+def _row4_reload(base, cols, BLOCK: tl.constexpr):
+    """fwd_row4's second walk's loads: the row's four chunks back from L2 (then dropped)."""
+    x0 = tl.load(base + cols, eviction_policy="evict_first")
+    x1 = tl.load(base + BLOCK + cols, eviction_policy="evict_first")
+    x2 = tl.load(base + 2 * BLOCK + cols, eviction_policy="evict_first")
+    x3 = tl.load(base + 3 * BLOCK + cols, eviction_policy="evict_first")
+    return x0, x1, x2, x3
 
 
 @triton.jit
@@ -467,13 +487,7 @@ def fwd_wide_prefetch(
         if WHERE == 0:
             if nxt < M:
                 _prefetch_to_l2(X + tl.cast(nxt, tl.int64) * N, N, LINE, PREFETCH)
-        x0 = tl.load(base + cols, eviction_policy="evict_last")
-        x1 = tl.load(base + BLOCK + cols, eviction_policy="evict_last")
-        x2 = tl.load(base + 2 * BLOCK + cols, eviction_policy="evict_last")
-        x3 = tl.load(base + 3 * BLOCK + cols, eviction_policy="evict_last")
-        f0, f1, f2, f3 = x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32), x3.to(tl.float32)
-        total = tl.sum(f0 * f0 + f1 * f1 + f2 * f2 + f3 * f3, axis=0)
-        rstd = kernels._rsqrt_rn(total / N + eps)
+        rstd = _row4_rstd(base, cols, BLOCK, N, eps)
         tl.store(RSTD + row, rstd)
         if WHERE == 1:
             if nxt < M:
@@ -513,18 +527,9 @@ def fwd_row4_v(
         base = X + row * N
         y = Y + row * N
     cols = tl.arange(0, BLOCK)
-    x0 = tl.load(base + cols, eviction_policy="evict_last")
-    x1 = tl.load(base + BLOCK + cols, eviction_policy="evict_last")
-    x2 = tl.load(base + 2 * BLOCK + cols, eviction_policy="evict_last")
-    x3 = tl.load(base + 3 * BLOCK + cols, eviction_policy="evict_last")
-    f0, f1, f2, f3 = x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32), x3.to(tl.float32)
-    total = tl.sum(f0 * f0 + f1 * f1 + f2 * f2 + f3 * f3, axis=0)
-    rstd = kernels._rsqrt_rn(total / N + eps)
+    rstd = _row4_rstd(base, cols, BLOCK, N, eps)
     tl.store(RSTD + row, rstd)
-    x0 = tl.load(base + cols, eviction_policy="evict_first")
-    x1 = tl.load(base + BLOCK + cols, eviction_policy="evict_first")
-    x2 = tl.load(base + 2 * BLOCK + cols, eviction_policy="evict_first")
-    x3 = tl.load(base + 3 * BLOCK + cols, eviction_policy="evict_first")
+    x0, x1, x2, x3 = _row4_reload(base, cols, BLOCK)
     y = y + cols
     dt = Y.dtype.element_ty
     for k in tl.static_range(4):
