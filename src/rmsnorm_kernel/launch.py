@@ -155,6 +155,12 @@ def _spec_key(tensors: tuple, pointers: list[int], scalars: tuple) -> tuple:
     )
 
 
+def _launch_key(device: int, num_warps: int, constexprs: tuple, tensors: tuple, pointers: list[int],
+                scalars: tuple) -> tuple:  # fmt: skip
+    """A launch's specialisation: the key of a Launcher's compiled kernels and of its refusals."""
+    return (device, num_warps, constexprs, *_spec_key(tensors, pointers, scalars))
+
+
 def _direct_launch(compiled) -> tuple | None:
     """(launch, function, packed metadata, cooperative, pdl) for calling a compiled kernel's C
     launcher directly, or None where this Triton's launcher needs more than that (a scratch
@@ -219,7 +225,7 @@ class Launcher:
             self._check_order(args)
             raise
         device = tensors[0].get_device()
-        key = (device, num_warps, constexprs, *_spec_key(tensors, pointers, scalars))
+        key = _launch_key(device, num_warps, constexprs, tensors, pointers, scalars)
         if self.refused and self._refused_before(key, grid):
             raise CooperativeGridRefused(f"{self.kernel.__name__}: grid {grid} refused before")
         # torch.cuda.current_device() less its Python-level lazy-initialisation check (a call on
@@ -245,8 +251,7 @@ class Launcher:
             return False
         tensors, scalars = args[: self.pointers], args[self.pointers :]
         pointers = [t.data_ptr() for t in tensors]
-        # the key __call__ computes for these arguments
-        key = (tensors[0].get_device(), num_warps, constexprs, *_spec_key(tensors, pointers, scalars))
+        key = _launch_key(tensors[0].get_device(), num_warps, constexprs, tensors, pointers, scalars)
         return self._refused_before(key, grid)
 
     def _launch(self, key, grid, args, pointers, scalars, device, num_warps, constexprs) -> None:
@@ -536,16 +541,18 @@ def _wide_fused(xh2, w, dy2, dh, rstd, dot, dx, partial, scalars, constexprs) ->
     grid is known to be refused allocates no arrival counters."""
     m, groups, segments = scalars[0], scalars[2], constexprs[5]
     grid = (groups, segments, 1)
-    if _backward_wide_fused.refused:
-        # An empty int32 tensor stands in for the counters in the specialisation key.
-        counters = xh2.new_empty(0, dtype=torch.int32)
-        args = (xh2, w, dy2, dh, rstd, dot, counters, dx, partial, *scalars)
-        if _backward_wide_fused.refuses(grid, args, FUSED_WARPS, constexprs):
-            return False
+
+    def args(posted):
+        return (xh2, w, dy2, dh, rstd, dot, posted, dx, partial, *scalars)
+
+    # An empty int32 tensor stands in for the counters in the specialisation key.
+    if _backward_wide_fused.refused and _backward_wide_fused.refuses(
+        grid, args(xh2.new_empty(0, dtype=torch.int32)), FUSED_WARPS, constexprs
+    ):
+        return False
     posted = torch.zeros(m, dtype=torch.int32, device=xh2.device)
-    args = (xh2, w, dy2, dh, rstd, dot, posted, dx, partial, *scalars)
     try:
-        _backward_wide_fused(grid, args, FUSED_WARPS, constexprs)
+        _backward_wide_fused(grid, args(posted), FUSED_WARPS, constexprs)
     except CooperativeGridRefused:
         return False
     return True
