@@ -258,17 +258,19 @@ def test_walked_forward_knows_contiguous_rows_and_a_nonzero_offset(
     assert args[6:8] == (x.stride(0), res.stride(0) if res is not None else x.stride(0))
 
 
-def _wide_backward_with_stand_ins(monkeypatch, fused_error=None):
-    """launch.backward over 5 rows of N = 20000 (wider than TWO_WALK_MAX: the wide backward)
-    with every wide-backward launcher replaced by a _Recorder, the one launch raising
-    ``fused_error``. Returns (launch log, x, w, dy, dx, dw)."""
+def _wide_backward_with_stand_ins(monkeypatch, fused_error=None, fused=None, calls=1):
+    """launch.backward, ``calls`` times, over 5 rows of N = 20000 (wider than TWO_WALK_MAX: the
+    wide backward) with the two-launch kernels and the dw reduction replaced by _Recorders, and
+    the one launch by ``fused`` (default: a _Recorder raising ``fused_error``). Returns (launch
+    log, x, w, dy, dx, dw) of the last call."""
     log = []
-    monkeypatch.setattr(launch, "_backward_wide_fused", _Recorder("fused", log, fused_error))
+    monkeypatch.setattr(launch, "_backward_wide_fused", fused or _Recorder("fused", log, fused_error))
     for name in ("_backward_wide_dot", "_backward_wide", "_reduce_columns"):
         monkeypatch.setattr(launch, name, _Recorder(name, log))
     m, n = 5, 20000
     x, dy, w, rstd = torch.randn(m, n), torch.randn(m, n), torch.randn(n), torch.ones(m)
-    dx, dw = launch.backward(dy, None, x, w, rstd, 0.0, 0, True, torch.float32)
+    for _ in range(calls):
+        dx, dw = launch.backward(dy, None, x, w, rstd, 0.0, 0, True, torch.float32)
     return log, x, w, dy, dx, dw
 
 
@@ -288,10 +290,6 @@ def test_a_known_refusal_allocates_no_counters(compiled_mode, monkeypatch):
     allocated and zeroed for it."""
     refuse = lambda grid: RuntimeError("Triton Error [CUDA]: too many blocks in cooperative launch")  # noqa: E731
     fused = FakeKernel(launch_error=refuse)
-    monkeypatch.setattr(launch, "_backward_wide_fused", launch.Launcher(fused, 9, cooperative=True))
-    log = []
-    for name in ("_backward_wide_dot", "_backward_wide", "_reduce_columns"):
-        monkeypatch.setattr(launch, name, _Recorder(name, log))
     zeros = []
     real_zeros = torch.zeros
 
@@ -300,10 +298,8 @@ def test_a_known_refusal_allocates_no_counters(compiled_mode, monkeypatch):
         return real_zeros(*args, **kwargs)
 
     monkeypatch.setattr(torch, "zeros", counting_zeros)
-    m, n = 5, 20000
-    x, dy, w, rstd = torch.randn(m, n), torch.randn(m, n), torch.randn(n), torch.ones(m)
-    for _ in range(3):
-        launch.backward(dy, None, x, w, rstd, 0.0, 0, True, torch.float32)
+    launcher = launch.Launcher(fused, 9, cooperative=True)
+    log, *_ = _wide_backward_with_stand_ins(monkeypatch, fused=launcher, calls=3)
     assert len(fused.cooperative) == 1, "the refused grid is tried once"
     assert zeros.count(torch.int32) == 1, "counters only for the launch that was tried"
     assert log == ["_backward_wide_dot", "_backward_wide", "_reduce_columns"] * 3
