@@ -1712,8 +1712,7 @@ def backward_split(
 ):
     """The production backward_split and dw reduction with a chosen launch, writing s["dx"], s["dw"]."""
     x, m, n = s["x"], s["m"], s["n"]
-    segments = triton.cdiv(n, segment)
-    groups = min(m, max(1, per_sm * lab.sms // segments))
+    segments, groups = launch._wide_grid(m, n, segment, per_sm, lab.sms)
     partial = torch.empty(groups, n, device=x.device)
     constexprs = (
         True,
@@ -2023,8 +2022,7 @@ def _cooperative_wide(
     then ``variant``, then SPIN_LIMIT) as a cooperative launch over ``per_sm`` programs per SM,
     then the dw reduction, writing s["dx"], s["dw"]."""
     x, m, n = s["x"], s["m"], s["n"]
-    segments = triton.cdiv(n, segment)
-    groups = min(m, max(1, per_sm * lab.sms // segments))
+    segments, groups = launch._wide_grid(m, n, segment, per_sm, lab.sms)
     partial = torch.empty(groups, n, device=x.device)
     constexprs = (segment, segments, triton.next_power_of_2(segments), *variant, 1 << 22)
 
@@ -2223,8 +2221,7 @@ def forward_ahead(
     """forward_ahead_kernel as a cooperative launch over ``per_sm`` programs per SM, writing s["y"]
     and s["rstd_out"]; the sums and the zeroed counter are made per call, as a launcher would."""
     x, m, n = s["x"], s["m"], s["n"]
-    segments = triton.cdiv(n, segment)
-    groups = min(m, max(1, per_sm * lab.sms // segments))
+    segments, groups = launch._wide_grid(m, n, segment, per_sm, lab.sms)
     constexprs = (segment, segments, triton.next_power_of_2(segments), lookahead, store, early, 1 << 22)
 
     def call():
