@@ -487,6 +487,38 @@ def test_out_dtype_with_residual(device):
 
 
 # ---------------------------------------------------------------------------------------------
+# The common call's own autograd path
+# ---------------------------------------------------------------------------------------------
+
+PLAIN_CASES = [((17, 257), F32, 0.0), ((1, 4096), BF16, 0.0), ((2, 3, 257), F16, 1.0)]
+GRADS_WANTED = [(True, True), (True, False), (False, True)]
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize(("shape", "dtype", "offset"), PLAIN_CASES)
+@pytest.mark.parametrize(("x_grad", "w_grad"), GRADS_WANTED)
+def test_common_call_matches_the_general_path(device, shape, dtype, offset, x_grad, w_grad):
+    """The common call (no residual, no out_dtype) runs an autograd Function of its own; the
+    same call through the general path (out_dtype given) runs the same kernels, so y and the
+    gradients agree bitwise, each gradient only where it was asked for."""
+    x0, w0, _ = make(shape, dtype, device)
+    dy = torch.randn(shape, generator=torch.Generator().manual_seed(1)).to(dtype).to(device)
+    results = []
+    for out_dtype in (None, dtype):
+        x = x0.detach().clone().requires_grad_(x_grad)
+        w = w0.detach().clone().requires_grad_(w_grad)
+        y = rmsnorm_kernel.rms_norm(x, weight=w, eps=EPS, offset=offset, out_dtype=out_dtype)
+        y.backward(dy)
+        results.append((type(y.grad_fn).__name__, y, x.grad, w.grad))
+    (plain, y1, dx1, dw1), (general, y2, dx2, dw2) = results
+    assert (plain, general) == ("_PlainFunctionBackward", "_EagerFunctionBackward")
+    assert torch.equal(y1, y2)
+    assert (dx1 is None, dw1 is None) == (not x_grad, not w_grad) == (dx2 is None, dw2 is None)
+    assert dx1 is None or torch.equal(dx1, dx2)
+    assert dw1 is None or torch.equal(dw1, dw2)
+
+
+# ---------------------------------------------------------------------------------------------
 # The module's options
 # ---------------------------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@ so these check which path a launch takes and what reaches the C launcher, not nu
 kernel tests check those on CUDA, where every launch after the first per specialisation takes
 the direct path)."""
 
+import contextlib
 import inspect
 from types import SimpleNamespace
 
@@ -86,6 +87,102 @@ def test_second_launch_goes_straight_to_the_c_launcher(compiled_mode):
         + (x.data_ptr(), y.data_ptr(), 32, 1e-6, True, 128)
     ]
     assert (launcher.slow_launches, launcher.direct_launches) == (1, 1)
+
+
+def _count_keyed_calls(monkeypatch, launcher):
+    """The launches that missed the hot path (went through Launcher._keyed_call), as a list."""
+    keyed = []
+    original = launcher._keyed_call
+
+    def counting(*args):
+        keyed.append(args[1][launcher.pointers :])  # the launch's scalars
+        return original(*args)
+
+    monkeypatch.setattr(launcher, "_keyed_call", counting)
+    return keyed
+
+
+def test_a_repeated_launch_takes_the_hot_path(compiled_mode, monkeypatch):
+    """The second launch with the same scalars, dtypes and aligned pointers, even with other
+    tensors, skips the specialisation key: it goes from the raw-argument cache to the C launcher."""
+    kernel = FakeKernel()
+    launcher = launch.Launcher(kernel, 2)
+    keyed = _count_keyed_calls(monkeypatch, launcher)
+    x, y = torch.ones(32), torch.zeros(32)
+    launcher((3, 1, 1), (x, y, 32, 1e-6), 4, (True, 128))
+    x2, y2 = torch.ones(32), torch.zeros(32)  # other tensors, same dtypes (fresh: aligned)
+    launcher((3, 1, 1), (x2, y2, 32, 1e-6), 4, (True, 128))
+    assert keyed == [(32, 1e-6)] and len(kernel.triton_launches) == 1
+    assert kernel.direct[-1][-6:] == (x2.data_ptr(), y2.data_ptr(), 32, 1e-6, True, 128)
+
+
+def test_a_new_m_misses_the_hot_path_once_and_reuses_the_compiled_kernel(compiled_mode, monkeypatch):
+    kernel = FakeKernel()
+    launcher = launch.Launcher(kernel, 1)
+    keyed = _count_keyed_calls(monkeypatch, launcher)
+    x = torch.ones(64)
+    for m in (2, 3, 3, 2, 3):  # 2 and 3 share Triton's specialisation (not 1, not divisible by 16)
+        launcher((m, 1, 1), (x, m), 4, ())
+    assert keyed == [(2,), (3,)] and len(kernel.triton_launches) == 1 and len(kernel.direct) == 4
+
+
+def test_an_int_and_an_equal_float_do_not_share_a_hot_entry(compiled_mode, monkeypatch):
+    """2 == 2.0 and both hash alike, but Triton compiles an int parameter and a float one
+    differently: the hot key holds the scalars' types."""
+    kernel = FakeKernel()
+    launcher = launch.Launcher(kernel, 1)
+    keyed = _count_keyed_calls(monkeypatch, launcher)
+    x = torch.ones(64)
+    for value in (2, 2.0, 2, 2.0):
+        launcher((1, 1, 1), (x, value), 4, ())
+    assert len(keyed) == 2 and len(kernel.triton_launches) == 2
+    assert [type(a[-1]) for a in kernel.direct] == [int, float]
+
+
+def test_an_unaligned_pointer_never_takes_the_hot_path(compiled_mode, monkeypatch):
+    """Alignment is part of Triton's specialisation: a launch with a pointer off 16 bytes is
+    keyed every time (and one with aligned pointers after it still gets the aligned kernel)."""
+    kernel = FakeKernel()
+    launcher = launch.Launcher(kernel, 1)
+    keyed = _count_keyed_calls(monkeypatch, launcher)
+    base = torch.zeros(64)
+    for x in (base[1:33], base[1:33], base[:32], base[:32], base[1:33]):
+        launcher((1, 1, 1), (x, 32), 4, ())
+    assert len(keyed) == 4 and len(kernel.triton_launches) == 2 and len(launcher.seen) == 1
+
+
+def test_cooperative_launches_never_take_the_hot_path(compiled_mode, monkeypatch):
+    """A cooperative grid can be refused for its size, which the raw scalars do not decide."""
+    launcher = launch.Launcher(FakeKernel(), 1, cooperative=True)
+    keyed = _count_keyed_calls(monkeypatch, launcher)
+    x = torch.ones(8)
+    for _ in range(3):
+        launcher((2, 1, 1), (x, 8), 4, ())
+    assert len(keyed) == 3 and not launcher.seen
+
+
+def test_the_hot_cache_is_bounded(compiled_mode, monkeypatch):
+    monkeypatch.setattr(launch, "SEEN_LAUNCHES", 3)
+    kernel = FakeKernel()
+    launcher = launch.Launcher(kernel, 1)
+    x = torch.ones(8)
+    sizes = []
+    for m in range(2, 12):
+        launcher((1, 1, 1), (x, m), 4, ())
+        sizes.append(len(launcher.seen))
+    assert max(sizes) == 3 and sizes[-1] <= 3
+
+
+def test_the_hot_path_launches_on_the_current_device_only(compiled_mode, monkeypatch):
+    """Tensors on a device that is not current take the keyed path, under a device guard."""
+    launcher = launch.Launcher(FakeKernel(), 1)
+    keyed = _count_keyed_calls(monkeypatch, launcher)
+    x = torch.ones(8)
+    launcher((1, 1, 1), (x, 8), 4, ())  # the tensors' device (-1 on CPU) is current
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    launcher((1, 1, 1), (x, 8), 4, ())
+    assert len(keyed) == 2
 
 
 @pytest.mark.parametrize(

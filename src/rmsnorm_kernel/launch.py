@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 
 import torch
 import triton
@@ -182,6 +183,14 @@ def _direct_launch(compiled) -> tuple | None:
     return launch, compiled.function, compiled.packed_metadata, run.launch_cooperative_grid, run.launch_pdl
 
 
+_data_ptr = Tensor.data_ptr
+_dtype = operator.attrgetter("dtype")
+
+# Raw-argument launches a Launcher remembers (one per distinct M, stride and so on, per
+# specialisation) before it forgets them all and starts over.
+SEEN_LAUNCHES = 4096
+
+
 class CooperativeGridRefused(RuntimeError):
     """The driver cannot run every program of a cooperative grid at once (the compiled kernel's
     registers or shared memory leave too few programs per SM for the grid): the caller runs
@@ -211,6 +220,8 @@ class Launcher:
         # Cooperative grids the driver refused: specialisation key -> the fewest programs refused.
         self.refused: dict[tuple, int] = {}
         self.compiled: dict[tuple, tuple] = {}
+        # Launches by their raw arguments (the hot path of __call__): at most SEEN_LAUNCHES.
+        self.seen: dict[tuple, tuple] = {}
         self.slow_launches = 0  # launches that went through Triton's own path (first per specialisation)
         self.direct_launches = 0  # specialisations launched through the C launcher directly
 
@@ -220,16 +231,37 @@ class Launcher:
             return
         tensors, scalars = args[: self.pointers], args[self.pointers :]
         try:
-            pointers = [t.data_ptr() for t in tensors]
-        except AttributeError:
+            pointers = list(map(_data_ptr, tensors))
+        except TypeError:
             self._check_order(args)
             raise
         device = tensors[0].get_device()
+        # The hot path: the same launch as an earlier one in everything but the tensors, whose
+        # pointers are all 16-byte aligned (so their alignment is that of the earlier launch).
+        # The key holds the raw scalars and their types rather than Triton's specialisation of
+        # them, which takes longer to compute than the C launcher takes to run; a new value of
+        # M costs one pass through _keyed_call.
+        fast_key = (device, num_warps, constexprs, *map(_dtype, tensors), *scalars, *map(type, scalars))
+        entry = self.seen.get(fast_key)
+        # torch.cuda.current_device() less its lazy-initialisation check (CUDA is initialised
+        # once a CUDA tensor exists).
+        if entry is not None and device == torch._C._cuda_getDevice():
+            if not functools.reduce(operator.or_, pointers) & 15:
+                launch, function, metadata, cooperative, pdl = entry
+                # The C launcher takes every kernel parameter positionally, constexprs included;
+                # no scratch buffers, no launch metadata or hooks (those serve profilers).
+                launch(*grid, torch._C._cuda_getCurrentRawStream(device), function, cooperative, pdl,
+                       None, None, metadata, None, None, None, *pointers, *scalars, *constexprs)  # fmt: skip
+                return
+        self._keyed_call(grid, args, num_warps, constexprs, pointers, device, fast_key)
+
+    def _keyed_call(self, grid, args, num_warps, constexprs, pointers, device, fast_key) -> None:
+        """A launch by Triton's specialisation key: a launch on a device other than the current
+        one, or the first with these scalars, or one with an unaligned pointer."""
+        tensors, scalars = args[: self.pointers], args[self.pointers :]
         key = _launch_key(device, num_warps, constexprs, tensors, pointers, scalars)
         if self.refused and self._refused_before(key, grid):
             raise CooperativeGridRefused(f"{self.kernel.__name__}: grid {grid} refused before")
-        # torch.cuda.current_device() less its Python-level lazy-initialisation check (a call on
-        # every launch's path): CUDA is initialised once a CUDA tensor exists.
         if device != torch._C._cuda_getDevice():
             # Triton compiles for, and launches on, the current device; the tensors may be on
             # another one (a model spread over GPUs in one process).
@@ -237,6 +269,12 @@ class Launcher:
                 self._launch(key, grid, args, pointers, scalars, device, num_warps, constexprs)
             return
         self._launch(key, grid, args, pointers, scalars, device, num_warps, constexprs)
+        # Remembered for the hot path where every pointer is aligned; a cooperative launch
+        # never takes it (its grid can be refused, which the key of scalars does not decide).
+        if not self.options and not functools.reduce(operator.or_, pointers) & 15:
+            if len(self.seen) >= SEEN_LAUNCHES:
+                self.seen.clear()
+            self.seen[fast_key] = self.compiled[key]
 
     def _refused_before(self, key: tuple, grid: tuple[int, int, int]) -> bool:
         return grid[0] * grid[1] * grid[2] >= self.refused.get(key, math.inf)

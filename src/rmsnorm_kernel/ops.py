@@ -203,7 +203,8 @@ forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 class _EagerFunction(torch.autograd.Function):
     """The same forward, backward and saved state as the custom op's autograd, without the
-    dispatcher round trip: eager calls take this path, traced ones (torch.compile) the op.
+    dispatcher round trip: eager calls take this path (the common call ``_PlainFunction``),
+    traced ones (torch.compile) the op.
 
     Leaner than the op where autograd's per-call cost shows: the arguments other than the
     tensors come as one tuple, ``options = (eps, offset, casting, out_dtype, residual_dtype)``
@@ -227,6 +228,50 @@ class _EagerFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy, dh=None):
         return *_grads(ctx, dy, dh, _run_backward), None
+
+
+class _PlainFunction(torch.autograd.Function):
+    """The eager path of the common call, the one ``rms_norm``'s fast path accepts (no residual,
+    a 1-D weight or none): ``_EagerFunction`` less what only a residual needs. One output, so
+    its gradient always arrives; the options are one saved attribute."""
+
+    @staticmethod
+    def forward(ctx, x, weight, options):
+        y, rstd, _ = _run_forward(x, weight, None, *options)
+        ctx.save_for_backward(x, weight, rstd)
+        ctx.options = options
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, rstd = ctx.saved_tensors
+        need_x, need_w = ctx.needs_input_grad[:2]
+        _eps, offset, casting = ctx.options[:3]
+        dx, dw = _run_backward(
+            dy, None, x, weight, rstd, offset, casting, need_w and weight is not None, x.dtype
+        )
+        return dx if need_x else None, dw, None
+
+
+# ``_PlainFunction.apply`` is a Python classmethod around the C one (``_FunctionBase.apply``):
+# it binds default arguments where a Function defines setup_context (this one does not), routes
+# calls under functorch transforms elsewhere, and otherwise unwraps dead functorch wrappers and
+# calls the C one. ``_apply_plain`` does the last two itself, taking a couple of microseconds
+# less per call; under functorch transforms it calls ``_PlainFunction.apply``.
+# A torch without these internals gets ``_PlainFunction.apply`` throughout.
+try:
+    _c_apply_plain = torch._C._FunctionBase.__dict__["apply"].__get__(None, _PlainFunction)
+    _unwrap_if_dead = torch._C._functorch.unwrap_if_dead
+except (AttributeError, KeyError):
+    _c_apply_plain = None
+
+
+def _apply_plain(x: Tensor, weight: Tensor | None, options: tuple) -> Tensor:
+    if _c_apply_plain is None or torch._C._are_functorch_transforms_active():
+        return _PlainFunction.apply(x, weight, options)
+    if weight is not None:
+        weight = _unwrap_if_dead(weight)
+    return _c_apply_plain(_unwrap_if_dead(x), weight, options)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -341,7 +386,7 @@ def rms_norm(
                 x_dtype,
             )
             if torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)):
-                return _EagerFunction.apply(x, weight, None, options)
+                return _apply_plain(x, weight, options)
             return _run_forward(x, weight, None, *options)[0]
 
     n, shape = _normalized_size(x, normalized_shape, weight)
