@@ -355,6 +355,29 @@ def test_walked_forward_knows_contiguous_rows_and_a_nonzero_offset(
     assert args[6:8] == (x.stride(0), res.stride(0) if res is not None else x.stride(0))
 
 
+# (M, N, EVEN): the tile forward drops its masks only for launches of few rows (at most
+# EVEN_MAX_ROWS), with N the tile width and one row per program.
+TILE_FORWARD_EVEN = [
+    (1, 4096, True),
+    (256, 4096, True),
+    (257, 4096, False),  # more rows: masked (faster at large M)
+    (17, 2048, True),
+    (17, 1024, False),  # two rows per program
+    (17, 4000, False),  # N short of the tile width
+    (1, 257, False),
+]
+
+
+@pytest.mark.parametrize(("m", "n", "even"), TILE_FORWARD_EVEN)
+def test_tile_forward_drops_masks_only_for_few_full_rows(compiled_mode, monkeypatch, m, n, even):
+    monkeypatch.setattr(launch, "_forward_tile", _Recorder("tile", []))
+    launch.forward(torch.randn(m, n), torch.randn(n), None, 1e-6, 0.0, 0, torch.float32, torch.float32)
+    grid, _, _, constexprs = launch._forward_tile.last
+    params = list(inspect.signature(kernels.forward_tile.fn).parameters)
+    assert params[-6:] == ["HAS_WEIGHT", "HAS_RESIDUAL", "CASTING", "BLOCK_N", "ROWS", "EVEN"]
+    assert constexprs[-1] is even and (constexprs[-2] == 1 or not even)
+
+
 def _wide_backward_with_stand_ins(monkeypatch, fused_error=None, fused=None, calls=1):
     """launch.backward, ``calls`` times, over 5 rows of N = 20000 (wider than TWO_WALK_MAX: the
     wide backward) with the two-launch kernels and the dw reduction replaced by _Recorders, and

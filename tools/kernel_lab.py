@@ -2420,6 +2420,31 @@ def round_stride(lab: Lab) -> None:
                         lambda args=args, grid=grid, warps=warps: fwd_tile_s[grid](*args, num_warps=warps))  # fmt: skip
 
 
+def round_even(lab: Lab) -> None:
+    """Production's forward, which runs forward_tile without masks (EVEN) for launches of at
+    most EVEN_MAX_ROWS rows with N the tile width, beside the same kernel with its masks
+    (EVEN off) and the peers, from 1 to 32768 rows of 4096: where the unmasked tile pays.
+    Flushed L2, then CUDA-graph replays."""
+    cases = [(3, 4096, torch.bfloat16)] if lab.smoke else [
+        (1, 4096, torch.bfloat16), (64, 4096, torch.bfloat16), (256, 4096, torch.bfloat16),
+        (512, 4096, torch.bfloat16), (1024, 4096, torch.bfloat16), (256, 2048, torch.bfloat16),
+        (4096, 4096, torch.bfloat16), (32768, 4096, torch.bfloat16)]  # fmt: skip
+    for _graphs in lab.flushed_then_graphs():
+        for m, n, dtype in cases:
+            s = lab.shape(m, n, dtype)
+            lab.production_forward(s)
+            if not lab.smoke:
+                peers(lab, s)
+            block, rows, warps = launch.forward_config(n)
+            x = s["x"]
+            args = (x, x, s["w"], s["y"], s["y"], s["rstd_out"], s["m"], n, n, n, n, n, EPS, 0.0)
+            for even in (False, True):
+                constexprs = (True, False, 0, block, rows, even)
+                grid = (triton.cdiv(s["m"], rows),)
+                lab.run("fwd", s, f"tile EVEN={even}",
+                        lambda grid=grid, c=constexprs: kernels.forward_tile[grid](*args, *c, num_warps=warps))  # fmt: skip
+
+
 ROUNDS = {
     "tile": round_tile,
     "persistent": round_persistent,
@@ -2443,6 +2468,7 @@ ROUNDS = {
     "carry": round_carry,
     "launch": round_launch,
     "launch2": round_launch2,
+    "even": round_even,
     "ahead3": round_ahead3,
     "fahead": round_fahead,
     "maxnreg": round_maxnreg,

@@ -401,6 +401,9 @@ def _next_power_of_2(v: int) -> int:
 # (tools/kernel_lab.py reorder, CUDA-graph timing: 32768x4096 bf16 128.0 against 131.6 µs with 4,
 # 4096x4096 fp16 17.7 against 18.7, bf16 18.1 against 18.3).
 FORWARD_TILE = {1024: (2, 4), 2048: (1, 4), 4096: (1, 2)}
+# Launches of at most this many rows, with N the tile width and one row per program, run the tile
+# forward without masks (forward_tile's EVEN): faster at 256 rows, slower at 4096 and more.
+EVEN_MAX_ROWS = 256
 BACKWARD_TILE = {1024: (2, 4, (4, 4), True), 2048: (1, 4, (4, 4), False), 4096: (1, 8, (2, 1), True)}
 FEW_ROW_BLOCKS = 4
 
@@ -430,10 +433,11 @@ def backward_config(n: int) -> tuple[int, int, int, tuple[int, int], bool]:
 
 
 @functools.cache
-def _forward_tile_plan(n: int, has_weight: bool, has_residual: bool, casting: int) -> tuple:
-    """(ROWS, num_warps, constexprs) of forward_tile."""
+def _forward_tile_plan(n: int, has_weight: bool, has_residual: bool, casting: int, few_rows: bool) -> tuple:
+    """(ROWS, num_warps, constexprs) of forward_tile; ``few_rows``: at most EVEN_MAX_ROWS rows."""
     block_n, rows, num_warps = forward_config(n)
-    return rows, num_warps, (has_weight, has_residual, casting, block_n, rows)
+    even = few_rows and n == block_n and rows == 1
+    return rows, num_warps, (has_weight, has_residual, casting, block_n, rows, even)
 
 
 @functools.cache
@@ -546,7 +550,9 @@ def forward(
     else:
         r, hs, stride_r = res2, h, res2.stride(0)
     if n <= FORWARD_MAX_TILE:
-        rows, num_warps, constexprs = _forward_tile_plan(n, weight is not None, res2 is not None, casting)
+        rows, num_warps, constexprs = _forward_tile_plan(
+            n, weight is not None, res2 is not None, casting, m <= EVEN_MAX_ROWS
+        )
         args = (x2, r, w, y, hs, rstd, m, n, stride_x, stride_r, n, n, eps, offset)
         _forward_tile(((m + rows - 1) // rows, 1, 1), args, num_warps, constexprs)
     else:  # one program per row, the row kept in L2 between the walks
