@@ -120,11 +120,19 @@ Rounds, and what they decided (H200, bf16 unless named; figures in docs/performa
               136.7 in the same run (CUDA-graph timing; 142.0 against 188.7-410 with the L2
               flushed), and 190-410 µs against 128-131 at 4096x32768 and 8192x16384. The
               forward does too little per element for the exchange to hide behind: not used.
+  even        forward_tile without masks (EVEN) from 1 to 32768 rows of 4096, beside the masked
+              kernel and the peers, 2, 4 and 8 warps up to 1024 rows (CUDA-graph timing):
+              unmasked 2.3-2.4 µs at 256x4096 against 2.5 masked (Liger 2.3-2.4, torch.compile
+              2.5), level at 1-64 and 512 rows, slower at 1024 (4.7 against 4.6), 4096x4096
+              (19.1-19.2 against 18.0-18.1) and 32768x4096 (131.7-131.8 against 127.9-128.4).
+              Chose EVEN for launches of at most 256 rows (launch.EVEN_MAX_ROWS). 4 or 8 warps
+              ran 0.1 µs faster than 2 at 1 and 64 rows, level at 256: within the 0.1 µs the
+              lab reports, so the warps stay chosen by N.
 
 The first four rounds were run on the H200 as separate scripts and merged into this file; from
 this file the H200 has run lean, static, confirm, tile1d, small, split, wide2, wide3,
 prefetch, reorder, reorder2, tile2, offset, hints3, ahead, ahead2, carry, launch, launch2,
-ahead3, fahead, maxnreg, l2prefetch, row4gap and stride. Every round passes --smoke.
+ahead3, fahead, maxnreg, l2prefetch, row4gap, stride and even. Every round passes --smoke.
 """
 
 from __future__ import annotations
@@ -2423,8 +2431,9 @@ def round_stride(lab: Lab) -> None:
 def round_even(lab: Lab) -> None:
     """Production's forward, which runs forward_tile without masks (EVEN) for launches of at
     most EVEN_MAX_ROWS rows with N the tile width, beside the same kernel with its masks
-    (EVEN off) and the peers, from 1 to 32768 rows of 4096: where the unmasked tile pays.
-    Flushed L2, then CUDA-graph replays."""
+    (EVEN off) and the peers, from 1 to 32768 rows of 4096: where the unmasked tile pays; up to
+    1024 rows also with 4 and 8 warps (Liger runs 8 at N = 4096). Flushed L2, then CUDA-graph
+    replays."""
     cases = [(3, 4096, torch.bfloat16)] if lab.smoke else [
         (1, 4096, torch.bfloat16), (64, 4096, torch.bfloat16), (256, 4096, torch.bfloat16),
         (512, 4096, torch.bfloat16), (1024, 4096, torch.bfloat16), (256, 2048, torch.bfloat16),
@@ -2438,11 +2447,11 @@ def round_even(lab: Lab) -> None:
             block, rows, warps = launch.forward_config(n)
             x = s["x"]
             args = (x, x, s["w"], s["y"], s["y"], s["rstd_out"], s["m"], n, n, n, n, n, EPS, 0.0)
-            for even in (False, True):
+            for even, w in itertools.product((False, True), sorted({warps, 4, 8} if m <= 1024 else {warps})):
                 constexprs = (True, False, 0, block, rows, even)
                 grid = (triton.cdiv(s["m"], rows),)
-                lab.run("fwd", s, f"tile EVEN={even}",
-                        lambda grid=grid, c=constexprs: kernels.forward_tile[grid](*args, *c, num_warps=warps))  # fmt: skip
+                lab.run("fwd", s, f"tile EVEN={even} w{w}",
+                        lambda grid=grid, c=constexprs, w=w: kernels.forward_tile[grid](*args, *c, num_warps=w))  # fmt: skip
 
 
 ROUNDS = {
