@@ -128,11 +128,19 @@ Rounds, and what they decided (H200, bf16 unless named; figures in docs/performa
               Chose EVEN for launches of at most 256 rows (launch.EVEN_MAX_ROWS). 4 or 8 warps
               ran 0.1 µs faster than 2 at 1 and 64 rows, level at 256: within the 0.1 µs the
               lab reports, so the warps stay chosen by N.
+  even2       the same at many rows of 1024 and 2048 (the unmasked kernel only where M is a
+              multiple of the rows per program): 65536x1024 66.4 against 66.7 µs masked,
+              16384x1024 18.5 against 18.6, N = 2048 level; torch.compile 65.7 and 17.6 in the
+              same run. Not used: within the spread, and short of torch.compile. Inductor's
+              kernel there (tools/inductor_code.py, dumped on the H200) is a persistent
+              reduction of XBLOCK rows with no masks, the row stride a constant and the weight
+              loaded evict_last (its XBLOCK and warps were not read out).
 
 The first four rounds were run on the H200 as separate scripts and merged into this file; from
 this file the H200 has run lean, static, confirm, tile1d, small, split, wide2, wide3,
 prefetch, reorder, reorder2, tile2, offset, hints3, ahead, ahead2, carry, launch, launch2,
-ahead3, fahead, maxnreg, l2prefetch, row4gap, stride and even. Every round passes --smoke.
+ahead3, fahead, maxnreg, l2prefetch, row4gap, stride, even and even2. Every round passes
+--smoke.
 """
 
 from __future__ import annotations
@@ -2454,6 +2462,29 @@ def round_even(lab: Lab) -> None:
                         lambda grid=grid, c=constexprs, w=w: kernels.forward_tile[grid](*args, *c, num_warps=w))  # fmt: skip
 
 
+def round_even2(lab: Lab) -> None:
+    """forward_tile with and without masks at many rows of 1024 and 2048 (round even measured
+    4096): at N = 1024 a program has two rows, so the unmasked kernel is run only where M is a
+    multiple of them, as a launcher would have to. Flushed L2, then CUDA-graph replays."""
+    cases = [(4, 1024, torch.bfloat16)] if lab.smoke else [
+        (65536, 1024, torch.bfloat16), (16384, 1024, torch.bfloat16), (65536, 2048, torch.bfloat16),
+        (8192, 2048, torch.bfloat16)]  # fmt: skip
+    for _graphs in lab.flushed_then_graphs():
+        for m, n, dtype in cases:
+            s = lab.shape(m, n, dtype)
+            lab.production_forward(s)
+            if not lab.smoke:
+                peers(lab, s)
+            block, rows, warps = launch.forward_config(n)
+            x = s["x"]
+            args = (x, x, s["w"], s["y"], s["y"], s["rstd_out"], s["m"], n, n, n, n, n, EPS, 0.0)
+            for even in (False, True) if s["m"] % rows == 0 else (False,):
+                constexprs = (True, False, 0, block, rows, even)
+                grid = (triton.cdiv(s["m"], rows),)
+                lab.run("fwd", s, f"tile EVEN={even} rows{rows} w{warps}",
+                        lambda grid=grid, c=constexprs: kernels.forward_tile[grid](*args, *c, num_warps=warps))  # fmt: skip
+
+
 ROUNDS = {
     "tile": round_tile,
     "persistent": round_persistent,
@@ -2478,6 +2509,7 @@ ROUNDS = {
     "launch": round_launch,
     "launch2": round_launch2,
     "even": round_even,
+    "even2": round_even2,
     "ahead3": round_ahead3,
     "fahead": round_fahead,
     "maxnreg": round_maxnreg,
