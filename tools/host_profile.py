@@ -4,6 +4,11 @@ forward+backward call's host time goes (before, inside and after this op's backw
 the autograd engine runs on its device thread; with that thread and without it), and a cProfile
 of the op's forward+backward host path.
 
+``python tools/host_profile.py parts`` times the pieces of the launch-bound backward's host
+path (allocations, launch plan, the launcher's hot-path key, the C launcher, the dw reduction) in
+a loop and inside a backward node, with the autograd device thread on and off; it mirrors
+``launch.backward``'s tile path with a weight, no dh and dw wanted (keep it in step).
+
 ``python tools/host_profile.py floor`` instead times whole forward+backward calls with the
 benchmark's harness (CUDA events, L2 flushed before each call) for torch's fused rms_norm, this
 op, and the cheapest Python autograd node (``_Empty``: forward and backward only allocate their
@@ -129,6 +134,96 @@ def attribute(label, forward, dy, reps=300):
     print(f"  {label}: " + ", ".join(f"{k} {statistics.median(v) * 1e6:.1f} us" for k, v in parts.items()))
 
 
+PART_NAMES = ("dx alloc", "dw alloc", "plan", "hot key", "stream", "C launch", "reduce", "total")
+
+
+def _stamped_backward(dy2, xh2, weight, rstd, stamps):
+    """launch.backward's tile path (a weight, no dh, dw wanted, casting 0), with a
+    time stamp after each piece; appends the pieces' nanoseconds to ``stamps``."""
+    pc = time.perf_counter_ns
+    t0 = pc()
+    m, n = xh2.shape
+    device = xh2.device
+    dx = torch.empty(m, n, dtype=dy2.dtype, device=device)
+    t1 = pc()
+    dw = torch.empty(n, dtype=weight.dtype, device=device)
+    t2 = pc()
+    rows, num_warps, per_sm, constexprs = launch._backward_tile_plan(n, True, False, True, 0)
+    programs = launch.backward_programs((m + rows - 1) // rows, per_sm, launch.sm_count(device))
+    partial = dw if programs == 1 else torch.empty(programs, n, dtype=torch.float32, device=device)
+    args = (xh2, weight, dy2, dy2, rstd, dx, partial, m, n, programs, xh2.stride(0), dy2.stride(0),
+            dy2.stride(0), n, 0.0)  # fmt: skip
+    t3 = pc()
+    tile = launch._backward_tile
+    tensors, scalars = args[: tile.pointers], args[tile.pointers :]
+    pointers = list(map(launch._data_ptr, tensors))
+    dev = tensors[0].get_device()
+    key = (dev, num_warps, constexprs, *map(launch._dtype, tensors), *scalars, *map(type, scalars))
+    entry = tile.seen.get(key)
+    t4 = pc()
+    hot = entry is not None and dev == torch._C._cuda_getDevice()
+    if hot:
+        fn, function, metadata, cooperative, pdl = entry
+        stream = torch._C._cuda_getCurrentRawStream(dev)
+        t5 = pc()
+        fn(programs, 1, 1, stream, function, cooperative, pdl, None, None, metadata, None, None, None,
+           *pointers, *scalars, *constexprs)  # fmt: skip
+    else:  # the first call: through the launcher, which fills its hot cache
+        t5 = pc()
+        tile((programs, 1, 1), args, num_warps, constexprs)
+    t6 = pc()
+    if programs > 1:
+        grid, reduce_constexprs = launch._reduce_plan(n, programs)
+        launch._reduce_columns(grid, (partial, dw, programs, n), 4, reduce_constexprs)
+    t7 = pc()
+    stamps.append((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5, t7 - t6, t7 - t0))
+    return dx, dw
+
+
+def parts(reps=500):
+    """Median microseconds of each piece of _stamped_backward: in a loop, then as the backward of
+    a Python autograd node (forward: launch.forward) with the device thread on and off."""
+    stamps = []
+
+    class Node(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            y, rstd, _ = launch.forward(x, w, None, 1e-6, 0.0, 0, x.dtype, x.dtype)
+            ctx.save_for_backward(x, w, rstd)
+            return y
+
+        @staticmethod
+        def backward(ctx, dy):
+            x, w, rstd = ctx.saved_tensors
+            return _stamped_backward(dy, x, w, rstd, stamps)
+
+    def report(label, fn):
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize()
+        stamps.clear()
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+        medians = [statistics.median(column) / 1e3 for column in zip(*stamps)]
+        print(f"  {label:>26}: " + ", ".join(f"{k} {v:.2f}" for k, v in zip(PART_NAMES, medians)), flush=True)
+
+    for m, n, dtype in [(1, 4096, torch.bfloat16), (256, 4096, torch.bfloat16)]:
+        x = torch.randn(m, n, device="cuda", dtype=dtype)
+        w = torch.randn(n, device="cuda", dtype=dtype)
+        dy = torch.randn_like(x)
+        xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+        _, rstd, _ = launch.forward(x, w, None, 1e-6, 0.0, 0, dtype, dtype)
+        print(f"{m}x{n} {dtype}, microseconds per piece:", flush=True)
+        report("loop", lambda: _stamped_backward(dy, x, w, rstd, stamps))
+        for threaded in (True, False):
+            with torch.autograd.set_multithreading_enabled(threaded):
+                report(
+                    f"backward node, thread {'on' if threaded else 'off'}",
+                    lambda: Node.apply(xg, wg).backward(dy),
+                )
+
+
 def main():
     launchers = {name: obj for name, obj in vars(launch).items() if isinstance(obj, launch.Launcher)}
     for m, n, dtype in [(1, 4096, torch.bfloat16), (128, 257, torch.float32)]:
@@ -173,5 +268,7 @@ def main():
 if __name__ == "__main__":
     if sys.argv[1:] == ["floor"]:
         floor()
+    elif sys.argv[1:] == ["parts"]:
+        parts()
     else:
         main()
