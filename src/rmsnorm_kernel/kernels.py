@@ -116,9 +116,9 @@ def forward_tile(
     BLOCK_N: tl.constexpr,  # power of two >= N
     ROWS: tl.constexpr,  # rows handled together by one program
     # N == BLOCK_N and ROWS == 1, so every program's tile lies inside the tensors: no masks. Set
-    # for launches of few rows only: unmasked, 256x4096 bf16 ran 2.3 against 2.5 µs, but the
-    # large tile shapes ran slower (32768x4096 131.6 against 128.0; tools/kernel_lab.py launch3,
-    # on an H200, CUDA-graph timing).
+    # for launches of few rows only: unmasked, 256x4096 bf16 ran 2.3-2.4 against 2.5 µs, but
+    # 1024 rows and more ran slower (4096x4096 19.1 against 18.0, 32768x4096 131.7 against 128.4;
+    # tools/kernel_lab.py even, on an H200, CUDA-graph timing).
     EVEN: tl.constexpr = False,
 ):
     pid = tl.program_id(0)

@@ -402,7 +402,8 @@ def _next_power_of_2(v: int) -> int:
 # 4096x4096 fp16 17.7 against 18.7, bf16 18.1 against 18.3).
 FORWARD_TILE = {1024: (2, 4), 2048: (1, 4), 4096: (1, 2)}
 # Launches of at most this many rows, with N the tile width and one row per program, run the tile
-# forward without masks (forward_tile's EVEN): faster at 256 rows, slower at 4096 and more.
+# forward without masks (forward_tile's EVEN): faster at 256 rows, level at 512, slower at 1024
+# and more (tools/kernel_lab.py even).
 EVEN_MAX_ROWS = 256
 BACKWARD_TILE = {1024: (2, 4, (4, 4), True), 2048: (1, 4, (4, 4), False), 4096: (1, 8, (2, 1), True)}
 FEW_ROW_BLOCKS = 4

@@ -203,8 +203,8 @@ forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 class _EagerFunction(torch.autograd.Function):
     """The same forward, backward and saved state as the custom op's autograd, without the
-    dispatcher round trip: eager calls take this path (the common call ``_PlainFunction``),
-    traced ones (torch.compile) the op.
+    dispatcher round trip: eager calls take this path (except the common call, which takes
+    ``_PlainFunction``), traced ones (torch.compile) the op.
 
     Leaner than the op where autograd's per-call cost shows: the arguments other than the
     tensors come as one tuple, ``options = (eps, offset, casting, out_dtype, residual_dtype)``
