@@ -134,6 +134,15 @@ def attribute(label, forward, dy, reps=300):
     print(f"  {label}: " + ", ".join(f"{k} {statistics.median(v) * 1e6:.1f} us" for k, v in parts.items()))
 
 
+def _inputs(m, n, dtype):
+    """x, w and dy on CUDA, copies of x and w that require grad, and x's rstd."""
+    x = torch.randn(m, n, device="cuda", dtype=dtype)
+    w = torch.randn(n, device="cuda", dtype=dtype)
+    dy = torch.randn_like(x)
+    _, rstd, _ = launch.forward(x, w, None, 1e-6, 0.0, 0, dtype, dtype)
+    return x, w, dy, x.clone().requires_grad_(), w.clone().requires_grad_(), rstd
+
+
 PART_NAMES = ("dx alloc", "dw alloc", "plan", "hot key", "stream", "C launch", "reduce", "total")
 
 
@@ -209,11 +218,7 @@ def parts(reps=500):
         print(f"  {label:>26}: " + ", ".join(f"{k} {v:.2f}" for k, v in zip(PART_NAMES, medians)), flush=True)
 
     for m, n, dtype in [(1, 4096, torch.bfloat16), (256, 4096, torch.bfloat16)]:
-        x = torch.randn(m, n, device="cuda", dtype=dtype)
-        w = torch.randn(n, device="cuda", dtype=dtype)
-        dy = torch.randn_like(x)
-        xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
-        _, rstd, _ = launch.forward(x, w, None, 1e-6, 0.0, 0, dtype, dtype)
+        x, w, dy, xg, wg, rstd = _inputs(m, n, dtype)
         print(f"{m}x{n} {dtype}, microseconds per piece:", flush=True)
         report("loop", lambda: _stamped_backward(dy, x, w, rstd, stamps))
         for threaded in (True, False):
@@ -227,11 +232,7 @@ def parts(reps=500):
 def main():
     launchers = {name: obj for name, obj in vars(launch).items() if isinstance(obj, launch.Launcher)}
     for m, n, dtype in [(1, 4096, torch.bfloat16), (128, 257, torch.float32)]:
-        x = torch.randn(m, n, device="cuda", dtype=dtype)
-        w = torch.randn(n, device="cuda", dtype=dtype)
-        dy = torch.randn_like(x)
-        xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
-        y, rstd, _ = launch.forward(x, w, None, 1e-6, 0.0, 0, dtype, dtype)
+        x, w, dy, xg, wg, rstd = _inputs(m, n, dtype)
         cases = {
             "launch.forward": lambda: launch.forward(x, w, None, 1e-6, 0.0, 0, dtype, dtype),
             "launch.backward": lambda: launch.backward(dy, None, x, w, rstd, 0.0, 0, True, dtype),

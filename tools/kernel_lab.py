@@ -2436,53 +2436,49 @@ def round_stride(lab: Lab) -> None:
                         lambda args=args, grid=grid, warps=warps: fwd_tile_s[grid](*args, num_warps=warps))  # fmt: skip
 
 
+def _tile_with_and_without_masks(lab: Lab, cases: list, more_warps_up_to: int) -> None:
+    """Production's forward, forward_tile with its masks and without (EVEN; only where M is a
+    multiple of the rows per program, as a launcher would have to ask), and the peers, at each
+    (M, N, dtype); up to ``more_warps_up_to`` rows also with 4 and 8 warps. Flushed L2, then
+    CUDA-graph replays."""
+    for _graphs in lab.flushed_then_graphs():
+        for m, n, dtype in cases:
+            s = lab.shape(m, n, dtype)
+            lab.production_forward(s)
+            if not lab.smoke:
+                peers(lab, s)
+            block, rows, warps = launch.forward_config(n)
+            x = s["x"]
+            args = (x, x, s["w"], s["y"], s["y"], s["rstd_out"], s["m"], n, n, n, n, n, EPS, 0.0)
+            evens = (False, True) if s["m"] % rows == 0 else (False,)
+            for even, w in itertools.product(
+                evens, sorted({warps, 4, 8} if m <= more_warps_up_to else {warps})
+            ):
+                constexprs = (True, False, 0, block, rows, even)
+                grid = (triton.cdiv(s["m"], rows),)
+                lab.run("fwd", s, f"tile EVEN={even} rows{rows} w{w}",
+                        lambda grid=grid, c=constexprs, w=w: kernels.forward_tile[grid](*args, *c, num_warps=w))  # fmt: skip
+
+
 def round_even(lab: Lab) -> None:
     """Production's forward, which runs forward_tile without masks (EVEN) for launches of at
-    most EVEN_MAX_ROWS rows with N the tile width, beside the same kernel with its masks
-    (EVEN off) and the peers, from 1 to 32768 rows of 4096: where the unmasked tile pays; up to
-    1024 rows also with 4 and 8 warps (Liger runs 8 at N = 4096). Flushed L2, then CUDA-graph
-    replays."""
+    most EVEN_MAX_ROWS rows with N the tile width, beside the same kernel with its masks and the
+    peers, from 1 to 32768 rows of 4096: where the unmasked tile pays; up to 1024 rows also with
+    4 and 8 warps (Liger runs 8 at N = 4096)."""
     cases = [(3, 4096, torch.bfloat16)] if lab.smoke else [
         (1, 4096, torch.bfloat16), (64, 4096, torch.bfloat16), (256, 4096, torch.bfloat16),
         (512, 4096, torch.bfloat16), (1024, 4096, torch.bfloat16), (256, 2048, torch.bfloat16),
         (4096, 4096, torch.bfloat16), (32768, 4096, torch.bfloat16)]  # fmt: skip
-    for _graphs in lab.flushed_then_graphs():
-        for m, n, dtype in cases:
-            s = lab.shape(m, n, dtype)
-            lab.production_forward(s)
-            if not lab.smoke:
-                peers(lab, s)
-            block, rows, warps = launch.forward_config(n)
-            x = s["x"]
-            args = (x, x, s["w"], s["y"], s["y"], s["rstd_out"], s["m"], n, n, n, n, n, EPS, 0.0)
-            for even, w in itertools.product((False, True), sorted({warps, 4, 8} if m <= 1024 else {warps})):
-                constexprs = (True, False, 0, block, rows, even)
-                grid = (triton.cdiv(s["m"], rows),)
-                lab.run("fwd", s, f"tile EVEN={even} w{w}",
-                        lambda grid=grid, c=constexprs, w=w: kernels.forward_tile[grid](*args, *c, num_warps=w))  # fmt: skip
+    _tile_with_and_without_masks(lab, cases, more_warps_up_to=1024)
 
 
 def round_even2(lab: Lab) -> None:
-    """forward_tile with and without masks at many rows of 1024 and 2048 (round even measured
-    4096): at N = 1024 a program has two rows, so the unmasked kernel is run only where M is a
-    multiple of them, as a launcher would have to. Flushed L2, then CUDA-graph replays."""
+    """The same at many rows of 1024 and 2048 (round even measured 4096), production's warps
+    only; at N = 1024 a program has two rows."""
     cases = [(4, 1024, torch.bfloat16)] if lab.smoke else [
         (65536, 1024, torch.bfloat16), (16384, 1024, torch.bfloat16), (65536, 2048, torch.bfloat16),
         (8192, 2048, torch.bfloat16)]  # fmt: skip
-    for _graphs in lab.flushed_then_graphs():
-        for m, n, dtype in cases:
-            s = lab.shape(m, n, dtype)
-            lab.production_forward(s)
-            if not lab.smoke:
-                peers(lab, s)
-            block, rows, warps = launch.forward_config(n)
-            x = s["x"]
-            args = (x, x, s["w"], s["y"], s["y"], s["rstd_out"], s["m"], n, n, n, n, n, EPS, 0.0)
-            for even in (False, True) if s["m"] % rows == 0 else (False,):
-                constexprs = (True, False, 0, block, rows, even)
-                grid = (triton.cdiv(s["m"], rows),)
-                lab.run("fwd", s, f"tile EVEN={even} rows{rows} w{warps}",
-                        lambda grid=grid, c=constexprs: kernels.forward_tile[grid](*args, *c, num_warps=warps))  # fmt: skip
+    _tile_with_and_without_masks(lab, cases, more_warps_up_to=0)
 
 
 ROUNDS = {
