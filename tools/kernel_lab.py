@@ -2481,6 +2481,33 @@ def round_even2(lab: Lab) -> None:
     _tile_with_and_without_masks(lab, cases, more_warps_up_to=0)
 
 
+def round_rows1024(lab: Lab) -> None:
+    """forward_tile at N = 1024 over rows per program (2, 4, 8) and warps (4, 8), with masks and
+    without: Inductor's kernel at 65536x1024 (tools/inductor_code.py) takes 8 rows per program
+    with 8 warps and no masks, against production's 2 rows with 4 warps. Flushed L2, then
+    CUDA-graph replays."""
+    cases = (
+        [(8, 1024, torch.bfloat16)]
+        if lab.smoke
+        else [(65536, 1024, torch.bfloat16), (16384, 1024, torch.bfloat16)]
+    )
+    for _graphs in lab.flushed_then_graphs():
+        for m, n, dtype in cases:
+            s = lab.shape(m, n, dtype)
+            lab.production_forward(s)
+            if not lab.smoke:
+                peers(lab, s)
+            x = s["x"]
+            args = (x, x, s["w"], s["y"], s["y"], s["rstd_out"], s["m"], n, n, n, n, n, EPS, 0.0)
+            for rows, warps, even in itertools.product((2, 4, 8), (4, 8), (False, True)):
+                if even and s["m"] % rows:
+                    continue
+                constexprs = (True, False, 0, n, rows, even)
+                grid = (triton.cdiv(s["m"], rows),)
+                lab.run("fwd", s, f"tile EVEN={even} rows{rows} w{warps}",
+                        lambda grid=grid, c=constexprs, w=warps: kernels.forward_tile[grid](*args, *c, num_warps=w))  # fmt: skip
+
+
 ROUNDS = {
     "tile": round_tile,
     "persistent": round_persistent,
@@ -2506,6 +2533,7 @@ ROUNDS = {
     "launch2": round_launch2,
     "even": round_even,
     "even2": round_even2,
+    "rows1024": round_rows1024,
     "ahead3": round_ahead3,
     "fahead": round_fahead,
     "maxnreg": round_maxnreg,
