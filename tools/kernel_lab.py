@@ -135,12 +135,19 @@ Rounds, and what they decided (H200, bf16 unless named; figures in docs/performa
               kernel there (tools/inductor_code.py, dumped on the H200) is a persistent
               reduction of XBLOCK rows with no masks, the row stride a constant and the weight
               loaded evict_last (its XBLOCK and warps were not read out).
+  rows1024    the tile forward at N = 1024 over 2, 4 and 8 rows per program, 4 and 8 warps, with
+              and without masks. Inductor's heuristics give that kernel 8 rows with 8 warps (its
+              one persistent-reduction config, read from torch's triton_heuristics). At
+              65536x1024, CUDA-graph timing: production (2 rows, 4 warps) 66.0 µs, unmasked
+              65.9, 8 rows with 8 warps 66.8-66.9, the other launches 67.8-74.1; torch.compile
+              65.3. At 16384x1024: production 18.6, nothing faster; torch.compile 17.6. The
+              launch is not what puts torch.compile ahead at N = 1024; not used.
 
 The first four rounds were run on the H200 as separate scripts and merged into this file; from
 this file the H200 has run lean, static, confirm, tile1d, small, split, wide2, wide3,
 prefetch, reorder, reorder2, tile2, offset, hints3, ahead, ahead2, carry, launch, launch2,
-ahead3, fahead, maxnreg, l2prefetch, row4gap, stride, even and even2. Every round passes
---smoke.
+ahead3, fahead, maxnreg, l2prefetch, row4gap, stride, even, even2 and rows1024. Every round
+passes --smoke.
 """
 
 from __future__ import annotations
