@@ -137,7 +137,7 @@ Rounds, and what they decided (H200, bf16 unless named; figures in docs/performa
               loaded evict_last (its XBLOCK and warps were not read out).
   rows1024    the tile forward at N = 1024 over 2, 4 and 8 rows per program, 4 and 8 warps, with
               and without masks. Inductor's heuristics give that kernel 8 rows with 8 warps (its
-              one persistent-reduction config, read from torch's triton_heuristics). At
+              one persistent-reduction config in torch 2.13's triton_heuristics; the H200 runs 2.11). At
               65536x1024, CUDA-graph timing: production (2 rows, 4 warps) 66.0 µs, unmasked
               65.9, 8 rows with 8 warps 66.8-66.9, the other launches 67.8-74.1; torch.compile
               65.3. At 16384x1024: production 18.6, nothing faster; torch.compile 17.6. The
