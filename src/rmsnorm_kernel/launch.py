@@ -183,6 +183,18 @@ def _direct_launch(compiled) -> tuple | None:
     return launch, compiled.function, compiled.packed_metadata, run.launch_cooperative_grid, run.launch_pdl
 
 
+def _call_c_launcher(
+    entry: tuple, grid, device: int, pointers: list[int], scalars: tuple, constexprs: tuple
+) -> None:
+    """Launch a compiled kernel's ``entry`` (from ``_direct_launch``, or its stand-in around
+    ``compiled.run``) on the device's current stream. The C launcher takes every kernel
+    parameter positionally, constexprs included; no scratch buffers, no launch metadata or hooks
+    (those serve profilers)."""
+    launch, function, metadata, cooperative, pdl = entry
+    launch(*grid, torch._C._cuda_getCurrentRawStream(device), function, cooperative, pdl, None, None, metadata,
+           None, None, None, *pointers, *scalars, *constexprs)  # fmt: skip
+
+
 _data_ptr = Tensor.data_ptr
 _dtype = operator.attrgetter("dtype")
 
@@ -240,24 +252,23 @@ class Launcher:
         # pointers are all 16-byte aligned (so their alignment is that of the earlier launch).
         # The key holds the raw scalars and their types rather than Triton's specialisation of
         # them, which takes longer to compute than the C launcher takes to run; a new value of
-        # M costs one pass through _keyed_call.
-        fast_key = (device, num_warps, constexprs, *map(_dtype, tensors), *scalars, *map(type, scalars))
-        entry = self.seen.get(fast_key)
-        # torch.cuda.current_device() less its lazy-initialisation check (CUDA is initialised
-        # once a CUDA tensor exists).
-        if entry is not None and device == torch._C._cuda_getDevice():
-            if not functools.reduce(operator.or_, pointers) & 15:
-                launch, function, metadata, cooperative, pdl = entry
-                # The C launcher takes every kernel parameter positionally, constexprs included;
-                # no scratch buffers, no launch metadata or hooks (those serve profilers).
-                launch(*grid, torch._C._cuda_getCurrentRawStream(device), function, cooperative, pdl,
-                       None, None, metadata, None, None, None, *pointers, *scalars, *constexprs)  # fmt: skip
+        # M costs one pass through _keyed_call. A cooperative launch never takes it (its grid
+        # can be refused, which the raw scalars do not decide), nor one with an unaligned pointer.
+        fast_key = None
+        if not self.options and not functools.reduce(operator.or_, pointers) & 15:
+            fast_key = (device, num_warps, constexprs, *map(_dtype, tensors), *scalars, *map(type, scalars))
+            entry = self.seen.get(fast_key)
+            # torch.cuda.current_device() less its lazy-initialisation check (CUDA is initialised
+            # once a CUDA tensor exists).
+            if entry is not None and device == torch._C._cuda_getDevice():
+                _call_c_launcher(entry, grid, device, pointers, scalars, constexprs)
                 return
         self._keyed_call(grid, args, num_warps, constexprs, pointers, device, fast_key)
 
     def _keyed_call(self, grid, args, num_warps, constexprs, pointers, device, fast_key) -> None:
         """A launch by Triton's specialisation key: a launch on a device other than the current
-        one, or the first with these scalars, or one with an unaligned pointer."""
+        one, or the first with these scalars, or a cooperative one, or one with an unaligned
+        pointer. ``fast_key``, where not None, is where the hot path will find it next time."""
         tensors, scalars = args[: self.pointers], args[self.pointers :]
         key = _launch_key(device, num_warps, constexprs, tensors, pointers, scalars)
         if self.refused and self._refused_before(key, grid):
@@ -269,9 +280,7 @@ class Launcher:
                 self._launch(key, grid, args, pointers, scalars, device, num_warps, constexprs)
             return
         self._launch(key, grid, args, pointers, scalars, device, num_warps, constexprs)
-        # Remembered for the hot path where every pointer is aligned; a cooperative launch
-        # never takes it (its grid can be refused, which the key of scalars does not decide).
-        if not self.options and not functools.reduce(operator.or_, pointers) & 15:
+        if fast_key is not None:
             if len(self.seen) >= SEEN_LAUNCHES:
                 self.seen.clear()
             self.seen[fast_key] = self.compiled[key]
@@ -310,25 +319,7 @@ class Launcher:
         if entry is None:
             self._first_launch(key, grid, args, num_warps, constexprs)
             return
-        launch, function, metadata, cooperative, pdl = entry
-        # The C launcher takes every kernel parameter positionally, constexprs included; no
-        # scratch buffers, no launch metadata or hooks (those serve profilers).
-        launch(
-            *grid,
-            torch._C._cuda_getCurrentRawStream(device),
-            function,
-            cooperative,
-            pdl,
-            None,
-            None,
-            metadata,
-            None,
-            None,
-            None,
-            *pointers,
-            *scalars,
-            *constexprs,
-        )
+        _call_c_launcher(entry, grid, device, pointers, scalars, constexprs)
 
     def _check_order(self, args: tuple) -> None:
         if not all(isinstance(t, Tensor) for t in args[: self.pointers]) or any(
