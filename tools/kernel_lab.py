@@ -1242,6 +1242,43 @@ def fwd_tile_1d(
         tl.store(Y + row * N + cols, y, mask=cols < N)
 
 
+@triton.jit
+def fwd_tile_r(
+    X, W, Y, RSTD, M, N, stride_x, eps, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+    HW_RSQRT: tl.constexpr, STORE_RSTD: tl.constexpr, ADDR32: tl.constexpr,
+):  # fmt: skip
+    """forward_tile (weight, no residual, default casting, masked) with three of its per-row
+    costs switchable: HW_RSQRT takes the hardware rsqrt (as Inductor's libdevice.rsqrt) instead
+    of the correctly rounded one, STORE_RSTD off skips the per-row r store (a forward that no
+    backward will follow), ADDR32 computes row offsets in 32-bit (valid while M * stride fits)."""
+    pid = tl.program_id(0)
+    first = pid * ROWS
+    local = tl.arange(0, ROWS)
+    rows = first + local
+    cols = tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    mask = row_ok[:, None] & (cols < N)[None, :]
+    if ADDR32:
+        x_ptrs = X + rows[:, None] * stride_x
+        y_ptrs = Y + rows[:, None] * N
+    else:
+        first64 = first.to(tl.int64)
+        local64 = local.to(tl.int64)[:, None]
+        x_ptrs = (X + first64 * stride_x) + local64 * stride_x
+        y_ptrs = (Y + first64 * N) + local64 * N
+    x = tl.load(x_ptrs + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    w_raw = tl.load(W + cols, mask=cols < N, other=0.0)
+    mean_square = tl.sum(x * x, axis=1) / N + eps
+    if HW_RSQRT:
+        rstd = tl.rsqrt(mean_square)
+    else:
+        rstd = kernels._rsqrt_rn(mean_square)
+    if STORE_RSTD:
+        tl.store(RSTD + rows, rstd, mask=row_ok)
+    y = x * rstd[:, None] * w_raw.to(tl.float32)[None, :]
+    tl.store(y_ptrs + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+
+
 # ---------------------------------------------------------------------------------------------
 # Harness
 # ---------------------------------------------------------------------------------------------
@@ -1364,6 +1401,16 @@ class Lab:
         self.rows.append(dict(kind=kind, shape=s["name"], variant=variant, us=us, frac=frac))
         print(f"{kind} {s['name']:>20} {variant:<44} {us:8.1f} us {frac:6.1%}", flush=True)
 
+    def time_reference(self, s: dict, variant: str, fn) -> None:
+        """Time ``fn``, a point of reference that computes no RMSNorm (a copy of the same bytes,
+        say), unchecked; the summary does not count it as a variant."""
+        if self.smoke:
+            return
+        us = self.median_us(fn)
+        frac = 2 * s["x"].numel() * s["x"].element_size() / (us * 1e-6) / 1e12 / self.copy_tbs
+        self.rows.append(dict(kind="fwd", shape=s["name"], variant=variant, us=us, frac=frac, reference=True))
+        print(f"fwd {s['name']:>20} {variant:<44} {us:8.1f} us {frac:6.1%}", flush=True)
+
     def production(self, s: dict) -> None:
         """The production forward and backward, and torch's fused forward, at this shape."""
         x, w, dy, n = s["x"], s["w"], s["dy"], s["n"]
@@ -1391,7 +1438,8 @@ class Lab:
         best: dict[tuple, dict] = {}
         for r in self.rows:
             key = (r["kind"], r["shape"])
-            if r["variant"] not in ("production", "torch F.rms_norm", "torch.compile", "liger", "quack"):
+            peer = r["variant"] in ("production", "torch F.rms_norm", "torch.compile", "liger", "quack")
+            if not peer and not r.get("reference"):
                 if key not in best or r["us"] < best[key]["us"]:
                     best[key] = r
         print("\nbest variant per shape, against production:")
@@ -2515,6 +2563,45 @@ def round_rows1024(lab: Lab) -> None:
                         lambda grid=grid, c=constexprs, w=warps: kernels.forward_tile[grid](*args, *c, num_warps=w))  # fmt: skip
 
 
+def round_rsqrt(lab: Lab) -> None:
+    """The tile forward's per-row costs that Inductor's kernel does not pay (tools/inductor_code.py
+    at 65536x1024): the correctly rounded rsqrt (Inductor: libdevice.rsqrt), the r store (an
+    inference kernel has none) and 64-bit row offsets; each switched off alone and all together
+    (fwd_tile_r, production's rows and warps), beside production, the peers and a device copy
+    of the same shape (y.copy_(x): the bytes of the forward, the ceiling at that size); at the
+    walked forward's widths (N > 4096) production, the peers and the copy only. Flushed L2, then
+    CUDA-graph replays."""
+    cases = (
+        [(5, 1024, torch.bfloat16), (3, 4096, torch.bfloat16)]
+        if lab.smoke
+        else [(65536, 1024, torch.bfloat16), (16384, 1024, torch.bfloat16), (32768, 4096, torch.bfloat16),
+              (4096, 4096, torch.float16), (16384, 8192, torch.bfloat16), (8192, 16384, torch.bfloat16),
+              (2048, 65536, torch.bfloat16)]
+    )  # fmt: skip
+    variants = {  # (HW_RSQRT, STORE_RSTD, ADDR32)
+        "as production": (False, True, False),
+        "hw rsqrt": (True, True, False),
+        "no r store": (False, False, False),
+        "32-bit rows": (False, True, True),
+        "all three": (True, False, True),
+    }
+    for _graphs in lab.flushed_then_graphs():
+        for m, n, dtype in cases:
+            s = lab.shape(m, n, dtype)
+            lab.production_forward(s)
+            if not lab.smoke:
+                peers(lab, s)
+                lab.time_reference(s, "device copy (y = x, same bytes)", lambda s=s: s["y"].copy_(s["x"]))
+            if n > launch.FORWARD_MAX_TILE:  # the walked forward: the references only
+                continue
+            block, rows, warps = launch.forward_config(n)
+            grid = (triton.cdiv(s["m"], rows),)
+            args = (s["x"], s["w"], s["y"], s["rstd_out"], s["m"], n, n, EPS, block, rows)
+            for name, switches in variants.items():
+                lab.run("fwd", s, f"tile_r {name}",
+                        lambda args=args, sw=switches: fwd_tile_r[grid](*args, *sw, num_warps=warps))  # fmt: skip
+
+
 ROUNDS = {
     "tile": round_tile,
     "persistent": round_persistent,
@@ -2547,6 +2634,7 @@ ROUNDS = {
     "l2prefetch": round_l2prefetch,
     "row4gap": round_row4gap,
     "stride": round_stride,
+    "rsqrt": round_rsqrt,
 }
 
 
