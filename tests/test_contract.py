@@ -313,9 +313,9 @@ FORWARD_WALK_PLANS = [
 
 @pytest.mark.parametrize(("n", "warps", "chunk", "store", "unroll"), FORWARD_WALK_PLANS)
 def test_forward_walk_plan(n, warps, chunk, store, unroll):
-    num_warps, constexprs = launch._forward_looped_plan(n, True, False, 0, True, False)
+    num_warps, constexprs = launch._forward_looped_plan(n, True, False, 0, True, False, True)
     # HAS_WEIGHT, HAS_RESIDUAL, CASTING, BLOCK_N, FIRST_WALK_POLICY, SECOND_WALK_POLICY, STORE_POLICY,
-    # UNROLL_WALKS, N, CONTIGUOUS, HAS_OFFSET
+    # UNROLL_WALKS, N, CONTIGUOUS, HAS_OFFSET, STORE_RSTD
     assert (num_warps, constexprs[3], constexprs[6], constexprs[7], constexprs[8]) == (
         warps,
         chunk,
@@ -324,4 +324,4 @@ def test_forward_walk_plan(n, warps, chunk, store, unroll):
         n,
     )
     assert constexprs[4:6] == ("evict_last", "evict_first")
-    assert constexprs[9:] == (True, False)  # CONTIGUOUS, HAS_OFFSET as asked
+    assert constexprs[9:] == (True, False, True)  # CONTIGUOUS, HAS_OFFSET, STORE_RSTD as asked

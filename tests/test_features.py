@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 import rmsnorm_kernel
+from rmsnorm_kernel import launch
 from rmsnorm_kernel.cases import EPS, TOLERANCES
 from rmsnorm_kernel.reference import rms_norm_reference
 
@@ -516,6 +517,39 @@ def test_common_call_matches_the_general_path(device, shape, dtype, offset, x_gr
     assert (dx1 is None, dw1 is None) == (not x_grad, not w_grad) == (dx2 is None, dw2 is None)
     assert dx1 is None or torch.equal(dx1, dx2)
     assert dw1 is None or torch.equal(dw1, dw2)
+
+
+# (shape, dtype, residual): the tile forward (unmasked at 3x4096), the two-walk and the wide one.
+NO_BACKWARD_CASES = [((17, 257), F32, False), ((3, 4096), BF16, False), ((3, 1024), F16, True),
+                     ((2, 9000), BF16, False), ((2, 24577), F32, True)]  # fmt: skip
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize(("shape", "dtype", "with_residual"), NO_BACKWARD_CASES)
+def test_forward_without_a_backward_skips_rstd(device, shape, dtype, with_residual, monkeypatch):
+    """A call with nothing to differentiate asks the kernels for no r (launch.forward's
+    want_rstd), and returns bitwise the y (and h) of the same call with a backward to follow.
+    Without r, y stands in for the kernels' r pointer, so a kernel that stored r anyway would
+    change y here."""
+    x0, w, r = make(shape, dtype, device, residual_dtype=dtype if with_residual else None)
+    asked = []
+    forward = launch.forward
+
+    def spy(*args):
+        asked.append(args[9])  # want_rstd
+        return forward(*args)
+
+    monkeypatch.setattr(launch, "forward", spy)
+    outputs = []
+    for grad in (True, False):
+        x = x0.detach().clone().requires_grad_(grad)
+        out = rmsnorm_kernel.rms_norm(x, weight=w, eps=EPS, residual=r)
+        outputs.append(out if with_residual else (out,))
+    assert asked == [True, False]
+    assert all(torch.equal(a, b) for a, b in zip(*outputs))
+    with torch.no_grad():
+        rmsnorm_kernel.rms_norm(x0.detach().requires_grad_(), weight=w, eps=EPS, residual=r)
+    assert asked[-1] is False
 
 
 # ---------------------------------------------------------------------------------------------

@@ -351,7 +351,7 @@ def test_walked_forward_knows_contiguous_rows_and_a_nonzero_offset(
     launch.forward(x, torch.randn(n), res, 1e-6, offset, 0, torch.float32, torch.float32)
     grid, args, _, constexprs = launch._forward_looped.last
     assert log == ["looped"] and grid == (3, 1, 1)
-    assert constexprs[8:] == (n, contiguous, has_offset)  # N, CONTIGUOUS, HAS_OFFSET
+    assert constexprs[8:] == (n, contiguous, has_offset, True)  # N, CONTIGUOUS, HAS_OFFSET, STORE_RSTD
     assert args[6:8] == (x.stride(0), res.stride(0) if res is not None else x.stride(0))
 
 
@@ -374,8 +374,37 @@ def test_tile_forward_drops_masks_only_for_few_full_rows(compiled_mode, monkeypa
     launch.forward(torch.randn(m, n), torch.randn(n), None, 1e-6, 0.0, 0, torch.float32, torch.float32)
     grid, _, _, constexprs = launch._forward_tile.last
     params = list(inspect.signature(kernels.forward_tile.fn).parameters)
-    assert params[-6:] == ["HAS_WEIGHT", "HAS_RESIDUAL", "CASTING", "BLOCK_N", "ROWS", "EVEN"]
-    assert constexprs[-1] is even and (constexprs[-2] == 1 or not even)
+    assert params[-7:] == ["HAS_WEIGHT", "HAS_RESIDUAL", "CASTING", "BLOCK_N", "ROWS", "EVEN", "STORE_RSTD"]
+    assert constexprs[-2] is even and (constexprs[-3] == 1 or not even)
+
+
+@pytest.mark.parametrize("want_rstd", [True, False])
+@pytest.mark.parametrize(
+    ("n", "launcher", "params"), [(1024, "_forward_tile", 7), (9000, "_forward_looped", 12)]
+)
+def test_forward_stores_rstd_only_when_asked(compiled_mode, monkeypatch, want_rstd, n, launcher, params):
+    """Without want_rstd no r is allocated or returned, and both forward kernels are told not to
+    store it (STORE_RSTD, their last constexpr); y stands in for the unused pointer."""
+    monkeypatch.setattr(launch, launcher, _Recorder(launcher, []))
+    y, rstd, _ = launch.forward(
+        torch.randn(3, n),
+        torch.randn(n),
+        None,
+        1e-6,
+        0.0,
+        0,
+        torch.float32,
+        torch.float32,
+        want_rstd=want_rstd,
+    )
+    _, args, _, constexprs = getattr(launch, launcher).last
+    kernel = kernels.forward_tile if launcher == "_forward_tile" else kernels.forward_looped
+    assert list(inspect.signature(kernel.fn).parameters)[-1] == "STORE_RSTD" and len(constexprs) == params
+    assert constexprs[-1] is want_rstd
+    if want_rstd:
+        assert rstd is not None and rstd.shape == (3,) and args[5] is rstd
+    else:
+        assert rstd is None and args[5] is y
 
 
 def _wide_backward_with_stand_ins(monkeypatch, fused_error=None, fused=None, calls=1):

@@ -120,6 +120,11 @@ def forward_tile(
     # 1024 rows and more ran slower (4096x4096 19.1 against 18.0, 32768x4096 131.7 against 128.4;
     # tools/kernel_lab.py even, on an H200, CUDA-graph timing).
     EVEN: tl.constexpr = False,
+    # Store r for the backward. Off where no backward follows (inference): a few bytes per row,
+    # but as scattered stores they cost more than their bytes at narrow rows (65536x1024 bf16
+    # 68.6 against 70.0 µs with the L2 flushed, 65.5 against 66.0 in CUDA-graph replays;
+    # tools/kernel_lab.py rsqrt, on an H200).
+    STORE_RSTD: tl.constexpr = True,
 ):
     pid = tl.program_id(0)
     first = pid * ROWS
@@ -152,7 +157,8 @@ def forward_tile(
         x = h.to(tl.float32)
 
     rstd = _rsqrt_rn(tl.sum(x * x, axis=1) / N + eps)
-    tl.store(RSTD + rows, rstd, mask=None if EVEN else row_ok)
+    if STORE_RSTD:
+        tl.store(RSTD + rows, rstd, mask=None if EVEN else row_ok)
 
     xn = x * rstd[:, None]
     if CASTING == 1:
@@ -239,6 +245,7 @@ def forward_looped(
     N: tl.constexpr,  # row length, known at compile time (see below)
     CONTIGUOUS: tl.constexpr,  # x's (and the residual's) rows are N apart: strides unused
     HAS_OFFSET: tl.constexpr,  # offset != 0 (Gemma): y = xn * (offset + w); else xn * w
+    STORE_RSTD: tl.constexpr = True,  # store r for the backward (off where none follows)
 ):
     """Rows wider than a tile, walked twice in BLOCK_N chunks by one program per row: the sum of
     squares, then the scale. The first walk's loads ask L2 to keep the row ("evict_last"), the
@@ -289,7 +296,8 @@ def forward_looped(
                 x_row, res_row, h_row, start + cols, N, FIRST_WALK_POLICY, HAS_RESIDUAL, True
             )
     rstd = _rsqrt_rn(tl.sum(acc, axis=0) / N + eps)
-    tl.store(RSTD + row, rstd)
+    if STORE_RSTD:
+        tl.store(RSTD + row, rstd)
 
     y_row = Y + row64 * N
     if HAS_RESIDUAL:

@@ -425,26 +425,34 @@ def backward_config(n: int) -> tuple[int, int, int, tuple[int, int], bool]:
 
 
 @functools.cache
-def _forward_tile_plan(n: int, has_weight: bool, has_residual: bool, casting: int, few_rows: bool) -> tuple:
+def _forward_tile_plan(
+    n: int, has_weight: bool, has_residual: bool, casting: int, few_rows: bool, store_rstd: bool
+) -> tuple:
     """(ROWS, num_warps, constexprs) of forward_tile; ``few_rows``: at most EVEN_MAX_ROWS rows."""
     block_n, rows, num_warps = forward_config(n)
     even = few_rows and n == block_n and rows == 1
-    return rows, num_warps, (has_weight, has_residual, casting, block_n, rows, even)
+    return rows, num_warps, (has_weight, has_residual, casting, block_n, rows, even, store_rstd)
 
 
 @functools.cache
 def _forward_looped_plan(
-    n: int, has_weight: bool, has_residual: bool, casting: int, contiguous: bool, has_offset: bool
+    n: int,
+    has_weight: bool,
+    has_residual: bool,
+    casting: int,
+    contiguous: bool,
+    has_offset: bool,
+    store_rstd: bool,
 ) -> tuple:
     """(num_warps, constexprs) of forward_looped; ``contiguous``: x's and the residual's rows
-    are n apart, ``has_offset``: the weight offset is nonzero."""
+    are n apart, ``has_offset``: the weight offset is nonzero, ``store_rstd``: r is stored."""
     if n <= TWO_WALK_MAX:
         num_warps, block, store, unroll = FORWARD_WALK_WARPS, FORWARD_WALK_BLOCK, "", False
     else:
         num_warps, block, store = FORWARD_WIDE_WARPS, FORWARD_WIDE_BLOCK, "evict_first"
         unroll = n <= FORWARD_WIDE_UNROLL * block
     # HAS_WEIGHT, HAS_RESIDUAL, CASTING, BLOCK_N, FIRST_WALK_POLICY, SECOND_WALK_POLICY, STORE_POLICY,
-    # UNROLL_WALKS, N, CONTIGUOUS, HAS_OFFSET
+    # UNROLL_WALKS, N, CONTIGUOUS, HAS_OFFSET, STORE_RSTD
     return num_warps, (
         has_weight,
         has_residual,
@@ -457,6 +465,7 @@ def _forward_looped_plan(
         n,
         contiguous,
         has_offset,
+        store_rstd,
     )
 
 
@@ -518,24 +527,28 @@ def forward(
     out_dtype: torch.dtype,
     residual_dtype: torch.dtype,
     shape: tuple[int, ...] | None = None,
-) -> tuple[Tensor, Tensor, Tensor | None]:
+    want_rstd: bool = True,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """x2, res2: (M, N) with unit row stride. Returns y, rstd (fp32) and h = x + residual (None
     without a residual): y and h of shape ``shape``, rstd of ``shape[:-1]``. ``shape`` (at least
     2-D, M * N elements) defaults to (M, N); a caller passes its input's shape to get outputs it
-    needs no views of."""
+    needs no views of. Without ``want_rstd`` (no backward will follow) r is neither allocated
+    nor stored, and rstd is None."""
     m, n = x2.shape
     device = x2.device
     if shape is None:
         shape = (m, n)
     # Sizes go to torch.empty as separate ints: its parser takes them faster than a tuple.
     y = torch.empty(*shape, dtype=out_dtype, device=device)
-    rstd = torch.empty(*shape[:-1], dtype=torch.float32, device=device)
+    rstd = torch.empty(*shape[:-1], dtype=torch.float32, device=device) if want_rstd else None
     h = torch.empty(*shape, dtype=residual_dtype, device=device) if res2 is not None else None
     if m == 0:
         return y, rstd, h
     # Pointers a kernel does not use get any valid tensor; weight is 1-D. y and h are fresh and
-    # contiguous: their row stride is n.
+    # contiguous: their row stride is n. Without want_rstd, y stands in for RSTD: a kernel that
+    # stored r anyway would overwrite y (which the tests would see).
     w = weight if weight is not None else x2
+    r_out = rstd if want_rstd else y
     stride_x = x2.stride(0)
     if res2 is None:
         r, hs, stride_r = x2, y, stride_x
@@ -543,16 +556,16 @@ def forward(
         r, hs, stride_r = res2, h, res2.stride(0)
     if n <= FORWARD_MAX_TILE:
         rows, num_warps, constexprs = _forward_tile_plan(
-            n, weight is not None, res2 is not None, casting, m <= EVEN_MAX_ROWS
+            n, weight is not None, res2 is not None, casting, m <= EVEN_MAX_ROWS, want_rstd
         )
-        args = (x2, r, w, y, hs, rstd, m, n, stride_x, stride_r, n, n, eps, offset)
+        args = (x2, r, w, y, hs, r_out, m, n, stride_x, stride_r, n, n, eps, offset)
         _forward_tile(((m + rows - 1) // rows, 1, 1), args, num_warps, constexprs)
     else:  # one program per row, the row kept in L2 between the walks
         contiguous = stride_x == n and stride_r == n
         num_warps, constexprs = _forward_looped_plan(
-            n, weight is not None, res2 is not None, casting, contiguous, offset != 0.0
+            n, weight is not None, res2 is not None, casting, contiguous, offset != 0.0, want_rstd
         )
-        args = (x2, r, w, y, hs, rstd, stride_x, stride_r, eps, offset)
+        args = (x2, r, w, y, hs, r_out, stride_x, stride_r, eps, offset)
         _forward_looped((m, 1, 1), args, num_warps, constexprs)
     return y, rstd, h
 

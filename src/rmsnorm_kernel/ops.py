@@ -46,9 +46,11 @@ def _run_forward(
     casting: int,
     out_dtype: torch.dtype,
     residual_dtype: torch.dtype,
-) -> tuple[Tensor, Tensor, Tensor | None]:
+    want_rstd: bool = True,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Normalise over the last dim. Returns (y, rstd, h) with x's shape (rstd without the last
-    dim); h = x + residual, None without one."""
+    dim; None without ``want_rstd``, where no backward will follow); h = x + residual, None
+    without one."""
     n = x.shape[-1]
     dim = x.dim()
     x2 = launch.as_rows(x, n)
@@ -56,10 +58,11 @@ def _run_forward(
     w = weight.view(n) if weight is not None and weight.dim() != 1 else weight
     # Outputs of more than two dims are allocated in x's shape rather than viewed into it.
     shape = x.shape if dim > 2 else None
-    y, rstd, h = launch.forward(x2, w, r2, eps, offset, casting, out_dtype, residual_dtype, shape)
+    y, rstd, h = launch.forward(x2, w, r2, eps, offset, casting, out_dtype, residual_dtype, shape, want_rstd)
     CALLS["forward"] += 1
     if dim == 1:
-        y, rstd = y.view(x.shape), rstd.view(())
+        y = y.view(x.shape)
+        rstd = rstd.view(()) if rstd is not None else None
         h = h.view(x.shape) if h is not None else None
     return y, rstd, h
 
@@ -387,7 +390,7 @@ def rms_norm(
             )
             if torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)):
                 return _apply_plain(x, weight, options)
-            return _run_forward(x, weight, None, *options)[0]
+            return _run_forward(x, weight, None, *options, want_rstd=False)[0]
 
     n, shape = _normalized_size(x, normalized_shape, weight)
     if eps is None:
@@ -432,8 +435,8 @@ def rms_norm(
     ):
         out = _EagerFunction.apply(x_in, weight, res_in, options)
         y, h = out if residual is not None else (out, None)
-    else:  # nothing to differentiate: skip autograd's bookkeeping
-        y, _rstd, h = _run_forward(x_in, weight, res_in, *options)
+    else:  # nothing to differentiate: skip autograd's bookkeeping, and r
+        y, _rstd, h = _run_forward(x_in, weight, res_in, *options, want_rstd=False)
     if k > 1:
         y = y.view(x.shape)
         h = h.view(x.shape) if residual is not None else h
