@@ -241,6 +241,22 @@ def test_run_records_every_sample_and_summary(cpu_run):
             assert row["device_fraction_of_copy"] == pytest.approx(row["device_tbs"] / cpu_run["copy"]["tbs"])
 
 
+def test_run_times_a_copy_of_each_shapes_x(cpu_run):
+    """Each shape of a forward run gets x.clone() timed both ways: the forward's bytes moved by a
+    copy, with the shape's fields for the plot."""
+    assert set(cpu_run["same_bytes_copy"]) == {case.name for case in TINY}
+    for case in TINY:
+        entry = cpu_run["same_bytes_copy"][case.name]
+        assert entry["error"] is None and (entry["m"], entry["n"], entry["group"]) == (
+            case.m,
+            case.n,
+            case.group,
+        )
+        assert entry["bytes"] == case.nbytes["forward"] == 2 * case.m * case.n * case.dtype.itemsize
+        assert entry["median_ms"] > 0 and entry["device_median_ms"] > 0
+        assert entry["tbs"] == pytest.approx(entry["bytes"] / (entry["median_ms"] * 1e-3) / 1e12)
+
+
 def test_run_errors_are_small_for_fp32_compute_paths(cpu_run):
     for row in cpu_run["results"]:
         if row["provider"] in ("native", "eager") and row["dtype"] == "float32":
@@ -412,14 +428,20 @@ def test_performance_markdown(cpu_run):
         row["provider"] = "kernel" if row["provider"] == "eager" else row["provider"]
     text = plots.performance_markdown(run, "bw.png")
     lines = text.splitlines()
-    columns = "| shape | mode | kernel µs | kernel TB/s | of copy | best peer | peer µs | peer/kernel |"
+    columns = "| shape | mode | kernel µs | kernel TB/s | of copy | copy of x µs | best peer | peer µs | peer/kernel |"
     table = lines[lines.index(columns) + 2 :][: len(TINY) * 2]
-    assert all(line.startswith("| ") and line.count(" | ") == 7 for line in table)
+    assert all(line.startswith("| ") and line.count(" | ") == 8 for line in table)
     rows = bench.index_rows(run)
     kernel, native = rows["kernel", "8x64-float32", "forward"], rows["native", "8x64-float32", "forward"]
+    copy = run["same_bytes_copy"]["8x64-float32"]
     cells = table[0].strip("| ").split(" | ")
     assert cells[:3] == ["8x64-float32", "forward", f"{kernel['median_ms'] * 1e3:.1f}"]
-    assert cells[5:] == [
+    assert cells[5] == f"{copy['median_ms'] * 1e3:.1f}"
+    assert table[1].strip("| ").split(" | ")[1:2] + table[1].strip("| ").split(" | ")[5:6] == [
+        "forward+backward",
+        "-",
+    ]
+    assert cells[6:] == [
         "native",
         f"{native['median_ms'] * 1e3:.1f}",
         f"{native['median_ms'] / kernel['median_ms']:.2f}",
@@ -430,9 +452,10 @@ def test_performance_markdown(cpu_run):
     device_table = lines[len(lines) - lines[::-1].index(columns) + 1 :][: len(TINY) * 2]
     cells = device_table[0].strip("| ").split(" | ")
     assert cells[2] == f"{kernel['device_median_ms'] * 1e3:.1f}"
+    assert cells[5] == f"{copy['device_median_ms'] * 1e3:.1f}"
     best = min((r for r in (native, rows["broken", "8x64-float32", "forward"]) if r.get("device_median_ms")),
                key=lambda r: r["device_median_ms"])  # fmt: skip
-    assert cells[5:] == [
+    assert cells[6:] == [
         "native",
         f"{best['device_median_ms'] * 1e3:.1f}",
         f"{best['device_median_ms'] / kernel['device_median_ms']:.2f}",

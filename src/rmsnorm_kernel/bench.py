@@ -24,7 +24,9 @@ captured keeps its host-inclusive figures and records why under ``device_error``
 
 Bandwidth counts the fewest bytes a pass must move (:func:`rmsnorm_kernel.cases.bytes_moved`)
 and is also given as a fraction of a device-to-device copy measured in the same run (a 2 GiB
-bf16 copy, bytes read plus written).
+bf16 copy, bytes read plus written). With the forward mode, each shape also gets a copy of its
+own x (``x.clone()``: the forward's bytes, read M·N and written M·N), timed both ways: what a
+pass of those bytes reaches at that size, where launch and tail costs weigh more than at 2 GiB.
 
 Errors are the relative L2 distance ``||out - ref|| / ||ref||`` to a float64 oracle computed
 from the same inputs: y for the forward mode, dx and dw for forward+backward.
@@ -440,6 +442,37 @@ def make_residual(case: Case, seed: int = 0) -> torch.Tensor:
     return torch.randn(case.m, case.n, device=DEVICE, dtype=torch.float32, generator=g).to(case.dtype)
 
 
+def measure_same_bytes_copy(
+    case: Case, x: torch.Tensor, *, samples: int, flush: torch.Tensor | None, device_time: bool
+) -> dict[str, Any]:
+    """``x.clone()`` timed as a provider's forward is (whole calls; with ``device_time`` also
+    graph replays): the forward's bytes moved by a copy, the ceiling at this shape's size. A
+    failure is recorded under ``error``, not raised."""
+    entry: dict[str, Any] = {
+        "m": case.m,
+        "n": case.n,
+        "dtype": str(case.dtype).removeprefix("torch."),
+        "group": case.group,
+        "bytes": case.nbytes["forward"],
+        "median_ms": None,
+        "tbs": None,
+        "device_median_ms": None,
+        "device_tbs": None,
+        "error": None,
+    }
+    try:
+        entry["median_ms"] = median(time_cuda(x.clone, samples=samples, flush=flush))
+        entry["tbs"] = bandwidth_tbs(entry["bytes"], entry["median_ms"])
+        if device_time:
+            graph, reps = graph_for(x.clone, flush)
+            entry["device_median_ms"] = median(time_graph(graph, reps, samples, flush))
+            entry["device_tbs"] = bandwidth_tbs(entry["bytes"], entry["device_median_ms"])
+    except Exception as exc:
+        entry["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        torch.cuda.synchronize()
+    return entry
+
+
 def oracle64(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, eps: float):
     """y, dx, dw in float64 by autograd through the defining formula."""
     xd = x.detach().double().requires_grad_()
@@ -617,6 +650,7 @@ def run_benchmarks(
         },
     }
     run["copy"] = measure_copy(copy_elements)
+    run["same_bytes_copy"] = {}  # shape name -> measure_same_bytes_copy's entry (forward runs)
     copy_tbs = run["copy"]["tbs"]
     flush = make_flush(flush_bytes)
     rows: list[dict[str, Any]] = []
@@ -703,6 +737,10 @@ def run_benchmarks(
                         if row["device_error"] is None:
                             _time_device(row, graphs, (name, mode), fns[name], x, w, dy, samples, flush)
             graphs.clear()
+            if "forward" in modes:
+                run["same_bytes_copy"][case.name] = measure_same_bytes_copy(
+                    case, x, samples=samples * blocks, flush=flush, device_time=device_time
+                )
             for row in by_key.values():
                 _summarise(row, copy_tbs)
                 rows.append(row)

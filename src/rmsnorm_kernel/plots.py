@@ -53,6 +53,18 @@ def bandwidth_series(
     return {p: sorted(points) for p, points in series.items()}
 
 
+def same_bytes_copy_series(run: dict[str, Any], *, dtype: str = "bfloat16", group: str = "large") -> list:
+    """[(N, TB/s)] of the per-shape copies of x (the forward's bytes), with bandwidth_series's
+    rule where two shapes share N; empty for a run without them."""
+    best: dict[int, tuple[int, float]] = {}
+    for entry in (run.get("same_bytes_copy") or {}).values():
+        if entry["dtype"] != dtype or entry["group"] != group or entry.get("tbs") is None:
+            continue
+        if entry["n"] not in best or entry["m"] > best[entry["n"]][0]:
+            best[entry["n"]] = (entry["m"], entry["tbs"])
+    return sorted((n, tbs) for n, (_, tbs) in best.items())
+
+
 def plot_bandwidth(
     run: dict[str, Any] | str | Path,
     out: str | Path,
@@ -82,6 +94,12 @@ def plot_bandwidth(
                 color=color,
                 label=provider,
                 linewidth=2 if provider == "kernel" else 1,
+            )
+        copies = same_bytes_copy_series(run, dtype=dtype, group=group) if mode == "forward" else []
+        if copies:
+            ns, tbs = zip(*copies)
+            ax.plot(
+                ns, tbs, color="black", linestyle=":", marker=".", linewidth=1, label="copy of x (same bytes)"
             )
         if copy_tbs:
             ax.axhline(
@@ -118,7 +136,9 @@ def performance_markdown(run: dict[str, Any], png: str | None = None) -> str:
         f"ceiling measured in the same run: **{copy.get('tbs', float('nan')):.2f} TB/s**. Timing: "
         f"{settings.get('timing')}; medians of {settings.get('blocks')} blocks x "
         f"{settings.get('samples_per_block')} samples. Bandwidth counts the fewest "
-        "bytes (forward 2·M·N·elem, forward+backward 5·M·N·elem).",
+        "bytes (forward 2·M·N·elem, forward+backward 5·M·N·elem). *Copy of x*: `x.clone()` at the "
+        "forward's shape, timed the same way: the forward's bytes moved by a copy, what a pass of "
+        "those bytes reaches at that size.",
         "",
         "## Whole calls",
         "",
@@ -145,10 +165,11 @@ def _table(run: dict[str, Any], prefix: str) -> list[str]:
     """Rows of one table; ``prefix`` "" reads median_ms/tbs/fraction_of_copy, "device_" the
     GPU-only figures."""
     rows = bench.index_rows(run)
+    copies = run.get("same_bytes_copy") or {}
     med, tbs, frac = f"{prefix}median_ms", f"{prefix}tbs", f"{prefix}fraction_of_copy"
     lines = [
-        "| shape | mode | kernel µs | kernel TB/s | of copy | best peer | peer µs | peer/kernel |",
-        "|---|---|---|---|---|---|---|---|",
+        "| shape | mode | kernel µs | kernel TB/s | of copy | copy of x µs | best peer | peer µs | peer/kernel |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     keys = sorted({(r["shape"], r["mode"]) for r in run["results"]}, key=lambda k: _order(run, k))
     for shape, mode in keys:
@@ -169,6 +190,8 @@ def _table(run: dict[str, Any], prefix: str) -> list[str]:
             k_cells = ["failed" if kernel and kernel["status"] != "ok" else "-", "-", "-"]
         else:
             k_cells = [f"{kernel[med] * 1e3:.1f}", f"{kernel[tbs]:.2f}", f"{100 * kernel[frac]:.0f}%"]
+        copy_ms = (copies.get(shape) or {}).get(med) if mode == "forward" else None
+        k_cells.append(f"{copy_ms * 1e3:.1f}" if copy_ms else "-")
         if best is None:
             p_cells = ["-", "-", "-"]
         else:
