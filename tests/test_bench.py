@@ -379,6 +379,7 @@ def test_worker_writes_its_round(fake_cuda, tmp_path):
     run = bench.load_run(out)
     assert (run["label"], run["round"], run["git"]["commit"]) == ("head", 3, "abc")
     assert len(run["results"]) == 1 and len(run["results"][0]["samples_ms"]) == 5
+    assert run["same_bytes_copy"] == {}  # the gate reads the kernel's rows only: no copies timed
 
 
 def test_worker_refuses_a_package_from_elsewhere(fake_cuda, tmp_path, capsys):
