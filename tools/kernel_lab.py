@@ -1288,6 +1288,62 @@ def fwd_tile_r(
     tl.store(y_ptrs + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def fwd_split_row(
+    X, W, Y, eps, N: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr, ROTATE: tl.constexpr,
+):  # fmt: skip
+    """The wide forward with each row shared by SPLIT programs and no exchange between them:
+    every program walks the whole row for the sum of squares (evict_last), then re-reads and
+    scales only its own 1/SPLIT of the row. Each program's unit of work is 1/SPLIT of a row, at
+    the price of SPLIT - 1 extra reads of the row from L2. ROTATE: a program's first walk starts
+    at its own segment, so that each chunk comes from HBM once, by its owner, and the others
+    find it in L2; else all start at chunk 0 and meet on the same lines. Rows contiguous, N a
+    multiple of SPLIT * BLOCK, with at most four chunks per program's segment; a weight, no
+    offset, default casting, no r stored."""
+    CHUNKS: tl.constexpr = N // BLOCK
+    PER: tl.constexpr = CHUNKS // SPLIT
+    tl.static_assert(PER * SPLIT * BLOCK == N and PER <= 4, "N = SPLIT * BLOCK * (1 to 4)")
+    pid = tl.program_id(0)
+    row = pid // SPLIT
+    seg = pid % SPLIT
+    cols = tl.arange(0, BLOCK)
+    x_row = X + row.to(tl.int64) * N
+    y_row = Y + row.to(tl.int64) * N
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for c in tl.static_range(CHUNKS):
+        if ROTATE:
+            k = (seg * PER + c) % CHUNKS
+        else:
+            k = c
+        x = tl.load(x_row + k * BLOCK + cols, eviction_policy="evict_last").to(tl.float32)
+        acc += x * x
+    rstd = kernels._rsqrt_rn(tl.sum(acc, axis=0) / N + eps)
+    start = seg * (PER * BLOCK)
+    x0 = tl.load(x_row + start + cols, eviction_policy="evict_first")
+    x1 = x0
+    x2 = x0
+    x3 = x0
+    if PER > 1:
+        x1 = tl.load(x_row + start + BLOCK + cols, eviction_policy="evict_first")
+    if PER > 2:
+        x2 = tl.load(x_row + start + 2 * BLOCK + cols, eviction_policy="evict_first")
+    if PER > 3:
+        x3 = tl.load(x_row + start + 3 * BLOCK + cols, eviction_policy="evict_first")
+    kernels._store_scaled(x0, y_row, W, start + cols, N, rstd, 0.0, "evict_first", True, False, 0, False)
+    if PER > 1:
+        kernels._store_scaled(
+            x1, y_row, W, start + BLOCK + cols, N, rstd, 0.0, "evict_first", True, False, 0, False
+        )
+    if PER > 2:
+        kernels._store_scaled(
+            x2, y_row, W, start + 2 * BLOCK + cols, N, rstd, 0.0, "evict_first", True, False, 0, False
+        )
+    if PER > 3:
+        kernels._store_scaled(
+            x3, y_row, W, start + 3 * BLOCK + cols, N, rstd, 0.0, "evict_first", True, False, 0, False
+        )
+
+
 # ---------------------------------------------------------------------------------------------
 # Harness
 # ---------------------------------------------------------------------------------------------
@@ -2625,6 +2681,40 @@ def round_rsqrt(lab: Lab) -> None:
                         lambda args=args, sw=switches: fwd_tile_r[grid](*args, *sw, num_warps=warps))  # fmt: skip
 
 
+def round_splitrow(lab: Lab) -> None:
+    """The wide forward with a row shared by 2, 4 or 8 programs that each walk the whole row for
+    the sum of squares and scale their own part (fwd_split_row: smaller units of work per
+    program, for extra reads from L2), chunks of 8192 or 16384, 16 or 32 warps, the first walk
+    rotated or not; beside production, the peers and a copy of x. Flushed L2, then CUDA-graph
+    replays."""
+    cases = (
+        [(3, 65536, torch.bfloat16)]
+        if lab.smoke
+        else [(2048, 65536, torch.bfloat16), (4096, 32768, torch.bfloat16)]
+    )
+    for _graphs in lab.flushed_then_graphs():
+        for m, n, dtype in cases:
+            s = lab.shape(m, n, dtype)
+            lab.production_forward(s)
+            if not lab.smoke:
+                peers(lab, s)
+                lab.time_reference(s, "copy of x", s["x"].clone)
+            for split, block, warps, rotate in itertools.product(
+                (2, 4, 8), (8192, 16384), (8, 16, 32), (True, False)
+            ):
+                per = n // block // split
+                if (
+                    per < 1
+                    or per > 4
+                    or per * split * block != n
+                    or (lab.smoke and (warps != 8 or block != 8192))
+                ):
+                    continue
+                grid = (s["m"] * split,)
+                lab.run("fwd", s, f"split{split} chunk{block} w{warps} rotate={rotate}",
+                        lambda g=grid, c=(n, block, split, rotate), w=warps: fwd_split_row[g](s["x"], s["w"], s["y"], EPS, *c, num_warps=w))  # fmt: skip
+
+
 ROUNDS = {
     "tile": round_tile,
     "persistent": round_persistent,
@@ -2658,6 +2748,7 @@ ROUNDS = {
     "row4gap": round_row4gap,
     "stride": round_stride,
     "rsqrt": round_rsqrt,
+    "splitrow": round_splitrow,
 }
 
 
