@@ -2700,14 +2700,14 @@ def round_splitrow(lab: Lab) -> None:
                 peers(lab, s)
                 lab.time_reference(s, "copy of x", s["x"].clone)
             for split, block, warps, rotate in itertools.product(
-                (2, 4, 8), (8192, 16384), (8, 16, 32), (True, False)
+                (2, 4, 8), (8192, 16384), (16, 32), (True, False)
             ):
                 per = n // block // split
                 if (
                     per < 1
                     or per > 4
                     or per * split * block != n
-                    or (lab.smoke and (warps != 8 or block != 8192))
+                    or (lab.smoke and (warps != 16 or block != 8192))
                 ):
                     continue
                 grid = (s["m"] * split,)
