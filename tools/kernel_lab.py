@@ -151,12 +151,19 @@ Rounds, and what they decided (H200, bf16 unless named; figures in docs/performa
               hardware rsqrt 131.2 against 128.6). The copy of the same bytes: 68.6 and 65.1 µs
               at 65536x1024, 129.9 and 127.7 at 2048x65536 (production's walked forward 138.9
               and 134.6, quack 135.1 and 132.9). Chose: no r store where no backward follows.
+  splitrow    the wide forward with a row shared by 2, 4 or 8 programs, each walking the whole
+              row for the sum of squares and scaling its own part (no exchange; smaller units of
+              work for extra L2 reads), 8192- or 16384-wide chunks, 16 or 32 warps, the first
+              walk rotated to start at the program's own part or not. Slower at every setting:
+              2048x65536 bf16 at best 143.2 µs against production's 134.3 (CUDA-graph timing;
+              146.1 against 139.0 flushed), 4096x32768 at best 137.7 against 128.6; 4 and 8
+              programs per row 164-457 µs. Not used.
 
 The first four rounds were run on the H200 as separate scripts and merged into this file; from
 this file the H200 has run lean, static, confirm, tile1d, small, split, wide2, wide3,
 prefetch, reorder, reorder2, tile2, offset, hints3, ahead, ahead2, carry, launch, launch2,
-ahead3, fahead, maxnreg, l2prefetch, row4gap, stride, even, even2, rows1024 and rsqrt. Every
-round passes --smoke.
+ahead3, fahead, maxnreg, l2prefetch, row4gap, stride, even, even2, rows1024, rsqrt and
+splitrow. Every round passes --smoke.
 """
 
 from __future__ import annotations
