@@ -1396,6 +1396,18 @@ class Lab:
             self.time_with_graphs()
             yield True
 
+    def forward_shapes(self, cases, with_peers: bool = False):
+        """For a forward round: under each timing (flushed_then_graphs), each case ((M, N) or
+        (M, N, dtype)) as a shape dict, yielded once production's forward and, ``with_peers``,
+        the peers have been timed on it."""
+        for _graphs in self.flushed_then_graphs():
+            for case in cases:
+                s = self.shape(*case)
+                self.production_forward(s)
+                if with_peers and not self.smoke:
+                    peers(self, s)
+                yield s
+
     def production_forward(self, s: dict) -> None:
         """The production forward at this shape, the baseline of a forward round (not under
         --smoke)."""
@@ -2459,24 +2471,22 @@ def round_maxnreg(lab: Lab) -> None:
                      (8192, 32, False, 32, ""), (16384, 32, False, 32, "")]}  # fmt: skip
     shapes = [(3, 1024), (3, 4096), (3, 16384)] if lab.smoke else [(65536, 1024), (32768, 4096), (2048, 65536),
                                                                    (8192, 16384)]  # fmt: skip
-    for _graphs in lab.flushed_then_graphs():
-        for m, n in shapes:
-            s = lab.shape(m, n)
-            x = s["x"]
-            lab.production_forward(s)
-            for rows, warps, maxnreg in tile.get(n, []):
-                args = (x, x, s["w"], s["y"], x, s["rstd_out"], s["m"], n, n, n, n, n, EPS, 0.0)
-                grid = (triton.cdiv(s["m"], rows),)
-                _run_noting_registers(lab, s, f"tile r{rows} w{warps} maxnreg {maxnreg}",
-                        lambda args=args, grid=grid, rows=rows, warps=warps, maxnreg=maxnreg:
-                        kernels.forward_tile[grid](*args, True, False, 0, n, rows, num_warps=warps,
-                                                   **_with_maxnreg(maxnreg)))  # fmt: skip
-            for block, warps, unroll, maxnreg, store in walks.get(n, []):
-                args = (x, x, s["w"], s["y"], s["y"], s["rstd_out"], n, n, EPS, 0.0)
-                _run_noting_registers(lab, s, f"walk b{block} w{warps} unroll{int(unroll)} maxnreg {maxnreg} st={store or '-'}",
-                        lambda args=args, block=block, warps=warps, unroll=unroll, maxnreg=maxnreg, store=store:
-                        kernels.forward_looped[(s["m"],)](*args, True, False, 0, block, *policies, store, unroll, n, True, False,
-                                                          num_warps=warps, **_with_maxnreg(maxnreg)))  # fmt: skip
+    for s in lab.forward_shapes(shapes):
+        n = s["n"]
+        x = s["x"]
+        for rows, warps, maxnreg in tile.get(n, []):
+            args = (x, x, s["w"], s["y"], x, s["rstd_out"], s["m"], n, n, n, n, n, EPS, 0.0)
+            grid = (triton.cdiv(s["m"], rows),)
+            _run_noting_registers(lab, s, f"tile r{rows} w{warps} maxnreg {maxnreg}",
+                    lambda args=args, grid=grid, rows=rows, warps=warps, maxnreg=maxnreg:
+                    kernels.forward_tile[grid](*args, True, False, 0, n, rows, num_warps=warps,
+                                               **_with_maxnreg(maxnreg)))  # fmt: skip
+        for block, warps, unroll, maxnreg, store in walks.get(n, []):
+            args = (x, x, s["w"], s["y"], s["y"], s["rstd_out"], n, n, EPS, 0.0)
+            _run_noting_registers(lab, s, f"walk b{block} w{warps} unroll{int(unroll)} maxnreg {maxnreg} st={store or '-'}",
+                    lambda args=args, block=block, warps=warps, unroll=unroll, maxnreg=maxnreg, store=store:
+                    kernels.forward_looped[(s["m"],)](*args, True, False, 0, block, *policies, store, unroll, n, True, False,
+                                                      num_warps=warps, **_with_maxnreg(maxnreg)))  # fmt: skip
 
 
 def round_l2prefetch(lab: Lab) -> None:
@@ -2487,26 +2497,24 @@ def round_l2prefetch(lab: Lab) -> None:
     CUDA-graph replays."""
     shapes = [(5, 4096)] if lab.smoke else [(2048, 65536), (4096, 32768)]
     on = 0 if lab.smoke else 1
-    for _graphs in lab.flushed_then_graphs():
-        for m, n in shapes:
-            s = lab.shape(m, n)
-            x = s["x"]
-            line = 128 // x.element_size()
-            lab.production_forward(s)
-            if not lab.smoke:
-                lab.run("fwd", s, "fwd_row4 w32", row4_forward(s, 32))
-            variants = [(0, a, 0, w) for a in (1, 2, 3) for w in (0, 1)] + [
-                (1, 0, p, w) for p in (1, 2) for w in (0, 1)
-            ]
-            for persistent, ahead, per_sm, where in variants:
-                programs = min(s["m"], per_sm * lab.sms) if persistent else s["m"]
-                name = (
-                    f"prefetch persistent p{per_sm}" if persistent else f"prefetch ahead {ahead}x SMs"
-                ) + f" at {where}"
-                args = (x, s["w"], s["y"], s["rstd_out"], s["m"], programs, EPS, n, n // 4, line,
-                        ahead * lab.sms, persistent, where, on)  # fmt: skip
-                lab.run("fwd", s, name,
-                        lambda args=args, programs=programs: fwd_wide_prefetch[(programs,)](*args, num_warps=32))  # fmt: skip
+    for s in lab.forward_shapes(shapes):
+        n = s["n"]
+        x = s["x"]
+        line = 128 // x.element_size()
+        if not lab.smoke:
+            lab.run("fwd", s, "fwd_row4 w32", row4_forward(s, 32))
+        variants = [(0, a, 0, w) for a in (1, 2, 3) for w in (0, 1)] + [
+            (1, 0, p, w) for p in (1, 2) for w in (0, 1)
+        ]
+        for persistent, ahead, per_sm, where in variants:
+            programs = min(s["m"], per_sm * lab.sms) if persistent else s["m"]
+            name = (
+                f"prefetch persistent p{per_sm}" if persistent else f"prefetch ahead {ahead}x SMs"
+            ) + f" at {where}"
+            args = (x, s["w"], s["y"], s["rstd_out"], s["m"], programs, EPS, n, n // 4, line,
+                    ahead * lab.sms, persistent, where, on)  # fmt: skip
+            lab.run("fwd", s, name,
+                    lambda args=args, programs=programs: fwd_wide_prefetch[(programs,)](*args, num_warps=32))  # fmt: skip
 
 
 def round_row4gap(lab: Lab) -> None:
@@ -2515,31 +2523,29 @@ def round_row4gap(lab: Lab) -> None:
     addresses rows by runtime strides): fwd_row4_v with each difference on and off, beside
     production and fwd_row4, flushed L2, then CUDA-graph replays."""
     shapes = [(3, 4096)] if lab.smoke else [(2048, 65536), (4096, 32768)]
-    for _graphs in lab.flushed_then_graphs():
-        for m, n in shapes:
-            s = lab.shape(m, n)
-            x = s["x"]
-            lab.production_forward(s)
-            if not lab.smoke:
-                lab.run("fwd", s, "fwd_row4 w32", row4_forward(s, 32))
-            for strided, add_offset, wide_row in itertools.product([0, 1], [0, 1], [0, 1]):
-                args = (
-                    x,
-                    s["w"],
-                    s["y"],
-                    s["rstd_out"],
-                    n,
-                    n,
-                    EPS,
-                    0.0,
-                    n,
-                    n // 4,
-                    strided,
-                    add_offset,
-                    wide_row,
-                )
-                lab.run("fwd", s, f"row4 strided{strided} offset{add_offset} wide_row{wide_row}",
-                        lambda args=args: fwd_row4_v[(s["m"],)](*args, num_warps=32 if not lab.smoke else 4))  # fmt: skip
+    for s in lab.forward_shapes(shapes):
+        n = s["n"]
+        x = s["x"]
+        if not lab.smoke:
+            lab.run("fwd", s, "fwd_row4 w32", row4_forward(s, 32))
+        for strided, add_offset, wide_row in itertools.product([0, 1], [0, 1], [0, 1]):
+            args = (
+                x,
+                s["w"],
+                s["y"],
+                s["rstd_out"],
+                n,
+                n,
+                EPS,
+                0.0,
+                n,
+                n // 4,
+                strided,
+                add_offset,
+                wide_row,
+            )
+            lab.run("fwd", s, f"row4 strided{strided} offset{add_offset} wide_row{wide_row}",
+                    lambda args=args: fwd_row4_v[(s["m"],)](*args, num_warps=32 if not lab.smoke else 4))  # fmt: skip
 
 
 def round_stride(lab: Lab) -> None:
@@ -2550,31 +2556,29 @@ def round_stride(lab: Lab) -> None:
     cases = [(3, 1024, torch.bfloat16)] if lab.smoke else [
         (65536, 1024, torch.bfloat16), (32768, 4096, torch.bfloat16), (4096, 4096, torch.float16),
         (4096, 4096, torch.float32), (256, 4096, torch.bfloat16)]  # fmt: skip
-    for _graphs in lab.flushed_then_graphs():
-        for m, n, dtype in cases:
-            s = lab.shape(m, n, dtype)
-            x = s["x"]
-            lab.production_forward(s)
-            block, rows, warps = launch.forward_config(n)
-            for stride, has_offset in itertools.product([0, n], [1, 0]):
-                args = (
-                    x,
-                    s["w"],
-                    s["y"],
-                    s["rstd_out"],
-                    s["m"],
-                    n,
-                    n,
-                    EPS,
-                    0.0,
-                    block,
-                    rows,
-                    stride,
-                    has_offset,
-                )
-                grid = (triton.cdiv(s["m"], rows),)
-                lab.run("fwd", s, f"tile stride {stride or 'runtime'} offset{has_offset}",
-                        lambda args=args, grid=grid, warps=warps: fwd_tile_s[grid](*args, num_warps=warps))  # fmt: skip
+    for s in lab.forward_shapes(cases):
+        n = s["n"]
+        x = s["x"]
+        block, rows, warps = launch.forward_config(n)
+        for stride, has_offset in itertools.product([0, n], [1, 0]):
+            args = (
+                x,
+                s["w"],
+                s["y"],
+                s["rstd_out"],
+                s["m"],
+                n,
+                n,
+                EPS,
+                0.0,
+                block,
+                rows,
+                stride,
+                has_offset,
+            )
+            grid = (triton.cdiv(s["m"], rows),)
+            lab.run("fwd", s, f"tile stride {stride or 'runtime'} offset{has_offset}",
+                    lambda args=args, grid=grid, warps=warps: fwd_tile_s[grid](*args, num_warps=warps))  # fmt: skip
 
 
 def _tile_with_and_without_masks(lab: Lab, cases: list, more_warps_up_to: int) -> None:
@@ -2582,23 +2586,17 @@ def _tile_with_and_without_masks(lab: Lab, cases: list, more_warps_up_to: int) -
     multiple of the rows per program, as a launcher would have to ask), and the peers, at each
     (M, N, dtype); up to ``more_warps_up_to`` rows also with 4 and 8 warps. Flushed L2, then
     CUDA-graph replays."""
-    for _graphs in lab.flushed_then_graphs():
-        for m, n, dtype in cases:
-            s = lab.shape(m, n, dtype)
-            lab.production_forward(s)
-            if not lab.smoke:
-                peers(lab, s)
-            block, rows, warps = launch.forward_config(n)
-            x = s["x"]
-            args = (x, x, s["w"], s["y"], s["y"], s["rstd_out"], s["m"], n, n, n, n, n, EPS, 0.0)
-            evens = (False, True) if s["m"] % rows == 0 else (False,)
-            for even, w in itertools.product(
-                evens, sorted({warps, 4, 8} if m <= more_warps_up_to else {warps})
-            ):
-                constexprs = (True, False, 0, block, rows, even)
-                grid = (triton.cdiv(s["m"], rows),)
-                lab.run("fwd", s, f"tile EVEN={even} rows{rows} w{w}",
-                        lambda grid=grid, c=constexprs, w=w: kernels.forward_tile[grid](*args, *c, num_warps=w))  # fmt: skip
+    for s in lab.forward_shapes(cases, with_peers=True):
+        m, n = s["m"], s["n"]
+        block, rows, warps = launch.forward_config(n)
+        x = s["x"]
+        args = (x, x, s["w"], s["y"], s["y"], s["rstd_out"], s["m"], n, n, n, n, n, EPS, 0.0)
+        evens = (False, True) if s["m"] % rows == 0 else (False,)
+        for even, w in itertools.product(evens, sorted({warps, 4, 8} if m <= more_warps_up_to else {warps})):
+            constexprs = (True, False, 0, block, rows, even)
+            grid = (triton.cdiv(s["m"], rows),)
+            lab.run("fwd", s, f"tile EVEN={even} rows{rows} w{w}",
+                    lambda grid=grid, c=constexprs, w=w: kernels.forward_tile[grid](*args, *c, num_warps=w))  # fmt: skip
 
 
 def round_even(lab: Lab) -> None:
@@ -2632,21 +2630,17 @@ def round_rows1024(lab: Lab) -> None:
         if lab.smoke
         else [(65536, 1024, torch.bfloat16), (16384, 1024, torch.bfloat16)]
     )
-    for _graphs in lab.flushed_then_graphs():
-        for m, n, dtype in cases:
-            s = lab.shape(m, n, dtype)
-            lab.production_forward(s)
-            if not lab.smoke:
-                peers(lab, s)
-            x = s["x"]
-            args = (x, x, s["w"], s["y"], s["y"], s["rstd_out"], s["m"], n, n, n, n, n, EPS, 0.0)
-            for rows, warps, even in itertools.product((2, 4, 8), (4, 8), (False, True)):
-                if even and s["m"] % rows:
-                    continue
-                constexprs = (True, False, 0, n, rows, even)
-                grid = (triton.cdiv(s["m"], rows),)
-                lab.run("fwd", s, f"tile EVEN={even} rows{rows} w{warps}",
-                        lambda grid=grid, c=constexprs, w=warps: kernels.forward_tile[grid](*args, *c, num_warps=w))  # fmt: skip
+    for s in lab.forward_shapes(cases, with_peers=True):
+        n = s["n"]
+        x = s["x"]
+        args = (x, x, s["w"], s["y"], s["y"], s["rstd_out"], s["m"], n, n, n, n, n, EPS, 0.0)
+        for rows, warps, even in itertools.product((2, 4, 8), (4, 8), (False, True)):
+            if even and s["m"] % rows:
+                continue
+            constexprs = (True, False, 0, n, rows, even)
+            grid = (triton.cdiv(s["m"], rows),)
+            lab.run("fwd", s, f"tile EVEN={even} rows{rows} w{warps}",
+                    lambda grid=grid, c=constexprs, w=warps: kernels.forward_tile[grid](*args, *c, num_warps=w))  # fmt: skip
 
 
 def round_rsqrt(lab: Lab) -> None:
@@ -2671,21 +2665,18 @@ def round_rsqrt(lab: Lab) -> None:
         "32-bit rows": (False, True, True),
         "all three": (True, False, True),
     }
-    for _graphs in lab.flushed_then_graphs():
-        for m, n, dtype in cases:
-            s = lab.shape(m, n, dtype)
-            lab.production_forward(s)
-            if not lab.smoke:
-                peers(lab, s)
-                lab.time_reference(s, "device copy (y = x, same bytes)", lambda s=s: s["y"].copy_(s["x"]))
-            if n > launch.FORWARD_MAX_TILE:  # the walked forward: the references only
-                continue
-            block, rows, warps = launch.forward_config(n)
-            grid = (triton.cdiv(s["m"], rows),)
-            args = (s["x"], s["w"], s["y"], s["rstd_out"], s["m"], n, n, EPS, block, rows)
-            for name, switches in variants.items():
-                lab.run("fwd", s, f"tile_r {name}",
-                        lambda args=args, sw=switches: fwd_tile_r[grid](*args, *sw, num_warps=warps))  # fmt: skip
+    for s in lab.forward_shapes(cases, with_peers=True):
+        n = s["n"]
+        if not lab.smoke:
+            lab.time_reference(s, "device copy (y = x, same bytes)", lambda s=s: s["y"].copy_(s["x"]))
+        if n > launch.FORWARD_MAX_TILE:  # the walked forward: the references only
+            continue
+        block, rows, warps = launch.forward_config(n)
+        grid = (triton.cdiv(s["m"], rows),)
+        args = (s["x"], s["w"], s["y"], s["rstd_out"], s["m"], n, n, EPS, block, rows)
+        for name, switches in variants.items():
+            lab.run("fwd", s, f"tile_r {name}",
+                    lambda args=args, sw=switches: fwd_tile_r[grid](*args, *sw, num_warps=warps))  # fmt: skip
 
 
 def round_splitrow(lab: Lab) -> None:
@@ -2699,27 +2690,24 @@ def round_splitrow(lab: Lab) -> None:
         if lab.smoke
         else [(2048, 65536, torch.bfloat16), (4096, 32768, torch.bfloat16)]
     )
-    for _graphs in lab.flushed_then_graphs():
-        for m, n, dtype in cases:
-            s = lab.shape(m, n, dtype)
-            lab.production_forward(s)
-            if not lab.smoke:
-                peers(lab, s)
-                lab.time_reference(s, "copy of x", s["x"].clone)
-            for split, block, warps, rotate in itertools.product(
-                (2, 4, 8), (8192, 16384), (16, 32), (True, False)
+    for s in lab.forward_shapes(cases, with_peers=True):
+        n = s["n"]
+        if not lab.smoke:
+            lab.time_reference(s, "copy of x", s["x"].clone)
+        for split, block, warps, rotate in itertools.product(
+            (2, 4, 8), (8192, 16384), (16, 32), (True, False)
+        ):
+            per = n // block // split
+            if (
+                per < 1
+                or per > 4
+                or per * split * block != n
+                or (lab.smoke and (warps != 16 or block != 8192))
             ):
-                per = n // block // split
-                if (
-                    per < 1
-                    or per > 4
-                    or per * split * block != n
-                    or (lab.smoke and (warps != 16 or block != 8192))
-                ):
-                    continue
-                grid = (s["m"] * split,)
-                lab.run("fwd", s, f"split{split} chunk{block} w{warps} rotate={rotate}",
-                        lambda g=grid, c=(n, block, split, rotate), w=warps: fwd_split_row[g](s["x"], s["w"], s["y"], EPS, *c, num_warps=w))  # fmt: skip
+                continue
+            grid = (s["m"] * split,)
+            lab.run("fwd", s, f"split{split} chunk{block} w{warps} rotate={rotate}",
+                    lambda g=grid, c=(n, block, split, rotate), w=warps: fwd_split_row[g](s["x"], s["w"], s["y"], EPS, *c, num_warps=w))  # fmt: skip
 
 
 ROUNDS = {
