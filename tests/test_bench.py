@@ -257,6 +257,14 @@ def test_run_times_a_copy_of_each_shapes_x(cpu_run):
         assert entry["tbs"] == pytest.approx(entry["bytes"] / (entry["median_ms"] * 1e-3) / 1e12)
 
 
+def test_table_lists_the_copies_of_x(cpu_run):
+    lines = bench.format_table(cpu_run).splitlines()
+    start = lines.index("copy of x (x.clone(), the forward's bytes):")
+    entry = cpu_run["same_bytes_copy"][TINY[0].name]
+    assert lines[start + 1].split()[:3] == [TINY[0].name, f"{entry['median_ms'] * 1e3:.1f}", "us,"]
+    assert len(lines) == start + 1 + len(TINY)
+
+
 def test_run_errors_are_small_for_fp32_compute_paths(cpu_run):
     for row in cpu_run["results"]:
         if row["provider"] in ("native", "eager") and row["dtype"] == "float32":

@@ -979,6 +979,14 @@ def format_table(result: dict[str, Any]) -> str:
             f"{r['shape']:<22} {r['mode']:<16} {r['provider']:<9} {r['median_ms'] * 1e3:>10.1f} {blocks:>22} "
             f"{r['tbs']:>6.2f} {100 * r['fraction_of_copy']:>5.1f}% {errs:>17} {vs:>9} {gpu}"
         )
+    copies = {name: c for name, c in (result.get("same_bytes_copy") or {}).items() if c.get("median_ms")}
+    if copies:
+        lines += ["", "copy of x (x.clone(), the forward's bytes):"]
+        for name, c in copies.items():
+            gpu = f", gpu {c['device_median_ms'] * 1e3:.1f} us" if c.get("device_median_ms") else ""
+            lines.append(
+                f"  {name:<22} {c['median_ms'] * 1e3:.1f} us{gpu}, {100 * c['tbs'] / copy['tbs']:.1f}% of copy"
+            )
     return "\n".join(lines)
 
 
