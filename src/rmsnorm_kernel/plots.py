@@ -32,37 +32,46 @@ def _as_run(run: dict[str, Any] | str | Path) -> dict[str, Any]:
     return run if isinstance(run, dict) else bench.load_run(run)
 
 
+def _curves(points) -> dict[Any, list[tuple[int, float]]]:
+    """curve -> [(N, TB/s)] sorted by N, from (curve, M, N, TB/s) points. Where two shapes share
+    N (32768x4096 and 4096x4096), the one with more rows is kept: a curve is the sweep over N at
+    a fixed, large tensor size."""
+    best: dict[tuple[Any, int], tuple[int, float]] = {}
+    for curve, m, n, tbs in points:
+        if (curve, n) not in best or m > best[curve, n][0]:
+            best[curve, n] = (m, tbs)
+    curves: dict[Any, list[tuple[int, float]]] = {}
+    for (curve, n), (_, tbs) in best.items():
+        curves.setdefault(curve, []).append((n, tbs))
+    return {c: sorted(points) for c, points in curves.items()}
+
+
 def bandwidth_series(
     run: dict[str, Any], mode: str, *, dtype: str = "bfloat16", group: str = "large"
 ) -> dict[str, list[tuple[int, float]]]:
-    """provider -> [(N, TB/s)] sorted by N, for the successful rows of one mode, dtype and group.
-    Where two shapes share N (32768x4096 and 4096x4096), the one with more rows is kept: the
-    curve is the sweep over N at a fixed, large tensor size."""
-    best: dict[tuple[str, int], tuple[int, float]] = {}
-    for r in run["results"]:
-        if r["mode"] != mode or r["dtype"] != dtype or r["group"] != group or r.get("residual"):
-            continue
-        if r["status"] != "ok" or r.get("tbs") is None:
-            continue
-        key = (r["provider"], r["n"])
-        if key not in best or r["m"] > best[key][0]:
-            best[key] = (r["m"], r["tbs"])
-    series: dict[str, list[tuple[int, float]]] = {}
-    for (provider, n), (_, tbs) in best.items():
-        series.setdefault(provider, []).append((n, tbs))
-    return {p: sorted(points) for p, points in series.items()}
+    """provider -> [(N, TB/s)] sorted by N, for the successful rows of one mode, dtype and group
+    (one shape per N, as ``_curves`` keeps)."""
+    return _curves(
+        (r["provider"], r["m"], r["n"], r["tbs"])
+        for r in run["results"]
+        if r["mode"] == mode
+        and r["dtype"] == dtype
+        and r["group"] == group
+        and not r.get("residual")
+        and r["status"] == "ok"
+        and r.get("tbs") is not None
+    )
 
 
 def same_bytes_copy_series(run: dict[str, Any], *, dtype: str = "bfloat16", group: str = "large") -> list:
-    """[(N, TB/s)] of the per-shape copies of x (the forward's bytes), with bandwidth_series's
-    rule where two shapes share N; empty for a run without them."""
-    best: dict[int, tuple[int, float]] = {}
-    for entry in (run.get("same_bytes_copy") or {}).values():
-        if entry["dtype"] != dtype or entry["group"] != group or entry.get("tbs") is None:
-            continue
-        if entry["n"] not in best or entry["m"] > best[entry["n"]][0]:
-            best[entry["n"]] = (entry["m"], entry["tbs"])
-    return sorted((n, tbs) for n, (_, tbs) in best.items())
+    """[(N, TB/s)] of the per-shape copies of x (the forward's bytes), one shape per N as
+    ``bandwidth_series``; empty for a run without them."""
+    entries = (run.get("same_bytes_copy") or {}).values()
+    return _curves(
+        ("copy", e["m"], e["n"], e["tbs"])
+        for e in entries
+        if e["dtype"] == dtype and e["group"] == group and e.get("tbs") is not None
+    ).get("copy", [])
 
 
 def plot_bandwidth(
