@@ -443,7 +443,13 @@ def make_residual(case: Case, seed: int = 0) -> torch.Tensor:
 
 
 def measure_same_bytes_copy(
-    case: Case, x: torch.Tensor, *, samples: int, flush: torch.Tensor | None, device_time: bool
+    case: Case,
+    x: torch.Tensor,
+    *,
+    samples: int,
+    warmup_ms: float,
+    flush: torch.Tensor | None,
+    device_time: bool,
 ) -> dict[str, Any]:
     """``x.clone()`` timed as a provider's forward is (whole calls; with ``device_time`` also
     graph replays): the forward's bytes moved by a copy, the ceiling at this shape's size. A
@@ -461,7 +467,7 @@ def measure_same_bytes_copy(
         "error": None,
     }
     try:
-        entry["median_ms"] = median(time_cuda(x.clone, samples=samples, flush=flush))
+        entry["median_ms"] = median(time_cuda(x.clone, samples=samples, warmup_ms=warmup_ms, flush=flush))
         entry["tbs"] = bandwidth_tbs(entry["bytes"], entry["median_ms"])
         if device_time:
             graph, reps = graph_for(x.clone, flush)
@@ -741,7 +747,12 @@ def run_benchmarks(
             graphs.clear()
             if same_bytes_copy and "forward" in modes:
                 run["same_bytes_copy"][case.name] = measure_same_bytes_copy(
-                    case, x, samples=samples * blocks, flush=flush, device_time=device_time
+                    case,
+                    x,
+                    samples=samples * blocks,
+                    warmup_ms=warmup_ms,
+                    flush=flush,
+                    device_time=device_time,
                 )
             for row in by_key.values():
                 _summarise(row, copy_tbs)
