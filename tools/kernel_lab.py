@@ -1482,32 +1482,24 @@ class Lab:
             print(f"{kind} {s['name']:>20} {variant:<44} timing failed: {type(exc).__name__} {str(exc)[:80]}",
                   flush=True)  # fmt: skip
             return
-        units = 2 if kind == "fwd" else 3
-        frac = units * s["x"].numel() * s["x"].element_size() / (us * 1e-6) / 1e12 / self.copy_tbs
-        self.rows.append(
-            dict(kind=kind, shape=s["name"], variant=variant, us=us, frac=frac, timing=self.timing)
-        )
-        print(f"{kind} {s['name']:>20} {variant:<44} {us:8.1f} us {frac:6.1%}", flush=True)
+        self._record(kind, s, variant, us)
 
     def time_reference(self, s: dict, variant: str, fn) -> None:
         """Time ``fn``, a point of reference that computes no RMSNorm (a copy of the same bytes,
         say), unchecked; the summary does not count it as a variant."""
         if self.smoke:
             return
-        us = self.median_us(fn)
-        frac = 2 * s["x"].numel() * s["x"].element_size() / (us * 1e-6) / 1e12 / self.copy_tbs
+        self._record("fwd", s, variant, self.median_us(fn), reference=True)
+
+    def _record(self, kind: str, s: dict, variant: str, us: float, **marks) -> None:
+        """Keep and print one timed row: µs and the fraction of the copy ceiling its bytes reach
+        (forward 2, backward 3 tensors of x's size)."""
+        units = 2 if kind == "fwd" else 3
+        frac = units * s["x"].numel() * s["x"].element_size() / (us * 1e-6) / 1e12 / self.copy_tbs
         self.rows.append(
-            dict(
-                kind="fwd",
-                shape=s["name"],
-                variant=variant,
-                us=us,
-                frac=frac,
-                timing=self.timing,
-                reference=True,
-            )
+            dict(kind=kind, shape=s["name"], variant=variant, us=us, frac=frac, timing=self.timing, **marks)
         )
-        print(f"fwd {s['name']:>20} {variant:<44} {us:8.1f} us {frac:6.1%}", flush=True)
+        print(f"{kind} {s['name']:>20} {variant:<44} {us:8.1f} us {frac:6.1%}", flush=True)
 
     def production(self, s: dict) -> None:
         """The production forward and backward, and torch's fused forward, at this shape."""
