@@ -267,9 +267,10 @@ def test_two_walk_backward_plan_covers_its_widths(n):
 BACKWARD_PROGRAMS = [
     (1, (2, 1), 1),
     (17, (2, 1), 17),
-    (256, (2, 1), 132),  # 256 < 4 * 256: one program per SM
-    (1024, (2, 1), 132),  # 1024 < 4 * 264
-    (1056, (2, 1), 264),  # exactly four blocks per program: the usual count
+    (256, (2, 1), 132),  # 256 < 2 * 256: one program per SM
+    (527, (2, 1), 132),  # 527 < 2 * 264
+    (528, (2, 1), 264),  # exactly two blocks per program: the usual count
+    (1024, (2, 1), 264),
     (4096, (2, 1), 264),
     (256, (4, 4), 256),  # widths without a few-rows count keep theirs
     (100000, (4, 4), 528),
@@ -278,7 +279,7 @@ BACKWARD_PROGRAMS = [
 
 @pytest.mark.parametrize(("blocks", "per_sm", "expected"), BACKWARD_PROGRAMS)
 def test_backward_program_count(blocks, per_sm, expected):
-    assert launch.FEW_ROW_BLOCKS == 4  # the table above is written for it
+    assert launch.FEW_ROW_BLOCKS == 2  # the table above is written for it
     assert launch.backward_programs(blocks, per_sm, 132) == expected
 
 

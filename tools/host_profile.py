@@ -182,8 +182,8 @@ def _stamped_backward(dy2, xh2, weight, rstd, stamps):
         tile((programs, 1, 1), args, num_warps, constexprs)
     t6 = pc()
     if programs > 1:
-        grid, reduce_constexprs = launch._reduce_plan(n, programs)
-        launch._reduce_columns(grid, (partial, dw, programs, n), 4, reduce_constexprs)
+        grid, reduce_warps, reduce_constexprs = launch._reduce_plan(n, programs)
+        launch._reduce_columns(grid, (partial, dw, programs, n), reduce_warps, reduce_constexprs)
     t7 = pc()
     stamps.append((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5, t7 - t6, t7 - t0))
     return dx, dw

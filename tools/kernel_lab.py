@@ -158,12 +158,16 @@ Rounds, and what they decided (H200, bf16 unless named; figures in docs/performa
               2048x65536 bf16 at best 143.2 µs against production's 134.3 (CUDA-graph timing;
               146.1 against 139.0 flushed), 4096x32768 at best 137.7 against 128.6; 4 and 8
               programs per row 164-457 µs. Not used.
+  reduce      the dw reduction alone over production's scratch, by columns per program, scratch
+              rows per step and warps, beside the backward kernel alone: 64-column strips of 4
+              warps took 2.9-7.3 µs (7.3 at 65536x1024, 16 programs over 528 rows), 16-column
+              strips of 8 warps 2.0-3.1 (2.5). Chose 16 columns, 32 rows, 8 warps.
 
 The first four rounds were run on the H200 as separate scripts and merged into this file; from
 this file the H200 has run lean, static, confirm, tile1d, small, split, wide2, wide3,
 prefetch, reorder, reorder2, tile2, offset, hints3, ahead, ahead2, carry, launch, launch2,
-ahead3, fahead, maxnreg, l2prefetch, row4gap, stride, even, even2, rows1024, rsqrt and
-splitrow. Every round passes --smoke.
+ahead3, fahead, maxnreg, l2prefetch, row4gap, stride, even, even2, rows1024, rsqrt,
+splitrow and reduce. Every round passes --smoke.
 """
 
 from __future__ import annotations
@@ -1521,8 +1525,8 @@ class Lab:
 
     def reduce(self, s: dict, partial: torch.Tensor, programs: int):
         """The production fixed-order dw reduction of a (programs, N) scratch into s["dw"]."""
-        grid, constexprs = launch._reduce_plan(s["n"], programs)
-        kernels.reduce_columns[grid](partial, s["dw"], programs, s["n"], *constexprs, num_warps=4)
+        grid, warps, constexprs = launch._reduce_plan(s["n"], programs)
+        kernels.reduce_columns[grid](partial, s["dw"], programs, s["n"], *constexprs, num_warps=warps)
 
     def summary(self, out: str | None) -> None:
         best: dict[tuple, dict] = {}
@@ -2702,6 +2706,63 @@ def round_splitrow(lab: Lab) -> None:
                     lambda g=grid, c=(n, block, split, rotate), w=warps: fwd_split_row[g](s["x"], s["w"], s["y"], EPS, *c, num_warps=w))  # fmt: skip
 
 
+def production_backward_grid(lab: Lab, s: dict) -> tuple:
+    """(kernel, programs, num_warps, constexprs) of production's backward at this shape, where
+    it runs the tile or the two-walk kernel (N <= launch.TWO_WALK_MAX), weight and dw wanted."""
+    n = s["n"]
+    tile = n <= launch.BACKWARD_MAX_TILE
+    plan = launch._backward_tile_plan if tile else launch._backward_chunked_plan
+    rows, warps, per_sm, constexprs = plan(n, True, False, True, 0)
+    programs = launch.backward_programs(triton.cdiv(s["m"], rows), per_sm, lab.sms)
+    return (kernels.backward_tile if tile else kernels.backward_chunked), programs, warps, constexprs
+
+
+def round_reduce(lab: Lab) -> None:
+    """The dw reduction alone (reduce_columns over production's (programs, N) scratch, just
+    written, so read from L2 as in a call) at production's launch and over BLOCK_P, BLOCK_C and
+    warps, beside production's backward kernel alone and the whole backward, CUDA-graph timed.
+    Production's reduction then ran N / 64 programs of 4 warps (16 at N = 1024), each summing
+    its 64 columns down all the scratch rows, 32 at a time: 2.9-7.3 µs, 7.3 at 65536x1024 over
+    528 scratch rows. 16-column strips with 8 warps took 2.0-3.1 µs (2.5 there): chosen
+    (launch.REDUCE_COLUMNS)."""
+    lab.time_with_graphs()
+    cases = [(65536, 1024, torch.bfloat16), (32768, 4096, torch.bfloat16), (4096, 4096, torch.bfloat16),
+             (4096, 4096, torch.float32), (256, 4096, torch.bfloat16), (16384, 8192, torch.bfloat16),
+             (8192, 16384, torch.bfloat16)]  # fmt: skip
+    for m, n, dtype in cases:
+        s = lab.shape(m, n, dtype)
+        lab.production(s)
+        kernel, programs, warps, constexprs = production_backward_grid(lab, s)
+        partial = torch.empty(programs, n, device=lab.device)
+
+        def dx_kernel():
+            kernel[(programs,)](s["x"], s["w"], s["dy"], s["dy"], s["rstd"], s["dx"], partial, s["m"], n,
+                                programs, n, n, n, n, 0.0, *constexprs, num_warps=warps)  # fmt: skip
+
+        def with_reduce(block_p, block_c, reduce_warps):
+            def reduce():
+                kernels.reduce_columns[(triton.cdiv(n, block_c),)](partial, s["dw"], programs, n, block_p, block_c,
+                                                                    num_warps=reduce_warps)  # fmt: skip
+
+            def both():
+                dx_kernel()
+                reduce()
+
+            return both, reduce
+
+        _grid, reduce_warps, (block_p, block_c) = launch._reduce_plan(n, programs)
+        both, _ = with_reduce(block_p, block_c, reduce_warps)
+        lab.run("bwd", s, f"dx kernel alone ({programs} programs)", both, dx_kernel)
+        for block_p, block_c, reduce_warps in itertools.product([16, 32, 64, 128], [8, 16, 32, 64, 128],
+                                                                [2, 4, 8]):  # fmt: skip
+            if not 512 <= block_p * block_c <= 4096 or block_c > n:
+                continue
+            if lab.smoke and (block_p, block_c, reduce_warps) != (32, 64, 4):
+                continue
+            both, reduce = with_reduce(block_p, block_c, reduce_warps)
+            lab.run("bwd", s, f"reduce alone p{block_p} c{block_c} w{reduce_warps}", both, reduce)
+
+
 ROUNDS = {
     "tile": round_tile,
     "persistent": round_persistent,
@@ -2736,6 +2797,7 @@ ROUNDS = {
     "stride": round_stride,
     "rsqrt": round_rsqrt,
     "splitrow": round_splitrow,
+    "reduce": round_reduce,
 }
 
 

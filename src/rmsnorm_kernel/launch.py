@@ -383,8 +383,10 @@ def _next_power_of_2(v: int) -> int:
 # register-resident dw share. "Few rows": fewer than FEW_ROW_BLOCKS row blocks per program; there
 # each program's fixed cost (its weight load, its dw scratch row, that row's share of the
 # reduction) outweighs the parallelism, and at N = 4096 one program per SM is faster (256x4096:
-# 6.9 against 8.5 µs; 1024x4096: 11.4 against 12.0 µs; CUDA-graph timing, tools/kernel_lab.py
-# small). The other widths keep their count (not measured). Prefetch: each program issues its next
+# 5.5-5.7 against 6.1 µs; CUDA-graph timing, tools/kernel_lab.py small, with the reduction of
+# REDUCE_COLUMNS). At 1024x4096, two blocks per program, two programs per SM are faster (8.8
+# against 9.4 µs; with the earlier, slower reduction one per SM was, so the bound was four
+# blocks). The other widths keep their count (not measured). Prefetch: each program issues its next
 # row block's loads before working on the current one (measured at N = 1024 and 4096 with
 # tools/kernel_lab.py prefetch, CUDA-graph timing: 32768x4096 bf16 203.6 against 234.7 µs,
 # 65536x1024 109.1 against 121.0, 4096x4096 bf16 33.8 against 38.2, fp32 55.1 against 56.9,
@@ -397,7 +399,7 @@ FORWARD_TILE = {1024: (2, 4), 2048: (1, 4), 4096: (1, 2)}
 # and more (tools/kernel_lab.py even).
 EVEN_MAX_ROWS = 256
 BACKWARD_TILE = {1024: (2, 4, (4, 4), True), 2048: (1, 4, (4, 4), False), 4096: (1, 8, (2, 1), True)}
-FEW_ROW_BLOCKS = 4
+FEW_ROW_BLOCKS = 2
 
 
 @functools.cache
@@ -486,12 +488,22 @@ def _backward_chunked_plan(n: int, has_weight: bool, has_dh: bool, compute_dw: b
     return 1, num_warps, (per_sm, per_sm), constexprs
 
 
+# The dw reduction: columns per program, scratch rows summed per step, warps. Narrow column
+# strips give the reduction as many programs as there are SMs or more, so the scratch (just
+# written, read from L2) is summed with enough loads in flight (tools/kernel_lab.py reduce,
+# CUDA-graph timing, H200: 2.0-3.1 µs against 2.9-7.3 with 64 columns and 4 warps, at
+# 65536x1024 2.5 against 7.3 over 528 scratch rows).
+REDUCE_COLUMNS = 16
+REDUCE_ROWS = 32
+REDUCE_WARPS = 8
+
+
 @functools.cache
 def _reduce_plan(n: int, programs: int) -> tuple:
-    """(grid, constexprs) of reduce_columns over a (programs, n) scratch."""
-    block_c = 64 if n >= 64 else _next_power_of_2(n)
-    block_p = min(32, _next_power_of_2(programs))
-    return ((n + block_c - 1) // block_c, 1, 1), (block_p, block_c)  # BLOCK_P, BLOCK_C
+    """(grid, num_warps, constexprs) of reduce_columns over a (programs, n) scratch."""
+    block_c = REDUCE_COLUMNS if n >= REDUCE_COLUMNS else _next_power_of_2(n)
+    block_p = min(REDUCE_ROWS, _next_power_of_2(programs))
+    return ((n + block_c - 1) // block_c, 1, 1), REDUCE_WARPS, (block_p, block_c)  # BLOCK_P, BLOCK_C
 
 
 def backward_programs(blocks: int, per_sm: tuple[int, int], sms: int) -> int:
@@ -688,6 +700,6 @@ def backward(
             args = (xh2, w, dy2, dh, rstd, dot, dx, partial, m, n, programs, *strides, segments)
             _backward_wide((programs, segments, 1), args, SEGMENT_WARPS, constexprs)
     if compute_dw and partial is not dw:
-        grid, constexprs = _reduce_plan(n, programs)
-        _reduce_columns(grid, (partial, dw, programs, n), 4, constexprs)
+        grid, num_warps, constexprs = _reduce_plan(n, programs)
+        _reduce_columns(grid, (partial, dw, programs, n), num_warps, constexprs)
     return dx, dw
