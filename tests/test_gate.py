@@ -532,6 +532,8 @@ def pr_repo(tmp_path, monkeypatch):
 
     def fake_round(harness, worktree, spec, spec_path, log_path):
         assert Path(harness).is_file() and spec["providers"] == ["kernel"]
+        # the worker runs in its worktree: every path it is handed must not depend on the cwd
+        assert all(Path(p).is_absolute() for p in (spec_path, log_path, spec["out"]))
         calls.append((spec["label"], spec["round"]))
         speed = float((Path(worktree) / "speed.txt").read_text())
         run = make_run(100 * len(calls), slower={"*": speed}, n=spec["samples"])
@@ -588,6 +590,17 @@ def test_pr_verdict_end_to_end(pr_repo, tmp_path, capsys, head, code):
     assert {len(r["samples_ms"]) for r in merged["results"]} == {4 * 30}
     assert (out / "verdict.md").read_text().startswith(f"**{data['summary']}**")
     assert git(repo, "worktree", "list").count("\n") == 0  # the temporary worktrees are gone
+
+
+def test_pr_verdict_with_a_relative_out(pr_repo, tmp_path, monkeypatch):
+    """--out relative to the caller's directory (the default is): the rounds, which run in their
+    worktrees, get absolute paths, and the verdict lands under the caller's directory."""
+    repo, shas, calls = pr_repo
+    monkeypatch.chdir(tmp_path)
+    argv = ["pr-verdict", "--repo", str(repo), "--base", shas["base"], "--head", shas["base"]]
+    assert cli.main([*argv, "--out", "rel/verdict", "--shapes", "large", "--rounds", "2", "--samples", "30"]) == 0
+    assert len(calls) == 4
+    assert json.loads((tmp_path / "rel" / "verdict" / "verdict.json").read_text())["status"] == "pass"
 
 
 def test_pr_verdict_names_a_bad_commit(pr_repo, tmp_path):

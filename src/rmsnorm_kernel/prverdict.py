@@ -183,7 +183,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--rounds must be >= 2 (base and head each first at least once), got {args.rounds}")
     if args.samples < 1:
         raise ValueError(f"--samples must be >= 1, got {args.samples}")
-    out = Path(args.out)
+    # Absolute: each round runs in its worktree and is handed its spec and result paths.
+    out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     import torch
 
