@@ -277,6 +277,32 @@ BACKWARD_PROGRAMS = [
 ]
 
 
+# The dw reduction's launch over a (programs, N) scratch: (N, programs) -> (programs of the
+# reduction, warps, BLOCK_P, BLOCK_C). A tall scratch in 16-column strips (8 warps from 256 rows),
+# a short one in strips of N / 256 columns (16 to 256); never wider than N, never more rows per
+# step than the scratch has (rounded up to a power of two).
+REDUCE_PLANS = [
+    ((1024, 528), (64, 8, 32, 16)),
+    ((4096, 264), (256, 8, 32, 16)),
+    ((16384, 132), (1024, 4, 32, 16)),
+    ((65536, 33), (256, 4, 32, 256)),
+    ((131072, 33), (512, 4, 32, 256)),
+    ((32768, 66), (256, 4, 32, 128)),
+    ((4096, 17), (256, 4, 32, 16)),
+    ((257, 64), (17, 4, 32, 16)),
+    ((8, 200), (1, 4, 32, 8)),
+    ((1, 2), (1, 4, 2, 1)),
+]
+
+
+@pytest.mark.parametrize(("n_programs", "expected"), REDUCE_PLANS)
+def test_reduce_plan(n_programs, expected):
+    n, programs = n_programs
+    (grid, one, other), num_warps, (block_p, block_c) = launch._reduce_plan(n, programs)
+    assert (grid, num_warps, block_p, block_c) == expected and (one, other) == (1, 1)
+    assert grid * block_c >= n > (grid - 1) * block_c  # every column, by one program
+
+
 @pytest.mark.parametrize(("blocks", "per_sm", "expected"), BACKWARD_PROGRAMS)
 def test_backward_program_count(blocks, per_sm, expected):
     assert launch.FEW_ROW_BLOCKS == 2  # the table above is written for it

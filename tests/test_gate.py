@@ -598,7 +598,10 @@ def test_pr_verdict_with_a_relative_out(pr_repo, tmp_path, monkeypatch):
     repo, shas, calls = pr_repo
     monkeypatch.chdir(tmp_path)
     argv = ["pr-verdict", "--repo", str(repo), "--base", shas["base"], "--head", shas["base"]]
-    assert cli.main([*argv, "--out", "rel/verdict", "--shapes", "large", "--rounds", "2", "--samples", "30"]) == 0
+    assert (
+        cli.main([*argv, "--out", "rel/verdict", "--shapes", "large", "--rounds", "2", "--samples", "30"])
+        == 0
+    )
     assert len(calls) == 4
     assert json.loads((tmp_path / "rel" / "verdict" / "verdict.json").read_text())["status"] == "pass"
 

@@ -159,9 +159,12 @@ Rounds, and what they decided (H200, bf16 unless named; figures in docs/performa
               146.1 against 139.0 flushed), 4096x32768 at best 137.7 against 128.6; 4 and 8
               programs per row 164-457 µs. Not used.
   reduce      the dw reduction alone over production's scratch, by columns per program, scratch
-              rows per step and warps, beside the backward kernel alone: 64-column strips of 4
-              warps took 2.9-7.3 µs (7.3 at 65536x1024, 16 programs over 528 rows), 16-column
-              strips of 8 warps 2.0-3.1 (2.5). Chose 16 columns, 32 rows, 8 warps.
+              rows per step and warps, beside the backward kernel alone, and over the wide
+              backward's short scratch (33-66 rows of 32768-131072): 64-column strips of 4
+              warps took 2.9-7.3 µs at the tall scratch of the large shapes (7.3 at 65536x1024,
+              16 programs over 528 rows), 16-column strips of 8 warps 2.0-3.1 (2.5), but
+              4.1-10.5 at the short ones, where strips of N / 256 columns with 4 warps took
+              3.3-4.6 (64-column strips 3.3-6.0). Chose both (launch._reduce_plan).
 
 The first four rounds were run on the H200 as separate scripts and merged into this file; from
 this file the H200 has run lean, static, confirm, tile1d, small, split, wide2, wide3,
@@ -2723,8 +2726,8 @@ def round_reduce(lab: Lab) -> None:
     warps, beside production's backward kernel alone and the whole backward, CUDA-graph timed.
     Production's reduction then ran N / 64 programs of 4 warps (16 at N = 1024), each summing
     its 64 columns down all the scratch rows, 32 at a time: 2.9-7.3 µs, 7.3 at 65536x1024 over
-    528 scratch rows. 16-column strips with 8 warps took 2.0-3.1 µs (2.5 there): chosen
-    (launch.REDUCE_COLUMNS)."""
+    528 scratch rows. 16-column strips with 8 warps took 2.0-3.1 µs (2.5 there), but were
+    slower on the wide backward's short scratch, timed last (launch._reduce_plan has both)."""
     lab.time_with_graphs()
     cases = [(65536, 1024, torch.bfloat16), (32768, 4096, torch.bfloat16), (4096, 4096, torch.bfloat16),
              (4096, 4096, torch.float32), (256, 4096, torch.bfloat16), (16384, 8192, torch.bfloat16),
@@ -2761,6 +2764,31 @@ def round_reduce(lab: Lab) -> None:
                 continue
             both, reduce = with_reduce(block_p, block_c, reduce_warps)
             lab.run("bwd", s, f"reduce alone p{block_p} c{block_c} w{reduce_warps}", both, reduce)
+    # The wide backward's scratch: one row per row group of the one-launch backward (33 at
+    # 2048x65536 on 132 SMs), and of the two launches (66). Filled with random values and checked
+    # against torch's sum; timed unchecked beside production's plan.
+    for rows, n in [(2, 64)] if lab.smoke else [(33, 65536), (66, 65536), (33, 131072), (66, 32768)]:
+        partial = torch.randn(rows, n, device=lab.device)
+        expected = partial.sum(0)
+        out = torch.empty(n, device=lab.device)
+        s = dict(name=f"scratch {rows}x{n}", x=out)  # x: the bytes _record counts (here the sum)
+        plans = {"production": launch._reduce_plan(n, rows)[1:]}
+        for block_p, block_c, reduce_warps in itertools.product([16, 32, 64], [16, 32, 64, 128, 256], [4, 8]):
+            if 512 <= block_p * block_c <= 8192 and not lab.smoke:
+                plans[f"p{block_p} c{block_c} w{reduce_warps}"] = (reduce_warps, (block_p, block_c))
+        for variant, (reduce_warps, (block_p, block_c)) in plans.items():
+
+            def reduce(block_p=block_p, block_c=block_c, reduce_warps=reduce_warps):
+                kernels.reduce_columns[(triton.cdiv(n, block_c),)](partial, out, rows, n, block_p, block_c,
+                                                                    num_warps=reduce_warps)  # fmt: skip
+
+            out.fill_(float("nan"))
+            reduce()
+            torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-5)
+            if lab.smoke:
+                print(f"bwd {s['name']:>20} reduce {variant:<37} checked", flush=True)
+                continue
+            lab.time_reference(s, f"reduce {variant}", reduce)
 
 
 ROUNDS = {

@@ -488,22 +488,31 @@ def _backward_chunked_plan(n: int, has_weight: bool, has_dh: bool, compute_dw: b
     return 1, num_warps, (per_sm, per_sm), constexprs
 
 
-# The dw reduction: columns per program, scratch rows summed per step, warps. Narrow column
-# strips give the reduction as many programs as there are SMs or more, so the scratch (just
-# written, read from L2) is summed with enough loads in flight (tools/kernel_lab.py reduce,
-# CUDA-graph timing, H200: 2.0-3.1 µs against 2.9-7.3 with 64 columns and 4 warps, at
-# 65536x1024 2.5 against 7.3 over 528 scratch rows).
-REDUCE_COLUMNS = 16
+# The dw reduction sums a (programs, N) fp32 scratch, just written and read from L2, in
+# column strips, REDUCE_ROWS scratch rows per step. Its time is the latency of its steps, so the
+# strips are narrow enough to give it a few hundred programs (tools/kernel_lab.py reduce,
+# CUDA-graph timing, H200):
+# - a tall scratch (at least REDUCE_TALL rows: the persistent backwards' one row per program)
+#   in 16-column strips, 8 warps from 256 rows: 2.0-3.1 µs at the large shapes against 2.9-7.3
+#   with 64-column strips of 4 warps (65536x1024, 528 rows: 2.5 against 7.3);
+# - a short one (the wide backward's row groups, 33-66 rows) in strips of N / 256 columns, 16
+#   to 256, with 4 warps: 3.3 µs against 3.8 at 33x65536, 4.6 against 6.0 at 33x131072, 3.5
+#   against 3.3 at 66x32768. 16-column strips of 8 warps took 4.1-10.5 µs there.
 REDUCE_ROWS = 32
-REDUCE_WARPS = 8
+REDUCE_TALL = 128
 
 
 @functools.cache
 def _reduce_plan(n: int, programs: int) -> tuple:
     """(grid, num_warps, constexprs) of reduce_columns over a (programs, n) scratch."""
-    block_c = REDUCE_COLUMNS if n >= REDUCE_COLUMNS else _next_power_of_2(n)
+    if programs >= REDUCE_TALL:
+        block_c, num_warps = 16, (8 if programs >= 256 else 4)
+    else:
+        strip = 1 << max(0, (n // 256).bit_length() - 1)  # N / 256 rounded down to a power of two
+        block_c, num_warps = min(256, max(16, strip)), 4
+    block_c = min(block_c, _next_power_of_2(n))
     block_p = min(REDUCE_ROWS, _next_power_of_2(programs))
-    return ((n + block_c - 1) // block_c, 1, 1), REDUCE_WARPS, (block_p, block_c)  # BLOCK_P, BLOCK_C
+    return ((n + block_c - 1) // block_c, 1, 1), num_warps, (block_p, block_c)  # BLOCK_P, BLOCK_C
 
 
 def backward_programs(blocks: int, per_sm: tuple[int, int], sms: int) -> int:
