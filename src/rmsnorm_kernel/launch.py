@@ -383,8 +383,8 @@ def _next_power_of_2(v: int) -> int:
 # register-resident dw share. "Few rows": fewer than FEW_ROW_BLOCKS row blocks per program; there
 # each program's fixed cost (its weight load, its dw scratch row, that row's share of the
 # reduction) outweighs the parallelism, and at N = 4096 one program per SM is faster (256x4096:
-# 5.5-5.7 against 6.1 µs; CUDA-graph timing, tools/kernel_lab.py small, with the reduction of
-# REDUCE_COLUMNS). At 1024x4096, two blocks per program, two programs per SM are faster (8.8
+# 5.5-5.7 against 6.1 µs; CUDA-graph timing, tools/kernel_lab.py small, the reduction in
+# 16-column strips). At 1024x4096, two blocks per program, two programs per SM are faster (8.8
 # against 9.4 µs; with the earlier, slower reduction one per SM was, so the bound was four
 # blocks). The other widths keep their count (not measured). Prefetch: each program issues its next
 # row block's loads before working on the current one (measured at N = 1024 and 4096 with
