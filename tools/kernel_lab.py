@@ -1363,6 +1363,12 @@ def fwd_split_row(
 # ---------------------------------------------------------------------------------------------
 
 
+def reduce_columns_call(partial, out, rows: int, n: int, block_p: int, block_c: int, warps: int):
+    """reduce_columns of a (rows, n) fp32 scratch into ``out`` with the given launch, as a call."""
+    grid = (triton.cdiv(n, block_c),)
+    return lambda: kernels.reduce_columns[grid](partial, out, rows, n, block_p, block_c, num_warps=warps)
+
+
 class Lab:
     """Inputs per shape, a check of every variant against the reference, and timing (medians of
     triton.testing.do_bench, L2 flushed between calls) with the copy ceiling of the same run.
@@ -1528,8 +1534,8 @@ class Lab:
 
     def reduce(self, s: dict, partial: torch.Tensor, programs: int):
         """The production fixed-order dw reduction of a (programs, N) scratch into s["dw"]."""
-        grid, warps, constexprs = launch._reduce_plan(s["n"], programs)
-        kernels.reduce_columns[grid](partial, s["dw"], programs, s["n"], *constexprs, num_warps=warps)
+        _grid, warps, (block_p, block_c) = launch._reduce_plan(s["n"], programs)
+        reduce_columns_call(partial, s["dw"], programs, s["n"], block_p, block_c, warps)()
 
     def summary(self, out: str | None) -> None:
         best: dict[tuple, dict] = {}
@@ -2743,9 +2749,7 @@ def round_reduce(lab: Lab) -> None:
                                 programs, n, n, n, n, 0.0, *constexprs, num_warps=warps)  # fmt: skip
 
         def with_reduce(block_p, block_c, reduce_warps):
-            def reduce():
-                kernels.reduce_columns[(triton.cdiv(n, block_c),)](partial, s["dw"], programs, n, block_p, block_c,
-                                                                    num_warps=reduce_warps)  # fmt: skip
+            reduce = reduce_columns_call(partial, s["dw"], programs, n, block_p, block_c, reduce_warps)
 
             def both():
                 dx_kernel()
@@ -2777,11 +2781,7 @@ def round_reduce(lab: Lab) -> None:
             if 512 <= block_p * block_c <= 8192 and not lab.smoke:
                 plans[f"p{block_p} c{block_c} w{reduce_warps}"] = (reduce_warps, (block_p, block_c))
         for variant, (reduce_warps, (block_p, block_c)) in plans.items():
-
-            def reduce(block_p=block_p, block_c=block_c, reduce_warps=reduce_warps):
-                kernels.reduce_columns[(triton.cdiv(n, block_c),)](partial, out, rows, n, block_p, block_c,
-                                                                    num_warps=reduce_warps)  # fmt: skip
-
+            reduce = reduce_columns_call(partial, out, rows, n, block_p, block_c, reduce_warps)
             out.fill_(float("nan"))
             reduce()
             torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-5)
