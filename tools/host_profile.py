@@ -12,8 +12,9 @@ a loop and inside a backward node, with the autograd device thread on and off; i
 ``python tools/host_profile.py floor`` instead times whole forward+backward calls with the
 benchmark's harness (CUDA events, L2 flushed before each call) for torch's fused rms_norm, this
 op, and the cheapest Python autograd node (``_Empty``: forward and backward only allocate their
-outputs), with the autograd device thread and without it: the floor of any op whose backward
-node is Python, against which the host work of this op's calls is measured."""
+outputs), with the autograd device thread and without it, and the host time of the same calls:
+the floor of any op whose backward node is Python, against which the host work of this op's
+calls is measured."""
 
 import cProfile
 import pstats
@@ -73,9 +74,32 @@ FLOOR_SHAPES = [
 ]
 
 
+def host_spans_us(call, grads, flush, samples=100):
+    """Microseconds of host time per call (``time.perf_counter`` around ``call``) in the timing
+    loop of ``bench.time_cuda`` (grads reset and L2 flushed before each call, no synchronisation
+    between calls). Where it exceeds the CUDA-event time, the call waits on its host work."""
+    for _ in range(30):
+        for t in grads:
+            t.grad = None
+        flush.zero_()
+        call()
+    torch.cuda.synchronize()
+    spans = []
+    for _ in range(samples):
+        for t in grads:
+            t.grad = None
+        flush.zero_()
+        start = time.perf_counter()
+        call()
+        spans.append(time.perf_counter() - start)
+    torch.cuda.synchronize()
+    return [s * 1e6 for s in spans]
+
+
 def floor(rounds=6, samples=100):
     """Median whole-call forward+backward of native, this op and the empty Python node, each
-    timed in ``rounds`` interleaved blocks of ``samples`` calls."""
+    timed in ``rounds`` interleaved blocks of ``samples`` calls, and the median host time of the
+    same calls (``host_spans_us``)."""
     fns = {
         "native": lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6),
         "kernel": lambda x, w: rmsnorm_kernel.rms_norm(x, weight=w),
@@ -88,15 +112,19 @@ def floor(rounds=6, samples=100):
         dy = torch.randn_like(x)
         for threaded in (True, False):
             samples_us = {name: [] for name in fns}
+            spans_us = {name: [] for name in fns}
             with torch.autograd.set_multithreading_enabled(threaded):
                 for _ in range(rounds):
                     for name, fn in fns.items():
                         call, grads = bench.make_call(fn, x, w, dy, "forward_backward")
                         ms = bench.time_cuda(call, samples=samples, flush=flush, grads=grads)
                         samples_us[name] += [v * 1e3 for v in ms]
+                        spans_us[name] += host_spans_us(call, grads, flush, samples)
             medians = ", ".join(f"{k} {statistics.median(v):.1f}" for k, v in samples_us.items())
+            spans = ", ".join(f"{k} {statistics.median(v):.1f}" for k, v in spans_us.items())
             thread = "on" if threaded else "off"
-            print(f"{m}x{n} {dtype} fwd+bwd whole call, device thread {thread}: {medians} us", flush=True)
+            print(f"{m}x{n} {dtype} fwd+bwd, device thread {thread}: whole call {medians} us", flush=True)
+            print(f"  host time of the same calls: {spans} us", flush=True)
 
 
 def attribute(label, forward, dy, reps=300):
