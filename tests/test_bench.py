@@ -4,6 +4,7 @@ CUDA events), down to the results file, the table and the plot."""
 
 from __future__ import annotations
 
+import copy
 import importlib
 import json
 import os
@@ -409,12 +410,32 @@ def test_case_json_round_trip():
 
 def test_bandwidth_plot(cpu_run, tmp_path):
     pytest.importorskip("matplotlib", reason="matplotlib (the bench extra) is not installed")
-    png = plots.plot_bandwidth(cpu_run, tmp_path / "bw.png", dtype="bfloat16", group="large")
+    png = plots.plot_bandwidth(cpu_run, tmp_path / "bw.png", dtype="bfloat16")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    series = plots.bandwidth_series(cpu_run, "forward", dtype="bfloat16", group="large")
+    series = plots.bandwidth_series(cpu_run, "forward", dtype="bfloat16")
     assert set(series) == {"native", "eager"}  # the failed rows are left out
-    with pytest.raises(ValueError, match="no successful large float16 rows"):
+    rows = bench.index_rows(cpu_run)
+    for timing, key in (("whole", "tbs"), ("device", "device_tbs")):
+        series = plots.bandwidth_series(cpu_run, "forward", dtype="bfloat16", timing=timing)
+        for provider, points in series.items():
+            expected = sorted(
+                (r["n"], r[key])
+                for (p, _, mode), r in rows.items()
+                if p == provider and mode == "forward" and r["dtype"] == "bfloat16" and r["group"] == "large"
+            )
+            assert points == expected
+        copies = plots.same_bytes_copy_series(cpu_run, dtype="bfloat16", timing=timing)
+        assert copies == sorted(
+            (e["n"], e[key]) for e in cpu_run["same_bytes_copy"].values() if e["dtype"] == "bfloat16"
+        )
+    with pytest.raises(ValueError, match="no successful large/medium float16 rows"):
         plots.plot_bandwidth(cpu_run, tmp_path / "none.png", dtype="float16")
+    # the memory-bound groups are plotted (65536x1024 is "medium"), the launch-bound one is not
+    for group, plotted in (("medium", True), ("small", False)):
+        regrouped = copy.deepcopy(cpu_run)
+        for r in regrouped["results"]:
+            r["group"] = group
+        assert bool(plots.bandwidth_series(regrouped, "forward", dtype="bfloat16")) is plotted
 
 
 def test_performance_command_saves_the_run_it_draws(cpu_run, monkeypatch, tmp_path):
@@ -455,7 +476,7 @@ def test_performance_markdown(cpu_run):
         f"{native['median_ms'] * 1e3:.1f}",
         f"{native['median_ms'] / kernel['median_ms']:.2f}",
     ]
-    assert "![bandwidth against N per provider](bw.png)" in text
+    assert "![bandwidth against N per provider, whole calls and GPU time](bw.png)" in text
     # the second table reads the GPU-only figures
     assert lines.count(columns) == 2 and "## GPU time alone" in text
     device_table = lines[len(lines) - lines[::-1].index(columns) + 1 :][: len(TINY) * 2]

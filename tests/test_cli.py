@@ -300,6 +300,25 @@ def test_bandwidth_figure_from_the_latest_benchmark(project, capsys):
     assert (project / "outputs" / "figures" / "bandwidth.png").stat().st_size > 0
 
 
+def test_bandwidth_figure_skipped_without_memory_bound_rows(project, capsys):
+    """A benchmark of the launch-bound shapes only has nothing for the bandwidth plot: the figure
+    is skipped with the reason, the others still drawn, and the command succeeds."""
+    from rmsnorm_kernel import bench
+
+    rows = [
+        {"provider": "kernel", "mode": mode, "dtype": "bfloat16", "group": "small", "status": "ok",
+         "m": 1, "n": 4096, "tbs": 0.01}
+        for mode in bench.MODES
+    ]  # fmt: skip
+    folder = project / "outputs" / walkthrough.BENCH_DIR
+    folder.mkdir(parents=True)
+    (folder / "bench-small.json").write_text(json.dumps({"results": rows, "copy": {"tbs": 4.0}}))
+    rc, out, _ = run_cli(capsys, "figures")
+    assert rc == 0, out
+    assert "skipped bandwidth plot: no successful large/medium bfloat16 rows" in out
+    assert not (project / "outputs" / "figures" / "bandwidth.png").exists()
+
+
 @pytest.mark.skipif(
     HAS_CUDA or INTERPRET, reason="checks the message shown without CUDA and without the interpreter"
 )

@@ -1,7 +1,8 @@
 """Plots and the performance page drawn from a benchmark results file (:mod:`rmsnorm_kernel.bench`).
 
-``plot_bandwidth`` draws bandwidth against N per provider (one panel per mode, the copy ceiling
-of the same run as a dashed line); the ``figures`` command and docs/performance.md use it.
+``plot_bandwidth`` draws bandwidth against N per provider (one panel per mode and timing: whole
+calls, and GPU time where the run has it; the copy ceiling of the same run as a dashed line); the
+``figures`` command and docs/performance.md use it.
 
 ``python -m rmsnorm_kernel.plots`` (the ``perf_docs`` nox session) runs the benchmarks on this GPU,
 or reads ``--results FILE``, then rewrites docs/performance.md and its plot.
@@ -17,6 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from rmsnorm_kernel import bench
+
+# The shapes plotted: the memory-bound ones (cases.GROUPS), 65536x1024 among them.
+PLOT_GROUPS = ("large", "medium")
+# timing -> (the results' bandwidth key, panel title)
+TIMINGS = {"whole": ("tbs", "whole calls"), "device": ("device_tbs", "GPU time")}
 
 PROVIDER_STYLE = {  # fixed colours, so a provider looks the same in every figure
     "kernel": ("#d62728", "o"),
@@ -47,30 +53,44 @@ def _curves(points) -> dict[Any, list[tuple[int, float]]]:
 
 
 def bandwidth_series(
-    run: dict[str, Any], mode: str, *, dtype: str = "bfloat16", group: str = "large"
+    run: dict[str, Any],
+    mode: str,
+    *,
+    dtype: str = "bfloat16",
+    groups: Sequence[str] = PLOT_GROUPS,
+    timing: str = "whole",
 ) -> dict[str, list[tuple[int, float]]]:
-    """provider -> [(N, TB/s)] sorted by N, for the successful rows of one mode, dtype and group
-    (one shape per N, as ``_curves`` keeps)."""
+    """provider -> [(N, TB/s)] sorted by N, for the successful rows of one mode and dtype in
+    ``groups`` (one shape per N, as ``_curves`` keeps), timed as ``timing`` says (a key of
+    TIMINGS)."""
+    key = TIMINGS[timing][0]
     return _curves(
-        (r["provider"], r["m"], r["n"], r["tbs"])
+        (r["provider"], r["m"], r["n"], r[key])
         for r in run["results"]
         if r["mode"] == mode
         and r["dtype"] == dtype
-        and r["group"] == group
+        and r["group"] in groups
         and not r.get("residual")
         and r["status"] == "ok"
-        and r.get("tbs") is not None
+        and r.get(key) is not None
     )
 
 
-def same_bytes_copy_series(run: dict[str, Any], *, dtype: str = "bfloat16", group: str = "large") -> list:
+def same_bytes_copy_series(
+    run: dict[str, Any],
+    *,
+    dtype: str = "bfloat16",
+    groups: Sequence[str] = PLOT_GROUPS,
+    timing: str = "whole",
+) -> list:
     """[(N, TB/s)] of the per-shape copies of x (the forward's bytes), one shape per N as
     ``bandwidth_series``; empty for a run without them."""
+    key = TIMINGS[timing][0]
     entries = (run.get("same_bytes_copy") or {}).values()
     return _curves(
-        ("copy", e["m"], e["n"], e["tbs"])
+        ("copy", e["m"], e["n"], e[key])
         for e in entries
-        if e["dtype"] == dtype and e["group"] == group and e.get("tbs") is not None
+        if e["dtype"] == dtype and e["group"] in groups and e.get(key) is not None
     ).get("copy", [])
 
 
@@ -79,19 +99,46 @@ def plot_bandwidth(
     out: str | Path,
     *,
     dtype: str = "bfloat16",
-    group: str = "large",
+    groups: Sequence[str] = PLOT_GROUPS,
     modes: Sequence[str] = bench.MODES,
 ) -> Path:
-    """Write a PNG of bandwidth (TB/s, fewest bytes) against N per provider; returns its path."""
+    """Write a PNG of bandwidth (TB/s, fewest bytes) against N per provider, a row of panels
+    (one per mode) for whole calls and, where the run has GPU-time figures, one for those;
+    returns its path."""
     from matplotlib.figure import Figure  # no pyplot: no global backend, no display needed
 
     run = _as_run(run)
-    panels = [(mode, bandwidth_series(run, mode, dtype=dtype, group=group)) for mode in modes]
-    if not any(series for _, series in panels):
-        raise ValueError(f"no successful {group} {dtype} rows for modes {list(modes)} in the results")
+    rows = []
+    for timing in TIMINGS:
+        panels = [
+            (mode, bandwidth_series(run, mode, dtype=dtype, groups=groups, timing=timing)) for mode in modes
+        ]
+        if any(series for _, series in panels):
+            rows.append((timing, panels))
+    if not rows:
+        raise ValueError(
+            f"no successful {'/'.join(groups)} {dtype} rows for modes {list(modes)} in the results"
+        )
     copy_tbs = (run.get("copy") or {}).get("tbs")
-    fig = Figure(figsize=(5.5 * len(panels), 4.2), layout="constrained")
-    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    fig = Figure(figsize=(5.5 * len(modes), 4.2 * len(rows)), layout="constrained")
+    axes = fig.subplots(len(rows), len(modes), squeeze=False)
+    for row_axes, (timing, panels) in zip(axes, rows):
+        _draw_row(row_axes, panels, timing, run, copy_tbs, dtype, groups)
+    machine = run.get("machine") or {}
+    fig.suptitle(
+        f"RMSNorm bandwidth, {dtype}, the most rows at each N of the {'/'.join(groups)} shapes, "
+        f"{machine.get('device', 'unknown device')}"
+    )
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    return out
+
+
+def _draw_row(
+    axes, panels, timing: str, run: dict[str, Any], copy_tbs, dtype: str, groups: Sequence[str]
+) -> None:
+    """One row of ``plot_bandwidth``: a panel per mode, all timed as ``timing``."""
     for ax, (mode, series) in zip(axes, panels):
         for provider, points in series.items():
             color, marker = PROVIDER_STYLE.get(provider, (None, "x"))
@@ -104,7 +151,11 @@ def plot_bandwidth(
                 label=provider,
                 linewidth=2 if provider == "kernel" else 1,
             )
-        copies = same_bytes_copy_series(run, dtype=dtype, group=group) if mode == "forward" else []
+        copies = (
+            same_bytes_copy_series(run, dtype=dtype, groups=groups, timing=timing)
+            if mode == "forward"
+            else []
+        )
         if copies:
             ns, tbs = zip(*copies)
             ax.plot(
@@ -118,15 +169,9 @@ def plot_bandwidth(
         ax.set_xlabel("N (row width)")
         ax.set_ylabel("TB/s (fewest bytes moved)")
         ax.set_ylim(bottom=0)
-        ax.set_title(mode.replace("_", "+"))
+        ax.set_title(f"{mode.replace('_', '+')}, {TIMINGS[timing][1]}")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
-    machine = run.get("machine") or {}
-    fig.suptitle(f"RMSNorm bandwidth, {group} {dtype} shapes, {machine.get('device', 'unknown device')}")
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    return out
 
 
 def performance_markdown(run: dict[str, Any], png: str | None = None) -> str:
@@ -166,7 +211,7 @@ def performance_markdown(run: dict[str, Any], png: str | None = None) -> str:
             *_table(run, "device_"),
         ]
     if png:
-        lines += ["", f"![bandwidth against N per provider]({png})"]
+        lines += ["", f"![bandwidth against N per provider, whole calls and GPU time]({png})"]
     return "\n".join(lines) + "\n"
 
 
