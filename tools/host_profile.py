@@ -130,17 +130,23 @@ def floor(rounds=6, samples=100):
 def attribute(label, forward, dy, reps=300):
     """Median microseconds of a forward+backward call split at this op's backward node: engine
     to node entry, node body, node exit to .backward() returning (the node's body is timed by a
-    wrapper around _EagerFunction.backward)."""
+    wrapper around the backward of both eager Functions: ``_PlainFunction``, which the common
+    call takes, and ``_EagerFunction``)."""
     stamps = {}
-    original = ops._EagerFunction.backward
+    functions = (ops._PlainFunction, ops._EagerFunction)
+    originals = [f.backward for f in functions]
 
-    def timed(ctx, *grads):
-        stamps["enter"] = time.perf_counter()
-        out = original(ctx, *grads)
-        stamps["exit"] = time.perf_counter()
-        return out
+    def timing(original):
+        def timed(ctx, *grads):
+            stamps["enter"] = time.perf_counter()
+            out = original(ctx, *grads)
+            stamps["exit"] = time.perf_counter()
+            return out
 
-    ops._EagerFunction.backward = staticmethod(timed)
+        return staticmethod(timed)
+
+    for function, original in zip(functions, originals):
+        function.backward = timing(original)
     try:
         for _ in range(30):
             forward().backward(dy)
@@ -158,7 +164,8 @@ def attribute(label, forward, dy, reps=300):
             parts["node to return"].append(done - stamps["exit"])
         torch.cuda.synchronize()
     finally:
-        ops._EagerFunction.backward = original
+        for function, original in zip(functions, originals):
+            function.backward = staticmethod(original)
     print(f"  {label}: " + ", ".join(f"{k} {statistics.median(v) * 1e6:.1f} us" for k, v in parts.items()))
 
 
