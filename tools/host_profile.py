@@ -79,16 +79,12 @@ def host_spans_us(call, grads, flush, samples=100):
     loop of ``bench.time_cuda`` (grads reset and L2 flushed before each call, no synchronisation
     between calls). Where it exceeds the CUDA-event time, the call waits on its host work."""
     for _ in range(30):
-        for t in grads:
-            t.grad = None
-        flush.zero_()
+        bench.prepare_sample(grads, flush)
         call()
     torch.cuda.synchronize()
     spans = []
     for _ in range(samples):
-        for t in grads:
-            t.grad = None
-        flush.zero_()
+        bench.prepare_sample(grads, flush)
         start = time.perf_counter()
         call()
         spans.append(time.perf_counter() - start)

@@ -277,6 +277,16 @@ def make_flush(nbytes: int = FLUSH_BYTES) -> torch.Tensor:
     return torch.empty(nbytes, dtype=torch.int8, device=DEVICE)
 
 
+def prepare_sample(grads: Sequence[torch.Tensor], flush: torch.Tensor | None) -> None:
+    """What runs before each timed call, outside its interval: the ``grads`` tensors get
+    ``.grad = None`` (so the call writes fresh gradients) and ``flush`` is overwritten (so the
+    call starts with a cold L2)."""
+    for t in grads:
+        t.grad = None
+    if flush is not None:
+        flush.zero_()
+
+
 def time_cuda(
     call: Callable[[], Any],
     *,
@@ -286,22 +296,16 @@ def time_cuda(
     flush: torch.Tensor | None = None,
     grads: Sequence[torch.Tensor] = (),
 ) -> list[float]:
-    """Milliseconds of ``samples`` calls, each between two CUDA events. Before each call the
-    ``grads`` tensors get ``.grad = None`` and ``flush`` is overwritten (both outside the interval)."""
+    """Milliseconds of ``samples`` calls, each between two CUDA events, each after
+    ``prepare_sample(grads, flush)`` (outside the interval)."""
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples!r}")
 
-    def prepare():
-        for t in grads:
-            t.grad = None
-        if flush is not None:
-            flush.zero_()
-
     # one untimed call (compiles on first use), one timed estimate, then about warmup_ms of calls
-    prepare()
+    prepare_sample(grads, flush)
     call()
     torch.cuda.synchronize()
-    prepare()
+    prepare_sample(grads, flush)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     call()
@@ -309,14 +313,14 @@ def time_cuda(
     torch.cuda.synchronize()
     estimate = max(start.elapsed_time(end), 1e-3)
     for _ in range(max(min_warmup, min(1000, math.ceil(warmup_ms / estimate)))):
-        prepare()
+        prepare_sample(grads, flush)
         call()
     torch.cuda.synchronize()
 
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(samples)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(samples)]
     for i in range(samples):
-        prepare()
+        prepare_sample(grads, flush)
         starts[i].record()
         call()
         ends[i].record()
