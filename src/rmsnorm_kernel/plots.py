@@ -24,6 +24,11 @@ PLOT_GROUPS = ("large", "medium")
 # timing -> (the results' bandwidth key, panel title)
 TIMINGS = {"whole": ("tbs", "whole calls"), "device": ("device_tbs", "GPU time")}
 
+
+class NothingToPlot(ValueError):
+    """A results file without a successful row of the dtype and groups asked for."""
+
+
 PROVIDER_STYLE = {  # fixed colours, so a provider looks the same in every figure
     "kernel": ("#d62728", "o"),
     "eager": ("#7f7f7f", "v"),
@@ -116,7 +121,7 @@ def plot_bandwidth(
         if any(series for _, series in panels):
             rows.append((timing, panels))
     if not rows:
-        raise ValueError(
+        raise NothingToPlot(
             f"no successful {'/'.join(groups)} {dtype} rows for modes {list(modes)} in the results"
         )
     copy_tbs = (run.get("copy") or {}).get("tbs")

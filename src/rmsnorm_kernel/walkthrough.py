@@ -782,7 +782,7 @@ def figure_bandwidth(outputs: Path, target: Path) -> str:
         return f"skipped bandwidth plot: rmsnorm_kernel.plots is not importable ({exc})"
     try:
         plots.plot_bandwidth(bench, target)
-    except ValueError as exc:  # e.g. a run of the small shapes only: nothing memory-bound to plot
+    except plots.NothingToPlot as exc:  # e.g. a run of the small shapes only
         return f"skipped bandwidth plot: {exc} ({bench})"
     return f"wrote {target} (from {bench})"
 
