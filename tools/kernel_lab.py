@@ -594,6 +594,18 @@ def fwd_row4_v(
 
 
 @triton.jit
+def _tile_block(M, N, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+    """The (ROWS, BLOCK_N) block of this program in the lab's copies of forward_tile (masked):
+    its first row, row offsets within it, rows, columns, valid rows and the block's mask."""
+    first = tl.program_id(0) * ROWS
+    local = tl.arange(0, ROWS)
+    rows = first + local
+    cols = tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    return first, local, rows, cols, row_ok, row_ok[:, None] & (cols < N)[None, :]
+
+
+@triton.jit
 def fwd_tile_s(
     X, W, Y, RSTD, M, N, stride_x, eps, offset, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
     STRIDE: tl.constexpr, HAS_OFFSET: tl.constexpr,
@@ -601,13 +613,7 @@ def fwd_tile_s(
     """forward_tile (weight, no residual, default casting) with the row stride a compile-time
     constant (STRIDE, for rows stored contiguously; 0: the runtime stride_x, and N for y, as
     production) and the weight offset added only with HAS_OFFSET."""
-    pid = tl.program_id(0)
-    first = pid * ROWS
-    local = tl.arange(0, ROWS)
-    rows = first + local
-    cols = tl.arange(0, BLOCK_N)
-    row_ok = rows < M
-    mask = row_ok[:, None] & (cols < N)[None, :]
+    first, local, rows, cols, row_ok, mask = _tile_block(M, N, BLOCK_N, ROWS)
     first64 = first.to(tl.int64)
     local64 = local.to(tl.int64)[:, None]
     if STRIDE:
@@ -1274,13 +1280,7 @@ def fwd_tile_r(
     costs switchable: HW_RSQRT takes the hardware rsqrt (as Inductor's libdevice.rsqrt) instead
     of the correctly rounded one, STORE_RSTD off skips the per-row r store (a forward that no
     backward will follow), ADDR32 computes row offsets in 32-bit (valid while M * stride fits)."""
-    pid = tl.program_id(0)
-    first = pid * ROWS
-    local = tl.arange(0, ROWS)
-    rows = first + local
-    cols = tl.arange(0, BLOCK_N)
-    row_ok = rows < M
-    mask = row_ok[:, None] & (cols < N)[None, :]
+    first, local, rows, cols, row_ok, mask = _tile_block(M, N, BLOCK_N, ROWS)
     if ADDR32:
         x_ptrs = X + rows[:, None] * stride_x
         y_ptrs = Y + rows[:, None] * N
