@@ -42,7 +42,9 @@ DEFAULT_TRITON = "triton==3.6.0"
 TORCH_INDEX = os.environ.get("RMSNORM_TORCH_INDEX", "")
 LINT_REQUIREMENTS = "requirements/lint.txt"
 NOX_REQUIREMENTS = "requirements/nox.txt"
-EXTRAS = ("test", "bench")  # pytest and pytest-benchmark; asv and matplotlib (plots are tested on CPU too)
+# the suite's own dependencies; numpy for the Triton interpreter; pytest and pytest-benchmark;
+# asv and matplotlib (plots are tested on CPU too)
+EXTRAS = ("suite", "interpret", "test", "bench")
 WORKFLOWS = ".github/workflows"
 HISTORY_PAGE_TEST = "tests/test_asv_page.py"  # headless Chromium; skips, with the reason, without it
 PYTEST_FLAGS = ("-ra", "--strict-markers", "--strict-config", "--tb=short", "--durations=10")
@@ -189,7 +191,7 @@ def gpu(session: nox.Session) -> None:
 def verdict(session: nox.Session) -> None:
     """`rmsnorm-kernel verdict`: every check this machine can run, one table (md + json), fails on any."""
     install(session)
-    run(session, "python", "-m", "rmsnorm_kernel", "verdict", *session.posargs)
+    run(session, "python", "-m", "rmsnorm_suite", "verdict", *session.posargs)
 
 
 @nox.session(tags=["gpu"])
@@ -234,7 +236,7 @@ def pr_verdict(session: nox.Session) -> None:
     head = args.head or git(session, "rev-parse", "HEAD")
     install(session)
     require_cuda(session)
-    run(session, "python", "-m", "rmsnorm_kernel", "pr-verdict", "--base", base, "--head", head, *rest)
+    run(session, "python", "-m", "rmsnorm_suite", "pr-verdict", "--base", base, "--head", head, *rest)
 
 
 @nox.session(tags=["cpu"])
@@ -254,4 +256,4 @@ def perf_docs(session: nox.Session) -> None:
     install(session)
     if not any(arg.startswith("--results") for arg in session.posargs):
         require_cuda(session)  # redrawing from a saved results file (-- --results FILE) needs no GPU
-    run(session, "python", "-m", "rmsnorm_kernel.plots", *session.posargs)
+    run(session, "python", "-m", "rmsnorm_suite.plots", *session.posargs)

@@ -1,7 +1,7 @@
 """asv benchmarks: every provider at every shape of ``cases.BENCH_SHAPES``, forward and forward+backward.
 
 asv's own timers measure host wall time; these benchmarks instead report the figures of the
-project's harness (:mod:`rmsnorm_kernel.bench`: CUDA events around whole calls, L2 flushed before
+project's harness (:mod:`rmsnorm_suite.bench`: CUDA events around whole calls, L2 flushed before
 each sample, three blocks of samples, the median; and the GPU time alone from CUDA-graph
 replays) as ``track_`` values, so that the asv history,
 the gate, pytest-benchmark's extra info and docs/performance.md all show the same numbers.
@@ -21,7 +21,7 @@ import os
 
 import torch
 
-from rmsnorm_kernel import bench, cases
+from rmsnorm_suite import bench, cases
 
 SHAPES = [s.name for s in cases.BENCH_SHAPES]
 PROVIDERS = [name for name, p in bench.PROVIDERS.items() if not p.residual]  # plain RMSNorm only

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rmsnorm_kernel import bench, cases
+from rmsnorm_suite import bench, cases
 
 pytestmark = [
     pytest.mark.gpu,

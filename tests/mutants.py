@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rmsnorm_kernel import cases, checks
+from rmsnorm_suite import cases, checks
 
 # ---------------------------------------------------------------------------------------------
 # Kernels (baseline and mutation sites)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rmsnorm_kernel import bench, cases, cli, gate, plots
+from rmsnorm_suite import bench, cases, cli, gate, plots
 
 ROOT_THRESHOLDS = gate.load_thresholds(Path(__file__).resolve().parents[1] / "regression.toml")
 
@@ -439,7 +439,7 @@ def test_bandwidth_plot(cpu_run, tmp_path):
 
 
 def test_performance_command_saves_the_run_it_draws(cpu_run, monkeypatch, tmp_path):
-    """A fresh `python -m rmsnorm_kernel.plots` run writes the page, the plot and a copy of the
+    """A fresh `python -m rmsnorm_suite.plots` run writes the page, the plot and a copy of the
     results it drew them from, so `--results` on that copy redraws the same page."""
     pytest.importorskip("matplotlib", reason="matplotlib (the bench extra) is not installed")
     monkeypatch.setattr(bench, "run_benchmarks", lambda *a, **k: cpu_run)
@@ -540,7 +540,7 @@ def test_residual_bytes_match_the_declared_count(shape, mode):
 
 
 def test_performance_page_ignores_residual_rows():
-    from rmsnorm_kernel import plots
+    from rmsnorm_suite import plots
 
     def row(provider, ms, residual=False):
         return {

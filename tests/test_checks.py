@@ -1,4 +1,4 @@
-"""The suite's check functions (rmsnorm_kernel.checks) judged on pure-PyTorch implementations:
+"""The suite's check functions (rmsnorm_suite.checks) judged on pure-PyTorch implementations:
 the reference passes every grid and probe; deliberately wrong implementations fail the check aimed
 at them, for the stated reason. Runs on the CPU without the Triton interpreter, except the last
 test, which runs the kernel adapter where the real kernels can run."""
@@ -11,9 +11,9 @@ import math
 import pytest
 import torch
 
-from rmsnorm_kernel import cases, checks
-from rmsnorm_kernel.cases import Tolerance
 from rmsnorm_kernel.reference import rms_norm_reference
+from rmsnorm_suite import cases, checks
+from rmsnorm_suite.cases import Tolerance
 
 from .conftest import KERNEL_DEVICES
 
@@ -241,7 +241,7 @@ def test_probe_catches_its_failure_mode(label, probe, kind, impl, kwargs, passes
 
 
 # ---------------------------------------------------------------------------------------------
-# Tolerances and limits come from rmsnorm_kernel.cases
+# Tolerances and limits come from rmsnorm_suite.cases
 # ---------------------------------------------------------------------------------------------
 
 

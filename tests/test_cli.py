@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rmsnorm_kernel import cli, walkthrough
-from rmsnorm_kernel.config import parse_config
+from rmsnorm_suite import cli, walkthrough
+from rmsnorm_suite.config import parse_config
 
 from .conftest import HAS_CUDA, INTERPRET, requires_interpret
 
@@ -270,7 +270,7 @@ def test_figures_from_recorded_outputs(project, capsys):
 
 
 def test_bandwidth_figure_from_the_latest_benchmark(project, capsys):
-    from rmsnorm_kernel import bench
+    from rmsnorm_suite import bench
 
     rows = [
         {
@@ -303,7 +303,7 @@ def test_bandwidth_figure_from_the_latest_benchmark(project, capsys):
 def test_bandwidth_figure_skipped_without_memory_bound_rows(project, capsys):
     """A benchmark of the launch-bound shapes only has nothing for the bandwidth plot: the figure
     is skipped with the reason, the others still drawn, and the command succeeds."""
-    from rmsnorm_kernel import bench
+    from rmsnorm_suite import bench
 
     rows = [
         {"provider": "kernel", "mode": mode, "dtype": "bfloat16", "group": "small", "status": "ok",

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rmsnorm_kernel import cases
-from rmsnorm_kernel.config import Config, TrainingConfig, load_config, parse_config
+from rmsnorm_suite import cases
+from rmsnorm_suite.config import Config, TrainingConfig, load_config, parse_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = "configs/test.yaml"

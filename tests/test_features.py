@@ -1,7 +1,7 @@
 """The model-ready features against their references: the fused residual add, the weight offset,
 the casting modes (against Hugging Face's own formulas), out_dtype, the module's options and
 swap_rms_norm. Numeric tests run under the interpreter on CPU (nox -s interpret) and on CUDA
-(nox -s gpu); tolerances come from rmsnorm_kernel.cases.
+(nox -s gpu); tolerances come from rmsnorm_suite.cases.
 
 Tolerance rows, by what a result went through (the same rule as tests/mutants.py):
 * default and "gemma" casting round nothing before the result: the result's own dtype;
@@ -18,8 +18,8 @@ from torch import nn
 
 import rmsnorm_kernel
 from rmsnorm_kernel import launch
-from rmsnorm_kernel.cases import EPS, TOLERANCES
 from rmsnorm_kernel.reference import rms_norm_reference
+from rmsnorm_suite.cases import EPS, TOLERANCES
 
 from . import mutants
 from .conftest import INTERPRET, KERNEL_DEVICES

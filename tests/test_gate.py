@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rmsnorm_kernel import cases, cli, gate, prverdict
+from rmsnorm_suite import cases, cli, gate, prverdict
 
 ROOT = Path(__file__).resolve().parents[1]
 THRESHOLDS = gate.load_thresholds(ROOT / "regression.toml")

@@ -1,13 +1,13 @@
 """The kernel against the declared tolerances and the float64 oracle on the case grids of
-rmsnorm_kernel.cases, with the suite's own checks (rmsnorm_kernel.checks): element-wise within
+rmsnorm_suite.cases, with the suite's own checks (rmsnorm_suite.checks): element-wise within
 the dtype's tolerance, and no more than ORACLE_ERROR_FACTOR x the error of torch's fp32-compute
 path. On CUDA: the tutorial's 72-case grid extended to bf16, and widths up to 262144. Under the
 interpreter: the small odd-size grid. Plus the targeted probes on both."""
 
 import pytest
 
-from rmsnorm_kernel import cases, checks
-from rmsnorm_kernel.cases import dtype_name
+from rmsnorm_suite import cases, checks
+from rmsnorm_suite.cases import dtype_name
 
 from .conftest import HAS_CUDA, INTERPRET
 

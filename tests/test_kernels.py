@@ -1,14 +1,14 @@
 """The real Triton kernels against the reference: layouts, dtypes, features, determinism and the
 torch integration (opcheck, torch.compile, CUDA graphs). Each test runs under the interpreter on
-CPU (nox -s interpret) and on CUDA (nox -s gpu); tolerances come from rmsnorm_kernel.cases."""
+CPU (nox -s interpret) and on CUDA (nox -s gpu); tolerances come from rmsnorm_suite.cases."""
 
 import pytest
 import torch
 
 import rmsnorm_kernel
 from rmsnorm_kernel import kernels, launch, ops
-from rmsnorm_kernel.cases import TOLERANCES
 from rmsnorm_kernel.reference import rms_norm_backward_reference, rms_norm_reference
+from rmsnorm_suite.cases import TOLERANCES
 
 from .conftest import HAS_CUDA, KERNEL_DEVICES, requires_cuda, requires_interpret
 

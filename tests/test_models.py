@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import rmsnorm_kernel
-from rmsnorm_kernel.cases import TOLERANCES
+from rmsnorm_suite.cases import TOLERANCES
 
 from .conftest import HAS_CUDA, KERNEL_DEVICES
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rmsnorm_kernel import checks
+from rmsnorm_suite import checks
 
 from . import mutants
 

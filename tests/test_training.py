@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 import rmsnorm_kernel
-from rmsnorm_kernel import cli, training, walkthrough
-from rmsnorm_kernel.config import parse_config
+from rmsnorm_suite import cli, training, walkthrough
+from rmsnorm_suite.config import parse_config
 
 from .conftest import requires_cuda, requires_interpret
 

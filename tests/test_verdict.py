@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from rmsnorm_kernel import cli, verdict, walkthrough
-from rmsnorm_kernel.config import parse_config
+from rmsnorm_suite import cli, verdict, walkthrough
+from rmsnorm_suite.config import parse_config
 
 from .conftest import requires_cuda, requires_interpret
 
@@ -129,7 +129,7 @@ def test_reruns_itself_under_the_interpreter(project, monkeypatch):
     assert argv == [
         sys.executable,
         "-m",
-        "rmsnorm_kernel",
+        "rmsnorm_suite",
         "verdict",
         "--config",
         "c.yaml",
@@ -179,7 +179,7 @@ def test_full_verdict_on_cuda(project):
     """The whole verdict on the GPU, as `nox -s verdict` runs it (tests/mutants.py is not in this
     temporary folder, so the catalogue is reported as skipped)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "rmsnorm_kernel", "verdict", "--json"], capture_output=True, text=True
+        [sys.executable, "-m", "rmsnorm_suite", "verdict", "--json"], capture_output=True, text=True
     )
     data = json.loads(proc.stdout)
     failed = {c["check"]: c["figure"] for c in data["checks"] if c["status"] == "FAIL"}

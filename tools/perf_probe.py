@@ -12,8 +12,8 @@ from triton.testing import do_bench
 
 import rmsnorm_kernel
 from rmsnorm_kernel import launch
-from rmsnorm_kernel.cases import BENCH_SHAPES, bytes_moved
 from rmsnorm_kernel.reference import rms_norm_reference
+from rmsnorm_suite.cases import BENCH_SHAPES, bytes_moved
 
 EPS = 1e-6
 

@@ -12,7 +12,7 @@ import statistics
 import torch
 from triton.testing import do_bench
 
-from rmsnorm_kernel import bench
+from rmsnorm_suite import bench
 
 
 def back_to_back_us(fn, calls: int = 20, repeats: int = 15) -> float:

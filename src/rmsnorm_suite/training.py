@@ -28,12 +28,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from rmsnorm_kernel import cases
-from rmsnorm_kernel.config import Config
+from rmsnorm_suite import cases
+from rmsnorm_suite.config import Config
 
 # Declared before any run: the two paths' test MSE may differ by at most this fraction of the
 # reference path's MSE. Both paths compute in fp32 and differ only in summation order (about 1e-7
-# relative per step); 100 Adam steps keep that far below 1e-3. Candidate for rmsnorm_kernel.cases.
+# relative per step); 100 Adam steps keep that far below 1e-3. Candidate for rmsnorm_suite.cases.
 TEST_MSE_RTOL = 1e-3
 
 CHECKPOINT_DIR = "train-integration"  # under artifacts/
@@ -172,7 +172,7 @@ class Run:
 
 def train_steps(run: Run, x: torch.Tensor, y: torch.Tensor, order: torch.Tensor, stop: int, desc: str) -> Run:
     """Adam steps from ``run.step`` up to ``stop`` (exclusive) on the fixed batch order."""
-    from rmsnorm_kernel.walkthrough import progress
+    from rmsnorm_suite.walkthrough import progress
 
     run.model.train()
     for step in progress(range(run.step, stop), desc=desc, total=stop - run.step):
@@ -377,7 +377,7 @@ def run_integration(cfg: Config, device: str, *, quiet: bool = False) -> dict:
 
 
 def summary_table(result: dict) -> str:
-    from rmsnorm_kernel.walkthrough import format_table
+    from rmsnorm_suite.walkthrough import format_table
 
     rows = [
         [c["name"], c["value"], c["limit"], "info" if c["ok"] is None else ("pass" if c["ok"] else "FAIL")]
@@ -392,13 +392,13 @@ def summary_table(result: dict) -> str:
 
 
 def configure(parser: argparse.ArgumentParser, command: str) -> None:
-    from rmsnorm_kernel.walkthrough import add_common_arguments
+    from rmsnorm_suite.walkthrough import add_common_arguments
 
     add_common_arguments(parser, json_flag=True, device=True)
 
 
 def run(args: argparse.Namespace) -> int:
-    from rmsnorm_kernel import walkthrough as w
+    from rmsnorm_suite import walkthrough as w
 
     try:
         cfg = w.load(args)

@@ -1,4 +1,4 @@
-"""`rmsnorm-kernel` (also `python -m rmsnorm_kernel`): the walkthrough, the suite and the gate as commands.
+"""`rmsnorm-kernel` (also `python -m rmsnorm_suite`): the walkthrough, the suite and the gate as commands.
 
 Each subcommand lives in its own module, which exposes two functions:
 ``configure(parser: argparse.ArgumentParser, command: str) -> None`` adds the subcommand's arguments and
@@ -16,25 +16,25 @@ import sys
 # subcommand -> (module, one-line help). The order is the walkthrough's order.
 COMMANDS: dict[str, tuple[str, str]] = {
     "check-environment": (
-        "rmsnorm_kernel.walkthrough",
+        "rmsnorm_suite.walkthrough",
         "versions, device, and one real kernel computed and checked",
     ),
-    "reference": ("rmsnorm_kernel.walkthrough", "float64 gradcheck of the reference; synthetic data splits"),
-    "check-forward": ("rmsnorm_kernel.walkthrough", "forward case grid against the reference"),
-    "check-backward": ("rmsnorm_kernel.walkthrough", "dx case grid against the reference"),
-    "check-gamma": ("rmsnorm_kernel.walkthrough", "dw case grid against the reference"),
-    "train-integration": ("rmsnorm_kernel.training", "train the small network on both paths and compare"),
-    "benchmark": ("rmsnorm_kernel.bench", "fair comparison: eager, compiled, native, this kernel, peers"),
-    "exercise": ("rmsnorm_kernel.walkthrough", "the wrong-denominator variant made observable"),
-    "figures": ("rmsnorm_kernel.walkthrough", "PNG plots from the recorded outputs"),
-    "check-checkpoints": ("rmsnorm_kernel.walkthrough", "reload saved checkpoints and compare"),
-    "clean": ("rmsnorm_kernel.walkthrough", "delete generated files (preview with --dry-run)"),
+    "reference": ("rmsnorm_suite.walkthrough", "float64 gradcheck of the reference; synthetic data splits"),
+    "check-forward": ("rmsnorm_suite.walkthrough", "forward case grid against the reference"),
+    "check-backward": ("rmsnorm_suite.walkthrough", "dx case grid against the reference"),
+    "check-gamma": ("rmsnorm_suite.walkthrough", "dw case grid against the reference"),
+    "train-integration": ("rmsnorm_suite.training", "train the small network on both paths and compare"),
+    "benchmark": ("rmsnorm_suite.bench", "fair comparison: eager, compiled, native, this kernel, peers"),
+    "exercise": ("rmsnorm_suite.walkthrough", "the wrong-denominator variant made observable"),
+    "figures": ("rmsnorm_suite.walkthrough", "PNG plots from the recorded outputs"),
+    "check-checkpoints": ("rmsnorm_suite.walkthrough", "reload saved checkpoints and compare"),
+    "clean": ("rmsnorm_suite.walkthrough", "delete generated files (preview with --dry-run)"),
     "verdict": (
-        "rmsnorm_kernel.verdict",
+        "rmsnorm_suite.verdict",
         "every check this machine can run, one table, non-zero exit on failure",
     ),
-    "gate": ("rmsnorm_kernel.gate", "compare base and head results against regression.toml"),
-    "pr-verdict": ("rmsnorm_kernel.prverdict", "benchmark base and head interleaved, then gate them"),
+    "gate": ("rmsnorm_suite.gate", "compare base and head results against regression.toml"),
+    "pr-verdict": ("rmsnorm_suite.prverdict", "benchmark base and head interleaved, then gate them"),
 }
 
 

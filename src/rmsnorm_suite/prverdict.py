@@ -7,7 +7,7 @@
    to the harness in the pull request cannot favour either side.
 3. The rounds merged per side (samples concatenated, errors: the largest seen).
 4. The GPU tests of head (``pytest -m gpu`` in the head worktree).
-5. The gate (:mod:`rmsnorm_kernel.gate`) with the base's regression.toml, so that a pull request
+5. The gate (:mod:`rmsnorm_suite.gate`) with the base's regression.toml, so that a pull request
    cannot loosen its own thresholds; verdict.md and verdict.json, and the summary printed.
 
 Exit status as the gate's: 0 pass, 1 regression, 2 could not judge.
@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rmsnorm_kernel import bench, gate
+from rmsnorm_suite import bench, gate
 
 SIDES = ("base", "head")
 DEFAULT_ROUNDS = 6

@@ -22,7 +22,7 @@ depend on the kernels alone; the gate judges them with a tight factor. forward+b
 captured as ``torch.autograd.grad`` (fresh gradients, no accumulation). A provider that cannot be
 captured keeps its host-inclusive figures and records why under ``device_error``.
 
-Bandwidth counts the fewest bytes a pass must move (:func:`rmsnorm_kernel.cases.bytes_moved`)
+Bandwidth counts the fewest bytes a pass must move (:func:`rmsnorm_suite.cases.bytes_moved`)
 and is also given as a fraction of a device-to-device copy measured in the same run (a 2 GiB
 bf16 copy, bytes read plus written). With the forward mode, each shape also gets a copy of its
 own x (``x.clone()``: the forward's bytes, read M·N and written M·N), timed both ways: what a
@@ -404,7 +404,7 @@ class Case:
 
 
 def case_from_bench_shape(shape) -> Case:
-    from rmsnorm_kernel import cases
+    from rmsnorm_suite import cases
 
     return Case(
         shape.name,
@@ -866,7 +866,7 @@ def write_run(run: dict[str, Any], out_dir: str | Path, stem: str | None = None)
 
 def select_cases(names: Sequence[str] | None) -> list[Case]:
     """Shape names from cases.BENCH_SHAPES; "all" and the group names select groups."""
-    from rmsnorm_kernel import cases
+    from rmsnorm_suite import cases
 
     if not names:
         names = ["all"]
@@ -917,7 +917,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--blocks must be >= 1, got {args.blocks}")
     out_dir, seed = "outputs", 0
     if args.config:
-        from rmsnorm_kernel.config import load_config
+        from rmsnorm_suite.config import load_config
 
         config = load_config(args.config)
         out_dir, seed = config.output_dir, config.seeds.checks

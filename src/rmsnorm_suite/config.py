@@ -2,7 +2,7 @@
 
 A config is a small YAML file (``configs/minimum.yaml``, ``configs/exercise.yaml``). Every section and
 key is optional; a missing one takes the default below, which matches ``configs/minimum.yaml``. Shapes
-and dtypes default to :mod:`rmsnorm_kernel.cases`. A config may select dtypes and may tighten a
+and dtypes default to :mod:`rmsnorm_suite.cases`. A config may select dtypes and may tighten a
 tolerance, but never loosen one: tolerances are declared in ``cases.TOLERANCES`` before any
 comparison is made.
 
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import yaml
 
-from rmsnorm_kernel import cases
+from rmsnorm_suite import cases
 
 DEFAULT_CONFIG = "configs/minimum.yaml"
 GRIDS = ("auto", "gpu", "gpu-wide", "interpret", "shapes")
@@ -267,7 +267,7 @@ def _tolerances(r: _Reader, dtypes: tuple[torch.dtype, ...]) -> dict[torch.dtype
             if value > limit:
                 tol.fail(
                     f"{tol.key(key)} = {value!r} is looser than the declared {limit!r} "
-                    f"(rmsnorm_kernel.cases.TOLERANCES); a config may tighten a tolerance, never loosen it"
+                    f"(rmsnorm_suite.cases.TOLERANCES); a config may tighten a tolerance, never loosen it"
                 )
         out[dtype] = cases.Tolerance(atol=atol, rtol=rtol)
     return out

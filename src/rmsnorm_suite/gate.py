@@ -262,7 +262,7 @@ def _describe(run: dict[str, Any] | None) -> dict[str, Any]:
 def _shape_order(key: tuple[str, str]) -> tuple[int, str, int]:
     """Order of cases.BENCH_SHAPES when known, else by name; forward before forward_backward."""
     try:
-        from rmsnorm_kernel import cases
+        from rmsnorm_suite import cases
 
         names = [s.name for s in cases.BENCH_SHAPES]
     except Exception:  # the gate judges files; the package's matrix only orders the table
@@ -281,7 +281,7 @@ def judge(
     extra_rows: Sequence[Row] = (),
     missing: dict[str, str] | None = None,
 ) -> Verdict:
-    """Compare two benchmark runs (dicts as written by rmsnorm_kernel.bench) and return the verdict.
+    """Compare two benchmark runs (dicts as written by rmsnorm_suite.bench) and return the verdict.
 
     ``base`` or ``head`` may be None (the file could not be read; ``missing`` says why);
     ``extra_rows`` come first in the table (pr-verdict's GPU-test row)."""
@@ -505,7 +505,7 @@ def configure(parser: argparse.ArgumentParser, command: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rmsnorm_kernel.bench import load_run
+    from rmsnorm_suite.bench import load_run
 
     try:
         thresholds = load_thresholds(args.thresholds)

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from rmsnorm_kernel import cases
-from rmsnorm_kernel.config import DEFAULT_CONFIG, Config, load_config
+from rmsnorm_suite import cases
+from rmsnorm_suite.config import DEFAULT_CONFIG, Config, load_config
 
 # ---------------------------------------------------------------------------------------------
 # Shared helpers (also used by training.py and verdict.py)
@@ -337,7 +337,7 @@ def reference_checks(seed: int = 0) -> list[dict[str, Any]]:
 
 
 def cmd_reference(args: argparse.Namespace, cfg: Config) -> int:
-    from rmsnorm_kernel.training import make_splits, splits_digest
+    from rmsnorm_suite.training import make_splits, splits_digest
 
     checks = reference_checks(cfg.seeds.checks)
     splits = make_splits(cfg)
@@ -406,7 +406,7 @@ GRID_TITLES = {"forward": "forward (y)", "backward": "input gradient (dx)", "gam
 def run_case_grid(kind: str, cfg: Config, device: str) -> list[dict[str, Any]]:
     """Run one grid (forward, backward or gamma) of the config on ``device`` with the suite's
     check functions and the config's tolerances (declared, or tighter); one JSON record per case."""
-    from rmsnorm_kernel import checks
+    from rmsnorm_suite import checks
 
     results = checks.run_grid(
         kind,
@@ -777,9 +777,9 @@ def figure_bandwidth(outputs: Path, target: Path) -> str:
             "(run `rmsnorm-kernel benchmark` on a GPU)"
         )
     try:
-        from rmsnorm_kernel import plots
+        from rmsnorm_suite import plots
     except ImportError as exc:
-        return f"skipped bandwidth plot: rmsnorm_kernel.plots is not importable ({exc})"
+        return f"skipped bandwidth plot: rmsnorm_suite.plots is not importable ({exc})"
     try:
         plots.plot_bandwidth(bench, target)
     except plots.NothingToPlot as exc:  # e.g. a run of the small shapes only
@@ -816,7 +816,7 @@ def cmd_figures(args: argparse.Namespace, cfg: Config) -> int:
 def checkpoint_checks(cfg: Config, device_request: str = "auto") -> dict[str, Any]:
     """Reload every checkpoint train-integration saved; each must reproduce its recorded parameter
     digest and its recorded test predictions exactly (zero difference)."""
-    from rmsnorm_kernel.training import (
+    from rmsnorm_suite.training import (
         CHECKPOINT_DIR,
         RESULT_JSON,
         load_checkpoint,

@@ -34,8 +34,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from rmsnorm_kernel import cases
-from rmsnorm_kernel.cases import Tolerance, dtype_name
+from rmsnorm_suite import cases
+from rmsnorm_suite.cases import Tolerance, dtype_name
 
 KINDS: tuple[str, ...] = ("forward", "backward", "gamma")
 _CHECKED = {"forward": "y", "backward": "dx", "gamma": "dw"}

@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from rmsnorm_kernel import cases
-from rmsnorm_kernel.config import Config
+from rmsnorm_suite import cases
+from rmsnorm_suite.config import Config
 
 CHILD_ENV = "RMSNORM_KERNEL_VERDICT_CHILD"  # set in the re-run, so it never re-runs itself twice
 MUTANTS_FILE = Path("tests") / "mutants.py"
@@ -55,7 +55,7 @@ class Skip(Exception):
 
 
 def check_environment(cfg: Config, device: str):
-    from rmsnorm_kernel.walkthrough import environment_check, write_json
+    from rmsnorm_suite.walkthrough import environment_check, write_json
 
     result = environment_check(device)
     write_json(cfg.outputs / "environment.json", result)
@@ -68,7 +68,7 @@ def check_environment(cfg: Config, device: str):
 
 
 def check_reference(cfg: Config, device: str):
-    from rmsnorm_kernel.walkthrough import reference_checks
+    from rmsnorm_suite.walkthrough import reference_checks
 
     rows = reference_checks(cfg.seeds.checks)
     good = sum(r["passed"] for r in rows)
@@ -82,7 +82,7 @@ def check_reference(cfg: Config, device: str):
 
 def _grid(kind: str):
     def check(cfg: Config, device: str):
-        from rmsnorm_kernel.walkthrough import _num, grid_summary, run_case_grid, write_json
+        from rmsnorm_suite.walkthrough import _num, grid_summary, run_case_grid, write_json
 
         records = run_case_grid(kind, cfg, device)
         failed = [r for r in records if not r["passed"]]
@@ -109,7 +109,7 @@ def _grid(kind: str):
 
 
 def check_probes(cfg: Config, device: str):
-    from rmsnorm_kernel import checks
+    from rmsnorm_suite import checks
 
     results = checks.run_probes(checks.kernel_impl, device, tolerances=cfg.checks.tolerances, progress=True)
     failed = [r for r in results if not r.passed]
@@ -243,8 +243,8 @@ def check_cuda_graphs(cfg: Config, device: str):
 
 
 def check_training(cfg: Config, device: str):
-    from rmsnorm_kernel.training import RESULT_JSON, run_integration
-    from rmsnorm_kernel.walkthrough import write_json
+    from rmsnorm_suite.training import RESULT_JSON, run_integration
+    from rmsnorm_suite.walkthrough import write_json
 
     result = run_integration(cfg, device)
     write_json(cfg.outputs / RESULT_JSON, result)
@@ -310,7 +310,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def table(outcomes: list[Outcome]) -> str:
-    from rmsnorm_kernel.walkthrough import format_table
+    from rmsnorm_suite.walkthrough import format_table
 
     return format_table(["check", "status", "key figure"], [[o.check, o.status, o.figure] for o in outcomes])
 
@@ -338,7 +338,7 @@ def markdown(outcomes: list[Outcome], header: dict[str, Any]) -> str:
 
 
 def configure(parser: argparse.ArgumentParser, command: str) -> None:
-    from rmsnorm_kernel.walkthrough import add_common_arguments
+    from rmsnorm_suite.walkthrough import add_common_arguments
 
     add_common_arguments(parser, json_flag=True, device=False)
     parser.add_argument(
@@ -363,7 +363,7 @@ def child_argv(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rmsnorm_kernel import walkthrough as w
+    from rmsnorm_suite import walkthrough as w
 
     cuda = torch.cuda.is_available()
     interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -377,7 +377,7 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
         env = dict(os.environ, TRITON_INTERPRET="1", **{CHILD_ENV: "1"})
-        return subprocess.run([sys.executable, "-m", "rmsnorm_kernel", *child_argv(args)], env=env).returncode
+        return subprocess.run([sys.executable, "-m", "rmsnorm_suite", *child_argv(args)], env=env).returncode
     try:
         cfg = w.load(args)
         device = w.resolve_device("auto", "verdict")

@@ -1,5 +1,0 @@
-import sys
-
-from rmsnorm_kernel.cli import main
-
-sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from rmsnorm_suite.cli import main
+
+sys.exit(main())
