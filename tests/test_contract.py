@@ -53,10 +53,6 @@ BAD_INPUT = [
         "normalized_shape",
     ),
     ("normalized_shape type", lambda: rmsnorm_kernel.rms_norm(x_(2, 4), "4"), TypeError, "normalized_shape"),
-    ("eps zero", lambda: rmsnorm_kernel.rms_norm(x_(2, 4), eps=0.0), ValueError, "eps"),
-    ("eps negative", lambda: rmsnorm_kernel.rms_norm(x_(2, 4), eps=-1e-6), ValueError, "eps"),
-    ("eps nan", lambda: rmsnorm_kernel.rms_norm(x_(2, 4), eps=math.nan), ValueError, "eps"),
-    ("eps inf", lambda: rmsnorm_kernel.rms_norm(x_(2, 4), eps=math.inf), ValueError, "eps"),
     ("eps string", lambda: rmsnorm_kernel.rms_norm(x_(2, 4), eps="1e-6"), TypeError, "eps"),
     ("N = 0", lambda: rmsnorm_kernel.rms_norm(x_(2, 0)), ValueError, "N must be at least 1"),
     ("scalar x", lambda: rmsnorm_kernel.rms_norm(torch.tensor(1.0)), ValueError, "normalized_shape"),
@@ -196,7 +192,9 @@ def test_module_is_a_drop_in():
     theirs.load_state_dict(ours.state_dict())
     ours.load_state_dict(theirs.state_dict())
     assert rmsnorm_kernel.RMSNorm(8, elementwise_affine=False).weight is None
-    assert rmsnorm_kernel.RMSNorm(8).eps is None  # None means torch's default, finfo(dtype).eps
+    assert (
+        rmsnorm_kernel.RMSNorm(8).eps is None
+    )  # None means torch's default: finfo(float32).eps for fp16, bf16 and fp32
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 import operator
 
 import torch
@@ -111,12 +112,14 @@ def validate(
     for name, value in (("out_dtype", out_dtype), ("residual_dtype", residual_dtype)):
         if value is not None and value not in SUPPORTED_DTYPES:
             raise TypeError(f"{name} must be float32, float16, bfloat16 or None, got {value}")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
-        raise TypeError(f"eps must be a float, got {type(eps).__name__}")
-    if not math.isfinite(eps) or eps <= 0:
-        raise ValueError(f"eps must be a finite number > 0, got {eps}")
-    if isinstance(offset, bool) or not isinstance(offset, (int, float)) or not math.isfinite(offset):
-        raise ValueError(f"offset must be a finite float, got {offset!r}")
+    # Any real eps, as torch takes it (0 and negative values included; numpy scalars too).
+    if isinstance(eps, bool) or not isinstance(eps, (numbers.Real, torch.SymFloat, torch.SymInt)):
+        raise TypeError(f"eps must be a real number or None, got {type(eps).__name__}")
+    if isinstance(offset, bool) or not isinstance(offset, (numbers.Real, torch.SymFloat, torch.SymInt)):
+        raise TypeError(f"offset must be a real number, got {type(offset).__name__}")
+    # (A traced offset may be symbolic, which math.isfinite cannot take: eager calls check it.)
+    if not torch.compiler.is_compiling() and not math.isfinite(offset):
+        raise ValueError(f"offset must be finite, got {offset!r}")
     if offset != 0.0 and weight is None:
         raise ValueError("offset needs a weight: y = x * r * (offset + weight)")
     if casting not in CASTING_MODES:

@@ -37,6 +37,14 @@ def reset_counters() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+def _weight_row(weight: Tensor | None, n: int) -> Tensor | None:
+    """The weight as the kernels read it: n contiguous elements. Any other layout torch accepts
+    (strided, expanded, a transposed 2-D weight) is copied: it is only n elements."""
+    if weight is None or (weight.dim() == 1 and weight.is_contiguous()):
+        return weight
+    return weight.contiguous().view(n)
+
+
 def _run_forward(
     x: Tensor,
     weight: Tensor | None,
@@ -55,7 +63,7 @@ def _run_forward(
     dim = x.dim()
     x2 = launch.as_rows(x, n)
     r2 = launch.as_rows(residual, n) if residual is not None else None
-    w = weight.view(n) if weight is not None and weight.dim() != 1 else weight
+    w = _weight_row(weight, n)
     # Outputs of more than two dims are allocated in x's shape rather than viewed into it.
     shape = x.shape if dim > 2 else None
     y, rstd, h = launch.forward(x2, w, r2, eps, offset, casting, out_dtype, residual_dtype, shape, want_rstd)
@@ -110,7 +118,7 @@ def _run_backward(
     when need_dw is false or there is no weight."""
     n = xh.shape[-1]
     dim = xh.dim()
-    w = weight.view(n) if weight is not None and weight.dim() != 1 else weight
+    w = _weight_row(weight, n)
     dx, dw = launch.backward(
         launch.as_rows(dy, n),
         launch.as_rows(dh, n) if dh is not None else None,
@@ -166,13 +174,47 @@ def _setup_context(ctx, inputs, output):
     y, rstd, h = output
     has_residual = residual is not None
     ctx.save_for_backward(h if has_residual else x, weight, rstd)
-    ctx.offset, ctx.casting, ctx.has_residual = offset, casting, has_residual
+    ctx.eps, ctx.offset, ctx.casting, ctx.has_residual = eps, offset, casting, has_residual
     ctx.x_dtype = x.dtype
     ctx.residual_in_dtype = residual.dtype if has_residual else None
 
 
+def _backward_composite(
+    dy: Tensor,
+    dh: Tensor | None,
+    xh: Tensor,
+    weight: Tensor | None,
+    eps: float,
+    offset: float,
+    casting: int,
+    need_dw: bool,
+    dx_dtype: torch.dtype,
+) -> tuple[Tensor, Tensor | None]:
+    """The backward of the kernels (reference.py's formula) in differentiable torch ops, for a
+    backward that builds a graph (``create_graph=True``: second derivatives). r is recomputed
+    from xh, since the kernels' saved r carries no graph. Computes in fp32 (float64 for float64
+    input), as the kernels do; Llama's casting rounds x * r before the dw product, as they do."""
+    n = xh.shape[-1]
+    cdt = torch.float64 if xh.dtype == torch.float64 else torch.float32
+    xf, dyf = xh.to(cdt), dy.to(cdt)
+    r = torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
+    xn = xf * r
+    u = dyf * (offset + weight.reshape(n).to(cdt)) if weight is not None else dyf
+    dx = (u - xn * (u * xn).mean(-1, keepdim=True)) * r
+    if dh is not None:
+        dx = dx + dh.to(cdt)
+    dw = None
+    if need_dw and weight is not None:
+        if casting == kernels.CAST_LLAMA:
+            xn = xn.to(xh.dtype).to(cdt)
+        dw = (dyf * xn).reshape(-1, n).sum(0).to(weight.dtype).reshape(weight.shape)
+    return dx.to(dx_dtype), dw
+
+
 def _grads(ctx, dy, dh, backward) -> tuple:
-    """(dx, dw, dresidual) from the state saved by the forward, each None where not needed."""
+    """(dx, dw, dresidual) from the state saved by the forward, each None where not needed.
+    A backward that builds a graph (create_graph=True) takes _backward_composite instead of
+    ``backward``, so that second derivatives are right."""
     xh, weight, rstd = ctx.saved_tensors
     need_x, need_w, need_res = ctx.needs_input_grad[:3]
     need_dw = weight is not None and need_w
@@ -187,6 +229,8 @@ def _grads(ctx, dy, dh, backward) -> tuple:
         return None, None, None
     if dy is None:  # only h was used downstream: its gradient passes straight to x and residual
         dxh, dw, need_dw = dh.to(dx_dtype), None, False
+    elif torch.is_grad_enabled():
+        dxh, dw = _backward_composite(dy, dh, xh, weight, ctx.eps, ctx.offset, ctx.casting, need_dw, dx_dtype)
     else:
         dxh, dw = backward(dy, dh, xh, weight, rstd, ctx.offset, ctx.casting, need_dw, dx_dtype)
     # dxh has dx_dtype: a cast only where the dtype differs (a same-dtype .to() returns dxh too).
@@ -218,7 +262,7 @@ class _EagerFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, residual, options):
         y, rstd, h = _run_forward(x, weight, residual, *options)
-        ctx.offset, ctx.casting, ctx.x_dtype = options[1], options[2], x.dtype
+        ctx.eps, ctx.offset, ctx.casting, ctx.x_dtype = options[0], options[1], options[2], x.dtype
         ctx.set_materialize_grads(False)  # no zero-filled gradient for an unused h
         if residual is None:
             ctx.has_residual, ctx.residual_in_dtype = False, None
@@ -249,10 +293,12 @@ class _PlainFunction(torch.autograd.Function):
     def backward(ctx, dy):
         x, weight, rstd = ctx.saved_tensors
         need_x, need_w = ctx.needs_input_grad[:2]
-        _eps, offset, casting = ctx.options[:3]
-        dx, dw = _run_backward(
-            dy, None, x, weight, rstd, offset, casting, need_w and weight is not None, x.dtype
-        )
+        eps, offset, casting = ctx.options[:3]
+        need_dw = need_w and weight is not None
+        if torch.is_grad_enabled():  # create_graph=True: a backward that can be differentiated
+            dx, dw = _backward_composite(dy, None, x, weight, eps, offset, casting, need_dw, x.dtype)
+        else:
+            dx, dw = _run_backward(dy, None, x, weight, rstd, offset, casting, need_dw, x.dtype)
         return dx if need_x else None, dw, None
 
 
@@ -282,8 +328,17 @@ def _apply_plain(x: Tensor, weight: Tensor | None, options: tuple) -> Tensor:
 # ---------------------------------------------------------------------------------------------
 
 
-# torch's default eps (eps=None) for each dtype the kernels run.
-_DEFAULT_EPS = {dtype: torch.finfo(dtype).eps for dtype in launch.SUPPORTED_DTYPES}
+# torch's default eps (eps=None): the epsilon of the opmath type, float32 for every dtype the
+# kernels run (fp16 and bf16 compute in fp32), float64's for float64 input.
+_DEFAULT_EPS = torch.finfo(torch.float32).eps
+_KERNEL_DTYPES = frozenset(launch.SUPPORTED_DTYPES)
+# Memory formats torch's rms_norm keeps for its output (any other layout gives a contiguous one).
+_KEPT_FORMATS = {4: torch.channels_last, 5: torch.channels_last_3d}
+
+
+def default_eps(dtype: torch.dtype) -> float:
+    """torch's eps for ``eps=None``: ``finfo(opmath type).eps``."""
+    return torch.finfo(torch.float64).eps if dtype == torch.float64 else _DEFAULT_EPS
 
 
 def _normalized_size(x: Tensor, normalized_shape, weight: Tensor | None) -> tuple[int, tuple[int, ...]]:
@@ -309,6 +364,15 @@ def _normalized_size(x: Tensor, normalized_shape, weight: Tensor | None) -> tupl
     return math.prod(shape), shape
 
 
+def _keep_format(out: Tensor, x: Tensor) -> Tensor:
+    """``out`` (contiguous) in the memory format torch's rms_norm gives for input ``x``:
+    channels_last (channels_last_3d) input keeps its format, anything else is contiguous."""
+    fmt = _KEPT_FORMATS.get(x.dim())
+    if fmt is None or x.is_contiguous() or not x.is_contiguous(memory_format=fmt):
+        return out
+    return out.contiguous(memory_format=fmt)
+
+
 def rms_norm(
     x: Tensor,
     normalized_shape: int | Sequence[int] | None = None,
@@ -326,8 +390,10 @@ def rms_norm(
     ``y = x * rsqrt(mean(x^2) + eps) * (offset + weight)``, squares and sums in fp32.
 
     Argument order follows ``torch.nn.functional.rms_norm``; ``normalized_shape`` defaults to the
-    weight's shape, else the last dim. ``eps=None`` means torch's default,
-    ``torch.finfo(x.dtype).eps``.
+    weight's shape, else the last dim. ``eps`` is any real number; ``eps=None`` means torch's
+    default, the epsilon of the opmath type (``torch.finfo(torch.float32).eps`` for fp32, fp16 and
+    bf16 input). Any layout torch accepts gives torch's numbers; channels_last input keeps its
+    memory format, as torch's does.
 
     With ``residual``, computes ``h = x + residual`` (in fp32, stored in ``residual_dtype``,
     default x's dtype), normalises h and returns ``(y, h)``. ``casting`` is "default" (fp32
@@ -336,16 +402,20 @@ def rms_norm(
     multiply; the output then takes the promoted dtype of input and weight). ``out_dtype``
     overrides the output dtype.
 
+    Second derivatives (``create_graph=True``) and functorch transforms (``torch.func.grad``,
+    ``vmap``) run the same formula in differentiable torch ops instead of the kernels.
+
     fp64 inputs and CPU tensors (without ``TRITON_INTERPRET=1``) raise ``UnsupportedInput``
     (a ValueError) unless ``allow_fallback=True``, which runs the reference instead, counts it in
     ``CALLS["fallback"]`` and warns once.
     """
-    # Fast path for the common call: a 1-D weight or none, normalized_shape unset or the last dim,
-    # no residual, no out_dtype. The host cost of a call at small shapes exceeds the kernel's
-    # time, so the checks of _normalized_size and launch.validate are made here in a few cheap
-    # tests that accept valid, runnable input only; anything else (every invalid input
-    # included) takes the general path below, which raises the errors. Never while tracing:
-    # torch.compile sees the general path.
+    # Fast path for the common call: contiguous x, a contiguous 1-D weight or none,
+    # normalized_shape unset or the last dim, no residual, no out_dtype. The host cost of a call
+    # at small shapes exceeds the kernel's time, so the checks of _normalized_size and
+    # launch.validate are made here in a few cheap tests that accept valid, runnable input only;
+    # anything else (every invalid input included) takes the general path below, which raises
+    # the errors. Never while tracing (torch.compile sees the general path) nor under functorch
+    # transforms.
     if (
         not torch.compiler.is_compiling()
         and residual is None
@@ -359,27 +429,29 @@ def rms_norm(
         ns = normalized_shape
         if type(ns) is tuple and len(ns) == 1:  # torch.nn.RMSNorm keeps it as a tuple
             ns = ns[0]
-        e = _DEFAULT_EPS.get(x_dtype) if eps is None else eps
+        e = _DEFAULT_EPS if eps is None else eps
         if (
             n >= 1
             and (ns is None or (type(ns) is int and ns == n))
-            and x_dtype in _DEFAULT_EPS
+            and x_dtype in _KERNEL_DTYPES
             and type(e) is float
-            and 0.0 < e < math.inf
             and type(offset) is float
             and -math.inf < offset < math.inf
             and type(casting) is str
             and casting in launch.CASTING_MODES
             and (x.is_cuda or kernels.INTERPRET)
+            and x.is_contiguous()
             and (
                 (weight is None and offset == 0.0)
                 or (
                     isinstance(weight, Tensor)
                     and weight.shape == (n,)
-                    and weight.dtype in _DEFAULT_EPS
+                    and weight.dtype in _KERNEL_DTYPES
                     and weight.device == x.device
+                    and weight.is_contiguous()
                 )
             )
+            and not torch._C._are_functorch_transforms_active()
         ):
             options = (
                 e,
@@ -394,14 +466,16 @@ def rms_norm(
 
     n, shape = _normalized_size(x, normalized_shape, weight)
     if eps is None:
-        eps = torch.finfo(x.dtype).eps if isinstance(x, torch.Tensor) and x.dtype.is_floating_point else 1e-6
+        eps = default_eps(x.dtype) if isinstance(x, torch.Tensor) else _DEFAULT_EPS
+    transformed = torch._C._are_functorch_transforms_active()
     try:
         launch.validate(x, weight, residual, eps, offset, casting, out_dtype, residual_dtype, n)
         unsupported = False
     except launch.UnsupportedInput:
-        if not allow_fallback:
+        if not (allow_fallback or transformed):
             raise
         unsupported = True
+    eps, offset = float(eps), float(offset)
     if residual_dtype is None and residual is not None:
         residual_dtype = x.dtype
     if out_dtype is None:
@@ -411,6 +485,8 @@ def rms_norm(
             )
         else:
             out_dtype = x.dtype
+    if transformed:  # vmap, grad, jvp, ...: torch ops, which functorch knows how to transform
+        return _composite(x, shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype)
     if unsupported:
         return _fallback(x, shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype)
     k = len(shape)
@@ -419,13 +495,7 @@ def rms_norm(
         res_in = residual.reshape(*x.shape[:-k], n) if residual is not None else None
     else:
         x_in, res_in = x, residual
-    options = (
-        float(eps),
-        float(offset),
-        launch.CASTING_MODES[casting],
-        out_dtype,
-        residual_dtype if residual_dtype is not None else x.dtype,
-    )
+    options = (eps, offset, launch.CASTING_MODES[casting], out_dtype, residual_dtype or x.dtype)
     if torch.compiler.is_compiling():
         y, _rstd, h = forward_op(x_in, weight, res_in, *options)
     elif torch.is_grad_enabled() and (
@@ -440,20 +510,15 @@ def rms_norm(
     if k > 1:
         y = y.view(x.shape)
         h = h.view(x.shape) if residual is not None else h
-    return (y, h) if residual is not None else y
+    y = _keep_format(y, x)
+    if residual is not None:
+        return y, _keep_format(h, x)
+    return y
 
 
-def _fallback(x, shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype):
-    global _warned_fallback
-    CALLS["fallback"] += 1
-    if not _warned_fallback:
-        _warned_fallback = True
-        warnings.warn(
-            f"rmsnorm_kernel: input on {x.device} with dtype {x.dtype} is not run by the kernels; "
-            "using the reference implementation (allow_fallback=True). CALLS['fallback'] counts these.",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+def _composite(x, shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype):
+    """The op in plain torch ops (reference.py's formula): the fallback's computation, and the
+    path under functorch transforms."""
     k = len(shape)
     h = None
     if residual is not None:
@@ -468,3 +533,17 @@ def _fallback(x, shape, weight, eps, residual, residual_dtype, offset, casting, 
     w = weight.reshape(-1) if weight is not None else None
     y = rms_norm_reference(flat, w, eps, offset=offset, casting=casting, out_dtype=out_dtype).view(inp.shape)
     return (y, h) if residual is not None else y
+
+
+def _fallback(x, shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype):
+    global _warned_fallback
+    CALLS["fallback"] += 1
+    if not _warned_fallback:
+        _warned_fallback = True
+        warnings.warn(
+            f"rmsnorm_kernel: input on {x.device} with dtype {x.dtype} is not run by the kernels; "
+            "using the reference implementation (allow_fallback=True). CALLS['fallback'] counts these.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return _composite(x, shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype)
