@@ -46,6 +46,7 @@ NOX_REQUIREMENTS = "requirements/nox.txt"
 # asv and matplotlib (plots are tested on CPU too)
 EXTRAS = ("suite", "interpret", "test", "bench")
 WORKFLOWS = ".github/workflows"
+ARC_VALUES = "deploy/arc"  # runner scale sets: *.yaml values checked against values.schema.json
 HISTORY_PAGE_TEST = "tests/test_asv_page.py"  # headless Chromium; skips, with the reason, without it
 PYTEST_FLAGS = ("-ra", "--strict-markers", "--strict-config", "--tb=short", "--durations=10")
 
@@ -137,20 +138,23 @@ def git(session: nox.Session, *args: str) -> str:
 
 @nox.session(tags=["cpu"])
 def lint(session: nox.Session) -> None:
-    """Ruff check and format check, shellcheck, actionlint, zizmor --offline, github-workflows schema."""
+    """Ruff, shellcheck, actionlint, zizmor --offline (default and pedantic), workflow and ARC schemas."""
     if is_passthrough(session):
         use_outer_environment(session)
     else:
         session.install("-r", LINT_REQUIREMENTS)
     run(session, "ruff", "check", ".")
     run(session, "ruff", "format", "--check", "--diff", ".")
-    shell = [*ROOT.glob(".github/scripts/*.sh"), *ROOT.glob("tools/*.sh")]
+    shell = [*ROOT.glob(".github/scripts/*.sh"), *ROOT.glob("tools/*.sh"), *ROOT.glob("deploy/*/*.sh")]
     scripts = [".ci/run", *sorted(str(p.relative_to(ROOT)) for p in shell)]
     run(session, "shellcheck", *scripts)
     run(session, "actionlint")  # reads .github/actionlint.yaml; checks run: scripts with shellcheck
     run(session, "zizmor", "--offline", WORKFLOWS)
+    run(session, "zizmor", "--offline", "--pedantic", WORKFLOWS)  # docs/ci.md explains what it may report
     workflows = sorted(str(p.relative_to(ROOT)) for p in (ROOT / WORKFLOWS).glob("*.yml"))
     run(session, "check-jsonschema", "--builtin-schema", "vendor.github-workflows", *workflows)
+    values = sorted(str(p.relative_to(ROOT)) for p in (ROOT / ARC_VALUES).glob("*.yaml"))
+    run(session, "check-jsonschema", "--schemafile", f"{ARC_VALUES}/values.schema.json", *values)
 
 
 def interpreter_tests(session: nox.Session, one_of_several: bool = False) -> None:

@@ -1,16 +1,17 @@
 """The GitHub workflows stay thin, pinned and least-privilege, and name only things that exist:
-every nox session, script and requirements file a workflow mentions, every runner label it asks
-for. The comment script renders a verdict without touching the network (--dry-run)."""
+every nox session, script and requirements file a workflow mentions, every runner scale set it
+asks for (deploy/arc). Pull-request code never reaches a trusted runner or a write token; the
+history keeps every commit and checks results before they are kept. The comment script has its
+own tests (tests/test_comment.py)."""
 
 from __future__ import annotations
 
-import http.server
+import importlib.util
 import json
 import re
 import shutil
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -21,9 +22,11 @@ from tests.test_noxfile import noxfile_sessions
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOW_DIR = ROOT / ".github" / "workflows"
 WORKFLOW_FILES = sorted(WORKFLOW_DIR.glob("*.yml"))
-COMMENT_SCRIPT = ROOT / ".github" / "scripts" / "post_verdict_comment.py"
-PUSH_SCRIPT = ROOT / ".github" / "scripts" / "push_results.sh"
-BUILTIN_LABELS = {"self-hosted", "linux", "x64", "arm64", "ubuntu-latest"}
+SCRIPTS = ROOT / ".github" / "scripts"
+PUSH_SCRIPT = SCRIPTS / "push_results.sh"
+ARC_DIR = ROOT / "deploy" / "arc"
+HOSTED = {"ubuntu-latest"}
+PR_TRIGGERS = {"pull_request", "pull_request_target"}  # events whose jobs run a pull request's code
 SHA_PIN = re.compile(r"^[\w.-]+/[\w./-]+@[0-9a-f]{40}$")
 
 
@@ -66,7 +69,8 @@ def resolve(word: str, step: dict, job: dict) -> list[str]:
 
 
 def test_there_are_the_four_workflows():
-    assert set(WORKFLOWS) == {"ci.yml", "gpu.yml", "pr-comment.yml", "history.yml"}
+    ours = {"ci.yml", "gpu.yml", "pr-comment.yml", "history.yml"}
+    assert ours <= set(WORKFLOWS) <= ours | {"mutation.yml"}
 
 
 @pytest.mark.parametrize("wf_name", sorted(WORKFLOWS))
@@ -102,7 +106,8 @@ def test_write_permissions_are_where_they_are_needed_only():
     }
     assert writes == {
         ("pr-comment.yml", "comment", "pull-requests"),
-        ("history.yml", "publish", "contents"),
+        ("pr-comment.yml", "comment", "statuses"),
+        ("history.yml", "push", "contents"),
         ("history.yml", "deploy", "pages"),
         ("history.yml", "deploy", "id-token"),
     }
@@ -170,268 +175,213 @@ def test_ci_matrix_covers_python_versions_and_oldest_newest_torch():
     assert job["env"]["RMSNORM_TORCH"] == "${{ matrix.torch_requirement }}"
 
 
-def gpu_label_sets():
-    for wf_name in ("gpu.yml", "history.yml"):
-        for job_id, job in WORKFLOWS[wf_name]["jobs"].items():
-            if job["runs-on"] == "${{ matrix.labels }}":
-                yield wf_name, job_id, job
+def scale_sets() -> dict[str, dict]:
+    """runnerScaleSetName -> values, for every values file of deploy/arc."""
+    values = [yaml.safe_load(p.read_text(encoding="utf-8")) for p in sorted(ARC_DIR.glob("*.yaml"))]
+    return {v["runnerScaleSetName"]: v for v in values}
 
 
-def test_gpu_runner_labels_are_declared_for_actionlint():
-    declared = set(
-        yaml.safe_load((ROOT / ".github" / "actionlint.yaml").read_text())["self-hosted-runner"]["labels"]
-    )
-    jobs = list(gpu_label_sets())
-    assert len(jobs) == 2
-    for wf_name, job_id, job in jobs:
-        entries = job["strategy"]["matrix"]["include"]
-        assert entries, f"{wf_name}/{job_id}: no GPU kinds"
-        machines = [e["asv_machine"] for e in entries]
-        assert len(set(machines)) == len(machines), f"{wf_name}: two kinds share an asv machine name"
-        for entry in entries:
-            assert (
-                "self-hosted" in entry["labels"]
-                and "gpu" in entry["labels"]
-                and entry["kind"] in entry["labels"]
-            )
-            assert set(entry["labels"]) - BUILTIN_LABELS <= declared, f"{wf_name}: undeclared label"
-        assert job["env"]["RMSNORM_ASV_MACHINE"] == "${{ matrix.asv_machine }}"
+def trusted(name: str) -> bool:
+    return scale_sets()[name]["runnerGroup"] == "gpu-trusted"
 
 
-def test_gpu_workflow_is_one_cancellable_run_per_pr_behind_an_approval_for_forks():
+def runners(job: dict) -> list[str]:
+    """The runner names a job may ask for: its runs-on, resolved through its matrix."""
+    runs_on = job["runs-on"]
+    key = re.fullmatch(r"\$\{\{\s*matrix\.(\w+)\s*\}\}", str(runs_on))
+    return [str(v) for v in matrix_values(job, key.group(1))] if key else [str(runs_on)]
+
+
+def test_each_scale_set_is_one_gpu_kind_at_one_trust_level_ephemeral_and_without_dind():
+    sets = scale_sets()
+    for path in sorted(ARC_DIR.glob("*.yaml")):
+        values = yaml.safe_load(path.read_text(encoding="utf-8"))
+        name = values["runnerScaleSetName"]
+        assert path.stem == name, f"{path.name}: the file is named after its scale set"
+        level = name.rsplit("-", 1)[1]
+        assert values["runnerGroup"] == f"gpu-{level}"
+        spec = values["template"]["spec"]
+        assert spec["nodeSelector"]["rmsnorm/gpu-pool"] == level  # trust levels share no node
+        assert "containerMode" not in values and "initContainers" not in spec  # no docker-in-docker
+        (runner,) = spec["containers"]
+        assert runner["resources"]["limits"]["nvidia.com/gpu"] == 1
+        assert not runner["image"].endswith(":latest")
+        assert isinstance(values["githubConfigSecret"], str), "credentials by secret name only"
+    kinds = {name.rsplit("-", 1)[0] for name in sets}
+    assert {f"{kind}-{level}" for kind in kinds for level in ("trusted", "untrusted")} == set(sets)
+    declared = yaml.safe_load((ROOT / ".github" / "actionlint.yaml").read_text())["self-hosted-runner"][
+        "labels"
+    ]
+    assert set(declared) == set(sets), "actionlint knows exactly the scale sets of deploy/arc"
+
+
+def test_every_runner_a_workflow_asks_for_exists_and_pr_jobs_never_get_a_trusted_one():
+    sets = scale_sets()
+    gpu_jobs = 0
+    for wf_name, wf in WORKFLOWS.items():
+        pr_code = bool(PR_TRIGGERS & set(wf["on"]))
+        for job_id, job in wf["jobs"].items():
+            for name in runners(job):
+                if name in HOSTED:
+                    continue
+                gpu_jobs += 1
+                assert name in sets, f"{wf_name}/{job_id}: runs-on {name}, not a scale set of deploy/arc"
+                if pr_code:
+                    assert not trusted(name), f"{wf_name}/{job_id}: pull-request code on trusted {name}"
+    assert gpu_jobs >= 3
+    history = WORKFLOWS["history.yml"]["jobs"]
+    assert all(trusted(n) for n in runners(history["benchmark"]))
+    assert not any(trusted(n) for n in runners(WORKFLOWS["gpu.yml"]["jobs"]["verdict"]))
+
+
+def test_gpu_verdict_runs_from_the_default_branch_with_the_head_as_data():
     wf = WORKFLOWS["gpu.yml"]
-    assert list(wf["on"]) == ["pull_request"]
-    assert "pull_request.number" in wf["concurrency"]["group"]
-    assert wf["concurrency"]["cancel-in-progress"] is True
+    assert list(wf["on"]) == ["pull_request_target"]
+    trigger = wf["on"]["pull_request_target"]
+    assert "labeled" in trigger["types"] and trigger["branches"] == ["main"]
+    assert wf["permissions"] == {}
+    assert (
+        "pull_request.number" in wf["concurrency"]["group"]
+        and wf["concurrency"]["cancel-in-progress"] is True
+    )
     job = wf["jobs"]["verdict"]
-    assert "head.repo.full_name != github.repository" in job["environment"]
     assert job["permissions"] == {"contents": "read"}
+    # forks: only with a maintainer's label, and each run behind the approval environment
+    assert "contains(github.event.pull_request.labels.*.name, 'gpu-verdict')" in job["if"]
+    assert "head.repo.full_name != github.repository && 'gpu-fork-approval'" in job["environment"]
+    text = (WORKFLOW_DIR / "gpu.yml").read_text(encoding="utf-8")
+    assert "secrets." not in text, "the GPU job holds no secret"
+    checkouts = [s for s in job["steps"] if s.get("uses", "").startswith("actions/checkout@")]
+    assert len(checkouts) == 1 and "ref" not in checkouts[0]["with"], "the judge is the default branch"
+    fetch = next(s for s in job["steps"] if "refs/pull/" in s.get("run", ""))
+    assert "git -c" in fetch["run"] and "fetch" in fetch["run"] and "checkout" not in fetch["run"]
+    assert not any(re.search(r"git (checkout|switch|worktree)", s.get("run", "")) for s in job["steps"])
     uploads = [
         s["with"]["name"] for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact@")
     ]
     assert uploads == ["verdict-${{ matrix.kind }}", "results-${{ matrix.kind }}"]
-    summary = next(s for s in job["steps"] if "GITHUB_STEP_SUMMARY" in s.get("run", ""))
-    assert "verdict.md" in summary["run"]
 
 
-def test_comment_workflow_follows_the_gpu_workflow_and_runs_no_pr_code():
-    gpu_name = WORKFLOWS["gpu.yml"]["name"]
+def test_the_run_title_is_what_the_comment_script_reads():
+    spec = importlib.util.spec_from_file_location("pvc_for_title", SCRIPTS / "post_verdict_comment.py")
+    pvc = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = pvc
+    spec.loader.exec_module(pvc)
+    title = WORKFLOWS["gpu.yml"]["run-name"]
+    filled = title.replace("${{ github.event.pull_request.number }}", "123").replace(
+        "${{ github.event.pull_request.head.sha }}", "f" * 40
+    )
+    assert pvc.RUN_TITLE.fullmatch(filled).groups() == ("123", "f" * 40)
+    assert WORKFLOWS["gpu.yml"]["name"] == "GPU verdict"
+
+
+def test_a_hang_becomes_an_error_verdict_before_the_job_limit():
+    wf = WORKFLOWS["gpu.yml"]
+    job = wf["jobs"]["verdict"]
+    deadline = int(wf["env"]["DEADLINE_MINUTES"])
+    # pr-verdict's deadline, then the `timeout` backstop (+5) and its kill grace (+2), then the uploads
+    assert deadline + 5 + 2 + 5 <= job["timeout-minutes"]
+    step = next(s for s in job["steps"] if "-s pr_verdict" in s.get("run", ""))
+    assert '--deadline-s "$((DEADLINE_MINUTES * 60))"' in step["run"]
+    assert 'timeout --kill-after=2m "$((DEADLINE_MINUTES + 5))m"' in step["run"]
+    assert "deadline_verdict.py" in step["run"] and "124" in step["run"]
+    assert '--base "$BASE_REF_SHA" --head "$HEAD_SHA"' in step["run"]  # the judge takes the merge-base
+
+
+def test_deadline_verdict_is_an_error_the_comment_shows(tmp_path):
+    out = tmp_path / "verdict-h200"
+    script = [sys.executable, str(SCRIPTS / "deadline_verdict.py"), "--out", str(out), "--minutes", "75"]
+    done = subprocess.run(
+        [*script, "--base-ref", "b" * 40, "--head", "a" * 40], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    data = json.loads((out / "verdict.json").read_text())
+    assert data["status"] == "error" and data["head_sha"] == "a" * 40
+    body = subprocess.run(
+        [sys.executable, str(SCRIPTS / "post_verdict_comment.py"), "--verdicts", str(tmp_path), "--dry-run",
+         "--head-sha", "a" * 40],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "## GPU verdict: ⚠️ could not judge" in body and "deadline of 75 min" in body
+    bad = subprocess.run([*script, "--base-ref", "x`", "--head", "a" * 40], capture_output=True, text=True)
+    assert bad.returncode == 2
+
+
+def test_comment_workflow_runs_trusted_code_on_a_hosted_runner_after_the_gpu_run():
     wf = WORKFLOWS["pr-comment.yml"]
-    assert wf["on"]["workflow_run"]["workflows"] == [gpu_name]
+    assert wf["on"]["workflow_run"]["workflows"] == [WORKFLOWS["gpu.yml"]["name"]]
     job = wf["jobs"]["comment"]
+    assert job["runs-on"] == "ubuntu-latest"
+    assert "workflow_run.event == 'pull_request_target'" in job["if"] and "cancelled" not in job["if"]
+    assert job["permissions"] == {"actions": "read", "pull-requests": "write", "statuses": "write"}
     checkout = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/checkout@"))
-    assert "ref" not in checkout.get("with", {}), "the comment job must check out the default branch only"
+    assert "ref" not in checkout["with"], "the comment job checks out the default branch only"
     download = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/download-artifact@"))
     assert download["with"]["pattern"] == "verdict-*"
     assert download["with"]["run-id"] == "${{ github.event.workflow_run.id }}"
+    post = job["steps"][-1]
+    assert post["env"]["RUN_TITLE"] == "${{ github.event.workflow_run.display_title }}"
+    assert "--run-title" in post["run"] and "--conclusion" in post["run"]
+    assert wf["concurrency"]["cancel-in-progress"] is False and wf["concurrency"]["queue"] == "max"
 
 
-# ----------------------------------------------------------------------------------------------
-# The comment script, rendered locally (--dry-run)
-# ----------------------------------------------------------------------------------------------
-
-SAMPLE_ROWS = [
-    {"check": "latency large/forward", "base": 0.0412, "head": 0.0409, "ratio": 0.993, "threshold": 1.05,
-     "verdict": "pass"},
-    {"check": "latency small/forward_backward", "base": 0.012, "head": 0.0151, "ratio": 1.258,
-     "threshold": 1.05, "verdict": "regression", "kind": "latency"},
-    {"check": "error bfloat16 dx | @someone <b>", "base": 1.6e-3, "head": None, "ratio": None,
-     "threshold": 1.8e-3, "verdict": "pass"},
-]  # fmt: skip
-
-
-def write_verdict(folder: Path, status: str, rows=SAMPLE_ROWS, summary="1 regression in 3 checks", pr=7):
-    folder.mkdir(parents=True)
-    verdict = {"status": status, "summary": summary, "rows": rows}
-    (folder / "verdict.json").write_text(json.dumps(verdict), encoding="utf-8")
-    (folder / "verdict.md").write_text("# verdict\n", encoding="utf-8")
-    (folder / "pr.json").write_text(json.dumps({"number": pr, "base_sha": "b" * 40, "head_sha": "a" * 40}))
+def test_history_keeps_every_commit_and_only_a_push_job_writes():
+    wf = WORKFLOWS["history.yml"]
+    assert set(wf["on"]) == {"push", "workflow_dispatch"} and wf["on"]["push"]["branches"] == ["main"]
+    assert wf["concurrency"] == {"group": "history", "cancel-in-progress": False, "queue": "max"}
+    for job_id, job in wf["jobs"].items():
+        assert "github.ref == 'refs/heads/main'" in job["if"], f"history.yml/{job_id} runs on main only"
+    push = wf["jobs"]["push"]
+    assert push["permissions"] == {"contents": "write"} and push["needs"] == "publish"
+    commands = [s["run"] for s in push["steps"] if "run" in s]
+    assert commands == ['.github/scripts/push_results.sh results "$RESULTS_BRANCH" "asv results of $COMMIT"']
+    used = [s["uses"].split("@")[0] for s in push["steps"] if "uses" in s]
+    assert used == ["actions/checkout", "actions/checkout", "actions/download-artifact"]
+    assert push["steps"][2]["with"]["name"] == "asv-results-checked"
+    publish = [s.get("run", "") for s in wf["jobs"]["publish"]["steps"]]
+    check = next(i for i, r in enumerate(publish) if "check_asv_results.py incoming .asv/results" in r)
+    assert check < next(i for i, r in enumerate(publish) if "nox -s history" in r)
 
 
-def dry_run(verdicts: Path, *extra: str) -> str:
-    result = subprocess.run(
-        [sys.executable, str(COMMENT_SCRIPT), "--verdicts", str(verdicts), "--dry-run", *extra],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
+def asv_tree(root: Path, name: str = "bench_rmsnorm.Forward.track_median_ms") -> Path:
+    (root / "h200").mkdir(parents=True)
+    (root / "benchmarks.json").write_text(json.dumps({name: {"name": name, "params": [["'4096x4096-bfloat16'"]],
+                                                             "code": "def f(x):\n    return x < 1"}, "version": 2}))  # fmt: skip
+    (root / "h200" / "machine.json").write_text(json.dumps({"machine": "h200", "cpu": "AMD EPYC 9654 (96)"}))
+    results = {"commit_hash": "a" * 40, "results": {name: [[0.04], [["'4096x4096-bfloat16'"]]]},
+               "durations": {"<build>": 1.0, "<setup_cache bench_rmsnorm:40>": 9.5}}  # fmt: skip
+    (root / "h200" / "aaaaaaaa-existing-py_opt_rmsnorm_bin_python3.json").write_text(json.dumps(results))
+    return root
 
 
-def test_comment_dry_run_renders_the_sample_verdict(tmp_path):
-    write_verdict(tmp_path / "verdict-h200", "regression")
-    body = dry_run(tmp_path, "--head-sha", "a" * 40, "--run-url", "https://example.invalid/run/1")
-    lines = body.splitlines()
-    assert lines[0] == "<!-- rmsnorm-kernel:gpu-verdict -->"
-    assert lines[1] == "## GPU verdict: ❌ regression"
-    assert "### h200: ❌ regression" in lines
-    assert "1 regression in 3 checks" in lines
-    assert "| check | base | head | ratio | threshold | verdict |" in lines
-    # latency medians arrive in ms and are shown in µs
-    assert "| latency small/forward_backward | 12.0 µs | 15.1 µs | 1.258 | 1.05 | regression |" in lines
-    assert (
-        "head `aaaaaaaaaaaa` · base `bbbbbbbbbbbb` · [workflow run](https://example.invalid/run/1)" in lines
-    )
-    # cells from the artifact cannot break the table, mention anyone or inject HTML
-    escaped = next(line for line in lines if line.startswith("| error bfloat16 dx"))
-    assert (
-        "\\|" in escaped and "@\u200bsomeone" in escaped and "&lt;b&gt;" in escaped and "<b>" not in escaped
-    )
-    assert "| – |" in escaped
+def check_asv(incoming: Path, dest: Path) -> subprocess.CompletedProcess:
+    script = [sys.executable, str(SCRIPTS / "check_asv_results.py"), str(incoming), str(dest)]
+    return subprocess.run(script, capture_output=True, text=True, timeout=60)
+
+
+def test_asv_results_are_checked_before_they_are_kept(tmp_path):
+    done = check_asv(asv_tree(tmp_path / "ok"), tmp_path / "dest")
+    assert done.returncode == 0, done.stdout
+    assert (tmp_path / "dest" / "h200" / "machine.json").is_file()
 
 
 @pytest.mark.parametrize(
-    ("statuses", "title"),
+    "spoil",
     [
-        (["pass"], "✅ pass"),
-        (["pass", "regression"], "❌ regression"),
-        (["regression", "error"], "⚠️ error"),
-        (["pass", None], "⚠️ error"),  # a kind whose job wrote no verdict.json
-        ([], "⚠️ error"),  # no artifact at all
+        lambda root: asv_tree(root, 'x<img src=x onerror="alert(1)">'),
+        lambda root: (asv_tree(root) / "h200" / "machine.json").write_text('{"cpu": "<script>x</script>"}'),
+        lambda root: (asv_tree(root) / "index.html").write_text("<html>"),
+        lambda root: (asv_tree(root) / "h200" / "notes.json").write_text("{}"),
+        lambda root: (asv_tree(root) / "h200" / "bbbbbbbb-env.json").write_text("not json"),
+        lambda root: (asv_tree(root) / "h200" / "cccccccc-env.json").symlink_to("/etc/passwd"),
     ],
+    ids=["html-name", "html-machine", "extra-file", "unknown-name", "not-json", "symlink"],
 )
-def test_comment_title_is_the_worst_kind(tmp_path, statuses, title):
-    for i, status in enumerate(statuses):
-        folder = tmp_path / f"verdict-kind{i}"
-        if status is None:
-            folder.mkdir()
-        else:
-            write_verdict(folder, status)
-    body = dry_run(tmp_path)
-    assert body.splitlines()[1] == f"## GPU verdict: {title}"
-    if not statuses:
-        assert "No verdict artifact was uploaded" in body
-    if None in statuses:
-        assert "no verdict.json" in body
-
-
-@pytest.mark.parametrize(
-    ("content", "message"),
-    [
-        ("not json", "not readable JSON"),
-        (json.dumps({"status": "green", "rows": []}), "no status in"),
-        (json.dumps({"status": "pass", "rows": "none"}), "'rows' is not a list"),
-    ],
-)
-def test_comment_reports_a_broken_verdict_as_error(tmp_path, content, message):
-    folder = tmp_path / "verdict-h200"
-    folder.mkdir()
-    (folder / "verdict.json").write_text(content, encoding="utf-8")
-    body = dry_run(tmp_path)
-    assert "## GPU verdict: ⚠️ error" in body and message in body
-
-
-def test_comment_reads_a_local_pr_verdict_folder(tmp_path):
-    write_verdict(tmp_path / "out", "pass", summary="all 3 checks pass")
-    body = dry_run(tmp_path / "out")
-    assert "## GPU verdict: ✅ pass" in body and "all 3 checks pass" in body
-
-
-def test_comment_refuses_to_post_without_token_or_head(tmp_path):
-    write_verdict(tmp_path / "verdict-h200", "pass")
-    result = subprocess.run(
-        [sys.executable, str(COMMENT_SCRIPT), "--verdicts", str(tmp_path), "--repo", "o/r"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={"PATH": "/usr/bin:/bin"},
-    )
-    assert result.returncode == 2 and "posting needs GH_TOKEN" in result.stderr
-
-
-class FakeGitHub(http.server.BaseHTTPRequestHandler):
-    """The four REST calls the comment script makes, on loopback: a PR whose head is HEAD_SHA."""
-
-    pulls = {7: "a" * 40, 8: "c" * 40}
-    comments: list[dict] = []
-    calls: list[str] = []
-
-    def _reply(self, status, payload):
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _body(self):
-        return json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-
-    def do_GET(self):
-        self.calls.append(f"GET {self.path}")
-        if m := re.fullmatch(r"/repos/o/r/pulls/(\d+)", self.path):
-            return self._reply(200, {"number": int(m[1]), "head": {"sha": self.pulls[int(m[1])]}})
-        if re.fullmatch(r"/repos/o/r/issues/\d+/comments\?per_page=100&page=1", self.path):
-            return self._reply(200, self.comments)
-        return self._reply(404, {})
-
-    def do_POST(self):
-        self.calls.append(f"POST {self.path}")
-        self.comments.append({"id": 100 + len(self.comments), "body": self._body()["body"]})
-        self._reply(201, self.comments[-1])
-
-    def do_PATCH(self):
-        self.calls.append(f"PATCH {self.path}")
-        comment_id = int(self.path.rsplit("/", 1)[1])
-        comment = next(c for c in self.comments if c["id"] == comment_id)
-        comment["body"] = self._body()["body"]
-        self._reply(200, comment)
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def fake_github():
-    FakeGitHub.comments = [{"id": 1, "body": "an unrelated comment"}]
-    FakeGitHub.calls = []
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeGitHub)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-
-
-def post(verdicts: Path, api: str, head_sha: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [
-            sys.executable,
-            str(COMMENT_SCRIPT),
-            "--verdicts",
-            str(verdicts),
-            "--repo",
-            "o/r",
-            "--head-sha",
-            head_sha,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={"PATH": "/usr/bin:/bin", "GH_TOKEN": "t", "GITHUB_API_URL": api},
-    )
-
-
-def test_comment_is_created_once_then_updated_in_place(tmp_path, fake_github):
-    write_verdict(tmp_path / "v1" / "verdict-h200", "regression", pr=7)
-    write_verdict(tmp_path / "v2" / "verdict-h200", "pass", pr=7)
-    first = post(tmp_path / "v1", fake_github, "a" * 40)
-    assert first.returncode == 0, first.stderr
-    assert "created the verdict comment on #7" in first.stdout
-    second = post(tmp_path / "v2", fake_github, "a" * 40)
-    assert second.returncode == 0, second.stderr
-    assert "updated the verdict comment 101 on #7" in second.stdout
-    ours = [c for c in FakeGitHub.comments if c["body"].startswith("<!-- rmsnorm-kernel:gpu-verdict -->")]
-    assert len(ours) == 1 and "## GPU verdict: ✅ pass" in ours[0]["body"]
-    assert FakeGitHub.comments[0]["body"] == "an unrelated comment"
-
-
-def test_comment_ignores_a_pr_number_whose_head_is_another_commit(tmp_path, fake_github):
-    write_verdict(tmp_path / "verdict-h200", "pass", pr=8)  # PR 8's head is c..c, the run's is a..a
-    result = post(tmp_path, fake_github, "a" * 40)
-    assert result.returncode != 0 and "nothing posted" in result.stderr
-    assert not [call for call in FakeGitHub.calls if not call.startswith("GET")]
+def test_asv_results_with_markup_or_foreign_files_are_refused_whole(tmp_path, spoil):
+    spoil(tmp_path / "in")
+    done = check_asv(tmp_path / "in", tmp_path / "dest")
+    assert done.returncode == 1 and "::error::" in done.stdout
+    assert not (tmp_path / "dest").exists(), "nothing is copied when anything fails"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -482,12 +432,16 @@ def test_push_results_appends_a_commit_to_the_results_branch(tmp_path):
 LINTERS = [
     ("actionlint", ["actionlint"]),
     ("zizmor", ["zizmor", "--offline", ".github/workflows"]),
+    ("zizmor", ["zizmor", "--offline", "--pedantic", ".github/workflows"]),
     ("check-jsonschema", ["check-jsonschema", "--builtin-schema", "vendor.github-workflows",
                           *[str(p.relative_to(ROOT)) for p in WORKFLOW_FILES]]),
+    ("check-jsonschema", ["check-jsonschema", "--schemafile", "deploy/arc/values.schema.json",
+                          *[str(p.relative_to(ROOT)) for p in sorted(ARC_DIR.glob("*.yaml"))]]),
 ]  # fmt: skip
+LINTER_IDS = ["actionlint", "zizmor", "zizmor-pedantic", "workflow-schema", "arc-schema"]
 
 
-@pytest.mark.parametrize(("tool", "argv"), LINTERS, ids=[t for t, _ in LINTERS])
+@pytest.mark.parametrize(("tool", "argv"), LINTERS, ids=LINTER_IDS)
 def test_workflow_linters_report_nothing(tool, argv):
     exe = shutil.which(tool) or shutil.which(tool, path=str(Path(sys.executable).parent))
     if exe is None:

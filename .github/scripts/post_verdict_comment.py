@@ -1,17 +1,24 @@
 #!/usr/bin/env python3
-"""Post the GPU verdict of a pull request as one comment, or update that comment in place.
+"""Post the GPU verdict of a pull request as one comment and one commit status, or update them.
 
-The comment is found again by a hidden marker, so every push edits the same comment. Input is a
-folder of downloaded verdict artifacts, one subfolder per GPU kind (``verdict-h200/``...), each
-holding what ``rmsnorm-kernel pr-verdict --out DIR`` wrote (``verdict.json``, ``verdict.md``) and
-the ``pr.json`` that the GPU workflow recorded. The comment is rendered from ``verdict.json``
-only, with every cell escaped: the artifacts come from a job that ran the pull request's code, so
-they are treated as data, and the pull request number they name is believed only when that pull
-request's head is the commit the verdict was computed for.
+Input is a folder of downloaded verdict artifacts, one subfolder per GPU kind (``verdict-h200/``...),
+each holding what ``pr-verdict --out DIR`` wrote (``verdict.json``, ``verdict.md``) and the
+``pr.json`` that the GPU workflow recorded. The artifacts come from a job that imported the pull
+request's code, so they are data from an untrusted source: every file is size-checked before it
+is parsed, every field is validated (SHAs, finite numbers in range, check names against a
+pattern), the summary is rebuilt from the rows (no text of the artifact is copied through but
+the rows' notes, and those with links, images, HTML, mentions and references neutralised), and
+the pull request and head commit are taken from the run's title, which the default branch's
+workflow sets from the event (``GPU verdict #N at SHA``), never from the artifacts.
+
+The comment is found again by its marker AND its author (the bot): a marked comment written by
+anyone else is left alone. A cancelled or timed-out run, a run that failed before any verdict,
+and a verdict about a commit that is no longer the pull request's head each turn the comment
+into a "no verdict" or "outdated" notice, so an old pass never stands for a new commit.
 
 Locally, ``--dry-run`` prints the comment body and touches nothing:
 
-    python3 .github/scripts/post_verdict_comment.py --verdicts outputs --dry-run
+    python3 .github/scripts/post_verdict_comment.py --verdicts outputs/pr-verdict --dry-run
 
 Standard library only, so that the comment job installs nothing.
 """
@@ -26,212 +33,523 @@ import re
 import sys
 import urllib.error
 import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-MARKER = "<!-- rmsnorm-kernel:gpu-verdict -->"
-API = os.environ.get("GITHUB_API_URL", "https://api.github.com")
-MAX_BODY = 60_000  # GitHub refuses comments over 65,536 characters
-STATUS_ICON = {"pass": "✅ pass", "regression": "❌ regression", "error": "⚠️ error"}
-SEVERITY = {"pass": 0, "regression": 1, "error": 2}
-COLUMNS = ("check", "base", "head", "ratio", "threshold", "verdict")
+MARKER = "<!-- rmsnorm-kernel:gpu-verdict"  # first line of the bot's comment: MARKER head=SHA -->
+BOT_LOGIN = "github-actions[bot]"  # the author of comments posted with the workflow's token
+STATUS_CONTEXT = "GPU verdict"  # the commit status a ruleset can require (docs/ci.md)
+MAX_BODY = 60_000  # GitHub refuses comments over 65,536 characters; the full table is an artifact
+MAX_VERDICT_BYTES = 1_000_000  # a verdict.json of 100 kinds of rows is ~100 kB
+MAX_PR_BYTES = 4_096
+MAX_ROWS = 2_000
+MAX_KINDS = 16
+MAX_NOTE = 300
+
+RUN_TITLE = re.compile(r"GPU verdict #([1-9][0-9]{0,8}) at ([0-9a-f]{40})")  # run-name of gpu.yml
+SHA = re.compile(r"[0-9a-f]{40}")
+CHECK = re.compile(r"[A-Za-z0-9][A-Za-z0-9 _.,:()/+-]{0,119}")
+KIND = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
+REPO = re.compile(r"[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}")
+RUN_URL = re.compile(
+    r"https://[A-Za-z0-9.-]{1,100}/[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}/actions/runs/\d{1,20}"
+)
+
+STATUSES = ("pass", "regression", "error")  # in order of severity
+ICON = {"pass": "✅ pass", "regression": "❌ regression", "error": "⚠️ could not judge"}
+ROW_KINDS = ("latency", "numerics", "run")
+# (lowest, highest) accepted for each numeric field of a row: latencies in ms, relative errors,
+# ratios head/base, probabilities. Anything else, or NaN/inf, rejects the whole artifact.
+RANGES = {
+    "base": (0.0, 1e9),
+    "head": (0.0, 1e9),
+    "ratio": (0.0, 1e6),
+    "threshold": (0.0, 1e9),
+    "p_value": (0.0, 1.0),
+    "alpha": (0.0, 1.0),
+    "ci_low": (0.0, 1e6),
+    "ci_high": (0.0, 1e6),
+    "confidence": (0.0, 1.0),
+}
+# Run conclusions (workflow_run.conclusion) that leave no verdict to trust.
+STOPPED = {"cancelled": "was cancelled", "timed_out": "timed out"}
+FAILED = {"failure", "startup_failure", "action_required"}
 
 
-class VerdictError(Exception):
-    """A verdict folder that does not follow the contract of ``pr-verdict --out``."""
+class VerdictError(ValueError):
+    """An artifact that is missing, oversized, malformed or fails validation."""
 
 
-def escape(value: Any, limit: int = 200) -> str:
-    """One markdown table cell: no pipes, newlines, HTML or @-mentions from the artifact."""
+@dataclass(frozen=True)
+class Row:
+    check: str
+    verdict: str
+    kind: str = "latency"
+    base: float | None = None
+    head: float | None = None
+    ratio: float | None = None
+    threshold: float | None = None
+    p_value: float | None = None
+    alpha: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    confidence: float | None = None
+    note: str = ""
+
+
+@dataclass
+class Entry:
+    """One GPU kind's verdict, validated; ``problem`` says why it could not be read."""
+
+    kind: str
+    status: str
+    rows: list[Row] = field(default_factory=list)
+    problem: str = ""
+    base_sha: str = ""  # the merge-base the judge compared against
+    base_ref_sha: str = ""  # the base branch's tip it was given
+    head_sha: str = ""
+
+
+@dataclass(frozen=True)
+class Run:
+    """The GPU workflow run being reported: from its title and the workflow_run event."""
+
+    number: int = 0
+    head_sha: str = ""
+    url: str = ""
+    conclusion: str = ""
+
+
+# ------------------------------------------------------------------------------------------------
+# Reading the artifacts
+# ------------------------------------------------------------------------------------------------
+
+
+def _reject_constant(name: str) -> Any:
+    raise VerdictError(f"non-finite number {name}")
+
+
+def load_json(path: Path, limit: int) -> Any:
+    """JSON from ``path``, refused before parsing when larger than ``limit`` bytes or a link."""
+    if path.is_symlink() or not path.is_file():
+        raise VerdictError(f"no {path.name}")
+    size = path.stat().st_size
+    if size > limit:
+        raise VerdictError(f"{path.name} is {size} bytes, over the limit of {limit}")
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"), parse_constant=_reject_constant)
+    except VerdictError:
+        raise
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise VerdictError(f"{path.name} is not readable JSON ({type(exc).__name__})") from None
+
+
+def number(raw: dict[str, Any], name: str) -> float | None:
+    value = raw.get(name)
     if value is None:
-        return "–"
-    if isinstance(value, float):
-        text = f"{value:.4g}" if math.isfinite(value) else str(value)
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise VerdictError(f"{name} is not a number")
+    low, high = RANGES[name]
+    if not math.isfinite(value) or not low <= value <= high:
+        raise VerdictError(f"{name} is out of range")
+    return float(value)
+
+
+def sha(raw: dict[str, Any], name: str) -> str:
+    value = raw.get(name)
+    if value is None or value == "":
+        return ""
+    if not isinstance(value, str) or not SHA.fullmatch(value):
+        raise VerdictError(f"{name} is not a 40-hex commit SHA")
+    return value
+
+
+def parse_row(raw: Any, i: int) -> Row:
+    if not isinstance(raw, dict):
+        raise VerdictError(f"row {i} is not an object")
+    check, verdict, kind = raw.get("check"), raw.get("verdict"), raw.get("kind", "latency")
+    if not isinstance(check, str) or not CHECK.fullmatch(check):
+        raise VerdictError(f"row {i}: check name does not match {CHECK.pattern}")
+    if verdict not in STATUSES or kind not in ROW_KINDS:
+        raise VerdictError(f"row {i}: verdict or kind not one of {STATUSES} / {ROW_KINDS}")
+    note = raw.get("note") or ""
+    if not isinstance(note, str):
+        raise VerdictError(f"row {i}: note is not text")
+    try:
+        numbers = {name: number(raw, name) for name in RANGES}
+    except VerdictError as exc:
+        raise VerdictError(f"row {i}: {exc}") from None
+    return Row(check, verdict, kind, note=note[:MAX_NOTE], **numbers)
+
+
+def worst(statuses) -> str:
+    return max(statuses, key=STATUSES.index, default="error")
+
+
+def parse_verdict(data: Any, kind: str) -> Entry:
+    """A validated Entry; its status is the worse of the declared one and the rows' own."""
+    if not isinstance(data, dict) or data.get("status") not in STATUSES:
+        raise VerdictError(f"verdict.json has no status in {STATUSES}")
+    rows = data.get("rows")
+    if not isinstance(rows, list) or len(rows) > MAX_ROWS:
+        raise VerdictError(f"verdict.json 'rows' is not a list of at most {MAX_ROWS}")
+    parsed = [parse_row(raw, i) for i, raw in enumerate(rows)]
+    derived = worst(r.verdict for r in parsed) if parsed else "error"
+    status = worst([data["status"], derived])
+    problem = "" if parsed else "the verdict has no checks"
+    shas = {name: sha(data, name) for name in ("base_sha", "base_ref_sha", "head_sha")}
+    return Entry(kind, status, parsed, problem, **shas)
+
+
+def load_entry(folder: Path, run: Run) -> Entry:
+    kind = folder.name.removeprefix("verdict-")
+    if not KIND.fullmatch(kind):
+        return Entry("unknown", "error", problem="an artifact with a malformed GPU kind name")
+    try:
+        entry = parse_verdict(load_json(folder / "verdict.json", MAX_VERDICT_BYTES), kind)
+    except VerdictError as exc:
+        return Entry(kind, "error", problem=f"no usable verdict: {exc}")
+    try:
+        pr = load_json(folder / "pr.json", MAX_PR_BYTES) if (folder / "pr.json").exists() else {}
+        claimed = sha(pr, "head_sha") if isinstance(pr, dict) else ""
+    except VerdictError as exc:
+        return Entry(kind, "error", problem=f"pr.json: {exc}")
+    for name, value in (("verdict.json", entry.head_sha), ("pr.json", claimed)):
+        if run.head_sha and value and value != run.head_sha:
+            return Entry(kind, "error", problem=f"{name} names another head commit than this run's")
+    return entry
+
+
+def collect(verdicts: Path, run: Run) -> list[Entry]:
+    """One Entry per artifact folder (or the folder itself when it is one ``--out DIR``)."""
+    if not verdicts.is_dir():
+        return []
+    if (verdicts / "verdict.json").exists():
+        folders = [verdicts]
     else:
-        text = str(value)
-    text = " ".join(text.split())
-    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    text = text.replace("|", "\\|").replace("@", "@\u200b")
-    return text[:limit]
-
-
-def cell(row: dict[str, Any], column: str) -> str:
-    """A verdict row's cell; latency medians (milliseconds in the JSON) shown in microseconds."""
-    value = row.get(column)
-    if row.get("kind") == "latency" and column in ("base", "head") and isinstance(value, (int, float)):
-        return escape(f"{value * 1e3:.1f} µs")
-    return escape(value)
-
-
-def load_verdict(folder: Path) -> dict[str, Any]:
-    """Read and check ``verdict.json``: status in pass/regression/error, a summary, a list of rows."""
-    path = folder / "verdict.json"
-    if not path.is_file():
-        raise VerdictError(f"{folder.name}: no verdict.json (the pr_verdict step ended before writing it)")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise VerdictError(f"{folder.name}: verdict.json is not readable JSON ({exc})") from exc
-    if not isinstance(data, dict) or data.get("status") not in SEVERITY:
-        raise VerdictError(f"{folder.name}: verdict.json has no status in {sorted(SEVERITY)}")
-    rows = data.get("rows", [])
-    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-        raise VerdictError(f"{folder.name}: verdict.json 'rows' is not a list of objects")
-    return {"status": data["status"], "summary": str(data.get("summary", "")), "rows": rows}
-
-
-def load_pr(folder: Path) -> dict[str, Any]:
-    try:
-        data = json.loads((folder / "pr.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def kind_of(folder: Path) -> str:
-    return folder.name.removeprefix("verdict-") or folder.name
-
-
-def collect(verdicts: Path) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
-    """(kind, verdict, pr) per artifact folder; a broken verdict becomes an "error" entry."""
-    folders = sorted(p for p in verdicts.iterdir() if p.is_dir()) if verdicts.is_dir() else []
-    if verdicts.is_dir() and (verdicts / "verdict.json").is_file():
-        folders = [verdicts]  # a single `pr-verdict --out DIR` folder, as written locally
-    entries = []
-    for folder in folders:
-        try:
-            verdict = load_verdict(folder)
-        except VerdictError as exc:
-            verdict = {"status": "error", "summary": str(exc), "rows": []}
-        entries.append((kind_of(folder), verdict, load_pr(folder)))
+        folders = sorted(p for p in verdicts.iterdir() if p.is_dir() and not p.is_symlink())
+    entries = [load_entry(folder, run) for folder in folders[:MAX_KINDS]]
+    if len(folders) > MAX_KINDS:
+        entries.append(Entry("more", "error", problem=f"more than {MAX_KINDS} verdict artifacts"))
     return entries
 
 
-def render(
-    entries: list[tuple[str, dict[str, Any], dict[str, Any]]],
-    *,
-    head_sha: str = "",
-    run_url: str = "",
-    conclusion: str = "",
-) -> str:
-    """The comment body: overall status (the worst kind), then one table per GPU kind."""
-    if entries:
-        overall = max((v["status"] for _, v, _ in entries), key=SEVERITY.__getitem__)
-    else:
-        overall = "error"
-    lines = [MARKER, f"## GPU verdict: {STATUS_ICON[overall]}", ""]
-    facts = []
-    if head_sha:
-        facts.append(f"head `{escape(head_sha[:12])}`")
-    base = next((str(pr.get("base_sha", "")) for _, _, pr in entries if pr.get("base_sha")), "")
+# ------------------------------------------------------------------------------------------------
+# Rendering
+# ------------------------------------------------------------------------------------------------
+
+ZWSP = "\u200b"
+CUT = "(cut to fit a comment: every row is in the artifact)"
+# Characters that start markdown or HTML structure, written as numeric character references so
+# they render as themselves; then what GitHub turns into links by itself (mentions, #refs, URLs).
+_STRUCTURAL = str.maketrans({c: f"&#{ord(c)};" for c in "\\`*_[]()<>!|~&{}$^\"'=:"})
+_AUTOLINKS = re.compile(r"([@#]|GH-|www\.|//)", re.IGNORECASE)
+
+
+def plain(text: str, limit: int = MAX_NOTE) -> str:
+    """Text from an artifact as inert markdown: one line, no links, images, HTML, mentions, refs."""
+    text = " ".join("".join(c if c.isprintable() else " " for c in text).split())[:limit]
+    text = _AUTOLINKS.sub(lambda m: m.group(1)[0] + ZWSP + m.group(1)[1:], text)
+    return text.translate(_STRUCTURAL)
+
+
+def short(commit: str) -> str:
+    return f"`{commit[:12]}`" if SHA.fullmatch(commit or "") else "?"
+
+
+def percent(ratio: float | None) -> str:
+    return "–" if ratio is None else f"{100 * (ratio - 1):+.1f}%"
+
+
+def value(row: Row, which: str) -> str:
+    v = getattr(row, which)
+    if v is None:
+        return "–"
+    return f"{v * 1e3:.1f} µs" if row.kind == "latency" else f"{v:.2e}"
+
+
+def confidence(row: Row) -> str:
+    """How sure the judge is: a confidence interval of the change when the row has one, else the
+    one-sided p-value against its significance level."""
+    if row.ci_low is not None and row.ci_high is not None:
+        level = f"{row.confidence:.0%} " if row.confidence is not None else ""
+        return f"{level}CI {percent(row.ci_low)} to {percent(row.ci_high)}"
+    if row.p_value is not None:
+        return f"p = {row.p_value:.2g}" + (f" (α {row.alpha:g})" if row.alpha is not None else "")
+    return "–"
+
+
+def threshold(row: Row) -> str:
+    if row.threshold is None:
+        return "–"
+    if row.kind == "latency":
+        return f"> {percent(row.threshold)}" + (" and significant" if row.alpha is not None else "")
+    return f"error > {row.threshold:.2e}"
+
+
+def change_key(row: Row) -> tuple[int, float, str]:
+    """Regressions first, then rows that could not be judged, then passes; each by change, largest first."""
+    change = row.ratio if row.ratio is not None else -math.inf
+    return (("regression", "error", "pass").index(row.verdict), -change, row.check)
+
+
+def table(rows: list[Row], with_verdict: bool) -> list[str]:
+    head = "| check | change | confidence | threshold | base → head |" + (
+        " verdict |" if with_verdict else ""
+    )
+    lines = [head, "|---" * (5 + with_verdict) + "|"]
+    for r in rows:
+        cells = [
+            plain(r.check),
+            percent(r.ratio),
+            confidence(r),
+            threshold(r),
+            f"{value(r, 'base')} → {value(r, 'head')}",
+        ]
+        if with_verdict:
+            verdict = "**regression**" if r.verdict == "regression" else "could not judge"
+            cells.append(verdict + (f": {plain(r.note)}" if r.note else ""))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def kind_summary(entry: Entry) -> str:
+    """One line per GPU kind, counted from the rows."""
+    if entry.problem and not entry.rows:
+        return f"- **{entry.kind}**: {ICON['error']}: {plain(entry.problem)}"
+    counts = {s: sum(r.verdict == s for r in entry.rows) for s in STATUSES}
+    parts = [
+        f"{counts['regression']} regressed",
+        f"{counts['error']} could not judge",
+        f"{counts['pass']} pass",
+    ]
+    line = f"- **{entry.kind}**: {ICON[entry.status]}: " + ", ".join(parts) + f" of {len(entry.rows)} checks"
+    flagged = sorted((r for r in entry.rows if r.verdict == "regression"), key=change_key)
+    if flagged:
+        line += f" (largest: {plain(flagged[0].check)} {percent(flagged[0].ratio)})"
+    return line
+
+
+def marker(head_sha: str) -> str:
+    return f"{MARKER} head={head_sha if SHA.fullmatch(head_sha) else 'none'} -->"
+
+
+def footer(run: Run) -> list[str]:
+    rerun = "*Re-run jobs* on the " + (f"[workflow run]({run.url})" if run.url else "workflow run")
+    return [
+        "**What next.** A regression: read the flagged rows; if the change is intended, say why in the "
+        "pull request (a maintainer can override the check: docs/ci.md, merge protection). Could not "
+        "judge: the job log says why. Rerun: push a commit, or " + rerun + " (a fork's run waits for "
+        "approval again); on a GPU machine, `nox --no-venv -s pr_verdict -- --base BASE --head HEAD`. "
+        "Every row, with its notes, is `verdict.md` in the run's `verdict-KIND` artifact.",
+    ]
+
+
+def header(title: str, run: Run, entries: list[Entry]) -> list[str]:
+    facts = [f"head {short(run.head_sha)}"] if run.head_sha else []
+    base = next((e for e in entries if e.base_sha), None)
     if base:
-        facts.append(f"base `{escape(base[:12])}`")
-    if run_url:
-        facts.append(f"[workflow run]({run_url})" + (f" ({escape(conclusion)})" if conclusion else ""))
-    if facts:
-        lines += [" · ".join(facts), ""]
+        facts.append(
+            f"base {short(base.base_sha)} (merge-base with the base branch at {short(base.base_ref_sha)})"
+        )
+    if run.url:
+        facts.append(f"[job log]({run.url})")
+    lines = [marker(run.head_sha), f"## GPU verdict: {title}", ""]
+    return lines + [" · ".join(facts), ""] if facts else lines
+
+
+def render(entries: list[Entry], run: Run) -> str:
+    """The comment: title (the worst kind), a line per kind, then per kind the rows that need
+    attention, worst first, and the passing rows folded; kept under GitHub's size limit."""
+    if run.conclusion in STOPPED:
+        return render_no_verdict(run, f"The GPU run for this commit {STOPPED[run.conclusion]}")
     if not entries:
-        lines += [
-            "No verdict artifact was uploaded: the GPU job failed before `pr_verdict` wrote one. "
-            "The workflow run's log says why.",
+        return render_no_verdict(run, "The GPU run ended before it wrote a verdict")
+    overall = worst(e.status for e in entries)
+    lines = header(ICON[overall], run, entries) + [kind_summary(e) for e in entries] + [""]
+    tail = footer(run)
+    budget = MAX_BODY - len("\n".join(tail)) - 200
+
+    def size(extra: list[str] = []) -> int:  # noqa: B006 - read only
+        return len("\n".join(lines + extra))
+
+    for e in entries:
+        attention = sorted((r for r in e.rows if r.verdict != "pass"), key=change_key)
+        if attention:
+            lines += [f"### {e.kind}: needs attention", "", *table(attention, True), ""]
+    if size() > budget:  # the attention rows alone are too long: cut at a row boundary
+        while size(["", CUT]) > budget:
+            lines.pop()
+        lines += ["", CUT]
+    for e in entries:
+        passing = sorted((r for r in e.rows if r.verdict == "pass"), key=change_key)
+        block = [f"<details><summary>{e.kind}: {len(passing)} passing checks</summary>", ""]
+        block += table(passing, False)
+        end = [
+            "",
+            f"{len(passing)} passing rows in all; the others are in the artifact.",
+            "",
+            "</details>",
             "",
         ]
-    for kind, verdict, _ in entries:
-        lines += [f"### {escape(kind)}: {STATUS_ICON[verdict['status']]}", ""]
-        if verdict["summary"]:
-            lines += [escape(verdict["summary"], limit=1000), ""]
-        if verdict["rows"]:
-            lines.append("| " + " | ".join(COLUMNS) + " |")
-            lines.append("|" + "---|" * len(COLUMNS))
-            for row in verdict["rows"]:
-                lines.append("| " + " | ".join(cell(row, c) for c in COLUMNS) + " |")
-            lines.append("")
+        while size(block + end) > budget and len(block) > 4:
+            block.pop()
+        if not passing or len(block) == 4:
+            continue
+        lines += block + (end if len(block) - 4 < len(passing) else end[2:])
+    return "\n".join(lines + tail) + "\n"
+
+
+def render_no_verdict(run: Run, why: str) -> str:
+    lines = header("⏹️ no verdict", run, [])
+    lines += [f"{why}: there is no verdict for it, and any earlier verdict no longer applies.", ""]
+    return "\n".join(lines + footer(run)) + "\n"
+
+
+def render_outdated(run: Run, current_head: str, old_head: str) -> str:
+    lines = header("⏳ outdated", Run(run.number, current_head, run.url, ""), [])
     lines += [
-        "<sub>Thresholds: regression.toml. Rerun: `nox -s pr_verdict -- --base BASE --head HEAD` "
-        "on the GPU runner (docs/ci.md). This comment is updated in place on every push.</sub>",
+        f"The last verdict was for {short(old_head)}; the pull request's head is now "
+        f"{short(current_head)}, whose verdict is not in yet. It appears here when its run completes "
+        "(a fork's run starts once a maintainer approves it).",
+        "",
     ]
-    body = "\n".join(lines) + "\n"
-    if len(body) > MAX_BODY:
-        cut = "\n\n(truncated: the full tables are in the workflow run's summary)\n"
-        body = body[: MAX_BODY - len(cut)] + cut
-    return body
+    return "\n".join(lines) + "\n"
 
 
-def github(method: str, path: str, token: str, payload: dict[str, Any] | None = None) -> Any:
-    request = urllib.request.Request(
-        f"{API}{path}",
-        method=method,
-        data=None if payload is None else json.dumps(payload).encode(),
-        headers={
-            "Accept": "application/vnd.github+json",
-            "Authorization": f"Bearer {token}",
-            "X-GitHub-Api-Version": "2022-11-28",
-            "User-Agent": "rmsnorm-kernel-verdict-comment",
-        },
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read() or b"null")
+def commit_status(entries: list[Entry], run: Run) -> tuple[str, str] | None:
+    """(state, description) of the required commit status; None when no verdict run took place."""
+    if run.conclusion in STOPPED:
+        return "error", f"no verdict: the run {STOPPED[run.conclusion]}"
+    if not entries:
+        if run.conclusion in FAILED:
+            return "error", "no verdict: the run failed before writing one"
+        return None
+    overall = worst(e.status for e in entries)
+    state = {"pass": "success", "regression": "failure", "error": "error"}[overall]
+    return state, {"pass": "every check passes", "regression": "regression", "error": "could not judge"}[
+        overall
+    ]
 
 
-def pull_request_number(candidates: list[int], repo: str, head_sha: str, token: str) -> int:
-    """The first candidate whose head commit is ``head_sha``; numbers from artifacts are not trusted."""
-    for number in dict.fromkeys(candidates):
-        pull = github("GET", f"/repos/{repo}/pulls/{number}", token)
-        if pull.get("head", {}).get("sha") == head_sha:
-            return number
-        print(f"pull request #{number} has head {pull.get('head', {}).get('sha')}, not {head_sha}: ignored")
-    raise SystemExit(f"no pull request among {candidates} has head {head_sha}; nothing posted")
+# ------------------------------------------------------------------------------------------------
+# GitHub
+# ------------------------------------------------------------------------------------------------
 
 
-def find_comment(repo: str, number: int, token: str) -> int | None:
-    page = 1
-    while True:
-        comments = github("GET", f"/repos/{repo}/issues/{number}/comments?per_page=100&page={page}", token)
-        for comment in comments:
-            if MARKER in (comment.get("body") or ""):
-                return int(comment["id"])
+class Client(Protocol):
+    def request(self, method: str, path: str, payload: dict[str, Any] | None = None) -> Any: ...
+
+
+class GitHub:
+    """The REST API with a token; the only part of the script that touches the network."""
+
+    def __init__(self, api: str, token: str) -> None:
+        self.api, self.token = api.rstrip("/"), token
+
+    def request(self, method: str, path: str, payload: dict[str, Any] | None = None) -> Any:
+        request = urllib.request.Request(
+            f"{self.api}{path}",
+            method=method,
+            data=None if payload is None else json.dumps(payload).encode(),
+            headers={
+                "Accept": "application/vnd.github+json",
+                "Authorization": f"Bearer {self.token}",
+                "X-GitHub-Api-Version": "2022-11-28",
+                "User-Agent": "rmsnorm-kernel-verdict-comment",
+            },
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read() or b"null")
+
+
+def bot_comment(client: Client, repo: str, number: int, bot: str) -> tuple[int, str] | None:
+    """(id, head SHA it reports) of the oldest comment with the marker written by ``bot``."""
+    for page in range(1, 51):
+        comments = client.request("GET", f"/repos/{repo}/issues/{number}/comments?per_page=100&page={page}")
+        for c in comments:
+            body, login = c.get("body") or "", (c.get("user") or {}).get("login")
+            if login == bot and body.startswith(MARKER):
+                head = re.match(re.escape(MARKER) + r" head=([0-9a-f]{40}) -->", body)
+                return int(c["id"]), head.group(1) if head else ""
         if len(comments) < 100:
-            return None
-        page += 1
+            break
+    return None
 
 
-def main(argv: list[str] | None = None) -> int:
+def publish(client: Client, repo: str, run: Run, entries: list[Entry], bot: str) -> str:
+    """Comment and commit status for ``run``; returns what was done, for the log."""
+    pull = client.request("GET", f"/repos/{repo}/pulls/{run.number}")
+    if pull.get("state") != "open":
+        return f"#{run.number} is not open: nothing posted"
+    current = (pull.get("head") or {}).get("sha", "")
+    done = []
+    status = commit_status(entries, run)
+    if status:
+        state, description = status
+        payload = {"state": state, "description": description, "context": STATUS_CONTEXT}
+        if run.url:
+            payload["target_url"] = run.url
+        client.request("POST", f"/repos/{repo}/statuses/{run.head_sha}", payload)
+        done.append(f"status {state} on {run.head_sha[:12]}")
+    existing = bot_comment(client, repo, run.number, bot)
+    if current != run.head_sha:  # the pull request moved on: only retire a verdict of an older head
+        if existing and existing[1] != current:
+            body = render_outdated(run, current, existing[1])
+            client.request("PATCH", f"/repos/{repo}/issues/comments/{existing[0]}", {"body": body})
+            done.append(f"comment {existing[0]} marked outdated")
+        return (
+            "; ".join(done) or f"{run.head_sha[:12]} is no longer the head of #{run.number}: nothing posted"
+        )
+    if status is None:
+        return "no verdict run took place (skipped): nothing posted"
+    body = render(entries, run)
+    if existing:
+        client.request("PATCH", f"/repos/{repo}/issues/comments/{existing[0]}", {"body": body})
+        done.append(f"updated the verdict comment {existing[0]} on #{run.number}")
+    else:
+        client.request("POST", f"/repos/{repo}/issues/{run.number}/comments", {"body": body})
+        done.append(f"created the verdict comment on #{run.number}")
+    return "; ".join(done)
+
+
+def main(argv: list[str] | None = None, client: Client | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--verdicts", type=Path, required=True, help="folder of verdict-KIND/ artifact folders"
     )
     parser.add_argument("--repo", default=os.environ.get("GITHUB_REPOSITORY", ""), help="owner/name")
-    parser.add_argument("--head-sha", default="", help="the head commit the verdict was computed for")
-    parser.add_argument("--pr-number", type=int, action="append", default=[], help="fallback PR number")
-    parser.add_argument("--run-url", default="")
+    parser.add_argument("--run-title", default="", help="the GPU run's title: 'GPU verdict #N at SHA'")
+    parser.add_argument("--head-sha", default="", help="head commit, for --dry-run without --run-title")
+    parser.add_argument("--run-url", default="", help="the GPU run's page (its job logs)")
     parser.add_argument("--conclusion", default="", help="conclusion of the GPU workflow run")
+    parser.add_argument("--bot-login", default=BOT_LOGIN, help="author of the comments this script edits")
     parser.add_argument("--dry-run", action="store_true", help="print the comment body; post nothing")
     args = parser.parse_args(argv)
 
-    entries = collect(args.verdicts)
-    body = render(entries, head_sha=args.head_sha, run_url=args.run_url, conclusion=args.conclusion)
+    title = RUN_TITLE.fullmatch(args.run_title)
+    if args.run_title and not title:
+        parser.error(f"--run-title {args.run_title[:80]!r} is not 'GPU verdict #N at SHA'")
+    head = title.group(2) if title else args.head_sha
+    if head and not SHA.fullmatch(head):
+        parser.error("--head-sha must be a 40-hex commit SHA")
+    url = args.run_url if RUN_URL.fullmatch(args.run_url) else ""
+    run = Run(int(title.group(1)) if title else 0, head, url, args.conclusion)
+    entries = collect(args.verdicts, run)
     if args.dry_run:
-        sys.stdout.write(body)
+        sys.stdout.write(render(entries, run))
         return 0
 
     token = os.environ.get("GH_TOKEN") or os.environ.get("GITHUB_TOKEN") or ""
-    if not token or not re.fullmatch(r"[\w.-]+/[\w.-]+", args.repo) or not args.head_sha:
-        parser.error("posting needs GH_TOKEN, --repo owner/name and --head-sha (or use --dry-run)")
-    candidates = [int(pr["number"]) for _, _, pr in entries if str(pr.get("number", "")).isdigit()]
-    candidates += args.pr_number
-    if not candidates:
-        raise SystemExit("no pull request number in the artifacts and no --pr-number; nothing posted")
+    if not REPO.fullmatch(args.repo) or not title or (client is None and not token):
+        parser.error("posting needs GH_TOKEN, --repo owner/name and --run-title (or use --dry-run)")
+    client = client or GitHub(os.environ.get("GITHUB_API_URL", "https://api.github.com"), token)
     try:
-        number = pull_request_number(candidates, args.repo, args.head_sha, token)
-        existing = find_comment(args.repo, number, token)
-        if existing is None:
-            github("POST", f"/repos/{args.repo}/issues/{number}/comments", token, {"body": body})
-            print(f"created the verdict comment on #{number}")
-        else:
-            github("PATCH", f"/repos/{args.repo}/issues/comments/{existing}", token, {"body": body})
-            print(f"updated the verdict comment {existing} on #{number}")
+        print(publish(client, args.repo, run, entries, args.bot_login))
     except urllib.error.HTTPError as exc:
-        raise SystemExit(f"GitHub API error {exc.code}: {exc.read().decode(errors='replace')[:500]}") from exc
+        raise SystemExit(f"GitHub API error {exc.code} on {exc.url}") from None
     return 0
 
 

@@ -1,0 +1,416 @@
+"""The PR comment script with hostile and broken artifacts, offline: its GitHub calls go to an
+in-memory client, and the markdown it writes is rendered to HTML with markdown-it-py to show
+that nothing from an artifact becomes a link, an image, HTML or a mention."""
+
+from __future__ import annotations
+
+import html as html_module
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / ".github" / "scripts" / "post_verdict_comment.py"
+_spec = importlib.util.spec_from_file_location("post_verdict_comment", SCRIPT)
+pvc = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = pvc  # dataclasses look their module up by name
+_spec.loader.exec_module(pvc)
+
+HEAD, OLD, BASE, REF = "a" * 40, "c" * 40, "b" * 40, "d" * 40
+RUN_URL = "https://github.com/o/r/actions/runs/42"
+TITLE = f"GPU verdict #7 at {HEAD}"
+EVIL = (
+    "see [click](https://evil.example/x) ![pixel](https://evil.example/p.png) "
+    '<img src=x onerror="alert(1)"> <a href="https://evil.example">a</a> @octocat #123 GH-5 '
+    "www.evil.example `code` | pipe **bold** $x^2$ javascript:alert(1) [ref]: https://evil.example"
+)
+
+
+def row(check, verdict="pass", ratio=1.0, **extra):
+    return {"check": check, "base": 0.040, "head": 0.040 * ratio, "ratio": ratio, "threshold": 1.05,
+            "verdict": verdict, "kind": "latency", "p_value": 0.5, "alpha": 0.01, "note": "", **extra}  # fmt: skip
+
+
+ROWS = [
+    row("latency 4096x4096-bfloat16 forward"),
+    row("device 4096x4096-bfloat16 forward", "regression", 1.081, p_value=1e-4),
+    row("device 32768x4096-bfloat16 forward", "regression", 1.32, p_value=1e-6),
+    {"check": "gpu tests (head)", "verdict": "error", "kind": "run", "note": "timed out"},
+    row("latency 1x4096-bfloat16 forward", "pass", 0.97),
+    {"check": "error dx 4096x4096-float32", "base": 1e-7, "head": 1.1e-7, "ratio": 1.1,
+     "threshold": 2e-6, "verdict": "pass", "kind": "numerics", "note": "ceiling"},
+]  # fmt: skip
+
+
+REGRESSED = [r for r in ROWS if r["verdict"] != "error"]
+
+
+def write(folder: Path, verdict: dict | None = None, pr: dict | None = None, raw: bytes | None = None):
+    folder.mkdir(parents=True)
+    if raw is not None:
+        (folder / "verdict.json").write_bytes(raw)
+    elif verdict is not None:
+        (folder / "verdict.json").write_text(json.dumps(verdict), encoding="utf-8")
+    if pr is not None:
+        (folder / "pr.json").write_text(json.dumps(pr), encoding="utf-8")
+    return folder.parent
+
+
+def verdict(status="regression", rows=ROWS, **extra):
+    return {"status": status, "summary": "IGNORED SUMMARY @octocat", "rows": rows,
+            "base_sha": BASE, "base_ref_sha": REF, "head_sha": HEAD, **extra}  # fmt: skip
+
+
+def dry(verdicts: Path, *args: str) -> str:
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--verdicts", str(verdicts), "--dry-run", *args],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def html(body: str) -> str:
+    markdown_it = pytest.importorskip("markdown_it", reason="markdown-it-py renders the comment")
+    return markdown_it.MarkdownIt("commonmark").enable("table").render(body)
+
+
+def shown(body: str) -> str:
+    """The text a reader sees: the rendered HTML without its tags, entities decoded."""
+    return html_module.unescape(re.sub(r"<[^>]+>", "", html(body)))
+
+
+def assert_inert(body: str) -> None:
+    """Rendered, the comment links only to the run and holds no artifact HTML, image or mention."""
+    rendered = html(body)
+    links = re.findall(r'<a href="([^"]*)"', rendered)
+    assert set(links) <= {RUN_URL}, links
+    for tag in re.findall(r"<[a-z][^>]*>", rendered):
+        assert not re.search(r"\b(src|on\w+|style)=", tag), tag
+    tags = set(re.findall(r"<([a-z]+)[\s>]", rendered))
+    assert tags <= {"h2", "h3", "p", "ul", "li", "strong", "code", "table", "thead", "tbody", "tr", "th", "td",
+                    "details", "summary", "a", "em"}, tags  # fmt: skip
+    text = shown(body)
+    # what GitHub would link by itself: mentions, issue references, bare URLs
+    assert not re.search(r"@[A-Za-z0-9]", text)
+    assert not re.search(r"#\d", text) and "GH-5" not in text
+    assert not re.search(r"https?://(?!github\.com/o/r/actions/runs/42)", text)
+    assert "www.evil" not in text
+    assert len(body) < 65_536
+
+
+# ------------------------------------------------------------------------------------------------
+# Presentation
+# ------------------------------------------------------------------------------------------------
+
+
+def test_regressions_come_first_sorted_by_change_and_passing_rows_fold(tmp_path):
+    body = dry(write(tmp_path / "verdict-h200", verdict()), "--run-title", TITLE, "--run-url", RUN_URL)
+    lines = body.splitlines()
+    assert lines[0] == f"<!-- rmsnorm-kernel:gpu-verdict head={HEAD} -->"
+    assert lines[1] == "## GPU verdict: ⚠️ could not judge"  # the worst row: the GPU tests timed out
+    assert f"head `{HEAD[:12]}`" in body and f"base `{BASE[:12]}`" in body and f"[job log]({RUN_URL})" in body
+    summary = next(line for line in lines if line.startswith("- **h200**"))
+    assert "2 regressed, 1 could not judge, 3 pass of 6 checks" in summary and "+32.0%" in summary
+    attention = body.split("### h200: needs attention", 1)[1].split("<details>", 1)[0]
+    order = [
+        line.split(" | ")[0] for line in attention.splitlines() if line.startswith("| ") and "---" not in line
+    ]
+    assert order == ["| check", "| device 32768x4096-bfloat16 forward", "| device 4096x4096-bfloat16 forward",
+                     "| gpu tests &#40;head&#41;"]  # fmt: skip
+    flagged = next(line for line in attention.splitlines() if "32768x4096" in line)
+    assert "+32.0%" in flagged and "p = 1e-06 (α 0.01)" in flagged and "> +5.0%" in flagged
+    assert "40.0 µs → 52.8 µs" in flagged and "**regression**" in flagged
+    folded = body.split("<details><summary>h200: 3 passing checks</summary>", 1)[1].split("</details>", 1)[0]
+    assert "latency 4096x4096-bfloat16 forward" in folded and "error dx 4096x4096-float32" in folded
+    assert "IGNORED SUMMARY" not in body  # the summary is rebuilt from the rows
+    assert "Re-run jobs" in body and "pr_verdict" in body and "verdict-KIND" in body
+    assert_inert(body)
+
+
+def test_a_confidence_interval_is_shown_when_the_row_has_one(tmp_path):
+    rows = [
+        row(
+            "device 4096x4096-bfloat16 forward",
+            "regression",
+            1.08,
+            ci_low=1.06,
+            ci_high=1.10,
+            confidence=0.95,
+        )
+    ]
+    body = dry(write(tmp_path / "verdict-h200", verdict(rows=rows)), "--run-title", TITLE)
+    assert "95% CI +6.0% to +10.0%" in body
+
+
+def test_one_summary_line_per_gpu_kind_and_the_worst_in_the_title(tmp_path):
+    write(tmp_path / "verdict-h200", verdict("pass", rows=[row("latency 1x4096-bfloat16 forward")]))
+    write(tmp_path / "verdict-b200", verdict(rows=REGRESSED))
+    body = dry(tmp_path, "--run-title", TITLE)
+    assert body.splitlines()[1] == "## GPU verdict: ❌ regression"
+    assert [line[:12] for line in body.splitlines() if line.startswith("- **")] == [
+        "- **b200**: ",
+        "- **h200**: ",
+    ]
+
+
+def test_the_comment_stays_under_the_size_limit_with_every_row_in_the_artifact(tmp_path):
+    many = [row(f"latency {i}x4096-bfloat16 forward_backward", "regression" if i % 3 else "pass", 1.2 + i / 1e4,
+                note=EVIL) for i in range(pvc.MAX_ROWS)]  # fmt: skip
+    body = dry(
+        write(tmp_path / "verdict-h200", verdict(rows=many)), "--run-title", TITLE, "--run-url", RUN_URL
+    )
+    assert len(body) <= pvc.MAX_BODY
+    assert "every row is in the artifact" in body and body.rstrip().endswith("artifact.")
+    assert body.count("<details>") == body.count("</details>")
+    assert_inert(body)
+
+
+# ------------------------------------------------------------------------------------------------
+# Hostile artifacts
+# ------------------------------------------------------------------------------------------------
+
+
+def test_markdown_html_links_and_mentions_in_notes_are_neutralised(tmp_path):
+    rows = [row("device 4096x4096-bfloat16 forward", "regression", 1.5, note=EVIL)]
+    body = dry(
+        write(tmp_path / "verdict-h200", verdict(rows=rows)), "--run-title", TITLE, "--run-url", RUN_URL
+    )
+    assert "octocat" in body and "evil" in body  # shown as text, so a reviewer sees what was there
+    assert_inert(body)
+
+
+@pytest.mark.parametrize(
+    "check",
+    ["latency <img src=x>", "latency [x](https://evil.example)", "@octocat", "x" * 200, "latency `x`", "#1"],
+)
+def test_a_check_name_outside_the_pattern_rejects_the_artifact(tmp_path, check):
+    body = dry(write(tmp_path / "verdict-h200", verdict("pass", rows=[row(check)])), "--run-title", TITLE)
+    assert "## GPU verdict: ⚠️ could not judge" in body and "check name does not match" in shown(body)
+    assert_inert(body)
+
+
+def test_a_backtick_breakout_in_base_sha_is_rejected(tmp_path):
+    evil = verdict(base_sha="abc` [x](https://evil.example) `")
+    body = dry(write(tmp_path / "verdict-h200", evil), "--run-title", TITLE, "--run-url", RUN_URL)
+    assert "base_sha is not a 40-hex commit SHA" in shown(body) and "could not judge" in body.splitlines()[1]
+    assert_inert(body)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (
+            b'{"status": "pass", "rows": [{"check": "latency x", "verdict": "pass", "ratio": NaN}]}',
+            "non-finite",
+        ),
+        (
+            b'{"status": "pass", "rows": [{"check": "latency x", "verdict": "pass", "ratio": Infinity}]}',
+            "non-finite",
+        ),
+        (
+            b'{"status": "pass", "rows": [{"check": "latency x", "verdict": "pass", "ratio": 1e999}]}',
+            "out of range",
+        ),
+        (
+            b'{"status": "pass", "rows": [{"check": "latency x", "verdict": "pass", "p_value": 2}]}',
+            "out of range",
+        ),
+        (
+            b'{"status": "pass", "rows": [{"check": "latency x", "verdict": "pass", "base": -1}]}',
+            "out of range",
+        ),
+        (
+            b'{"status": "pass", "rows": [{"check": "latency x", "verdict": "pass", "ratio": true}]}',
+            "not a number",
+        ),
+        (
+            b'{"status": "pass", "rows": [{"check": "latency x", "verdict": "pass", "ratio": "1.0"}]}',
+            "not a number",
+        ),
+        (b'{"status": "green", "rows": []}', "no status"),
+        (b'{"status": "pass", "rows": "none"}', "'rows' is not a list"),
+        (b'{"status": "pass", "rows": [{"check": "latency x", "verdict": "fine"}]}', "verdict or kind"),
+        (b"[" * 100_000 + b"]" * 100_000, "not readable JSON"),
+        (b"\xff\xfe not utf-8", "not readable JSON"),
+    ],
+)
+def test_malformed_numbers_and_fields_become_could_not_judge(tmp_path, raw, message):
+    body = dry(write(tmp_path / "verdict-h200", raw=raw), "--run-title", TITLE)
+    assert body.splitlines()[1] == "## GPU verdict: ⚠️ could not judge"
+    assert message in html(body).replace("&#39;", "'").replace("&amp;#39;", "'") or message in body.replace(
+        "&#39;", "'"
+    )
+
+
+def test_a_pass_status_over_regressed_rows_is_shown_as_the_regression(tmp_path):
+    body = dry(write(tmp_path / "verdict-h200", verdict("pass", rows=REGRESSED)), "--run-title", TITLE)
+    assert body.splitlines()[1] == "## GPU verdict: ❌ regression"
+
+
+def test_a_verdict_without_rows_is_not_a_pass(tmp_path):
+    body = dry(write(tmp_path / "verdict-h200", verdict("pass", rows=[])), "--run-title", TITLE)
+    assert body.splitlines()[1] == "## GPU verdict: ⚠️ could not judge"
+
+
+def test_an_oversized_artifact_is_refused_before_it_is_parsed(tmp_path, monkeypatch):
+    folder = tmp_path / "verdict-h200"
+    folder.mkdir()
+    with open(folder / "verdict.json", "wb") as f:  # sparse: a 2 GB file costs nothing here
+        f.truncate(2_000_000_000)
+    monkeypatch.setattr(pvc.json, "loads", lambda *a, **k: pytest.fail("parsed an oversized artifact"))
+    entries = pvc.collect(tmp_path, pvc.Run(7, HEAD))
+    assert entries[0].status == "error" and "over the limit" in entries[0].problem
+
+
+def test_an_artifact_about_another_commit_is_not_believed(tmp_path):
+    write(tmp_path / "verdict-h200", verdict("pass", head_sha=OLD))
+    assert "names another head commit" in shown(dry(tmp_path, "--run-title", TITLE))
+    other = tmp_path / "second"
+    write(other / "verdict-h200", verdict("pass", rows=ROWS[:1]), pr={"number": 9, "head_sha": OLD})
+    assert "pr.json names another head commit" in shown(dry(other, "--run-title", TITLE))
+
+
+def test_links_in_the_arguments_are_checked_too(tmp_path):
+    write(tmp_path / "verdict-h200", verdict("pass", rows=ROWS[:1]))
+    body = dry(
+        tmp_path, "--run-title", TITLE, "--run-url", "javascript:alert(1)//github.com/o/r/actions/runs/1"
+    )
+    assert "javascript" not in body and "[job log]" not in body
+    bad = subprocess.run(
+        [sys.executable, str(SCRIPT), "--verdicts", str(tmp_path), "--dry-run", "--run-title", "GPU verdict #7 at `x`"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "is not 'GPU verdict #N at SHA'" in bad.stderr
+
+
+# ------------------------------------------------------------------------------------------------
+# Posting, against an in-memory GitHub
+# ------------------------------------------------------------------------------------------------
+
+
+class FakeGitHub:
+    """The REST calls the script makes: one open PR #7 whose head is ``head``."""
+
+    def __init__(self, head=HEAD, comments=(), state="open"):
+        self.head, self.state, self.calls, self.statuses = head, state, [], []
+        self.comments = [dict(c) for c in comments]
+
+    def request(self, method, path, payload=None):
+        self.calls.append(f"{method} {path}")
+        if method == "GET" and path == "/repos/o/r/pulls/7":
+            return {"number": 7, "state": self.state, "head": {"sha": self.head}}
+        if method == "GET" and re.fullmatch(r"/repos/o/r/issues/7/comments\?per_page=100&page=1", path):
+            return self.comments
+        if method == "POST" and path == "/repos/o/r/issues/7/comments":
+            self.comments.append({"id": 100 + len(self.comments), "body": payload["body"],
+                                  "user": {"login": "github-actions[bot]"}})  # fmt: skip
+            return self.comments[-1]
+        if method == "PATCH" and (m := re.fullmatch(r"/repos/o/r/issues/comments/(\d+)", path)):
+            comment = next(c for c in self.comments if c["id"] == int(m[1]))
+            comment["body"] = payload["body"]
+            return comment
+        if method == "POST" and path.startswith("/repos/o/r/statuses/"):
+            self.statuses.append((path.rsplit("/", 1)[1], payload))
+            return payload
+        raise AssertionError(f"unexpected call {method} {path}")
+
+    def bodies(self, login="github-actions[bot]"):
+        return [c["body"] for c in self.comments if c["user"]["login"] == login]
+
+
+def post(verdicts: Path, client: FakeGitHub, conclusion="failure", title=TITLE) -> int:
+    argv = ["--verdicts", str(verdicts), "--repo", "o/r", "--run-title", title, "--run-url", RUN_URL,
+            "--conclusion", conclusion]  # fmt: skip
+    return pvc.main(argv, client=client)
+
+
+def ours(body: str) -> dict:
+    return {"id": 5, "body": body, "user": {"login": "github-actions[bot]"}}
+
+
+def test_the_comment_is_created_once_then_updated_in_place_with_a_commit_status(tmp_path):
+    gh = FakeGitHub(comments=[{"id": 1, "body": "an unrelated comment", "user": {"login": "someone"}}])
+    assert post(write(tmp_path / "a" / "verdict-h200", verdict(rows=REGRESSED)), gh) == 0
+    assert post(write(tmp_path / "b" / "verdict-h200", verdict("pass", rows=ROWS[:1])), gh, "success") == 0
+    assert len(gh.bodies()) == 1 and "## GPU verdict: ✅ pass" in gh.bodies()[0]
+    assert gh.comments[0]["body"] == "an unrelated comment"
+    assert [(sha, s["state"], s["context"]) for sha, s in gh.statuses] == [
+        (HEAD, "failure", "GPU verdict"), (HEAD, "success", "GPU verdict")]  # fmt: skip
+    assert gh.statuses[0][1]["target_url"] == RUN_URL
+
+
+def test_a_marked_comment_planted_by_another_user_is_never_edited(tmp_path):
+    planted = {
+        "id": 3,
+        "body": f"{pvc.MARKER} head={HEAD} -->\n## GPU verdict: ✅ pass",
+        "user": {"login": "mallory"},
+    }
+    gh = FakeGitHub(comments=[planted])
+    post(write(tmp_path / "verdict-h200", verdict(rows=REGRESSED)), gh)
+    assert gh.comments[0]["body"] == planted["body"]  # untouched
+    assert not [c for c in gh.calls if c.startswith("PATCH")]
+    assert len(gh.bodies()) == 1 and "❌ regression" in gh.bodies()[0]
+
+
+def test_a_cancelled_run_turns_the_previous_pass_into_no_verdict(tmp_path):
+    gh = FakeGitHub(comments=[ours(f"{pvc.MARKER} head={HEAD} -->\n## GPU verdict: ✅ pass\n")])
+    write(tmp_path / "verdict-h200", verdict("pass", rows=ROWS[:1]))  # a kind that finished before the cancel
+    post(tmp_path, gh, "cancelled")
+    body = gh.bodies()[0]
+    assert "✅" not in body and "## GPU verdict: ⏹️ no verdict" in body and "was cancelled" in body
+    assert gh.statuses == [(HEAD, {"state": "error", "description": "no verdict: the run was cancelled",
+                                   "context": "GPU verdict", "target_url": RUN_URL})]  # fmt: skip
+    post(tmp_path, gh, "timed_out")
+    assert "timed out" in gh.bodies()[0]
+
+
+def test_a_fork_run_that_failed_before_pr_json_gets_a_no_verdict_comment(tmp_path):
+    gh = FakeGitHub()
+    post(tmp_path / "nothing-downloaded", gh, "failure")
+    assert (
+        "## GPU verdict: ⏹️ no verdict" in gh.bodies()[0]
+        and "ended before it wrote a verdict" in gh.bodies()[0]
+    )
+    assert gh.statuses[0][1]["state"] == "error"
+
+
+def test_a_skipped_run_posts_nothing(tmp_path):
+    gh = FakeGitHub(comments=[ours(f"{pvc.MARKER} head={HEAD} -->\n## GPU verdict: ✅ pass\n")])
+    post(tmp_path / "nothing-downloaded", gh, "success")
+    assert gh.statuses == [] and not [c for c in gh.calls if not c.startswith("GET")]
+
+
+def test_a_verdict_for_an_old_head_only_retires_the_comment(tmp_path):
+    gh = FakeGitHub(
+        head="e" * 40, comments=[ours(f"{pvc.MARKER} head={HEAD} -->\n## GPU verdict: ✅ pass\n")]
+    )
+    post(write(tmp_path / "verdict-h200", verdict("pass", rows=ROWS[:1])), gh, "success")
+    body = gh.bodies()[0]
+    assert "## GPU verdict: ⏳ outdated" in body and "✅" not in body and f"`{'e' * 12}`" in body
+    assert body.startswith(f"{pvc.MARKER} head={'e' * 40} -->")
+    assert [s[0] for s in gh.statuses] == [HEAD]  # the status belongs to the commit that was judged
+    gh2 = FakeGitHub(head="e" * 40)
+    post(write(tmp_path / "x" / "verdict-h200", verdict("pass", rows=ROWS[:1])), gh2, "success")
+    assert gh2.bodies() == []  # no comment is created for a commit that is no longer the head
+
+
+def test_a_closed_pull_request_gets_nothing(tmp_path):
+    gh = FakeGitHub(state="closed")
+    post(write(tmp_path / "verdict-h200", verdict()), gh)
+    assert gh.calls == ["GET /repos/o/r/pulls/7"]
+
+
+def test_posting_needs_the_run_title_and_a_repository(tmp_path):
+    with pytest.raises(SystemExit) as exc:
+        pvc.main(["--verdicts", str(tmp_path), "--repo", "o/r"], client=FakeGitHub())
+    assert exc.value.code == 2
+    with pytest.raises(SystemExit):
+        pvc.main(
+            ["--verdicts", str(tmp_path), "--repo", "o/r/../x", "--run-title", TITLE], client=FakeGitHub()
+        )
