@@ -31,9 +31,9 @@ pass of those bytes reaches at that size, where launch and tail costs weigh more
 Errors are the relative L2 distance ``||out - ref|| / ||ref||`` to a float64 oracle computed
 from the same inputs: y for the forward mode, dx and dw for forward+backward.
 
-pr-verdict copies this file next to each worktree's package and runs it as a script
-(``--worker SPEC.json``), so base and head are timed by the same harness while each imports its
-own ``rmsnorm_kernel``. That is why this module imports nothing from the package at import time.
+pr-verdict times each commit in a worker process (:mod:`rmsnorm_suite.worker`) that runs this
+harness from the trusted checkout against that commit's ``rmsnorm_kernel``, so base and head are
+timed by the same harness. That is why this module imports nothing of the op at import time.
 """
 
 from __future__ import annotations
@@ -702,6 +702,7 @@ def run_benchmarks(
                         "samples_ms": [],
                         "block_medians_ms": [],
                         "device_samples_ms": [],
+                        "device_block_medians_ms": [],
                         "device_reps": None,
                         "device_error": None if device_time else "device time not measured in this run",
                         "errors": {},
@@ -792,11 +793,13 @@ def _time_device(row, graphs, key, fn, x, w, dy, samples, flush) -> None:
             call, _ = make_call(fn, x, w, dy, key[1], graph=True)
             graphs[key] = (*graph_for(call, flush), call)
         graph, reps, _call = graphs[key]
-        row["device_samples_ms"].extend(time_graph(graph, reps, samples, flush))
+        times = time_graph(graph, reps, samples, flush)
+        row["device_samples_ms"].extend(times)
+        row.setdefault("device_block_medians_ms", []).append(median(times))
         row["device_reps"] = reps
     except Exception as exc:
         graphs.pop(key, None)
-        row["device_samples_ms"], row["device_reps"] = [], None
+        row["device_samples_ms"], row["device_block_medians_ms"], row["device_reps"] = [], [], None
         row["device_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
@@ -1003,48 +1006,3 @@ def format_table(result: dict[str, Any]) -> str:
                 f"  {name:<22} {c['median_ms'] * 1e3:.1f} us{gpu}, {100 * c['tbs'] / copy['tbs']:.1f}% of copy"
             )
     return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------------------------
-# Worker (pr-verdict): python bench.py --worker SPEC.json
-# ---------------------------------------------------------------------------------------------
-
-
-def worker_main(argv: Sequence[str]) -> int:
-    """Run one round described by a spec file and write its results where the spec says."""
-    parser = argparse.ArgumentParser(prog="bench.py")
-    parser.add_argument("--worker", required=True, metavar="SPEC.json")
-    args = parser.parse_args(argv)
-    spec = json.loads(Path(args.worker).read_text(encoding="utf-8"))
-    expected = spec.get("expect_package_under")
-    if expected:  # the op must come from the worktree, not from an installed copy
-        package = Path(importlib.import_module("rmsnorm_kernel").__file__).resolve()
-        if not package.is_relative_to(Path(expected).resolve()):
-            print(f"rmsnorm_kernel imported from {package}, expected under {expected}", file=sys.stderr)
-            return 2
-    try:
-        result = run_benchmarks(
-            [case_from_json(c) for c in spec["cases"]],
-            spec["providers"],
-            spec["modes"],
-            samples=spec["samples"],
-            blocks=1,
-            warmup_ms=spec.get("warmup_ms", DEFAULT_WARMUP_MS),
-            errors=spec.get("errors", True),
-            copy_elements=spec.get("copy_elements", COPY_ELEMENTS),
-            progress=False,
-            git={"commit": spec.get("commit"), "dirty": False},
-            device_time=spec.get("device_time", True),
-            same_bytes_copy=False,  # the gate compares the kernel's rows only
-        )
-    except BenchUnavailable as exc:
-        print(exc, file=sys.stderr)
-        return 2
-    result["label"] = spec.get("label")
-    result["round"] = spec.get("round")
-    Path(spec["out"]).write_text(json.dumps(result) + "\n", encoding="utf-8")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(worker_main(sys.argv[1:]))

@@ -1,9 +1,11 @@
 """`rmsnorm-kernel gate`: judge a head benchmark run against a base run with regression.toml.
 
-Latency, per (shape, mode) of the "kernel" provider: a regression when the ratio of medians
-head/base exceeds the group's factor AND a one-sided Mann-Whitney U test on the samples says
-head is slower at the group's significance level. The factor keeps a significant but tiny
-shift from failing a pull request; the test keeps a noisy large ratio from failing one.
+Latency, per (shape, mode) of the "kernel" provider, on rounds: a round (a separate process of
+pr-verdict, or a block of a plain benchmark run) gives one median per side, and the rounds, not
+the samples, are the independent units. The head/base ratio is estimated from the logs of those
+medians (paired by round where the two runs were interleaved, else Welch), with a one-sided
+(1 - alpha) Student-t lower confidence bound; a regression when that lower bound exceeds the
+group's factor: the gate is confident that head is slower by more than the factor allows.
 Two latencies are judged, each with its own table of factors: host-inclusive latency (whole
 calls: Python, autograd, launches and kernels; ``[latency]``) and device latency (CUDA-graph
 replays: the kernels' GPU time alone; ``[device_latency]``), which does not follow the host's
@@ -13,7 +15,7 @@ Numerics, per (shape, quantity): a regression when the head's relative error aga
 float64 oracle exceeds min(ceiling, base error x growth) of the shape's dtype.
 
 Exit status: 0 pass, 1 regression, 2 could not judge (a missing or failed result, a missing
-threshold, too few samples). ``asv compare`` is not consulted: its exit status is always 0.
+threshold, too few samples or rounds). ``asv compare`` is not consulted: its exit status is always 0.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import math
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +38,16 @@ else:  # pragma: no cover - exercised on 3.10 only
 STATUSES = ("pass", "regression", "error")
 EXIT = {"pass": 0, "regression": 1, "error": 2}
 QUANTITIES = {"forward": ("y",), "forward_backward": ("dx", "dw")}
-DEFAULT_THRESHOLDS = "regression.toml"
+THRESHOLDS_NAME = "regression.toml"  # package data of rmsnorm_suite: src/rmsnorm_suite/regression.toml
+THRESHOLDS_IN_TREE = (
+    "src/rmsnorm_suite/regression.toml",
+    "regression.toml",
+)  # in a checkout; then older ones
+
+
+def default_thresholds() -> Path:
+    """The thresholds shipped with the suite, found through the package, not the working directory."""
+    return Path(str(resources.files("rmsnorm_suite").joinpath(THRESHOLDS_NAME)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -43,37 +55,73 @@ DEFAULT_THRESHOLDS = "regression.toml"
 # ---------------------------------------------------------------------------------------------
 
 
-def mann_whitney_greater(x: Sequence[float], y: Sequence[float]) -> float:
-    """One-sided p-value of the Mann-Whitney U test for "x tends to be larger than y".
+@dataclass(frozen=True)
+class RatioEstimate:
+    """head/base latency from per-round medians."""
 
-    Normal approximation with tie correction and continuity correction (the same statistic as
-    ``scipy.stats.mannwhitneyu(x, y, alternative="greater", method="asymptotic")``). Returns 1.0
-    when every value is tied (no evidence either way).
-    """
-    n1, n2 = len(x), len(y)
-    if n1 == 0 or n2 == 0:
-        raise ValueError(f"both samples must be non-empty, got sizes {n1} and {n2}")
-    values = sorted([(float(v), 0) for v in x] + [(float(v), 1) for v in y])
-    n = n1 + n2
-    rank_sum_x = 0.0
-    tie_term = 0.0
-    i = 0
-    while i < n:
-        j = i
-        while j + 1 < n and values[j + 1][0] == values[i][0]:
-            j += 1
-        average_rank = (i + j) / 2 + 1  # ranks are 1-based
-        t = j - i + 1
-        tie_term += t**3 - t
-        rank_sum_x += average_rank * sum(1 for k in range(i, j + 1) if values[k][1] == 0)
-        i = j + 1
-    u = rank_sum_x - n1 * (n1 + 1) / 2
-    mean = n1 * n2 / 2
-    var = n1 * n2 / 12 * ((n + 1) - tie_term / (n * (n - 1)))
-    if var <= 0:
-        return 1.0
-    z = (u - mean - 0.5) / math.sqrt(var)
-    return 0.5 * math.erfc(z / math.sqrt(2))
+    ratio: float  # exp(mean log ratio): the geometric mean of per-round ratios when paired
+    low: float  # one-sided (1 - alpha) lower confidence bound of the ratio
+    high: float  # with low, the two-sided (1 - 2 alpha) interval (the t law is symmetric)
+    p_value: float  # one-sided p of the t test for "head slower" (ratio > 1)
+    rounds: int  # independent units per side (the fewer of the two when unpaired)
+    paired: bool
+
+
+def ratio_estimate(
+    base_units: Sequence[float], head_units: Sequence[float], alpha: float, paired: bool
+) -> RatioEstimate:
+    """Student-t inference on the logs of per-round medians: paired (``scipy.stats.ttest_rel``)
+    where round k of base and of head ran side by side, else Welch (``ttest_ind``). Rank tests were
+    not chosen: with 4-6 rounds their smallest one-sided p (1/64 for a signed-rank test on 6
+    pairs) cannot reach an alpha of 0.01. A spread of zero collapses the interval onto the
+    estimate."""
+    from scipy import stats
+
+    lb = [math.log(v) for v in base_units]
+    lh = [math.log(v) for v in head_units]
+    if len(lb) < 2 or len(lh) < 2:
+        raise ValueError(f"need at least 2 rounds per side, got {len(lb)} and {len(lh)}")
+    if paired and len(lb) != len(lh):
+        raise ValueError(f"paired rounds need equal counts, got {len(lb)} and {len(lh)}")
+    if paired:
+        diffs = [h - b for h, b in zip(lh, lb)]
+        estimate, spread = sum(diffs) / len(diffs), max(diffs) - min(diffs)
+        test = stats.ttest_rel(lh, lb, alternative="greater")
+    else:
+        estimate = sum(lh) / len(lh) - sum(lb) / len(lb)
+        spread = max(lh) - min(lh) + max(lb) - min(lb)
+        test = stats.ttest_ind(lh, lb, equal_var=False, alternative="greater")
+    if spread == 0:
+        low, p = estimate, (0.0 if estimate > 0 else 1.0)
+    else:
+        low, p = float(test.confidence_interval(1 - alpha).low), float(test.pvalue)
+    high = 2 * estimate - low
+    return RatioEstimate(math.exp(estimate), math.exp(low), math.exp(high), p, min(len(lb), len(lh)), paired)
+
+
+# The judgements, each a small function of its own (mutation testing targets them).
+
+
+def exceeds_factor(ci_low: float, factor: float) -> bool:
+    """Latency regression: even the lower confidence bound of head/base is above the factor."""
+    return ci_low > factor
+
+
+def significant(p_value: float, alpha: float) -> bool:
+    """Head is slower than base at level alpha (whatever the size of the difference)."""
+    return p_value < alpha
+
+
+def error_limit(base_error: float | None, growth: float, ceiling: float) -> tuple[float, str]:
+    """The error head may reach: min(ceiling, base error x growth), and which of the two binds."""
+    if base_error is not None and math.isfinite(base_error) and base_error * growth < ceiling:
+        return base_error * growth, f"base x {growth:g}"
+    return ceiling, "ceiling" if base_error is not None else "ceiling (base has no error figure)"
+
+
+def exceeds_limit(error: float, limit: float) -> bool:
+    """Numeric regression: head's error above its limit, or not finite."""
+    return not math.isfinite(error) or error > limit
 
 
 def median(values: Sequence[float]) -> float:
@@ -106,6 +154,7 @@ class Thresholds:
     min_samples: int = 20
     source: str = "<thresholds>"
     device_latency: dict[tuple[str, str], LatencyRule] = field(default_factory=dict)  # GPU time only
+    min_rounds: int = 3  # per-round medians per side; fewer cannot bound the ratio usefully
 
 
 def _number(
@@ -136,10 +185,13 @@ def parse_thresholds(data: dict[str, Any], source: str = "<thresholds>") -> Thre
     try:
         _only("top level", data, ["gate", "latency", "device_latency", "numerics"])
         gate = _table("gate", data.get("gate", {}))
-        _only("gate", gate, ["min_samples"])
+        _only("gate", gate, ["min_samples", "min_rounds"])
         min_samples = gate.get("min_samples", 20)
         if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 2:
             raise ValueError(f"gate.min_samples must be an integer >= 2, got {min_samples!r}")
+        min_rounds = gate.get("min_rounds", 3)
+        if isinstance(min_rounds, bool) or not isinstance(min_rounds, int) or min_rounds < 3:
+            raise ValueError(f"gate.min_rounds must be an integer >= 3, got {min_rounds!r}")
         latency = _latency_rules("latency", data.get("latency"))
         device_latency = _latency_rules("device_latency", data.get("device_latency", {}))
         numerics: dict[str, NumericRule] = {}
@@ -164,6 +216,7 @@ def parse_thresholds(data: dict[str, Any], source: str = "<thresholds>") -> Thre
         min_samples=min_samples,
         source=source,
         device_latency=device_latency,
+        min_rounds=min_rounds,
     )
 
 
@@ -187,8 +240,9 @@ def _latency_rules(table: str, value: Any) -> dict[tuple[str, str], LatencyRule]
     return rules
 
 
-def load_thresholds(path: str | Path = DEFAULT_THRESHOLDS) -> Thresholds:
-    path = Path(path)
+def load_thresholds(path: str | Path | None = None) -> Thresholds:
+    """Read and validate a thresholds file; None: the one shipped with the suite."""
+    path = default_thresholds() if path is None else Path(path)
     if not path.is_file():
         raise ValueError(f"--thresholds: no such file {str(path)!r}")
     try:
@@ -212,9 +266,15 @@ class Row:
     threshold: float | None
     verdict: str  # "pass", "regression" or "error"
     kind: str = "latency"  # "latency", "numerics" or "run"
-    p_value: float | None = None  # latency: one-sided Mann-Whitney p for "head slower"
-    alpha: float | None = None  # latency: significance level the p-value is held to
+    p_value: float | None = None  # latency: one-sided t-test p over rounds for "head slower"
+    alpha: float | None = None  # latency: 1 - confidence level of the ratio's lower bound
     note: str = ""
+    # latency: the (1 - 2 alpha) confidence interval of the ratio, whose low end is the one-sided
+    # (1 - alpha) bound held to the factor; rounds: the per-round medians per side it rests on
+    ci_low: float | None = None
+    ci_high: float | None = None
+    confidence: float | None = None
+    rounds: int | None = None
 
 
 @dataclass
@@ -272,6 +332,13 @@ def _shape_order(key: tuple[str, str]) -> tuple[int, str, int]:
     return (position, shape, list(QUANTITIES).index(mode) if mode in QUANTITIES else 9)
 
 
+def interleaved(base: dict[str, Any] | None, head: dict[str, Any] | None) -> bool:
+    """Both runs are pr-verdict merges of the same rounds (``settings.round_indices``), so their
+    per-round medians pair up."""
+    rounds = [((run or {}).get("settings") or {}).get("round_indices") for run in (base, head)]
+    return bool(rounds[0]) and rounds[0] == rounds[1]
+
+
 def judge(
     base: dict[str, Any] | None,
     head: dict[str, Any] | None,
@@ -287,6 +354,7 @@ def judge(
     ``extra_rows`` come first in the table (pr-verdict's GPU-test row)."""
     rows: list[Row] = list(extra_rows)
     b, h = _kernel_rows(base, provider), _kernel_rows(head, provider)
+    paired = interleaved(base, head)
     for side, run in (("base", base), ("head", head)):
         if run is None:
             note = (missing or {}).get(side, "missing")
@@ -308,21 +376,28 @@ def judge(
             note = "; ".join(f"{side} failed: {r.get('error') or r.get('status')}" for side, r in failed)
             rows.append(Row(f"latency {name}", None, None, None, None, "error", note=note[:300]))
             continue
-        rows.append(_latency_row(name, br, hr, thresholds))
+        rows.append(_latency_row(name, br, hr, thresholds, paired=paired))
         if thresholds.device_latency:
-            rows.append(_latency_row(name, br, hr, thresholds, device=True))
+            rows.append(_latency_row(name, br, hr, thresholds, device=True, paired=paired))
         rows.extend(_numeric_rows(shape, mode, br, hr, thresholds))
     return _verdict(rows, base, head, thresholds)
 
 
 def _latency_row(
-    name: str, br: dict[str, Any], hr: dict[str, Any], th: Thresholds, device: bool = False
+    name: str,
+    br: dict[str, Any],
+    hr: dict[str, Any],
+    th: Thresholds,
+    device: bool = False,
+    paired: bool = False,
 ) -> Row:
-    """Host-inclusive latency (``samples_ms``, [latency]) or, with ``device``, GPU time from graph
-    replays (``device_samples_ms``, [device_latency])."""
+    """Host-inclusive latency (``block_medians_ms``, [latency]) or, with ``device``, GPU time from
+    graph replays (``device_block_medians_ms``, [device_latency]); ``paired``: the runs'
+    rounds ran side by side (pr-verdict), so round k of base is compared with round k of head."""
     check, table, key = ("device " if device else "latency ") + name, "latency", "samples_ms"
+    units = "block_medians_ms"
     if device:
-        table, key = "device_latency", "device_samples_ms"
+        table, key, units = "device_latency", "device_samples_ms", "device_block_medians_ms"
     group, mode = hr.get("group"), hr.get("mode")
     rule = (th.device_latency if device else th.latency).get((group, mode))
     bs, hs = br.get(key) or [], hr.get(key) or []
@@ -342,18 +417,26 @@ def _latency_row(
     if len(bs) < th.min_samples or len(hs) < th.min_samples:
         note = f"too few samples (base {len(bs)}, head {len(hs)}; need {th.min_samples})"
         return Row(check, bm, hm, None, rule.factor, "error", note=note)
-    ratio = hm / bm
-    p = mann_whitney_greater(hs, bs)
-    slower = ratio > rule.factor
-    significant = p < rule.alpha
-    verdict = "regression" if slower and significant else "pass"
-    if slower and not significant:
-        note = f"above factor but not significant (alpha {rule.alpha:g})"
-    elif significant and not slower:
+    bu, hu = br.get(units) or [], hr.get(units) or []
+    if len(bu) < th.min_rounds or len(hu) < th.min_rounds:
+        note = f"too few rounds (base {len(bu)}, head {len(hu)}; need {th.min_rounds})"
+        return Row(check, bm, hm, None, rule.factor, "error", note=note)
+    bm, hm = median(bu), median(hu)
+    est = ratio_estimate(bu, hu, rule.alpha, paired and len(bu) == len(hu))
+    regressed = exceeds_factor(est.low, rule.factor)
+    if regressed:
+        note = ""
+    elif est.ratio > rule.factor:
+        note = f"above factor, but its lower bound {est.low:.3f} is not"
+    elif significant(est.p_value, rule.alpha):
         note = "significantly slower, within factor"
     else:
         note = ""
-    return Row(check, bm, hm, ratio, rule.factor, verdict, "latency", p, rule.alpha, note)
+    verdict = "regression" if regressed else "pass"
+    return Row(
+        check, bm, hm, est.ratio, rule.factor, verdict, "latency", est.p_value, rule.alpha, note,
+        ci_low=est.low, ci_high=est.high, confidence=1 - 2 * rule.alpha, rounds=est.rounds,
+    )  # fmt: skip
 
 
 def _numeric_rows(shape: str, mode: str, br: dict[str, Any], hr: dict[str, Any], th: Thresholds) -> list[Row]:
@@ -374,13 +457,9 @@ def _numeric_rows(shape: str, mode: str, br: dict[str, Any], hr: dict[str, Any],
                 Row(check, be, None, None, None, "error", "numerics", note="head has no error figure")
             )
             continue
-        limit, note = rule.ceiling[q], "ceiling"
-        if be is not None and math.isfinite(be) and be * rule.growth < limit:
-            limit, note = be * rule.growth, f"base x {rule.growth:g}"
-        if be is None:
-            note = "ceiling (base has no error figure)"
+        limit, note = error_limit(be, rule.growth, rule.ceiling[q])
         ratio = he / be if be else None
-        bad = not math.isfinite(he) or he > limit
+        bad = exceeds_limit(he, limit)
         rows.append(Row(check, be, he, ratio, limit, "regression" if bad else "pass", "numerics", note=note))
     return rows
 
@@ -417,7 +496,7 @@ def _verdict(rows: list[Row], base, head, th: Thresholds) -> Verdict:
 
 def _short(r: Row) -> str:
     if r.kind == "latency" and r.ratio is not None:
-        return f"{r.check} ({100 * (r.ratio - 1):+.1f}%, p={r.p_value:.1g})"
+        return f"{r.check} ({100 * (r.ratio - 1):+.1f}%, lower bound {r.ci_low:.3f})"
     if r.kind == "numerics" and r.head is not None and r.threshold is not None:
         return f"{r.check} ({r.head:.2e} > {r.threshold:.2e})"
     return r.check
@@ -436,9 +515,11 @@ def _cell(r: Row, which: str) -> str:
         if which in ("base", "head"):
             return f"{value * 1e3:.1f} µs"
         if which == "ratio":
-            return f"{value:.3f} (p={r.p_value:.2g})"
+            return f"{value:.3f} ({r.ci_low:.3f}-{r.ci_high:.3f}, p={r.p_value:.2g}, {r.rounds} rounds)"
         if which == "threshold":
-            return f"> {value:.2f} and p < {r.alpha:g}" if r.alpha is not None else f"> {value:.2f}"
+            if r.alpha is None:
+                return f"> {value:.2f}"
+            return f"lower bound > {value:.2f} ({100 * (1 - r.alpha):g}%)"
     if r.kind == "numerics":
         if which == "ratio":
             return f"{value:.2f}"
@@ -455,8 +536,10 @@ def to_markdown(verdict: Verdict) -> str:
         "",
         f"base `{(b.get('commit') or '?')[:12]}` · head `{(h.get('commit') or '?')[:12]}` · "
         f"device {h.get('device') or b.get('device') or '?'} · thresholds `{verdict.thresholds}`. "
-        "A latency check regresses when head/base of the medians exceeds the factor and a one-sided "
-        "Mann-Whitney test is significant; the threshold column says what a regression needs. "
+        "A latency check regresses when the one-sided lower confidence bound of head/base, from "
+        "per-round medians (the rounds are the independent units), exceeds the factor; the ratio "
+        "column gives the estimate, its (1 - 2 alpha) interval, whose low end is that bound, the "
+        't-test p for "head slower" and the number of rounds. '
         "`latency` rows time whole calls (host work included); `device` rows time CUDA-graph "
         "replays (the kernels' GPU time alone).",
         "",
@@ -496,7 +579,10 @@ def configure(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument("--base", required=True, metavar="BASE.json", help="results of the base commit")
     parser.add_argument("--head", required=True, metavar="HEAD.json", help="results of the head commit")
     parser.add_argument(
-        "--thresholds", default=DEFAULT_THRESHOLDS, metavar="TOML", help="default: regression.toml"
+        "--thresholds",
+        default=None,
+        metavar="TOML",
+        help="default: the regression.toml shipped with the suite (src/rmsnorm_suite/regression.toml)",
     )
     parser.add_argument(
         "--out", default="outputs/gate", metavar="DIR", help="where verdict.md and verdict.json go"

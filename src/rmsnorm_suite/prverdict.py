@@ -1,14 +1,27 @@
 """`rmsnorm-kernel pr-verdict --base SHA --head SHA`: the whole pull-request job on a GPU machine.
 
-1. Git worktrees of base and head in a temporary folder (local git only: no network).
-2. Benchmarks of both in the same run, interleaved: rounds alternate base/head and head/base,
-   each round a fresh subprocess that imports ``rmsnorm_kernel`` from its worktree's ``src``
-   (PYTHONPATH) and is timed by one copy of this checkout's harness (``bench.py``), so a change
-   to the harness in the pull request cannot favour either side.
-3. The rounds merged per side (samples concatenated, errors: the largest seen).
-4. The GPU tests of head (``pytest -m gpu`` in the head worktree).
-5. The gate (:mod:`rmsnorm_suite.gate`) with the base's regression.toml, so that a pull request
-   cannot loosen its own thresholds; verdict.md and verdict.json, and the summary printed.
+The judge is trusted, the commits are data. This process runs from the trusted checkout (the
+default branch, which the workflow checks out); the harness (``bench.py``), the oracle, the gate
+and its thresholds are this checkout's, and the thresholds are read before any code of either
+commit runs. Base and head only supply their op.
+
+1. The merge-base of base and head is what head is compared with (a branch behind the base is
+   not blamed for the base's later changes); git worktrees of it and of head in a temporary
+   folder (local git only: no network).
+2. A staging folder per commit with a copy of the trusted suite (``rmsnorm_suite``) and of that
+   commit's op modules alone (``rmsnorm_kernel``: OP_MODULES, found in both the current layout
+   and the older one where the suite lived inside the op's package). Each round is a fresh
+   ``python -I`` process running :mod:`rmsnorm_suite.worker` with exactly those two on the path;
+   nothing else of the commit is imported, and the worker checks where both packages came from.
+3. Rounds interleaved ABBA, the rounds merged per side (one median per round: the gate's
+   independent units; errors: the largest seen).
+4. The GPU tests of head (``pytest -m gpu`` in the head worktree): they can only add a failure.
+5. The gate (:mod:`rmsnorm_suite.gate`); verdict.md and verdict.json, and the summary printed.
+
+A global deadline (``--deadline-s``, below the job's limit) bounds every subprocess: when it
+passes, the rounds stop and the verdict is ``error``, instead of a job killed without one.
+Code of a commit runs with this process's rights; what isolates it from the runner is the
+runner (docs/ci.md), not this module.
 
 Exit status as the gate's: 0 pass, 1 regression, 2 could not judge.
 """
@@ -19,6 +32,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -27,13 +41,44 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rmsnorm_suite import bench, gate
+import scipy.stats  # noqa: F401  the gate's statistics, loaded before any commit's code runs
+
+import rmsnorm_suite
+from rmsnorm_suite import bench, cases, gate  # noqa: F401  cases: the gate orders its table by it
 
 SIDES = ("base", "head")
 DEFAULT_ROUNDS = 6
-DEFAULT_SAMPLES = 100  # per round and side: 600 samples per (shape, mode) with 6 rounds
-WORKER_TIMEOUT_S = 1200
+DEFAULT_SAMPLES = 100  # per round and side
+DEFAULT_DEADLINE_S = 80 * 60  # under the GPU job's 90-minute limit, leaving time to upload
+WORKER_TIMEOUT_S = 1200  # one round at most
 TESTS_TIMEOUT_S = 3600
+OP_PACKAGE = "src/rmsnorm_kernel"
+OP_MODULES = ("__init__", "kernels", "launch", "ops", "module", "reference")  # the op, in any layout
+WORKER_TIMING = "cuda"  # "host": the worker's CPU stand-in (the CPU tests set it)
+# The worker's bootstrap under `python -I`: the two staged folders first on the path, then the
+# module run as `python -m rmsnorm_suite.worker SPEC` would run it.
+BOOTSTRAP = (
+    "import sys, runpy; sys.path[:0] = sys.argv[1:3]; del sys.argv[1:3]; "
+    "runpy.run_module('rmsnorm_suite.worker', run_name='__main__', alter_sys=True)"
+)
+
+
+class Deadline:
+    """Seconds left until a fixed moment; every subprocess gets at most that."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return max(0.0, self.end - time.monotonic())
+
+    def cap(self, timeout: float) -> float:
+        return min(timeout, self.left())
+
+    @property
+    def passed(self) -> bool:
+        return self.left() <= 0
 
 
 def round_order(k: int) -> tuple[str, str]:
@@ -43,19 +88,21 @@ def round_order(k: int) -> tuple[str, str]:
 
 
 def merge_rounds(runs: Sequence[dict[str, Any]], label: str, commit: str | None) -> dict[str, Any]:
-    """One run from several rounds of one side: samples concatenated, one block median per
-    round, the largest error seen, failed when any round failed."""
+    """One run from several rounds of one side: samples concatenated, one median per round (host
+    and device: the gate's units), the largest error seen, failed when any round failed."""
     if not runs:
         raise ValueError(f"no rounds to merge for {label}")
     merged: dict[tuple[str, str, str], dict[str, Any]] = {}
     for k, run in enumerate(runs):
+        k = run.get("round", k)
         for row in run["results"]:
             key = (row["provider"], row["shape"], row["mode"])
             into = merged.get(key)
             if into is None:
                 into = merged[key] = {**row, "samples_ms": [], "block_medians_ms": [], "errors": {}}
                 into["status"], into["error"] = "ok", None
-                into["device_samples_ms"], into["device_error"] = [], None
+                into["device_samples_ms"], into["device_block_medians_ms"] = [], []
+                into["device_error"] = None
             if row["status"] != "ok":
                 if into["status"] == "ok":
                     into["status"], into["error"] = "failed", f"round {k}: {row.get('error')}"
@@ -68,6 +115,7 @@ def merge_rounds(runs: Sequence[dict[str, Any]], label: str, commit: str | None)
                 )
             else:
                 into["device_samples_ms"].extend(row["device_samples_ms"])
+                into["device_block_medians_ms"].append(bench.median(row["device_samples_ms"]))
             for q, v in row.get("errors", {}).items():
                 into["errors"][q] = max(v, into["errors"].get(q, v))
     copies = [r["copy"]["tbs"] for r in runs if r.get("copy")]
@@ -82,13 +130,15 @@ def merge_rounds(runs: Sequence[dict[str, Any]], label: str, commit: str | None)
             row["median_ms"] = row["tbs"] = row["fraction_of_copy"] = None
         rows.append(row)
     first = runs[0]
+    rounds = [run.get("round", k) for k, run in enumerate(runs)]
     return {
         "schema": bench.SCHEMA,
         "label": label,
         "created": first.get("created"),
         "machine": first.get("machine"),
         "git": {"commit": commit, "dirty": False},
-        "settings": {**first.get("settings", {}), "rounds": len(runs)},
+        # round_indices: the rounds merged, in order; the gate pairs two runs' rounds by them
+        "settings": {**first.get("settings", {}), "rounds": len(runs), "round_indices": rounds},
         "copy": {"tbs": copy_tbs, "rounds_tbs": copies},
         "results": rows,
     }
@@ -108,55 +158,110 @@ def resolve(repo: Path, rev: str, flag: str) -> str:
         raise ValueError(f"{flag}: {rev!r} is not a commit of {repo}") from None
 
 
+def merge_base(repo: Path, base: str, head: str) -> str:
+    try:
+        return _git(repo, "merge-base", base, head)
+    except ValueError:
+        raise ValueError(f"--base: {base[:12]} and --head {head[:12]} have no merge-base in {repo}") from None
+
+
+def trusted_commit() -> str | None:
+    """The commit of the trusted checkout this suite runs from, when it is a git checkout."""
+    try:
+        return _git(Path(rmsnorm_suite.__file__).resolve().parent, "rev-parse", "HEAD")
+    except (ValueError, OSError):
+        return None
+
+
+def stage_trusted_suite(dest: Path) -> Path:
+    """A copy of the running (trusted) suite package under ``dest``; returns ``dest``."""
+    source = Path(rmsnorm_suite.__file__).resolve().parent
+    shutil.copytree(source, dest / "rmsnorm_suite", ignore=shutil.ignore_patterns("__pycache__"))
+    return dest
+
+
+def stage_op(tree: Path, dest: Path) -> Path:
+    """A copy of a checkout's op modules alone (OP_MODULES of ``src/rmsnorm_kernel``) under
+    ``dest``; returns ``dest``. Older commits kept the suite in the same package: those modules
+    are left behind, so only the trusted suite can be imported."""
+    package = tree / OP_PACKAGE
+    if not (package / "__init__.py").is_file():
+        raise ValueError(f"{tree.name}: no {OP_PACKAGE}/__init__.py in this commit")
+    (dest / "rmsnorm_kernel").mkdir(parents=True)
+    for name in OP_MODULES:
+        source = package / f"{name}.py"
+        if source.is_file() and not source.is_symlink():
+            shutil.copyfile(source, dest / "rmsnorm_kernel" / source.name)
+    return dest
+
+
 def _tail(text: str, lines: int = 15) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-def run_round(
-    harness: Path, worktree: Path, spec: dict[str, Any], spec_path: Path, log_path: Path
-) -> str | None:
-    """One side's round in a subprocess; returns None on success, else what went wrong."""
-    spec_path.write_text(json.dumps(spec), encoding="utf-8")
-    env = {**os.environ, "PYTHONPATH": str(worktree / "src")}
-    env.pop("TRITON_INTERPRET", None)
+def run_bounded(
+    cmd: Sequence[str], cwd: Path, env: dict[str, str], timeout: float
+) -> tuple[int | None, str, str]:
+    """Run a command in a process group of its own; on timeout the whole group is killed and the
+    exit status is None."""
+    proc = subprocess.Popen(
+        list(cmd), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
     try:
-        done = subprocess.run(
-            [sys.executable, str(harness), "--worker", str(spec_path)],
-            cwd=worktree,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=WORKER_TIMEOUT_S,
-        )
+        out, err = proc.communicate(timeout=max(timeout, 0.01))
+        return proc.returncode, out, err
     except subprocess.TimeoutExpired:
-        return f"timed out after {WORKER_TIMEOUT_S} s"
-    log_path.write_text(done.stdout + done.stderr, encoding="utf-8")
-    if done.returncode != 0:
-        return f"exit {done.returncode}: {_tail(done.stderr, 3)}"
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        out, err = proc.communicate()
+        return None, out, err
+
+
+def worker_env() -> dict[str, str]:
+    """The environment of a worker: this one without variables that would put other code first
+    (``python -I`` ignores PYTHON* anyway) or switch the kernels to the interpreter."""
+    drop = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "TRITON_INTERPRET")
+    return {k: v for k, v in os.environ.items() if k not in drop}
+
+
+def run_round(
+    trusted: Path, op: Path, spec: dict[str, Any], spec_path: Path, log_path: Path, timeout: float
+) -> str | None:
+    """One side's round in a worker process; returns None on success, else what went wrong."""
+    spec_path.write_text(json.dumps(spec), encoding="utf-8")
+    cmd = [sys.executable, "-I", "-c", BOOTSTRAP, str(trusted), str(op), str(spec_path)]
+    code, out, err = run_bounded(cmd, spec_path.parent, worker_env(), timeout)
+    log_path.write_text(out + err, encoding="utf-8")
+    if code is None:
+        return f"timed out after {timeout:.0f} s"
+    if code != 0:
+        return f"exit {code}: {_tail(err, 3)}"
     return None
 
 
-def run_gpu_tests(worktree: Path, log_path: Path) -> gate.Row:
-    """pytest -m gpu in the head worktree. Failed tests: regression; no tests, a collection or
-    usage error: the gate cannot judge."""
-    env = {**os.environ, "PYTHONPATH": str(worktree / "src")}
-    env.pop("TRITON_INTERPRET", None)
+def run_gpu_tests(worktree: Path, log_path: Path, timeout: float = TESTS_TIMEOUT_S) -> gate.Row:
+    """pytest -m gpu in the head worktree (head's own tests: they can only add a failure).
+    Failed tests: regression; no tests, a collection or usage error, a timeout: cannot judge."""
+    env = {**worker_env(), "PYTHONPATH": str(worktree / "src")}
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"]
-    try:
-        done = subprocess.run(
-            cmd, cwd=worktree, env=env, capture_output=True, text=True, timeout=TESTS_TIMEOUT_S
-        )
-    except subprocess.TimeoutExpired:
+    code, out, err = run_bounded(cmd, worktree, env, timeout)
+    log_path.write_text(out + err, encoding="utf-8")
+    if code is None:
         return gate.Row("gpu tests (head)", None, None, None, None, "error", "run", note="timed out")
-    log_path.write_text(done.stdout + done.stderr, encoding="utf-8")
-    last = _tail(done.stdout, 1) or _tail(done.stderr, 1)
-    verdict = {0: "pass", 1: "regression"}.get(done.returncode, "error")
-    note = f"pytest -m gpu exit {done.returncode}: {last}"
+    last = _tail(out, 1) or _tail(err, 1)
+    verdict = {0: "pass", 1: "regression"}.get(code, "error")
+    note = f"pytest -m gpu exit {code}: {last}"
     return gate.Row("gpu tests (head)", None, None, None, None, verdict, "run", note=note)
 
 
 def configure(parser: argparse.ArgumentParser, command: str) -> None:
-    parser.add_argument("--base", required=True, metavar="SHA", help="base commit (the branch merged into)")
+    parser.add_argument(
+        "--base", required=True, metavar="SHA",
+        help="tip of the branch merged into; head is compared with the merge-base of the two",
+    )  # fmt: skip
     parser.add_argument("--head", required=True, metavar="SHA", help="head commit (the pull request)")
     parser.add_argument("--out", default="outputs/pr-verdict", metavar="DIR")
     parser.add_argument(
@@ -169,13 +274,26 @@ def configure(parser: argparse.ArgumentParser, command: str) -> None:
         "--samples", type=int, default=DEFAULT_SAMPLES, help="samples per round, shape and mode"
     )
     parser.add_argument(
-        "--thresholds", default=None, metavar="TOML", help="default: the base's regression.toml"
-    )
-    parser.add_argument("--repo", default=".", help="git repository (default: .)")
+        "--thresholds", default=None, metavar="TOML",
+        help="default: the regression.toml of the suite running this command (the trusted checkout)",
+    )  # fmt: skip
+    parser.add_argument("--repo", default=".", help="git repository holding both commits (default: .)")
+    parser.add_argument(
+        "--deadline-s", type=float, default=DEFAULT_DEADLINE_S, metavar="S",
+        help=f"stop and write an error verdict after S seconds (default {DEFAULT_DEADLINE_S})",
+    )  # fmt: skip
     parser.add_argument("--skip-gpu-tests", action="store_true", help="benchmarks and gate only")
     parser.add_argument(
         "--keep-worktrees", action="store_true", help="leave the temporary worktrees in place"
     )
+
+
+def _stop(out: Path, check: str, note: str, extra: Sequence[gate.Row] = ()) -> int:
+    row = gate.Row(check, None, None, None, None, "error", "run", note=note)
+    verdict = gate.Verdict("error", f"ERROR: could not judge: {note}", [*extra, row])
+    gate.write_verdict(verdict, out)
+    print(verdict.summary, file=sys.stderr)
+    return verdict.exit_code
 
 
 def run(args: argparse.Namespace) -> int:
@@ -183,29 +301,44 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--rounds must be >= 2 (base and head each first at least once), got {args.rounds}")
     if args.samples < 1:
         raise ValueError(f"--samples must be >= 1, got {args.samples}")
-    # Absolute: each round runs in its worktree and is handed its spec and result paths.
+    if not args.deadline_s > 0:
+        raise ValueError(f"--deadline-s must be > 0, got {args.deadline_s}")
+    deadline = Deadline(args.deadline_s)
+    # Absolute: each round runs in its own folder and is handed its spec and result paths.
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     import torch
 
-    if not torch.cuda.is_available():
-        row = gate.Row("cuda", None, None, None, None, "error", "run", note=bench.cuda_message())
-        verdict = gate.Verdict("error", f"ERROR: could not judge: {bench.cuda_message()}", [row])
-        gate.write_verdict(verdict, out)
-        print(verdict.summary, file=sys.stderr)
-        return verdict.exit_code
+    if WORKER_TIMING == "cuda" and not torch.cuda.is_available():
+        return _stop(out, "cuda", bench.cuda_message())
+    # The judge's own inputs first, before any code of either commit runs.
+    try:
+        thresholds = gate.load_thresholds(args.thresholds)
+    except ValueError as exc:
+        return _stop(out, "thresholds", str(exc))
+    label = args.thresholds or f"{gate.THRESHOLDS_NAME} of the trusted checkout"
     repo = Path(_git(Path(args.repo), "rev-parse", "--show-toplevel"))
-    shas = {"base": resolve(repo, args.base, "--base"), "head": resolve(repo, args.head, "--head")}
+    base_ref = resolve(repo, args.base, "--base")
+    head = resolve(repo, args.head, "--head")
+    shas = {"base": merge_base(repo, base_ref, head), "head": head}
     cases_ = bench.select_cases(args.shapes)
     tmp = Path(tempfile.mkdtemp(prefix="rmsnorm-pr-verdict-"))
     trees = {side: tmp / side for side in SIDES}
     try:
         for side in SIDES:
             _git(repo, "worktree", "add", "--detach", "--force", str(trees[side]), shas[side])
-        harness = tmp / "harness" / "rmsnorm_bench_harness.py"
-        harness.parent.mkdir()
-        shutil.copyfile(bench.__file__, harness)
-        return _judge_pr(args, out, shas, trees, harness, cases_)
+        trusted = stage_trusted_suite(tmp / "path" / "trusted")
+        ops: dict[str, Path] = {}
+        problems: list[gate.Row] = []
+        for side in SIDES:
+            try:
+                ops[side] = stage_op(trees[side], tmp / "path" / side)
+            except ValueError as exc:
+                problems.append(gate.Row(f"{side} op", None, None, None, None, "error", "run", note=str(exc)))
+        if problems:
+            return _stop(out, "op modules", "; ".join(r.note for r in problems))
+        context = {"base_ref": base_ref, "shas": shas, "thresholds": thresholds, "label": label}
+        return _judge_pr(args, out, context, trees, trusted, ops, cases_, deadline)
     finally:
         if args.keep_worktrees:
             print(f"worktrees kept under {tmp}", file=sys.stderr)
@@ -217,17 +350,21 @@ def run(args: argparse.Namespace) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _judge_pr(args, out: Path, shas, trees, harness: Path, cases_) -> int:
+def _judge_pr(args, out: Path, context, trees, trusted: Path, ops, cases_, deadline: Deadline) -> int:
     t0 = time.time()
+    shas = context["shas"]
     rounds_dir = out / "rounds"
     rounds_dir.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
     failures: dict[str, list[str]] = {side: [] for side in SIDES}
-    total = args.rounds * len(SIDES)
-    bar = bench._Progress(total, "pr-verdict rounds", True)
+    extra: list[gate.Row] = []
+    bar = bench._Progress(args.rounds * len(SIDES), "pr-verdict rounds", True)
+    done = 0
     try:
         for k in range(args.rounds):
             for side in round_order(k):
+                if deadline.passed:
+                    break
                 bar.step(f"round {k} {side}")
                 result_path = rounds_dir / f"{side}-{k}.json"
                 spec = {
@@ -239,23 +376,24 @@ def _judge_pr(args, out: Path, shas, trees, harness: Path, cases_) -> int:
                     "label": side,
                     "round": k,
                     "commit": shas[side],
-                    "expect_package_under": str(trees[side] / "src"),
+                    "timing": WORKER_TIMING,
+                    "expect_suite_under": str(trusted),
+                    "expect_op_under": str(ops[side]),
                     "out": str(result_path),
                 }
-                problem = run_round(
-                    harness,
-                    trees[side],
-                    spec,
-                    rounds_dir / f"{side}-{k}.spec.json",
-                    rounds_dir / f"{side}-{k}.log",
-                )
-                if problem is None:
+                paths = (rounds_dir / f"{side}-{k}.spec.json", rounds_dir / f"{side}-{k}.log")
+                timeout = deadline.cap(WORKER_TIMEOUT_S)
+                problem = run_round(trusted, ops[side], spec, *paths, timeout)
+                done += 1
+                if problem is None:  # read at once: a later round cannot rewrite it
                     runs[side].append(bench.load_run(result_path))
                 else:
                     failures[side].append(f"round {k}: {problem}")
     finally:
         bar.close()
-    extra: list[gate.Row] = []
+    if deadline.passed:
+        note = f"the {deadline.seconds:g} s deadline passed after {done} of {args.rounds * 2} rounds"
+        extra.append(gate.Row("deadline", None, None, None, None, "error", "run", note=note))
     merged: dict[str, dict[str, Any] | None] = {}
     missing: dict[str, str] = {}
     for side in SIDES:
@@ -266,44 +404,38 @@ def _judge_pr(args, out: Path, shas, trees, harness: Path, cases_) -> int:
             merged[side] = merge_rounds(runs[side], side, shas[side])
             bench.write_run(merged[side], out, side)
         else:
-            merged[side], missing[side] = None, "every round failed (see rounds/*.log)"
+            merged[side], missing[side] = None, "no round finished (see rounds/*.log)"
     if args.skip_gpu_tests:
         print("gpu tests of head skipped (--skip-gpu-tests)", file=sys.stderr)
+    elif deadline.passed:
+        extra.insert(0, gate.Row("gpu tests (head)", None, None, None, None, "error", "run", note="deadline"))
     else:
         print("running the GPU tests of head ...", file=sys.stderr, flush=True)
-        extra.insert(0, run_gpu_tests(trees["head"], out / "gpu-tests-head.log"))
-    if args.thresholds:
-        thresholds_path, label = Path(args.thresholds), str(args.thresholds)
-    elif (trees["base"] / gate.DEFAULT_THRESHOLDS).is_file():
-        thresholds_path, label = trees["base"] / gate.DEFAULT_THRESHOLDS, f"{gate.DEFAULT_THRESHOLDS} of base"
-    else:  # the pull request that introduces the gate
-        thresholds_path, label = trees["head"] / gate.DEFAULT_THRESHOLDS, f"{gate.DEFAULT_THRESHOLDS} of head"
-        label += " (base has none)"
-    try:
-        thresholds = gate.load_thresholds(thresholds_path)
-    except ValueError as exc:
-        row = gate.Row("thresholds", None, None, None, None, "error", "run", note=str(exc))
-        verdict = gate.Verdict("error", f"ERROR: could not judge: {exc}", [*extra, row])
-        gate.write_verdict(verdict, out)
-        print(verdict.summary)
-        return verdict.exit_code
-    verdict = gate.judge(merged["base"], merged["head"], thresholds, extra_rows=extra, missing=missing)
-    verdict.thresholds = label
+        timeout = deadline.cap(TESTS_TIMEOUT_S)
+        extra.insert(0, run_gpu_tests(trees["head"], out / "gpu-tests-head.log", timeout))
+    verdict = gate.judge(
+        merged["base"], merged["head"], context["thresholds"], extra_rows=extra, missing=missing
+    )
+    verdict.thresholds = context["label"]
     if args.skip_gpu_tests:
         verdict.summary += " (GPU tests skipped)"
     md, js = gate.write_verdict(verdict, out)
-    extra_info = json.loads(js.read_text(encoding="utf-8"))
-    extra_info["pr"] = {
+    info = json.loads(js.read_text(encoding="utf-8"))
+    info.update(base_ref_sha=context["base_ref"], base_sha=shas["base"], head_sha=shas["head"])
+    info["trusted_sha"] = trusted_commit()
+    info["pr"] = {
         "base": shas["base"],
         "head": shas["head"],
+        "base_ref": context["base_ref"],
         "rounds": args.rounds,
         "samples_per_round": args.samples,
         "shapes": [c.name for c in cases_],
         "modes": list(args.modes),
         "gpu_tests": not args.skip_gpu_tests,
+        "deadline_s": deadline.seconds,
         "wall_s": round(time.time() - t0, 1),
     }
-    js.write_text(json.dumps(extra_info, indent=1) + "\n", encoding="utf-8")
+    js.write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
     print(md.read_text(encoding="utf-8"))
     print(verdict.summary)
     print(f"verdict: {md} {js}")

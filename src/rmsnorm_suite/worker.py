@@ -1,0 +1,132 @@
+"""`python -m rmsnorm_suite.worker SPEC.json`: one pr-verdict round of one commit, in its own process.
+
+pr-verdict (:mod:`rmsnorm_suite.prverdict`) starts it with two folders first on the path: the
+trusted suite (the checkout that runs pr-verdict) and the commit's op modules alone, so that
+``rmsnorm_suite`` (harness, oracle) is the trusted one and ``rmsnorm_kernel`` the commit's. The
+worker checks where both packages came from, times the ``kernel`` provider with the trusted
+harness (:func:`rmsnorm_suite.bench.run_benchmarks`, one block) and writes the results file the
+spec names. Nothing else of the commit is imported.
+
+``"timing": "host"`` in the spec is a stand-in for machines without CUDA (the CPU tests of
+pr-verdict): the commit's ``rms_norm`` is called on small CPU tensors and timed with the host
+clock, in the same results format, so the whole path from commit to verdict runs without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rmsnorm_suite import bench
+
+TIMINGS = ("cuda", "host")
+HOST_SHAPE = (4, 64)  # rows, columns (at most the case's) of the host stand-in's CPU inputs
+
+
+def check_origin(module: str, expected_under: str | None) -> str | None:
+    """None when ``module`` was imported from under ``expected_under``, else what went wrong."""
+    if not expected_under:
+        return None
+    where = Path(importlib.import_module(module).__file__).resolve()
+    if not where.is_relative_to(Path(expected_under).resolve()):
+        return f"{module} imported from {where}, expected under {expected_under}"
+    return None
+
+
+def host_stand_in(spec: dict[str, Any]) -> dict[str, Any]:
+    """The results of one round, timed on the CPU with the host clock (no CUDA needed)."""
+    import torch
+
+    fn = bench.get_provider("kernel").build(spec.get("eps", 1e-6))
+    rows = []
+    for case in map(bench.case_from_json, spec["cases"]):
+        g = torch.Generator().manual_seed(0)
+        m, n = min(case.m, HOST_SHAPE[0]), min(case.n, HOST_SHAPE[1])
+        x, dy = torch.randn(m, n, generator=g), torch.randn(m, n, generator=g)
+        w = 1 + 0.1 * torch.randn(n, generator=g)
+        oracle = bench.oracle64(x, w, dy, spec.get("eps", 1e-6))
+        for mode in spec["modes"]:
+            call, grads = bench.make_call(fn, x, w, dy, mode)
+            times = []
+            for _ in range(spec["samples"]):
+                for t in grads:
+                    t.grad = None
+                start = time.perf_counter()
+                call()
+                times.append((time.perf_counter() - start) * 1e3)
+            errors = bench.provider_errors(fn, x, w, dy, oracle, [mode])[mode]
+            row = {
+                "provider": "kernel", "shape": case.name, "m": case.m, "n": case.n,
+                "dtype": str(case.dtype).removeprefix("torch."), "group": case.group, "mode": mode,
+                "residual": False, "bytes": case.nbytes[mode], "status": "ok", "error": None,
+                "samples_ms": times, "block_medians_ms": [bench.median(times)],
+                "device_samples_ms": list(times), "device_block_medians_ms": [bench.median(times)],
+                "device_reps": 1, "device_error": None, "errors": errors,
+            }  # fmt: skip
+            bench._summarise(row, 1.0)
+            rows.append(row)
+    return {
+        "schema": bench.SCHEMA,
+        "machine": {"device": "host stand-in (CPU, host clock)"},
+        "git": {"commit": spec.get("commit"), "dirty": False},
+        "settings": {"samples_per_block": spec["samples"], "blocks": 1, "timing": "host stand-in"},
+        "copy": {"tbs": 1.0},
+        "results": rows,
+    }
+
+
+def run_round(spec: dict[str, Any]) -> dict[str, Any]:
+    if spec.get("timing", "cuda") == "host":
+        return host_stand_in(spec)
+    return bench.run_benchmarks(
+        [bench.case_from_json(c) for c in spec["cases"]],
+        spec.get("providers", ["kernel"]),
+        spec["modes"],
+        samples=spec["samples"],
+        blocks=1,
+        warmup_ms=spec.get("warmup_ms", bench.DEFAULT_WARMUP_MS),
+        errors=spec.get("errors", True),
+        copy_elements=spec.get("copy_elements", bench.COPY_ELEMENTS),
+        progress=False,
+        git={"commit": spec.get("commit"), "dirty": False},
+        device_time=spec.get("device_time", True),
+        same_bytes_copy=False,  # the gate compares the kernel's rows only
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rmsnorm_suite.worker")
+    parser.add_argument("spec", metavar="SPEC.json")
+    args = parser.parse_args(argv)
+    spec = json.loads(Path(args.spec).read_text(encoding="utf-8"))
+    if spec.get("timing", "cuda") not in TIMINGS:
+        print(f"spec: timing must be one of {list(TIMINGS)}, got {spec.get('timing')!r}", file=sys.stderr)
+        return 2
+    # The suite must be the trusted one and the op the commit's, not an installed copy of either.
+    for module, key in (("rmsnorm_suite", "expect_suite_under"), ("rmsnorm_kernel", "expect_op_under")):
+        try:
+            problem = check_origin(module, spec.get(key))
+        except Exception as exc:  # the commit's op may fail to import in any way
+            problem = f"import {module} failed: {type(exc).__name__}: {exc}"
+        if problem:
+            print(problem, file=sys.stderr)
+            return 2
+    try:
+        result = run_round(spec)
+    except bench.BenchUnavailable as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    result["label"] = spec.get("label")
+    result["round"] = spec.get("round")
+    Path(spec["out"]).write_text(json.dumps(result) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

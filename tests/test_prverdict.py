@@ -1,0 +1,206 @@
+"""pr-verdict end to end on CPU: a real git repository, real worktrees and worker processes, the
+timing stood in by the worker's host clock (``timing: host``). The judge is the suite under
+test; the commits only supply an op. A hostile head that slows its op and rewrites the gate,
+the thresholds, the harness and the worker of its own tree still gets REGRESSION."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from rmsnorm_suite import cli, gate, prverdict
+
+# A stand-in op: the defining formula, after a sleep of COST_S seconds per call.
+OPS = """import time
+COST_S = {cost}
+def rms_norm(x, weight=None, eps=1e-6):
+    if COST_S:
+        time.sleep(COST_S)
+    y = x * (x.pow(2).mean(-1, keepdim=True) + eps).rsqrt()
+    return y * weight if weight is not None else y
+"""
+INIT = "from rmsnorm_kernel.ops import rms_norm\n"
+# Any of the head's suite files, if imported, leaves a marker and would judge everything a pass.
+HOSTILE = (
+    "import os, pathlib\n"
+    "pathlib.Path(os.environ['RMSNORM_TEST_MARKER']).write_text(__name__)\n"
+    "def judge(*args, **kwargs):\n    raise SystemExit(0)\n"
+)
+LOOSE = "[gate]\nmin_samples = 2\n[latency.large.forward]\nfactor = 1000.0\nalpha = 0.5\n"
+SLOW_S = 0.003
+ARGS = ["--shapes", "32768x4096-bfloat16", "--rounds", "3", "--samples", "20", "--skip-gpu-tests"]
+
+
+def git(repo: Path, *args: str) -> str:
+    done = subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args],
+        cwd=repo, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return done.stdout.strip()
+
+
+def commit(repo: Path, files: dict[str, str], message: str) -> str:
+    for name, text in files.items():
+        path = repo / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", message)
+    return git(repo, "rev-parse", "HEAD")
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    """old: the op and the suite in one package (before the split), fast. main: the split layout,
+    its op slow (main moved on). hostile: branched from old, slow op, and its own gate, harness,
+    worker and thresholds rewritten to pass, in both layouts' places."""
+    repo = tmp_path_factory.mktemp("prv") / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    op = "src/rmsnorm_kernel/"
+    old = commit(
+        repo,
+        {op + "__init__.py": INIT, op + "ops.py": OPS.format(cost=0.0), op + "gate.py": HOSTILE,
+         op + "bench.py": HOSTILE, "regression.toml": LOOSE},
+        "old layout",
+    )  # fmt: skip
+    git(repo, "rm", "-q", op + "gate.py", op + "bench.py", "regression.toml")
+    main = commit(
+        repo,
+        {op + "ops.py": OPS.format(cost=SLOW_S), "src/rmsnorm_suite/__init__.py": "",
+         "src/rmsnorm_suite/regression.toml": LOOSE},
+        "split layout, slower op",
+    )  # fmt: skip
+    git(repo, "checkout", "-q", "-b", "pr", old)
+    suite = "src/rmsnorm_suite/"
+    hostile = commit(
+        repo,
+        {op + "ops.py": OPS.format(cost=SLOW_S), op + "gate.py": HOSTILE, op + "bench.py": HOSTILE,
+         op + "worker.py": HOSTILE, suite + "__init__.py": HOSTILE, suite + "gate.py": HOSTILE,
+         suite + "bench.py": HOSTILE, suite + "worker.py": HOSTILE, suite + "regression.toml": LOOSE,
+         "regression.toml": LOOSE},
+        "slow op; the gate, harness and thresholds rewritten to pass",
+    )  # fmt: skip
+    git(repo, "checkout", "-q", "main")
+    return repo, {"old": old, "main": main, "hostile": hostile}
+
+
+@pytest.fixture
+def host_timing(monkeypatch, tmp_path):
+    """Workers time on the CPU with the host clock; the hostile files' marker path."""
+    monkeypatch.setattr(prverdict, "WORKER_TIMING", "host")
+    marker = tmp_path / "hostile-code-ran"
+    monkeypatch.setenv("RMSNORM_TEST_MARKER", str(marker))
+    return marker
+
+
+def pr_verdict(repo: Path, base: str, head: str, out: Path, *extra: str) -> int:
+    argv = ["pr-verdict", "--repo", str(repo), "--base", base, "--head", head, "--out", str(out)]
+    return cli.main([*argv, *ARGS, *extra])
+
+
+def test_hostile_head_is_judged_by_the_trusted_gate(repo, host_timing, tmp_path):
+    repo, shas = repo
+    out = tmp_path / "verdict"
+    assert pr_verdict(repo, shas["main"], shas["hostile"], out) == 1
+    data = json.loads((out / "verdict.json").read_text())
+    assert data["status"] == "regression", data["summary"]
+    assert not host_timing.exists(), f"the head's suite was imported: {host_timing.read_text()}"
+    assert data["thresholds"] == f"{gate.THRESHOLDS_NAME} of the trusted checkout"
+    flagged = {r["check"] for r in data["rows"] if r["verdict"] == "regression"}
+    assert (
+        "device 32768x4096-bfloat16 forward" in flagged and "latency 32768x4096-bfloat16 forward" in flagged
+    )
+    # compared with the merge-base (old, fast), not main's tip (as slow as head)
+    assert (data["base_ref_sha"], data["base_sha"], data["head_sha"]) == (
+        shas["main"], shas["old"], shas["hostile"]
+    )  # fmt: skip
+    assert data["pr"]["base"] == shas["old"] and data["pr"]["rounds"] == 3
+    rows = [r for r in data["rows"] if r["kind"] == "latency"]
+    assert all(r["rounds"] == 3 and r["ci_low"] > 10 for r in rows)  # 3 ms of sleep on a µs call
+    spec = json.loads((out / "rounds" / "head-0.spec.json").read_text())
+    assert spec["timing"] == "host" and spec["expect_op_under"].endswith("head")
+    assert git(repo, "worktree", "list").count("\n") == 0  # the temporary worktrees are gone
+
+
+def test_same_commit_passes(repo, host_timing, tmp_path):
+    repo, shas = repo
+    out = tmp_path / "verdict"
+    assert pr_verdict(repo, shas["main"], shas["main"], out) == 0
+    data = json.loads((out / "verdict.json").read_text())
+    assert data["status"] == "pass" and data["base_sha"] == data["head_sha"] == shas["main"]
+
+
+def test_deadline_turns_a_hang_into_an_error_verdict(repo, host_timing, tmp_path):
+    repo, shas = repo
+    out = tmp_path / "verdict"
+    assert pr_verdict(repo, shas["main"], shas["hostile"], out, "--deadline-s", "0.5") == 2
+    data = json.loads((out / "verdict.json").read_text())
+    assert data["status"] == "error"
+    deadline = next(r for r in data["rows"] if r["check"] == "deadline")
+    assert "deadline passed" in deadline["note"] and data["pr"]["deadline_s"] == 0.5
+
+
+def test_stage_op_takes_the_op_modules_alone(repo, tmp_path):
+    repo, shas = repo
+    tree = tmp_path / "tree"
+    git(repo, "worktree", "add", "-q", "--detach", str(tree), shas["hostile"])
+    try:
+        staged = prverdict.stage_op(tree, tmp_path / "path")
+        assert sorted(p.name for p in (staged / "rmsnorm_kernel").iterdir()) == ["__init__.py", "ops.py"]
+        with pytest.raises(ValueError, match="no src/rmsnorm_kernel/__init__.py"):
+            prverdict.stage_op(tmp_path / "path", tmp_path / "elsewhere")
+    finally:
+        git(repo, "worktree", "remove", "--force", str(tree))
+
+
+def test_worker_refuses_a_suite_from_elsewhere(repo, tmp_path):
+    """Run as pr-verdict runs it, but told to expect the suite somewhere it is not."""
+    repo, shas = repo
+    tree = tmp_path / "tree"
+    git(repo, "worktree", "add", "-q", "--detach", str(tree), shas["old"])
+    try:
+        trusted = prverdict.stage_trusted_suite(tmp_path / "trusted")
+        op = prverdict.stage_op(tree, tmp_path / "op")
+        spec = {"expect_suite_under": str(tmp_path / "nowhere"), "expect_op_under": str(op), "out": "x"}
+        problem = prverdict.run_round(trusted, op, spec, tmp_path / "s.json", tmp_path / "s.log", 120)
+        assert problem is not None and "rmsnorm_suite imported from" in problem
+    finally:
+        git(repo, "worktree", "remove", "--force", str(tree))
+
+
+def test_no_merge_base_is_named(repo, host_timing, tmp_path):
+    repo, shas = repo
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    git(lone, "init", "-q")
+    other = commit(lone, {"x.txt": "x"}, "unrelated")
+    git(repo, "fetch", "-q", str(lone), other)
+    try:
+        with pytest.raises(ValueError, match="no merge-base"):
+            pr_verdict(repo, other, shas["main"], tmp_path / "v")
+    finally:
+        git(repo, "gc", "-q", "--prune=now")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--rounds", "1"], "--rounds"),
+        (["--samples", "0"], "--samples"),
+        (["--deadline-s", "0"], "--deadline-s"),
+    ],
+)
+def test_pr_verdict_rejects_bad_arguments(tmp_path, argv, message):
+    with pytest.raises(ValueError, match=message):
+        cli.main(["pr-verdict", "--base", "HEAD", "--head", "HEAD", "--out", str(tmp_path), *argv])
+
+
+def test_pr_verdict_names_a_bad_commit(repo, host_timing, tmp_path):
+    repo, shas = repo
+    argv = ["pr-verdict", "--repo", str(repo), "--base", "no-such-rev", "--head", shas["main"]]
+    with pytest.raises(ValueError, match="--base: 'no-such-rev' is not a commit"):
+        cli.main([*argv, "--out", str(tmp_path / "v")])
