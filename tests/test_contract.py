@@ -211,29 +211,6 @@ def test_module_rejects_bad_options_at_construction(kwargs, fragment):
         rmsnorm_kernel.RMSNorm(8, **kwargs)
 
 
-def test_swap_rms_norm_replaces_and_shares_weights():
-    class LlamaRMSNorm(torch.nn.Module):  # a Hugging Face-style module
-        def __init__(self, n, eps=1e-6):
-            super().__init__()
-            self.weight = torch.nn.Parameter(torch.ones(n))
-            self.variance_epsilon = eps
-
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.RMSNorm(8, eps=1e-5), LlamaRMSNorm(8))
-    weights = [model[1].weight, model[2].weight]
-    replaced = rmsnorm_kernel.swap_rms_norm(model)
-    assert replaced == ["1", "2"]
-    assert (
-        isinstance(model[1], rmsnorm_kernel.RMSNorm)
-        and model[1].casting == "default"
-        and model[1].eps == 1e-5
-    )
-    assert (
-        isinstance(model[2], rmsnorm_kernel.RMSNorm) and model[2].casting == "llama" and model[2].eps == 1e-6
-    )
-    assert model[1].weight is weights[0] and model[2].weight is weights[1]
-    assert rmsnorm_kernel.swap_rms_norm(model) == []  # idempotent
-
-
 def test_swap_rms_norm_rejects_non_module():
     with pytest.raises(TypeError, match="model"):
         rmsnorm_kernel.swap_rms_norm("not a model")

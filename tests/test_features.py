@@ -649,8 +649,9 @@ SWAPPED = {
 }
 
 
-def test_swap_rms_norm_recognises_torch_and_hugging_face_modules():
-    model = swap_model()
+@pytest.mark.parametrize("device", KERNEL_DEVICES)  # the swap probes with the kernels
+def test_swap_rms_norm_recognises_torch_and_hugging_face_modules(device):
+    model = swap_model().to(device)
     before = dict(model.named_modules())
     replaced = rmsnorm_kernel.swap_rms_norm(model)
     assert replaced == list(SWAPPED)
