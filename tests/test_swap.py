@@ -439,6 +439,18 @@ def test_swap_replaces_a_shared_module_at_every_path_and_keeps_hooks_alive(devic
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("eps", [0, np.float32(1e-5), None])
+def test_rmsnorm_forward_with_any_eps_gives_torchs_numbers(eps, device):
+    ours = perturbed(RMSNorm(HIDDEN, eps=eps)).to(device)
+    theirs = nn.RMSNorm(HIDDEN, eps=eps).to(device)
+    theirs.load_state_dict(ours.state_dict())
+    for dtype in (F32, BF16):
+        x = inputs((3, HIDDEN), dtype, device)
+        with torch.no_grad():
+            assert_matches(ours(x), theirs(x), dtype, f"eps={eps!r}, x {dtype}")
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
 def test_rmsnorm_out_dtype_rules(device):
     w = perturbed(RMSNorm(HIDDEN)).to(device).weight
     x = inputs((3, HIDDEN), BF16, device)
