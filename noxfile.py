@@ -243,6 +243,17 @@ def pr_verdict(session: nox.Session) -> None:
     run(session, "python", "-m", "rmsnorm_suite", "pr-verdict", "--base", base, "--head", head, *rest)
 
 
+@nox.session(tags=["gpu"])
+def mutation(session: nox.Session) -> None:
+    """Mutation testing of kernels, launch, ops and the gate's judgement (-- --device cpu on CPU)."""
+    install(session, (*EXTRAS, "mutation"))
+    args = session.posargs or ["--device", "gpu"]
+    # Without CUDA the GPU kill commands (-m gpu) would pass every mutant.
+    if not {"cpu", "--device=cpu"} & set(args):
+        require_cuda(session)
+    run(session, "python", "-m", "rmsnorm_suite.mutation", "run", *args)
+
+
 @nox.session(tags=["cpu"])
 def history(session: nox.Session) -> None:
     """asv publish of the stored results, then a headless-Chromium test of the page (browse: asv preview)."""

@@ -32,6 +32,7 @@ EXPECTED_SESSIONS = {
     "pr_verdict": {"gpu"},
     "history": {"cpu"},
     "perf_docs": {"gpu"},
+    "mutation": {"gpu"},
 }
 GPU_SESSIONS = sorted(name for name, tags in EXPECTED_SESSIONS.items() if tags == {"gpu"})
 HAS_NOX = importlib.util.find_spec("nox") is not None

@@ -1,0 +1,154 @@
+"""The mutation runner's own logic (rmsnorm_suite.mutation), on CPU and without running a
+mutant: the catalogue applies exactly once, the score and its interval, the floor check, the
+sample, and the report. The mutation run itself is `nox -s mutation`."""
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+
+from rmsnorm_suite import mutation
+from rmsnorm_suite.mutation import MutationError, Patch, Score
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_catalogue_patch_applies_exactly_once_to_the_current_code():
+    patches = mutation.load_catalogue(ROOT)
+    mutation.check_catalogue(patches, ROOT)
+    paths = {p.path for p in patches}
+    assert {"tile", "EVEN", "two-walk", "wide", "cooperative"} <= paths
+
+
+def test_a_patch_whose_old_text_is_missing_or_repeated_is_an_error():
+    patch = Patch("p", "wrong denominator", "tile", "k.py", "/ N", "/ BLOCK_N")
+    assert mutation.apply_patch("a / N + eps", patch) == "a / BLOCK_N + eps"
+    with pytest.raises(MutationError, match="occurs 0 times"):
+        mutation.apply_patch("a / M", patch)
+    with pytest.raises(MutationError, match="occurs 2 times"):
+        mutation.apply_patch("a / N + b / N", patch)
+
+
+def test_catalogue_entries_are_checked(tmp_path):
+    (tmp_path / "mutation").mkdir()
+    (tmp_path / "k.py").write_text("x = a / N\n")
+    cat = tmp_path / "mutation" / "catalogue.toml"
+    entry = '[[patch]]\nid = "a"\nfailure = "f"\npath = "tile"\nfile = "k.py"\nold = "/ N"\nnew = "/ ("\n'
+    cat.write_text(entry)
+    with pytest.raises(MutationError, match="invalid Python"):
+        mutation.check_catalogue(mutation.load_catalogue(tmp_path), tmp_path)
+    cat.write_text(entry + entry)
+    with pytest.raises(MutationError, match="appears twice"):
+        mutation.load_catalogue(tmp_path)
+    cat.write_text('[[patch]]\nid = "a"\nfile = "k.py"\n')
+    with pytest.raises(MutationError, match="lacks failure, path, old, new"):
+        mutation.load_catalogue(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("killed", "total", "low", "high"),
+    # Wilson 95% intervals (z = 1.95996), as scipy.stats.binomtest(k, n).proportion_ci("wilson") gives
+    [(27, 30, 0.7438, 0.9654), (30, 30, 0.8865, 1.0), (0, 10, 0.0, 0.2775), (95, 100, 0.8883, 0.9785)],
+)
+def test_wilson_interval(killed, total, low, high):
+    lo, hi = mutation.wilson_interval(killed, total)
+    assert lo == pytest.approx(low, abs=1e-4) and hi == pytest.approx(high, abs=1e-4)
+
+
+def test_wilson_interval_agrees_with_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    for k, n in [(1, 7), (40, 43), (12, 12)]:
+        ci = stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
+        lo, hi = mutation.wilson_interval(k, n)
+        assert lo == pytest.approx(ci.low, abs=1e-9) and hi == pytest.approx(ci.high, abs=1e-9)
+
+
+def test_wilson_interval_rejects_impossible_counts():
+    assert mutation.wilson_interval(0, 0) == (0.0, 1.0)
+    with pytest.raises(ValueError, match="killed"):
+        mutation.wilson_interval(5, 4)
+
+
+def test_score_excludes_equivalent_mutants_and_checks_the_floor():
+    s = Score("k", "kernels.py", 95.0, population=200, planned=40, run=40, killed=37, equivalent=1)
+    assert s.non_equivalent == 39
+    assert s.percent == pytest.approx(100 * 37 / 39)
+    assert s.below_floor
+    assert mutation.floor_failures([s]) == ["kernels.py: 94.9% killed, below its floor of 95%"]
+    ok = dataclasses.replace(s, killed=38)
+    assert not ok.below_floor and mutation.floor_failures([ok]) == []
+    empty = Score("g", "gate.py", 90.0, 0, 0)
+    assert empty.percent is None and not empty.below_floor
+
+
+def _mutants(n, target="t"):
+    return [
+        mutation.Mutant(target, "f.py", "op", i, i + 1, 0, (i + 1, 1), None, f"{target}{i}") for i in range(n)
+    ]
+
+
+def test_sample_is_per_file_and_reproducible():
+    everything = _mutants(50, "a") + _mutants(5, "b")
+    first = mutation.sample(everything, 10, seed=3)
+    assert [m.key for m in first] == [m.key for m in mutation.sample(list(reversed(everything)), 10, seed=3)]
+    assert sum(m.target == "a" for m in first) == 10 and sum(m.target == "b" for m in first) == 5
+    assert [m.key for m in first] != [m.key for m in mutation.sample(everything, 10, seed=4)]
+    assert len(mutation.sample(everything, None, seed=0)) == 55
+
+
+def test_config_declares_a_floor_and_a_kill_command_for_every_target():
+    config = mutation.load_config(ROOT)
+    floors = {t.file: t.floor for t in config.targets.values()}
+    assert floors["src/rmsnorm_kernel/kernels.py"] >= 95 and floors["src/rmsnorm_kernel/launch.py"] >= 95
+    assert floors["src/rmsnorm_kernel/ops.py"] >= 90 and floors["src/rmsnorm_suite/gate.py"] >= 90
+    for device in ("cpu", "gpu"):
+        for t in config.targets.values():
+            assert mutation.kill_steps(config, device, t.kill)
+
+
+def test_enumeration_skips_tuning_constants_and_keeps_keys_stable():
+    pytest.importorskip("cosmic_ray")
+    config = mutation.load_config(ROOT)
+    config = dataclasses.replace(config, targets={"launch": config.targets["launch"]})
+    mutants, skipped = mutation.enumerate_mutants(config, ROOT)
+    source = (ROOT / "src/rmsnorm_kernel/launch.py").read_text().splitlines()
+    assert skipped["launch"]["assignment"] > 0
+    assert not any(source[m.line - 1].startswith(("FORWARD_WALK_WARPS", "FUSED_PER_SM")) for m in mutants)
+    assert len({m.key for m in mutants}) == len(mutants)
+    again, _ = mutation.enumerate_mutants(config, ROOT)
+    assert [m.key for m in again] == [m.key for m in mutants]
+
+
+def test_an_unknown_skipped_assignment_is_an_error():
+    with pytest.raises(MutationError, match="NOT_THERE"):
+        mutation._assignment_lines("A = 1\n", {"NOT_THERE": "why"})
+
+
+def test_report_shows_scores_catalogue_and_every_survivor():
+    config = mutation.load_config(ROOT)
+    patches = mutation.load_catalogue(ROOT)
+    meta = {"device": "cpu", "sample": 30, "seed": 1, "hashes": {"k.py": "abc"}, "elapsed_s": 12.0,
+            "gpu_only": {"kernels": 7}}  # fmt: skip
+    scores = [
+        Score("kernels", "src/rmsnorm_kernel/kernels.py", 95.0, 400, 30, run=30, killed=28, equivalent=1)
+    ]
+    survivors = [
+        {"key": "k1", "file": "k.py", "line": 3, "operator": "core/NumberReplacer", "definition": "f",
+         "diff": ["-    a = 1", "+    a = 2"], "why": "a tuning constant"},
+        {"key": "k2", "file": "k.py", "line": 9, "operator": "core/AddNot", "definition": "g",
+         "diff": ["-    if x:", "+    if not x:"], "why": None},
+    ]  # fmt: skip
+    catalogue = [{"id": "tile-denominator", "path": "tile", "failure": "wrong denominator", "outcome": "killed",
+                  "seconds": 4.0}]  # fmt: skip
+    result = mutation.SessionResult(Path("s"), meta, scores, catalogue, survivors, [4.0, 6.0], 0)
+    text = mutation.render_report([result], config, patches)
+    row = next(line for line in text.splitlines() if line.startswith("| `src/rmsnorm_kernel/kernels.py`"))
+    assert "| 30 | 28 | 1 |" in row and "96.6%" in row
+    lo, hi = (100 * v for v in mutation.wilson_interval(28, 29))
+    assert f"{lo:.1f}-{hi:.1f}%" in row
+    assert "`tile-denominator` | killed" in text
+    assert "a tuning constant" in text and "**unexplained" in text
+    assert "7 mutants of kernels" in text
+    assert "FORWARD_WALK_WARPS" in text and "core/ExceptionReplacer" in text
+    assert not math.isnan(float(row.split("|")[2]))
