@@ -19,6 +19,8 @@ Environment variables:
                        .asv/js when present: bash tools/fetch_asv_js.sh)
   RMSNORM_BASE_SHA, RMSNORM_HEAD_SHA
                        commits compared by `pr_verdict` when not given as --base/--head
+  RMSNORM_DRIFT_BASELINE
+                       what `drift` compares HEAD with (default: the last release tag, v*)
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -241,6 +244,45 @@ def pr_verdict(session: nox.Session) -> None:
     install(session)
     require_cuda(session)
     run(session, "python", "-m", "rmsnorm_suite", "pr-verdict", "--base", base, "--head", head, *rest)
+
+
+def last_release_tag() -> str:
+    """The newest release tag reachable from HEAD (``git describe --tags --abbrev=0 --match 'v*'``), or ""."""
+    done = subprocess.run(
+        ["git", "describe", "--tags", "--abbrev=0", "--match", "v*"], cwd=ROOT, capture_output=True, text=True
+    )
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
+def drift_arguments(posargs, environ, release_tag=last_release_tag) -> tuple[str, str, list[str]]:
+    """`drift`'s baseline (-- --baseline REV, else $RMSNORM_DRIFT_BASELINE, else the last release
+    tag), head (-- --head REV, default HEAD) and the rest for pr-verdict (--out outputs/drift unless given)."""
+    parser = argparse.ArgumentParser(prog="nox -s drift --", allow_abbrev=False)
+    parser.add_argument("--baseline", default=environ.get("RMSNORM_DRIFT_BASELINE", ""))
+    parser.add_argument("--head", default="HEAD")
+    args, rest = parser.parse_known_args(posargs)
+    baseline = args.baseline or release_tag()
+    if not baseline:
+        raise ValueError(
+            "drift: no baseline: no release tag v* reachable from HEAD; tag one or set RMSNORM_DRIFT_BASELINE"
+        )
+    if not any(a == "--out" or a.startswith("--out=") for a in rest):
+        rest = [*rest, "--out", "outputs/drift"]
+    return baseline, args.head, rest
+
+
+@nox.session(tags=["gpu"])
+def drift(session: nox.Session) -> None:
+    """HEAD against the last release (-- --baseline REV) with pr-verdict's judge and gate; fails on regression."""
+    try:
+        baseline, head, rest = drift_arguments(session.posargs, os.environ)
+    except ValueError as exc:
+        session.error(str(exc))
+    session.log(f"drift: {head} against the baseline {baseline}")
+    install(session)
+    require_cuda(session)
+    command = ["pr-verdict", "--base", baseline, "--head", head, "--exact-base", "--skip-gpu-tests", *rest]
+    run(session, "python", "-m", "rmsnorm_suite", *command)
 
 
 @nox.session(tags=["gpu"])

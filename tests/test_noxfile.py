@@ -30,6 +30,7 @@ EXPECTED_SESSIONS = {
     "bench": {"gpu"},
     "asv": {"gpu"},
     "pr_verdict": {"gpu"},
+    "drift": {"gpu"},
     "history": {"cpu"},
     "perf_docs": {"gpu"},
     "mutation": {"gpu"},
@@ -177,8 +178,62 @@ def test_an_empty_pytest_run_is_accepted_only_beside_another_run():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given where CUDA is absent")
 @pytest.mark.parametrize("name", GPU_SESSIONS)
 def test_gpu_session_without_cuda_stops_with_a_clear_message(name):
-    result = _nox("--no-venv", "-s", name, env={"RMSNORM_BASE_SHA": "HEAD", "RMSNORM_HEAD_SHA": "HEAD"})
+    env = {"RMSNORM_BASE_SHA": "HEAD", "RMSNORM_HEAD_SHA": "HEAD", "RMSNORM_DRIFT_BASELINE": "HEAD"}
+    result = _nox("--no-venv", "-s", name, env=env)
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
     assert "needs a CUDA device" in output, output
     assert f"Session {name} aborted" in output, output
+
+
+@pytest.fixture(scope="module")
+def noxfile_module():
+    """The noxfile imported as a module, for its plain helpers (nox must be importable)."""
+    if not HAS_NOX:
+        pytest.skip("nox is not installed in this environment")
+    spec = importlib.util.spec_from_file_location("noxfile_under_test", NOXFILE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# (posargs, environment, release tag found, expected baseline, head, rest)
+DRIFT_ARGS = [
+    ([], {}, "v0.2.0", "v0.2.0", "HEAD", ["--out", "outputs/drift"]),
+    ([], {"RMSNORM_DRIFT_BASELINE": "abc123"}, "v0.2.0", "abc123", "HEAD", ["--out", "outputs/drift"]),
+    (["--baseline", "v0.1.0", "--head", "main", "--rounds", "4"], {"RMSNORM_DRIFT_BASELINE": "abc123"}, "",
+     "v0.1.0", "main", ["--rounds", "4", "--out", "outputs/drift"]),
+    (["--out", "x", "--shapes", "large"], {}, "v1.0.0", "v1.0.0", "HEAD", ["--out", "x", "--shapes", "large"]),
+    (["--out=x"], {}, "v1.0.0", "v1.0.0", "HEAD", ["--out=x"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("posargs, environ, tag, baseline, head, rest", DRIFT_ARGS)
+def test_drift_arguments(noxfile_module, posargs, environ, tag, baseline, head, rest):
+    assert noxfile_module.drift_arguments(posargs, environ, lambda: tag) == (baseline, head, rest)
+
+
+def test_drift_without_a_baseline_says_how_to_give_one(noxfile_module):
+    with pytest.raises(ValueError, match="RMSNORM_DRIFT_BASELINE"):
+        noxfile_module.drift_arguments([], {}, lambda: "")
+
+
+def test_last_release_tag_is_a_v_tag_or_nothing(noxfile_module):
+    tag = noxfile_module.last_release_tag()
+    assert tag == "" or tag.startswith("v")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU machine would go on to benchmark")
+def test_drift_session_stops_before_benchmarking_without_a_baseline(noxfile_module):
+    """No release tag and no RMSNORM_DRIFT_BASELINE: the session names both ways to give one."""
+    if noxfile_module.last_release_tag():
+        pytest.skip("this checkout has a release tag, so the session finds its baseline")
+    env = {k: v for k, v in os.environ.items() if k != "RMSNORM_DRIFT_BASELINE"}
+    result = subprocess.run(
+        [sys.executable, "-m", "nox", "-f", str(NOXFILE), "--no-venv", "-s", "drift"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "no release tag v*" in output and "RMSNORM_DRIFT_BASELINE" in output, output
+    assert "Session drift aborted" in output, output

@@ -282,6 +282,10 @@ def configure(parser: argparse.ArgumentParser, command: str) -> None:
         "--deadline-s", type=float, default=DEFAULT_DEADLINE_S, metavar="S",
         help=f"stop and write an error verdict after S seconds (default {DEFAULT_DEADLINE_S})",
     )  # fmt: skip
+    parser.add_argument(
+        "--exact-base", action="store_true",
+        help="compare with --base itself, not the merge-base (drift: a pinned baseline)",
+    )  # fmt: skip
     parser.add_argument("--skip-gpu-tests", action="store_true", help="benchmarks and gate only")
     parser.add_argument(
         "--keep-worktrees", action="store_true", help="leave the temporary worktrees in place"
@@ -320,7 +324,7 @@ def run(args: argparse.Namespace) -> int:
     repo = Path(_git(Path(args.repo), "rev-parse", "--show-toplevel"))
     base_ref = resolve(repo, args.base, "--base")
     head = resolve(repo, args.head, "--head")
-    shas = {"base": merge_base(repo, base_ref, head), "head": head}
+    shas = {"base": base_ref if args.exact_base else merge_base(repo, base_ref, head), "head": head}
     cases_ = bench.select_cases(args.shapes)
     tmp = Path(tempfile.mkdtemp(prefix="rmsnorm-pr-verdict-"))
     trees = {side: tmp / side for side in SIDES}
@@ -427,6 +431,7 @@ def _judge_pr(args, out: Path, context, trees, trusted: Path, ops, cases_, deadl
         "base": shas["base"],
         "head": shas["head"],
         "base_ref": context["base_ref"],
+        "compared_with": "base" if args.exact_base else "merge-base",
         "rounds": args.rounds,
         "samples_per_round": args.samples,
         "shapes": [c.name for c in cases_],
