@@ -1,0 +1,169 @@
+"""Rehearse the trusted judge and the gate's statistics on a GPU, one command each.
+
+    PYTHONPATH=src python tools/gate_rehearsal.py hostile    # a hostile head must get REGRESSION
+    PYTHONPATH=src python tools/gate_rehearsal.py evidence   # A/A runs pass; a ~5% slowdown is flagged
+
+Both build their commits in a temporary git repository from this tree's ``src`` (base: the tree as
+it is), so the checkout's own history is not touched, and run ``rmsnorm-kernel pr-verdict`` from
+this tree (the trusted judge) on the large shapes with few rounds. Verdicts go under
+``outputs/rehearsal/``; the exit status is 0 only when every verdict is as expected.
+
+hostile: head slows the op (an extra fp32 pass over x before every call) and rewrites the gate
+(every verdict a pass), the thresholds (factors of 1000) and the harness (constant timings).
+evidence: ``--aa-runs`` A/A runs (head = base) and one A/B run whose head adds a forward over
+1/``--extra-rows`` of the rows to every call (about 5% more forward bytes, plus a launch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "outputs" / "rehearsal"
+ARGS = ["--shapes", "large", "--rounds", "4", "--samples", "50", "--skip-gpu-tests"]
+
+HOSTILE_OP = """
+_rms_norm = rms_norm
+
+
+def rms_norm(x, *args, **kwargs):  # rehearsal: an extra fp32 pass over x before every call
+    x.float().sum()
+    return _rms_norm(x, *args, **kwargs)
+"""
+EXTRA_ROWS_OP = """
+_rms_norm = rms_norm
+
+
+def rms_norm(x, *args, **kwargs):  # rehearsal: an extra forward over 1/{k} of the rows
+    _rms_norm(x.detach()[: max(1, x.shape[0] // {k})], *args, **kwargs)
+    return _rms_norm(x, *args, **kwargs)
+"""
+HOSTILE_GATE = """
+
+def _verdict(rows, base, head, th):  # rehearsal: every verdict a pass
+    return Verdict("pass", "PASS: all checks pass", rows, {}, {}, th.source)
+"""
+HOSTILE_HARNESS = """
+
+def time_cuda(call, samples, **kwargs):  # rehearsal: constant timings
+    return [1e-3] * samples
+
+
+def time_graph(graph, reps, samples, flush=None):
+    return [1e-3] * samples
+"""
+
+
+def git(repo: Path, *args: str) -> str:
+    done = subprocess.run(
+        ["git", "-c", "user.name=rehearsal", "-c", "user.email=rehearsal@example.com", *args],
+        cwd=repo, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return done.stdout.strip()
+
+
+def make_repo(tmp: Path) -> tuple[Path, str]:
+    """A repository whose one commit holds this tree's op and suite."""
+    repo = tmp / "repo"
+    for package in ("rmsnorm_kernel", "rmsnorm_suite"):
+        shutil.copytree(
+            ROOT / "src" / package, repo / "src" / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "base: this tree")
+    return repo, git(repo, "rev-parse", "HEAD")
+
+
+def commit_on(repo: Path, base: str, edits: dict[str, str], message: str) -> str:
+    """A commit on top of ``base`` with text appended to files, or a file's text replaced ("=" key prefix)."""
+    git(repo, "checkout", "-q", "--detach", base)
+    for name, text in edits.items():
+        path = repo / name.removeprefix("=")
+        path.write_text(text if name.startswith("=") else path.read_text() + text)
+    git(repo, "commit", "-q", "-am", message)
+    return git(repo, "rev-parse", "HEAD")
+
+
+def pr_verdict(repo: Path, base: str, head: str, name: str) -> dict:
+    out = OUT / name
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [sys.executable, "-m", "rmsnorm_suite", "pr-verdict", "--repo", str(repo), "--base", base]
+    t0 = time.time()
+    done = subprocess.run([*cmd, "--head", head, "--out", str(out), *ARGS], cwd=ROOT)
+    data = json.loads((out / "verdict.json").read_text()) if (out / "verdict.json").is_file() else {}
+    data["exit"], data["wall_s"] = done.returncode, round(time.time() - t0)
+    print(f"== {name}: exit {done.returncode}, {data['wall_s']} s: {data.get('summary')}", flush=True)
+    for row in data.get("rows", []):
+        if row["kind"] == "latency" and row.get("ratio") is not None:
+            print(
+                f"   {row['check']:<48} ratio {row['ratio']:.4f} [{row['ci_low']:.4f}, {row['ci_high']:.4f}]"
+                f" p={row['p_value']:.2g} > {row['threshold']} : {row['verdict']}"
+            )
+    return data
+
+
+def hostile(args, repo: Path, base: str) -> list[str]:
+    toml = (repo / "src/rmsnorm_suite/regression.toml").read_text()
+    head = commit_on(
+        repo,
+        base,
+        {
+            "src/rmsnorm_kernel/__init__.py": HOSTILE_OP,
+            "src/rmsnorm_suite/gate.py": HOSTILE_GATE,
+            "src/rmsnorm_suite/bench.py": HOSTILE_HARNESS,
+            "=src/rmsnorm_suite/regression.toml": re.sub(r"factor = [0-9.]+", "factor = 1000.0", toml),
+        },
+        "hostile: slower op; gate, thresholds and harness rewritten to pass",
+    )
+    data = pr_verdict(repo, base, head, "hostile")
+    return [] if data.get("status") == "regression" else [f"hostile head: {data.get('summary')}"]
+
+
+def evidence(args, repo: Path, base: str) -> list[str]:
+    problems = []
+    for k in range(args.aa_runs):
+        data = pr_verdict(repo, base, base, f"aa-{k}")
+        if data.get("status") != "pass":
+            problems.append(f"A/A {k}: {data.get('summary')}")
+    op = EXTRA_ROWS_OP.format(k=args.extra_rows)
+    head = commit_on(
+        repo, base, {"src/rmsnorm_kernel/__init__.py": op}, f"a forward over 1/{args.extra_rows} more rows"
+    )
+    data = pr_verdict(repo, base, head, "ab-extra-rows")
+    forward = [
+        r
+        for r in data.get("rows", [])
+        if r["check"].startswith("device ") and r["check"].endswith(" forward")
+    ]
+    missed = [r["check"] for r in forward if r["verdict"] != "regression"]
+    if not forward or missed:
+        problems.append(f"A/B: device forward rows not flagged: {missed or 'none judged'}")
+    return problems
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=["hostile", "evidence"])
+    parser.add_argument("--aa-runs", type=int, default=2, help="A/A runs (evidence)")
+    parser.add_argument("--extra-rows", type=int, default=20, help="A/B head: extra forward over 1/K rows")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="rmsnorm-rehearsal-") as tmp:
+        repo, base = make_repo(Path(tmp))
+        problems = (hostile if args.what == "hostile" else evidence)(args, repo, base)
+    for problem in problems:
+        print(f"NOT AS EXPECTED: {problem}")
+    print("rehearsal:", "as expected" if not problems else f"{len(problems)} unexpected")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
