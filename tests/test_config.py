@@ -8,22 +8,29 @@ import pytest
 import torch
 
 from rmsnorm_suite import cases
-from rmsnorm_suite.config import Config, TrainingConfig, load_config, parse_config
+from rmsnorm_suite.config import (
+    DEFAULT_CONFIG,
+    SHIPPED_CONFIGS,
+    Config,
+    TrainingConfig,
+    load_config,
+    parse_config,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = "configs/test.yaml"
 
 
-@pytest.mark.parametrize("name", ["minimum.yaml", "exercise.yaml"])
+@pytest.mark.parametrize("name", SHIPPED_CONFIGS)
 def test_shipped_configs_load(name):
-    cfg = load_config(ROOT / "configs" / name)
-    assert cfg.source.endswith(name)
+    cfg = load_config(name)  # found through the package, from any working directory
+    assert cfg.source.endswith(f"{name}.yaml")
     json.dumps(cfg.to_dict())  # JSON-ready record
 
 
 def test_minimum_yaml_states_the_defaults():
-    """configs/minimum.yaml spells out the built-in defaults: the two may not drift apart."""
-    cfg = load_config(ROOT / "configs" / "minimum.yaml")
+    """The shipped configs/minimum.yaml spells out the built-in defaults: the two may not drift apart."""
+    cfg = load_config(DEFAULT_CONFIG)
     assert cfg.to_dict() | {"source": ""} == Config().to_dict() | {"source": ""}
 
 

@@ -3,7 +3,7 @@ the casting modes (against Hugging Face's own formulas), out_dtype, the module's
 swap_rms_norm. Numeric tests run under the interpreter on CPU (nox -s interpret) and on CUDA
 (nox -s gpu); tolerances come from rmsnorm_suite.cases.
 
-Tolerance rows, by what a result went through (the same rule as tests/mutants.py):
+Tolerance rows, by what a result went through (the same rule as rmsnorm_suite/mutants.py):
 * default and "gemma" casting round nothing before the result: the result's own dtype;
 * "llama" rounds the normalised activations to the normalised input's dtype, where a one-ulp
   difference in r between two correct fp32 computations may flip that rounding: the coarser of
@@ -19,9 +19,9 @@ from torch import nn
 import rmsnorm_kernel
 from rmsnorm_kernel import launch
 from rmsnorm_kernel.reference import rms_norm_reference
+from rmsnorm_suite import mutants
 from rmsnorm_suite.cases import EPS, TOLERANCES
 
-from . import mutants
 from .conftest import INTERPRET, KERNEL_DEVICES
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16

@@ -1,6 +1,6 @@
 """The mutant catalogue: the suite's checks must pass the correct kernel and catch every mutant.
 
-Runs the Triton kernels of tests/mutants.py on CPU tensors under TRITON_INTERPRET=1 (small
+Runs the Triton kernels of rmsnorm_suite/mutants.py on CPU tensors under TRITON_INTERPRET=1 (small
 shapes). Writes outputs/mutants.md and outputs/mutants.json: each mutant with the check that
 caught it and the case that exposed it.
 """
@@ -14,9 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rmsnorm_suite import checks
-
-from . import mutants
+from rmsnorm_suite import checks, mutants
 
 pytestmark = [
     pytest.mark.interpret,

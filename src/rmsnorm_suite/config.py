@@ -1,6 +1,7 @@
 """Walkthrough configuration: seeds, case grids, dtypes, tolerances, training sizes and output folders.
 
-A config is a small YAML file (``configs/minimum.yaml``, ``configs/exercise.yaml``). Every section and
+A config is a small YAML file: a path, or the name of one shipped in this package (``minimum`` and
+``exercise``: ``configs/minimum.yaml``, ``configs/exercise.yaml`` beside this module). Every section and
 key is optional; a missing one takes the default below, which matches ``configs/minimum.yaml``. Shapes
 and dtypes default to :mod:`rmsnorm_suite.cases`. A config may select dtypes and may tighten a
 tolerance, but never loosen one: tolerances are declared in ``cases.TOLERANCES`` before any
@@ -8,13 +9,14 @@ comparison is made.
 
 Validation errors name the file and the key::
 
-    ValueError: configs/minimum.yaml: training.steps must be a positive integer, got -3
+    ValueError: my.yaml: training.steps must be a positive integer, got -3
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -23,7 +25,8 @@ import yaml
 
 from rmsnorm_suite import cases
 
-DEFAULT_CONFIG = "configs/minimum.yaml"
+SHIPPED_CONFIGS = ("minimum", "exercise")  # package data of rmsnorm_suite: configs/NAME.yaml
+DEFAULT_CONFIG = "minimum"
 GRIDS = ("auto", "gpu", "gpu-wide", "interpret", "shapes")
 
 
@@ -359,12 +362,21 @@ def parse_config(mapping: Any, source: str = "<config>") -> Config:
     )
 
 
+def config_path(name_or_path: str | Path) -> Path:
+    """A shipped config by name (``minimum``, ``exercise``: found through the package, not the working
+    directory), or any other YAML file by its path."""
+    if str(name_or_path) in SHIPPED_CONFIGS:
+        return Path(str(resources.files("rmsnorm_suite").joinpath("configs", f"{name_or_path}.yaml")))
+    return Path(name_or_path)
+
+
 def load_config(path: str | Path = DEFAULT_CONFIG) -> Config:
-    """Read and validate a YAML config file."""
-    path = Path(path)
+    """Read and validate a YAML config file, given by its path or a shipped config's name."""
+    path = config_path(path)
     if not path.is_file():
         raise ValueError(
-            f"--config: no such file {str(path)!r} (run from the project root, or pass --config PATH)"
+            f"--config: no such file {str(path)!r} (pass a YAML file, or one of the shipped configs: "
+            f"{', '.join(SHIPPED_CONFIGS)})"
         )
     try:
         mapping = yaml.safe_load(path.read_text(encoding="utf-8"))

@@ -12,7 +12,6 @@ Writes ``outputs/verdict.md`` and ``outputs/verdict.json``.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -22,7 +21,6 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,7 +29,6 @@ from rmsnorm_suite import cases
 from rmsnorm_suite.config import Config
 
 CHILD_ENV = "RMSNORM_KERNEL_VERDICT_CHILD"  # set in the re-run, so it never re-runs itself twice
-MUTANTS_FILE = Path("tests") / "mutants.py"
 
 PASS, FAIL, SKIP = "pass", "FAIL", "skipped"
 
@@ -119,20 +116,11 @@ def check_probes(cfg: Config, device: str):
     return not failed, figure, {"results": [r.to_dict() for r in results]}
 
 
-def load_mutants_module(path: Path = MUTANTS_FILE):
-    if not path.is_file():
-        raise Skip(f"{path} is not in this checkout (the catalogue lives with the tests)")
-    spec = importlib.util.spec_from_file_location("rmsnorm_kernel_mutants", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def check_mutants(cfg: Config, device: str):
-    """Every deliberately broken variant in the catalogue (tests/mutants.py) must be caught by the
-    suite's own checks; the report (mutant, check that caught it, case) goes to outputs/mutants.md."""
-    module = load_mutants_module()
+    """Every deliberately broken variant in the catalogue (:mod:`rmsnorm_suite.mutants`) must be caught
+    by the suite's own checks; the report (mutant, check that caught it, case) goes to outputs/mutants.md."""
+    from rmsnorm_suite import mutants as module  # imported here: it defines Triton kernels
+
     entries = module.catalogue(device)
     if hasattr(module, "format_report"):
         cfg.outputs.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """The tutorial's walkthrough as commands: check-environment, reference, check-forward, check-backward,
 check-gamma, exercise, figures, check-checkpoints and clean.
 
-Every command takes ``--config`` (default ``configs/minimum.yaml``) and writes its details as JSON
+Every command takes ``--config`` (default: the shipped ``minimum`` config) and writes its details as JSON
 under the config's ``output_dir`` (``outputs/``). Commands that run the kernels take ``--device``:
 ``auto`` picks CUDA when torch sees a device, else the CPU under the Triton interpreter when
 ``TRITON_INTERPRET=1`` was set, else stops with an explanation.
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from rmsnorm_suite import cases
-from rmsnorm_suite.config import DEFAULT_CONFIG, Config, load_config
+from rmsnorm_suite.config import DEFAULT_CONFIG, SHIPPED_CONFIGS, Config, load_config
 
 # ---------------------------------------------------------------------------------------------
 # Shared helpers (also used by training.py and verdict.py)
@@ -85,7 +85,7 @@ def add_common_arguments(
         "--config",
         default=None,
         metavar="PATH",
-        help=f"YAML config (default {DEFAULT_CONFIG}; built-in defaults when that file is absent)",
+        help=f"a YAML file, or a shipped config: {', '.join(SHIPPED_CONFIGS)} (default {DEFAULT_CONFIG})",
     )
     if json_flag:
         parser.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
@@ -100,7 +100,7 @@ def add_common_arguments(
 
 def load(args: argparse.Namespace) -> Config:
     if args.config is None:
-        return load_config(DEFAULT_CONFIG) if Path(DEFAULT_CONFIG).is_file() else Config()
+        return load_config(DEFAULT_CONFIG)
     return load_config(args.config)
 
 
