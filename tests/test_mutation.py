@@ -152,3 +152,83 @@ def test_report_shows_scores_catalogue_and_every_survivor():
     assert "7 mutants of kernels" in text
     assert "FORWARD_WALK_WARPS" in text and "core/ExceptionReplacer" in text
     assert not math.isnan(float(row.split("|")[2]))
+
+
+TOY_CONFIG = """
+[run]
+timeout_factor = 20.0
+timeout_min_s = 60.0
+tree = ["src", "tests"]
+[operators]
+include = ['core/ReplaceBinaryOperator_Add_(Sub|Mul)']
+[targets.toy]
+file = "src/toy.py"
+floor = 90.0
+kill = "toy"
+[kill.cpu]
+toy = [{ args = ["tests/test_toy.py"] }]
+"""
+TOY_CATALOGUE = """
+[[patch]]
+id = "toy-wrong-sum"
+failure = "wrong sum"
+path = "toy"
+file = "src/toy.py"
+old = "return a + b"
+new = "return a + b + 1"
+"""
+
+
+def toy_project(root: Path) -> Path:
+    (root / "src").mkdir(parents=True)
+    (root / "tests").mkdir()
+    (root / "mutation").mkdir()
+    (root / "src" / "toy.py").write_text(
+        "def add(a, b):\n    return a + b\n\n\ndef unused(x):\n    return x + 1\n"
+    )
+    (root / "tests" / "test_toy.py").write_text(
+        "from toy import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
+    )
+    (root / "mutation" / "config.toml").write_text(TOY_CONFIG)
+    (root / "mutation" / "catalogue.toml").write_text(TOY_CATALOGUE)
+    return root
+
+
+def test_a_session_runs_kills_records_and_resumes_in_a_copy_of_the_tree(tmp_path):
+    pytest.importorskip("cosmic_ray")
+    root = toy_project(tmp_path / "project")
+    source = (root / "src" / "toy.py").read_text()
+    config, patches = mutation.load_config(root), mutation.load_catalogue(root)
+    db = tmp_path / "session.sqlite"
+    meta = mutation.init_session(db, config, patches, "cpu", None, 0, root)
+    assert meta["population"] == {"toy": 4}  # two + in two functions, each to - and *
+    counts = mutation.execute(
+        db, config, patches, "cpu", 1, None, root, work_dir=tmp_path, log=lambda _: None
+    )
+    assert counts["done"] == 5 and counts["pending"] == 0
+    assert (root / "src" / "toy.py").read_text() == source  # the checkout is never mutated
+    result = mutation.summarise(db, config, patches, {})
+    (score,) = result.scores
+    assert (score.run, score.killed) == (4, 2)  # unused() is not tested: both its mutants survive
+    assert [s["definition"] for s in result.survivors] == ["unused", "unused"]
+    assert result.catalogue[0]["outcome"] == "killed"
+    assert len(result.seconds) == 5 and all(s > 0 for s in result.seconds)
+    # Arguing one survivor equivalent takes it out of the denominator.
+    equivalent = {result.survivors[0]["key"]: {"why": "x"}}
+    assert mutation.summarise(db, config, patches, equivalent).scores[0].non_equivalent == 3
+    # The same arguments resume the session; changed sources refuse it.
+    assert mutation.init_session(db, config, patches, "cpu", None, 0, root)["population"] == {"toy": 4}
+    (root / "src" / "toy.py").write_text(source + "\n")
+    with pytest.raises(MutationError, match="--fresh"):
+        mutation.init_session(db, config, patches, "cpu", None, 0, root)
+
+
+def test_a_kill_command_that_fails_unmutated_stops_the_run(tmp_path):
+    pytest.importorskip("cosmic_ray")
+    root = toy_project(tmp_path / "project")
+    (root / "tests" / "test_toy.py").write_text("def test_broken():\n    assert False\n")
+    config, patches = mutation.load_config(root), mutation.load_catalogue(root)
+    db = tmp_path / "session.sqlite"
+    mutation.init_session(db, config, patches, "cpu", None, 0, root)
+    with pytest.raises(MutationError, match="fails without a mutant"):
+        mutation.execute(db, config, patches, "cpu", 1, None, root, work_dir=tmp_path, log=lambda _: None)

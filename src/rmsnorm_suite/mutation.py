@@ -492,7 +492,7 @@ def run_kill(
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.communicate()
                     return ("stopped" if stop.is_set() else "timeout"), tail
-        tail = out.decode("utf-8", "replace")[-3000:]
+        tail = (tail + out.decode("utf-8", "replace")[-2000:])[-6000:]
         if proc.returncode != 0:
             return "killed", tail
     return "survived", tail
@@ -551,18 +551,20 @@ def execute(
     queue = list(pending)
     timeouts: dict[str, float] = {}
 
-    def baseline(tree: Path) -> None:
+    def baseline(name: str) -> None:
         # The kill commands must pass on the unmutated tree, else every mutant looks killed.
-        for name in sorted({target_of[w.mutations[0].module_path.as_posix()].kill for w in pending}):
-            t0 = time.monotonic()
-            outcome, tail = run_kill(tree, kill_steps(config, device, name), 3600, stop)
-            seconds = time.monotonic() - t0
-            if outcome != "survived":
-                raise MutationError(f"kill command {name!r} fails without a mutant ({outcome}):\n{tail}")
-            if " passed" not in tail:  # a command whose tests all skip would pass every mutant
-                raise MutationError(f"kill command {name!r} runs no test here:\n{tail}")
-            timeouts[name] = max(config.timeout_min_s, config.timeout_factor * seconds)
-            log(f"baseline {name}: {seconds:.1f} s, so a mutant's timeout is {timeouts[name]:.0f} s")
+        steps = kill_steps(config, device, name)
+        t0 = time.monotonic()
+        outcome, tail = run_kill(make_tree(root, base / f"baseline-{name}", config.tree), steps, 3600, stop)
+        seconds = time.monotonic() - t0
+        if outcome == "stopped":
+            return
+        if outcome != "survived":
+            raise MutationError(f"kill command {name!r} fails without a mutant ({outcome}):\n{tail}")
+        if tail.count(" passed") < len(steps):  # a step whose tests all skip would pass every mutant
+            raise MutationError(f"a step of kill command {name!r} runs no test here:\n{tail}")
+        timeouts[name] = max(config.timeout_min_s, config.timeout_factor * seconds)
+        log(f"baseline {name}: {seconds:.1f} s, so a mutant's timeout is {timeouts[name]:.0f} s")
 
     def worker(index: int) -> None:
         tree = make_tree(root, base / f"tree{index}", config.tree)
@@ -614,8 +616,11 @@ def execute(
                 stop.set()
 
     try:
-        baseline(make_tree(root, base / "baseline", config.tree))
         threading.Thread(target=watchdog, daemon=True).start()
+        names = sorted({target_of[w.mutations[0].module_path.as_posix()].kill for w in pending})
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(workers, len(names)))) as pool:
+            for future in [pool.submit(baseline, name) for name in names]:
+                future.result()
         with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
             for future in [pool.submit(worker, i) for i in range(workers)]:
                 future.result()
