@@ -145,7 +145,7 @@ def test_a_confidence_interval_is_shown_when_the_row_has_one(tmp_path):
         )
     ]
     body = dry(write(tmp_path / "verdict-h200", verdict(rows=rows)), "--run-title", TITLE)
-    assert "95% CI +6.0% to +10.0%" in body
+    assert "95% CI +6.0% to +10.0%" in body and "CI low end > +5.0%" in body
 
 
 def test_one_summary_line_per_gpu_kind_and_the_worst_in_the_title(tmp_path):

@@ -230,7 +230,7 @@ def test_every_runner_a_workflow_asks_for_exists_and_pr_jobs_never_get_a_trusted
                     assert not trusted(name), f"{wf_name}/{job_id}: pull-request code on trusted {name}"
     assert gpu_jobs >= 3
     history = WORKFLOWS["history.yml"]["jobs"]
-    assert all(trusted(n) for n in runners(history["benchmark"]))
+    assert all(trusted(n) for job in ("benchmark", "drift") for n in runners(history[job]))
     assert not any(trusted(n) for n in runners(WORKFLOWS["gpu.yml"]["jobs"]["verdict"]))
 
 
@@ -341,6 +341,17 @@ def test_history_keeps_every_commit_and_only_a_push_job_writes():
     publish = [s.get("run", "") for s in wf["jobs"]["publish"]["steps"]]
     check = next(i for i, r in enumerate(publish) if "check_asv_results.py incoming .asv/results" in r)
     assert check < next(i for i, r in enumerate(publish) if "nox -s history" in r)
+
+
+def test_drift_judges_main_and_reports_in_the_summary():
+    job = WORKFLOWS["history.yml"]["jobs"]["drift"]
+    runs = "\n".join(s.get("run", "") for s in job["steps"])
+    assert "-m nox -s drift" in runs and "GITHUB_STEP_SUMMARY" in runs
+    assert (
+        '--deadline-s "$((DEADLINE_MINUTES * 60))"' in runs
+        and int(job["env"]["DEADLINE_MINUTES"]) + 12 <= job["timeout-minutes"]
+    )
+    assert job["steps"][0]["with"]["fetch-tags"] is True
 
 
 def asv_tree(root: Path, name: str = "bench_rmsnorm.Forward.track_median_ms") -> Path:

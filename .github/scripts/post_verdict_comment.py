@@ -284,6 +284,8 @@ def confidence(row: Row) -> str:
 def threshold(row: Row) -> str:
     if row.threshold is None:
         return "–"
+    if row.kind == "latency" and row.ci_low is not None:
+        return f"CI low end > {percent(row.threshold)}"  # the change is surely above the factor
     if row.kind == "latency":
         return f"> {percent(row.threshold)}" + (" and significant" if row.alpha is not None else "")
     return f"error > {row.threshold:.2e}"
