@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rmsnorm_suite import cli, walkthrough
+from rmsnorm_suite import cli, console, walkthrough
 from rmsnorm_suite.config import parse_config
 
 from .conftest import HAS_CUDA, INTERPRET, requires_interpret
@@ -346,7 +346,7 @@ def test_check_checkpoints_without_checkpoints(project, capsys):
 
 
 def test_table_format():
-    text = walkthrough.format_table(["a", "bb"], [[1, "x"], ["long", 2.5]])
+    text = console.format_table(["a", "bb"], [[1, "x"], ["long", 2.5]])
     assert text.splitlines() == ["a     bb", "----  ---", "1     x", "long  2.5"]
 
 

@@ -2,6 +2,7 @@
 (rmsnorm_suite) finds its thresholds, configs and mutant catalogue through the package, so the
 installed CLI works from any working directory."""
 
+import ast
 import os
 import subprocess
 import sys
@@ -56,3 +57,35 @@ def test_the_op_imports_nothing_of_the_suite(tmp_path):
     done = python("-c", code, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def _suite_imports(path: Path) -> set[str]:
+    """The rmsnorm_suite modules a file imports, at the top or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module == "rmsnorm_suite":
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rmsnorm_suite."):
+            found.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("rmsnorm_suite.")}
+    return found
+
+
+def test_the_suite_has_no_import_cycles():
+    package = ROOT / "src" / "rmsnorm_suite"
+    graph = {p.stem: _suite_imports(p) - {p.stem} for p in package.glob("*.py")}
+    assert graph["training"] and "walkthrough" not in graph["training"]  # the cycle this test guards
+    state: dict[str, str] = {}
+
+    def visit(module: str, trail: tuple[str, ...]) -> None:
+        if state.get(module) == "done":
+            return
+        assert state.get(module) != "open", f"import cycle: {' -> '.join((*trail, module))}"
+        state[module] = "open"
+        for target in sorted(graph.get(module, ())):
+            visit(target, (*trail, module))
+        state[module] = "done"
+
+    for module in sorted(graph):
+        visit(module, ())

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import rmsnorm_kernel
-from rmsnorm_suite import cli, training, walkthrough
+from rmsnorm_suite import cli, console, training, walkthrough
 from rmsnorm_suite.config import parse_config
 
 from .conftest import requires_cuda, requires_interpret
@@ -120,7 +120,7 @@ def test_short_run_under_the_interpreter(project, capsys):
     assert names == ["kernel-step10.pt", "kernel.pt", "reference.pt"]
 
     # check-checkpoints reproduces every checkpoint exactly ...
-    walkthrough.write_json(project / "outputs" / training.RESULT_JSON, result)
+    console.write_json(project / "outputs" / training.RESULT_JSON, result)
     report = walkthrough.checkpoint_checks(cfg)
     assert report["passed"], report
     assert all(e["max_abs_output_diff"] == 0.0 for e in report["checkpoints"])

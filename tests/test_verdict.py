@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from rmsnorm_suite import cli, verdict, walkthrough
+from rmsnorm_suite import cli, console, verdict
 from rmsnorm_suite.config import parse_config
 
 from .conftest import requires_cuda, requires_interpret
@@ -93,7 +93,7 @@ def test_every_issue_check_is_in_the_verdict():
 def test_command_writes_table_markdown_and_json(fns, rc, project, monkeypatch, capsys):
     monkeypatch.setattr(verdict, "CHECKS", tuple((f"check {i}", fn) for i, fn in enumerate(fns)))
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # as in the re-run: no further subprocess
-    monkeypatch.setattr(walkthrough, "resolve_device", lambda requested, command: "cpu")
+    monkeypatch.setattr(console, "resolve_device", lambda requested, command: "cpu")
     assert cli.main(["verdict"]) == rc
     out = capsys.readouterr().out
     assert out.splitlines()[0].split() == ["check", "status", "key", "figure"]

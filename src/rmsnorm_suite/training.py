@@ -172,7 +172,7 @@ class Run:
 
 def train_steps(run: Run, x: torch.Tensor, y: torch.Tensor, order: torch.Tensor, stop: int, desc: str) -> Run:
     """Adam steps from ``run.step`` up to ``stop`` (exclusive) on the fixed batch order."""
-    from rmsnorm_suite.walkthrough import progress
+    from rmsnorm_suite.console import progress
 
     run.model.train()
     for step in progress(range(run.step, stop), desc=desc, total=stop - run.step):
@@ -377,7 +377,7 @@ def run_integration(cfg: Config, device: str, *, quiet: bool = False) -> dict:
 
 
 def summary_table(result: dict) -> str:
-    from rmsnorm_suite.walkthrough import format_table
+    from rmsnorm_suite.console import format_table
 
     rows = [
         [c["name"], c["value"], c["limit"], "info" if c["ok"] is None else ("pass" if c["ok"] else "FAIL")]
@@ -392,13 +392,13 @@ def summary_table(result: dict) -> str:
 
 
 def configure(parser: argparse.ArgumentParser, command: str) -> None:
-    from rmsnorm_suite.walkthrough import add_common_arguments
+    from rmsnorm_suite.console import add_common_arguments
 
     add_common_arguments(parser, json_flag=True, device=True)
 
 
 def run(args: argparse.Namespace) -> int:
-    from rmsnorm_suite import walkthrough as w
+    from rmsnorm_suite import console as w
 
     try:
         cfg = w.load(args)

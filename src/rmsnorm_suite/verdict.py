@@ -52,7 +52,8 @@ class Skip(Exception):
 
 
 def check_environment(cfg: Config, device: str):
-    from rmsnorm_suite.walkthrough import environment_check, write_json
+    from rmsnorm_suite.console import write_json
+    from rmsnorm_suite.walkthrough import environment_check
 
     result = environment_check(device)
     write_json(cfg.outputs / "environment.json", result)
@@ -79,7 +80,8 @@ def check_reference(cfg: Config, device: str):
 
 def _grid(kind: str):
     def check(cfg: Config, device: str):
-        from rmsnorm_suite.walkthrough import _num, grid_summary, run_case_grid, write_json
+        from rmsnorm_suite.console import write_json
+        from rmsnorm_suite.walkthrough import _num, grid_summary, run_case_grid
 
         records = run_case_grid(kind, cfg, device)
         failed = [r for r in records if not r["passed"]]
@@ -231,8 +233,8 @@ def check_cuda_graphs(cfg: Config, device: str):
 
 
 def check_training(cfg: Config, device: str):
+    from rmsnorm_suite.console import write_json
     from rmsnorm_suite.training import RESULT_JSON, run_integration
-    from rmsnorm_suite.walkthrough import write_json
 
     result = run_integration(cfg, device)
     write_json(cfg.outputs / RESULT_JSON, result)
@@ -298,7 +300,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def table(outcomes: list[Outcome]) -> str:
-    from rmsnorm_suite.walkthrough import format_table
+    from rmsnorm_suite.console import format_table
 
     return format_table(["check", "status", "key figure"], [[o.check, o.status, o.figure] for o in outcomes])
 
@@ -326,7 +328,7 @@ def markdown(outcomes: list[Outcome], header: dict[str, Any]) -> str:
 
 
 def configure(parser: argparse.ArgumentParser, command: str) -> None:
-    from rmsnorm_suite.walkthrough import add_common_arguments
+    from rmsnorm_suite.console import add_common_arguments
 
     add_common_arguments(parser, json_flag=True, device=False)
     parser.add_argument(
@@ -351,7 +353,7 @@ def child_argv(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rmsnorm_suite import walkthrough as w
+    from rmsnorm_suite import console as w
 
     cuda = torch.cuda.is_available()
     interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
