@@ -144,13 +144,21 @@ def test_deadline_turns_a_hang_into_an_error_verdict(repo, host_timing, tmp_path
     assert "deadline passed" in deadline["note"] and data["pr"]["deadline_s"] == 0.5
 
 
-def test_stage_op_takes_the_op_modules_alone(repo, tmp_path):
+@pytest.mark.parametrize(
+    "commit, staged",
+    [
+        ("old", ["__init__.py", "ops.py"]),  # the suite in the op's package: the op modules only
+        ("hostile", ["__init__.py", "bench.py", "gate.py", "ops.py", "worker.py"]),  # the op's package
+    ],
+)
+def test_stage_op_takes_the_op_alone(repo, tmp_path, commit, staged):
     repo, shas = repo
     tree = tmp_path / "tree"
-    git(repo, "worktree", "add", "-q", "--detach", str(tree), shas["hostile"])
+    git(repo, "worktree", "add", "-q", "--detach", str(tree), shas[commit])
     try:
-        staged = prverdict.stage_op(tree, tmp_path / "path")
-        assert sorted(p.name for p in (staged / "rmsnorm_kernel").iterdir()) == ["__init__.py", "ops.py"]
+        path = prverdict.stage_op(tree, tmp_path / "path")
+        assert sorted(p.name for p in (path / "rmsnorm_kernel").iterdir()) == staged
+        assert [p.name for p in path.iterdir()] == ["rmsnorm_kernel"]  # never the commit's suite
         with pytest.raises(ValueError, match="no src/rmsnorm_kernel/__init__.py"):
             prverdict.stage_op(tmp_path / "path", tmp_path / "elsewhere")
     finally:

@@ -9,9 +9,9 @@ commit runs. Base and head only supply their op.
    not blamed for the base's later changes); git worktrees of it and of head in a temporary
    folder (local git only: no network).
 2. A staging folder per commit with a copy of the trusted suite (``rmsnorm_suite``) and of that
-   commit's op modules alone (``rmsnorm_kernel``: OP_MODULES, found in both the current layout
-   and the older one where the suite lived inside the op's package). Each round is a fresh
-   ``python -I`` process running :mod:`rmsnorm_suite.worker` with exactly those two on the path;
+   commit's op alone (``rmsnorm_kernel``; in older commits, where the suite lived inside the
+   op's package, its OP_MODULES only). Each round is a fresh ``python -I`` process running
+   :mod:`rmsnorm_suite.worker` with exactly those two on the path;
    nothing else of the commit is imported, and the worker checks where both packages came from.
 3. Rounds interleaved ABBA, the rounds merged per side (one median per round: the gate's
    independent units; errors: the largest seen).
@@ -53,7 +53,7 @@ DEFAULT_DEADLINE_S = 80 * 60  # under the GPU job's 90-minute limit, leaving tim
 WORKER_TIMEOUT_S = 1200  # one round at most
 TESTS_TIMEOUT_S = 3600
 OP_PACKAGE = "src/rmsnorm_kernel"
-OP_MODULES = ("__init__", "kernels", "launch", "ops", "module", "reference")  # the op, in any layout
+OP_MODULES = ("__init__", "kernels", "launch", "ops", "module", "reference")  # the op, in both layouts
 WORKER_TIMING = "cuda"  # "host": the worker's CPU stand-in (the CPU tests set it)
 # The worker's bootstrap under `python -I`: the two staged folders first on the path, then the
 # module run as `python -m rmsnorm_suite.worker SPEC` would run it.
@@ -181,14 +181,17 @@ def stage_trusted_suite(dest: Path) -> Path:
 
 
 def stage_op(tree: Path, dest: Path) -> Path:
-    """A copy of a checkout's op modules alone (OP_MODULES of ``src/rmsnorm_kernel``) under
-    ``dest``; returns ``dest``. Older commits kept the suite in the same package: those modules
-    are left behind, so only the trusted suite can be imported."""
+    """A copy of a checkout's op under ``dest``; returns ``dest``. Where the suite has its own
+    package (``src/rmsnorm_suite``), ``src/rmsnorm_kernel`` is the op alone and its modules are
+    copied; in older commits the suite lived in the same package, and only OP_MODULES are, so
+    that only the trusted suite can be imported. Plain files only: no folders, no links."""
     package = tree / OP_PACKAGE
     if not (package / "__init__.py").is_file():
         raise ValueError(f"{tree.name}: no {OP_PACKAGE}/__init__.py in this commit")
+    split = (tree / "src" / "rmsnorm_suite").is_dir()
+    names = sorted(p.stem for p in package.glob("*.py")) if split else OP_MODULES
     (dest / "rmsnorm_kernel").mkdir(parents=True)
-    for name in OP_MODULES:
+    for name in names:
         source = package / f"{name}.py"
         if source.is_file() and not source.is_symlink():
             shutil.copyfile(source, dest / "rmsnorm_kernel" / source.name)
