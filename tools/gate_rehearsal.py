@@ -1,7 +1,8 @@
 """Rehearse the trusted judge and the gate's statistics on a GPU, one command each.
 
     PYTHONPATH=src python tools/gate_rehearsal.py hostile    # a hostile head must get REGRESSION
-    PYTHONPATH=src python tools/gate_rehearsal.py evidence   # A/A runs pass; a ~5% slowdown is flagged
+    PYTHONPATH=src python tools/gate_rehearsal.py aa         # A/A runs (head = base) must pass
+    PYTHONPATH=src python tools/gate_rehearsal.py ab         # a ~5% slower forward must be flagged
 
 Both build their commits in a temporary git repository from this tree's ``src`` (base: the tree as
 it is), so the checkout's own history is not touched, and run ``rmsnorm-kernel pr-verdict`` from
@@ -10,8 +11,9 @@ this tree (the trusted judge) on the large shapes with few rounds. Verdicts go u
 
 hostile: head slows the op (an extra fp32 pass over x before every call) and rewrites the gate
 (every verdict a pass), the thresholds (factors of 1000) and the harness (constant timings).
-evidence: ``--aa-runs`` A/A runs (head = base) and one A/B run whose head adds a forward over
-1/``--extra-rows`` of the rows to every call (about 5% more forward bytes, plus a launch).
+aa: ``--aa-runs`` A/A runs. ab: one A/B run whose head adds a forward over 1/``--extra-rows`` of
+the rows to every call (about 5% more forward bytes, plus a launch); every large device forward
+row must be flagged. Each run prints its wall time and every latency row's ratio and interval.
 """
 
 from __future__ import annotations
@@ -128,12 +130,17 @@ def hostile(args, repo: Path, base: str) -> list[str]:
     return [] if data.get("status") == "regression" else [f"hostile head: {data.get('summary')}"]
 
 
-def evidence(args, repo: Path, base: str) -> list[str]:
+def aa(args, repo: Path, base: str) -> list[str]:
     problems = []
     for k in range(args.aa_runs):
         data = pr_verdict(repo, base, base, f"aa-{k}")
         if data.get("status") != "pass":
             problems.append(f"A/A {k}: {data.get('summary')}")
+    return problems
+
+
+def ab(args, repo: Path, base: str) -> list[str]:
+    problems = []
     op = EXTRA_ROWS_OP.format(k=args.extra_rows)
     head = commit_on(
         repo, base, {"src/rmsnorm_kernel/__init__.py": op}, f"a forward over 1/{args.extra_rows} more rows"
@@ -150,15 +157,18 @@ def evidence(args, repo: Path, base: str) -> list[str]:
     return problems
 
 
+REHEARSALS = {"hostile": hostile, "aa": aa, "ab": ab}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["hostile", "evidence"])
-    parser.add_argument("--aa-runs", type=int, default=2, help="A/A runs (evidence)")
+    parser.add_argument("what", choices=list(REHEARSALS))
+    parser.add_argument("--aa-runs", type=int, default=2, help="A/A runs (aa)")
     parser.add_argument("--extra-rows", type=int, default=20, help="A/B head: extra forward over 1/K rows")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rmsnorm-rehearsal-") as tmp:
         repo, base = make_repo(Path(tmp))
-        problems = (hostile if args.what == "hostile" else evidence)(args, repo, base)
+        problems = REHEARSALS[args.what](args, repo, base)
     for problem in problems:
         print(f"NOT AS EXPECTED: {problem}")
     print("rehearsal:", "as expected" if not problems else f"{len(problems)} unexpected")
