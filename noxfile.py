@@ -191,6 +191,8 @@ def gpu(session: nox.Session) -> None:
     """GPU numerics, gradients, training integration, compile, CUDA graphs, determinism (-m gpu)."""
     install(session)
     require_cuda(session)
+    # The differential tests' many-example profile (tests/differential_strategies.py).
+    session.env["RMSNORM_HYPOTHESIS_PROFILE"] = os.environ.get("RMSNORM_HYPOTHESIS_PROFILE", "gpu")
     pytest(session, "-m", "gpu")
 
 
