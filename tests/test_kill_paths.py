@@ -29,6 +29,8 @@ PATHS = {
     "two-walk": (3, 9000),  # forward: 2 chunks of 8192; backward: 3 chunks of 4096
     "two-walk-4": (2, 12289),  # backward: 4 chunks, the most it has
     "wide": (3, 24577),  # forward: 2 unrolled chunks of 16384; backward in segments
+    "wide-3": (1, 40961),  # forward: 3 unrolled chunks, the last one partial
+    "wide-4": (1, 65536),  # forward: 4 unrolled chunks, none masked
     "wide-rolled": (1, 65537),  # forward: 5 chunks, rolled walks
 }
 PATH_PARAMS = [pytest.param(*shape, id=name) for name, shape in PATHS.items()]

@@ -388,6 +388,13 @@ def _file_hashes(root: Path, files: set[str]) -> dict[str, str]:
     return {f: hashlib.sha256((root / f).read_bytes()).hexdigest()[:16] for f in sorted(files)}
 
 
+def reopen_survivors(path: Path) -> int:
+    """Make the session's survivors pending again (their results dropped, their times kept until
+    the new run replaces them): for a rerun once new kill tests exist. Returns how many."""
+    with sqlite3.connect(path) as con:
+        return con.execute("DELETE FROM work_results WHERE test_outcome = 'SURVIVED'").rowcount
+
+
 def _job_id(kind: str, key: str) -> str:
     return f"{kind}-{key}"
 
@@ -883,6 +890,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--fresh", action="store_true", help="discard an existing session database first")
     run.add_argument("--no-catalogue", action="store_true", help="operators only")
     run.add_argument("--target", action="append", default=None, help="only these targets (config names)")
+    run.add_argument(
+        "--retry-survivors", action="store_true", help="run the survivors again (after adding kill tests)"
+    )
     rep = sub.add_parser("report", help="render the report of one or more session databases")
     rep.add_argument("--session", type=Path, action="append", required=True)
     rep.add_argument("--report", type=Path, default=DEFAULT_REPORT)
@@ -922,6 +932,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.fresh and path.exists():
         path.unlink()
     init_session(path, config, patches, args.device, args.sample, args.seed)
+    if args.retry_survivors:
+        print(f"{reopen_survivors(path)} survivors to run again")
     counts = execute(path, config, load_catalogue(), args.device, args.workers, args.budget_s)
     print(f"session {path}: {counts}")
     results = [summarise(path, config, load_catalogue(), equivalent)]
