@@ -212,3 +212,26 @@ def test_pr_verdict_names_a_bad_commit(repo, host_timing, tmp_path):
     argv = ["pr-verdict", "--repo", str(repo), "--base", "no-such-rev", "--head", shas["main"]]
     with pytest.raises(ValueError, match="--base: 'no-such-rev' is not a commit"):
         cli.main([*argv, "--out", str(tmp_path / "v")])
+
+
+GPU_TEST = """import pytest, time
+@pytest.mark.gpu
+def test_it():
+    {body}
+"""
+
+
+@pytest.mark.parametrize(
+    "body, timeout, verdict, note",
+    [
+        ("assert True", 120, "pass", "exit 0"),
+        ("assert False", 120, "regression", "exit 1"),
+        ("time.sleep(60)", 3, "error", "timed out"),
+    ],
+)
+def test_head_gpu_tests_row(tmp_path, body, timeout, verdict, note):
+    """Head's own `pytest -m gpu`: failures regress, a hang is cut at its limit (group killed)."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "test_gpu_stand_in.py").write_text(GPU_TEST.format(body=body))
+    row = prverdict.run_gpu_tests(tmp_path, tmp_path / "log", timeout)
+    assert (row.check, row.verdict) == ("gpu tests (head)", verdict) and note in row.note

@@ -409,7 +409,6 @@ def _judge_pr(args, out: Path, context, trees, trusted: Path, ops, cases_, deadl
             extra.append(gate.Row(f"{side} benchmark", None, None, None, None, "error", "run", note=note))
         if runs[side]:
             merged[side] = merge_rounds(runs[side], side, shas[side])
-            bench.write_run(merged[side], out, side)
         else:
             merged[side], missing[side] = None, "no round finished (see rounds/*.log)"
     if args.skip_gpu_tests:
@@ -420,6 +419,10 @@ def _judge_pr(args, out: Path, context, trees, trusted: Path, ops, cases_, deadl
         print("running the GPU tests of head ...", file=sys.stderr, flush=True)
         timeout = deadline.cap(TESTS_TIMEOUT_S)
         extra.insert(0, run_gpu_tests(trees["head"], out / "gpu-tests-head.log", timeout))
+    # Written after head's tests, which run head's code: the files match what was judged.
+    for side in SIDES:
+        if merged[side]:
+            bench.write_run(merged[side], out, side)
     verdict = gate.judge(
         merged["base"], merged["head"], context["thresholds"], extra_rows=extra, missing=missing
     )
