@@ -180,6 +180,19 @@ def test_worker_refuses_a_suite_from_elsewhere(repo, tmp_path):
         git(repo, "worktree", "remove", "--force", str(tree))
 
 
+def test_a_commit_without_the_op_cannot_be_judged(repo, host_timing, tmp_path):
+    repo, shas = repo
+    git(repo, "checkout", "-q", "--detach", shas["main"])
+    git(repo, "rm", "-q", "src/rmsnorm_kernel/__init__.py")
+    no_op = commit(repo, {}, "no op")
+    git(repo, "checkout", "-q", "main")
+    out = tmp_path / "verdict"
+    assert pr_verdict(repo, shas["main"], no_op, out) == 2
+    data = json.loads((out / "verdict.json").read_text())
+    assert data["status"] == "error" and "no src/rmsnorm_kernel/__init__.py" in data["summary"]
+    assert (data["base_sha"], data["head_sha"]) == (shas["main"], no_op)
+
+
 def test_no_merge_base_is_named(repo, host_timing, tmp_path):
     repo, shas = repo
     lone = tmp_path / "lone"

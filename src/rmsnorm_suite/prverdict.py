@@ -295,10 +295,13 @@ def configure(parser: argparse.ArgumentParser, command: str) -> None:
     )
 
 
-def _stop(out: Path, check: str, note: str, extra: Sequence[gate.Row] = ()) -> int:
+def _stop(out: Path, check: str, note: str, commits: dict[str, str] | None = None) -> int:
+    """An `error` verdict before any round ran; ``commits``: the SHA fields of verdict.json."""
     row = gate.Row(check, None, None, None, None, "error", "run", note=note)
-    verdict = gate.Verdict("error", f"ERROR: could not judge: {note}", [*extra, row])
-    gate.write_verdict(verdict, out)
+    verdict = gate.Verdict("error", f"ERROR: could not judge: {note}", [row])
+    _, js = gate.write_verdict(verdict, out)
+    if commits:
+        js.write_text(json.dumps({**verdict.to_json(), **commits}, indent=1) + "\n", encoding="utf-8")
     print(verdict.summary, file=sys.stderr)
     return verdict.exit_code
 
@@ -343,7 +346,8 @@ def run(args: argparse.Namespace) -> int:
             except ValueError as exc:
                 problems.append(gate.Row(f"{side} op", None, None, None, None, "error", "run", note=str(exc)))
         if problems:
-            return _stop(out, "op modules", "; ".join(r.note for r in problems))
+            commits = {"base_ref_sha": base_ref, "base_sha": shas["base"], "head_sha": head}
+            return _stop(out, "op modules", "; ".join(r.note for r in problems), commits)
         context = {"base_ref": base_ref, "shas": shas, "thresholds": thresholds, "label": label}
         return _judge_pr(args, out, context, trees, trusted, ops, cases_, deadline)
     finally:
