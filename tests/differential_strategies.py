@@ -16,6 +16,10 @@ The rule (its bound is the table's, never widened to fit an observed error):
   same composition in float64 on the same input values (the oracle). torch's own low-precision
   gradient is held to the same bound: inside hypothesis an example where it misses is discarded
   (``assume``: the bound does not hold for that example's conditioning), elsewhere it fails.
+  Inside hypothesis, gradients are compared only where every normalised row has a mean square
+  (plus eps) of at least 1/16: the table's atol is sized for unit-scale rows, and dx's terms
+  grow as rstd (a row of one element 0.04 gives terms of ~60, whose fp32 rounding alone exceeds
+  atol where the exact dx is 0). The forward is compared on every example.
 - The bound is element-wise |a - b| <= atol + rtol * |b| (torch.testing.assert_close, NaN equal
   to NaN) with ``TOLERANCES[d]``, d the coarsest dtype the result passes through: the dtype of
   the normalised input (h) and the result's own dtype.
@@ -34,6 +38,7 @@ from hypothesis import HealthCheck, assume, settings
 from hypothesis import strategies as st
 
 import rmsnorm_kernel
+from rmsnorm_kernel import launch
 from rmsnorm_suite.cases import TOLERANCES
 
 Tensor = torch.Tensor
@@ -53,6 +58,18 @@ settings.register_profile(
     database=None,
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow],
+)
+
+# Row widths past the interpreter's reach, for the GPU: each side of the widest one-tile row and
+# of the widest two-walk backward, and the wide (segmented) paths beyond.
+WIDE_COLS = (
+    1000,
+    launch.FORWARD_MAX_TILE,
+    launch.FORWARD_MAX_TILE + 1,
+    launch.TWO_WALK_MAX,
+    launch.TWO_WALK_MAX + 1,
+    65536,
+    65537,
 )
 
 # eps as users pass it; None is torch's default, finfo(float32).eps for all three dtypes.
@@ -207,14 +224,16 @@ def tensor_specs(draw, dims: int, dtypes=DTYPES, requires_grad: bool = False, ch
 
 
 @st.composite
-def cases(draw, second_order: bool = False) -> Case:
+def cases(draw, second_order: bool = False, wide: bool = False) -> Case:
     """x of 1 to 4 dims normalised over 1 to 3 trailing dims of up to 300 elements in all, a few
     rows; every layout, dtype mix and eps form; weight, residual and the gradients each on or
-    off. ``second_order``: fp32 throughout, x requires grad (second derivatives)."""
+    off. ``second_order``: fp32 throughout, x requires grad (second derivatives). ``wide``: a
+    single normalised dim may also be one of WIDE_COLS (x then of at most 3 dims)."""
     k = draw(st.integers(1, 3))
-    lead = draw(st.integers(0, 3 if k == 1 else 4 - k))
+    n_wide = draw(st.sampled_from(WIDE_COLS)) if wide and k == 1 and draw(st.booleans()) else None
+    lead = draw(st.integers(0, 2 if n_wide else 3 if k == 1 else 4 - k))
     if k == 1:
-        norm = (draw(st.integers(1, 300)),)
+        norm = (n_wide or draw(st.integers(1, 300)),)
     else:
         norm = tuple(draw(st.integers(1, 17 if k == 2 else 7)) for _ in range(k))
     shape = tuple(draw(st.sampled_from((1, 2, 3, 0))) for _ in range(lead)) + norm
@@ -300,6 +319,15 @@ def run_oracle(
     return F.rms_norm(inp, normalized_shape, w, default_eps(eps)), h
 
 
+def unit_scale_rows(t: Tensor, normalized_shape, eps) -> bool:
+    """Every normalised row of ``t`` has mean(t^2) + eps >= 1/16 (rstd <= 4)."""
+    k = 1 if isinstance(normalized_shape, int) else len(normalized_shape)
+    if t.numel() == 0:
+        return True
+    ms = t.detach().double().pow(2).mean(dim=tuple(range(-k, 0))) + default_eps(eps)
+    return bool((ms >= 1 / 16).all())
+
+
 def _leaves(tensors: dict[str, Tensor | None]) -> tuple[list[str], list[Tensor]]:
     names = [n for n, t in tensors.items() if t is not None and t.requires_grad]
     return names, [tensors[n] for n in names]
@@ -378,6 +406,8 @@ def check_against_torch(
     names, leaves = _leaves({"x": x, "weight": weight, "residual": residual})
     if grad_y is None or not leaves:
         return
+    if discard:
+        assume(unit_scale_rows(h_t if h_t is not None else x, normalized_shape, eps))
     create = second_order is not None
     if h_t is None or not h_t.requires_grad:  # h depends on no input that requires grad
         grad_h = None

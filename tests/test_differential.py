@@ -21,7 +21,7 @@ import rmsnorm_kernel
 from rmsnorm_kernel import kernels, ops
 from rmsnorm_kernel.launch import UnsupportedInput
 
-from .conftest import KERNEL_DEVICES, requires_interpret
+from .conftest import HAS_CUDA, KERNEL_DEVICES, requires_interpret
 from .differential_strategies import (
     Case,
     Layout,
@@ -463,7 +463,7 @@ def _examples(cases_):
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
 @settings(PROFILE)
-@given(case=cases())
+@given(case=cases(wide=HAS_CUDA))  # wide rows where the kernels are compiled, not interpreted
 @_examples(_SHRUNK)
 def test_matches_torch(device, case):
     check_case(case, device)
@@ -471,7 +471,7 @@ def test_matches_torch(device, case):
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
 @settings(PROFILE, max_examples=max(PROFILE.max_examples // 2, 1))
-@given(case=cases(second_order=True))
+@given(case=cases(second_order=True, wide=HAS_CUDA))
 @_examples(_SHRUNK_SECOND)
 def test_second_derivatives_match_torch(device, case):
     check_case(case, device, second_order=True)
