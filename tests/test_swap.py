@@ -427,7 +427,10 @@ def test_swap_replaces_a_shared_module_at_every_path_and_keeps_hooks_alive(devic
     assert report == ["a", "b"] and model.a is model.b and type(model.a) is RMSNorm
     assert set(report.settings) == {"a", "b"} and "offset=1.0" in report.settings["a"]
     assert "forward hooks" in report.skipped["hooked"]
-    assert "no setting reproduces" in report.skipped["layer_norm"]  # looks like one: probed, refused
+    # Looks like one: probed, refused (CUDA's LayerNorm raises on bf16 input with fp32 parameters
+    # where the CPU's computes, so either reason is a refusal by probe).
+    reason = report.skipped["layer_norm"]
+    assert "no setting reproduces" in reason or "its forward raised" in reason, reason
     assert "layer_norm_with_bias" not in report.skipped  # has a bias: not an RMSNorm look-alike
     levels = {r.getMessage().split()[2]: r.levelno for r in caplog.records if "left" in r.getMessage()}
     assert levels == {"hooked": logging.WARNING, "layer_norm": logging.INFO}, levels

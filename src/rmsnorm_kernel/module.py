@@ -266,11 +266,14 @@ def _structure(module: nn.Module) -> tuple[nn.Parameter | None, tuple[int, ...] 
 
 
 def _device_of(module: nn.Module, weight: torch.Tensor | None, model: nn.Module) -> torch.device:
-    """The weight's device; for a weightless module, that of the model's first tensor (else CPU)."""
+    """The weight's device; for a weightless module, that of the model's first tensor, else the
+    current CUDA device where there is one (a module without tensors runs wherever its input is)."""
     if weight is not None:
         return weight.device
     for tensor in (*model.parameters(), *model.buffers()):
         return tensor.device
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 
