@@ -224,11 +224,12 @@ def tensor_specs(draw, dims: int, dtypes=DTYPES, requires_grad: bool = False, ch
 
 
 @st.composite
-def cases(draw, second_order: bool = False, wide: bool = False) -> Case:
+def cases(draw, second_order: bool = False, wide: bool = False, plain: bool = False) -> Case:
     """x of 1 to 4 dims normalised over 1 to 3 trailing dims of up to 300 elements in all, a few
     rows; every layout, dtype mix and eps form; weight, residual and the gradients each on or
     off. ``second_order``: fp32 throughout, x requires grad (second derivatives). ``wide``: a
-    single normalised dim may also be one of WIDE_COLS (x then of at most 3 dims)."""
+    single normalised dim may also be one of WIDE_COLS (x then of at most 3 dims). ``plain``: no
+    residual and no offset (what a module's forward takes)."""
     k = draw(st.integers(1, 3))
     n_wide = draw(st.sampled_from(WIDE_COLS)) if wide and k == 1 and draw(st.booleans()) else None
     lead = draw(st.integers(0, 2 if n_wide else 3 if k == 1 else 4 - k))
@@ -248,10 +249,10 @@ def cases(draw, second_order: bool = False, wide: bool = False) -> Case:
     weight = None
     if draw(st.booleans()):
         weight = draw(tensor_specs(k, dtypes, draw(st.booleans())))
-    offset = draw(st.sampled_from((0.0, 1.0))) if weight else 0.0
+    offset = draw(st.sampled_from((0.0, 1.0))) if weight and not plain else 0.0
     eps = draw(st.sampled_from(EPS_FORMS))
     residual = residual_dtype = None
-    if draw(st.booleans()):
+    if not plain and draw(st.booleans()):
         residual = draw(tensor_specs(dims, dtypes, draw(st.booleans()), channels_last=True))
         residual_dtype = draw(st.sampled_from((None, *dtypes)))
     h_dtype = (residual_dtype or x.dtype) if residual else x.dtype
@@ -283,6 +284,16 @@ def run_ours(x, normalized_shape, weight, eps, residual=None, residual_dtype=Non
         kwargs["offset"] = offset
     out = rmsnorm_kernel.rms_norm(x, normalized_shape, weight, eps, **kwargs)
     return out if residual is not None else (out, None)
+
+
+def run_module(x, normalized_shape, weight, eps, residual=None, residual_dtype=None, offset=0.0):
+    """(y, None) from this project's ``RMSNorm`` built for the call, its weight replaced by
+    ``weight`` itself (torch.func.functional_call), so that the weight keeps its layout and its
+    gradient; no residual or offset."""
+    assert residual is None and not offset
+    affine = weight is not None
+    module = rmsnorm_kernel.RMSNorm(normalized_shape, eps=eps, elementwise_affine=affine, device=x.device)
+    return torch.func.functional_call(module, {"weight": weight} if affine else {}, (x,)), None
 
 
 def run_torch(x, normalized_shape, weight, eps, residual=None, residual_dtype=None, offset=0.0):
@@ -378,16 +389,18 @@ def check_against_torch(
     grad_h: Tensor | None = None,
     second_order: Tensor | None = None,
     discard: bool = False,
+    run=run_ours,
 ) -> None:
     """Run ``rms_norm`` and the contract in torch on the same tensors and compare by the rule at
     the top. Gradients are taken with respect to those of x, weight and residual that require
     grad, with ``grad_y`` (and ``grad_h`` for h) as grad_output. ``second_order``: a tensor of
     x's shape, v; then the first gradients are taken with create_graph=True and the gradients
     of sum(dx * v) + sum(dw) are compared too. ``discard``: inside hypothesis, examples where
-    torch's own low-precision gradient misses the oracle are discarded rather than failed."""
+    torch's own low-precision gradient misses the oracle are discarded rather than failed.
+    ``run``: this project's side, ``run_ours`` (rms_norm) or ``run_module`` (RMSNorm)."""
     args = (normalized_shape, weight, eps)
     opts = {"residual": residual, "residual_dtype": residual_dtype, "offset": offset}
-    y, h = run_ours(x, *args, **opts)
+    y, h = run(x, *args, **opts)
     y_t, h_t = run_torch(x, *args, **opts)
     h_dtype = h_t.dtype if h_t is not None else x.dtype
 
@@ -464,7 +477,7 @@ def check_against_torch(
         assert_close(g, g64, *dtypes, what=f"second derivative for {name}")
 
 
-def check_case(case: Case, device, second_order: bool = False, discard: bool = True) -> None:
+def check_case(case: Case, device, second_order: bool = False, discard: bool = True, run=run_ours) -> None:
     """``check_against_torch`` on the case's tensors; ``second_order`` adds a random v."""
     t = case.build(device)
     v = None
@@ -482,4 +495,5 @@ def check_case(case: Case, device, second_order: bool = False, discard: bool = T
         grad_h=t.grad_h,
         second_order=v,
         discard=discard,
+        run=run,
     )

@@ -30,6 +30,7 @@ from .differential_strategies import (
     cases,
     check_against_torch,
     check_case,
+    run_module,
 )
 
 PROFILE = settings.get_profile(os.environ.get("RMSNORM_HYPOTHESIS_PROFILE", "ci"))
@@ -475,3 +476,11 @@ def test_matches_torch(device, case):
 @_examples(_SHRUNK_SECOND)
 def test_second_derivatives_match_torch(device, case):
     check_case(case, device, second_order=True)
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@settings(PROFILE, max_examples=max(PROFILE.max_examples // 2, 1))
+@given(case=cases(plain=True, wide=HAS_CUDA))
+def test_module_matches_torch(device, case):
+    """RMSNorm (its weight any layout, through functional_call) as F.rms_norm, as nn.RMSNorm is."""
+    check_case(case, device, run=run_module)
