@@ -53,8 +53,8 @@ def test_weight_noncontiguous_1d(device):
     x = randn(4, 64, device=device, requires_grad=True)
     w = randn(128, device=device)[::2].requires_grad_()
     check_against_torch(x, (64,), w, 1e-6, grad_y=randn(4, 64, device=device))
-    # The module's own weight as a strided view of a larger Parameter (a tied or sliced weight).
-    check_against_torch(x, (64,), w, None, grad_y=randn(4, 64, device=device))
+    with torch.no_grad():  # the forward that keeps no state for a backward
+        check_against_torch(x, (64,), w, 1e-6)
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
@@ -164,7 +164,7 @@ def test_double_backward_formula_gradgradcheck(offset):
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
-@pytest.mark.parametrize("dtype", [BF16, F16, F32])
+@pytest.mark.parametrize("dtype", [BF16, F16, F32], ids=["bf16", "fp16", "fp32"])
 def test_eps_none_matches_torch_bf16(device, dtype):
     """eps=None is torch's default, finfo(float32).eps for all three dtypes (the opmath type):
     small activations show the difference."""
@@ -318,7 +318,7 @@ def test_residual_matches_torch_composition(device):
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
-@pytest.mark.parametrize("dtype", [F32, BF16])
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=["fp32", "bf16"])
 def test_offset_matches_fp32_composition(device, dtype):
     torch.manual_seed(0)
     x = randn(6, 33, dtype=dtype, device=device, requires_grad=True)
