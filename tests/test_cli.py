@@ -1,6 +1,7 @@
 """The walkthrough commands: help, cleanup that never deletes on --dry-run, the exercise's arithmetic,
 JSON output, and (under the interpreter) the commands that run the kernels."""
 
+import importlib
 import json
 import math
 import os
@@ -9,15 +10,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from rmsnorm_suite import cli, console, walkthrough
+from rmsnorm_suite import cli, console
 from rmsnorm_suite.config import parse_config
+from rmsnorm_suite.walkthrough import exercise, figures, reference
 
 from .conftest import HAS_CUDA, INTERPRET, requires_interpret
 
 MINE = [
     name
     for name, (module, _) in cli.COMMANDS.items()
-    if module.rsplit(".", 1)[1] in ("walkthrough", "training", "verdict")
+    if module.startswith("rmsnorm_suite.walkthrough.") or module.rsplit(".", 1)[1] in ("training", "verdict")
 ]
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,8 +37,26 @@ def run_cli(capsys, *argv):
     return rc, out, err
 
 
+WALKTHROUGH = {
+    "check-environment": "environment",
+    "reference": "reference",
+    "check-forward": "grids",
+    "check-backward": "grids",
+    "check-gamma": "grids",
+    "exercise": "exercise",
+    "figures": "figures",
+    "check-checkpoints": "checkpoints",
+    "clean": "clean",
+}
+
+
 def test_my_commands_are_all_routed():
-    assert set(MINE) == set(walkthrough.HANDLERS) | {"train-integration", "verdict"}
+    """Each walkthrough command is a module of the walkthrough package with configure and run."""
+    assert set(MINE) == set(WALKTHROUGH) | {"train-integration", "verdict"}
+    for command, module in WALKTHROUGH.items():
+        assert cli.COMMANDS[command][0] == f"rmsnorm_suite.walkthrough.{module}"
+        loaded = importlib.import_module(cli.COMMANDS[command][0])
+        assert callable(loaded.configure) and callable(loaded.run)
 
 
 @pytest.mark.parametrize("command", MINE)
@@ -167,20 +187,20 @@ TUTORIAL = [
 
 @pytest.mark.parametrize("n, denominator, key, value, precision", TUTORIAL)
 def test_expected_row_matches_the_tutorials_table(n, denominator, key, value, precision):
-    assert walkthrough.expected_row(n, 1.0, EPS, denominator)[key] == pytest.approx(value, abs=precision)
+    assert exercise.expected_row(n, 1.0, EPS, denominator)[key] == pytest.approx(value, abs=precision)
 
 
 @pytest.mark.parametrize("n, block", [(257, 512), (256, 256), (1, 1), (3, 4), (4097, 8192)])
 def test_block_width(n, block):
-    assert walkthrough.next_power_of_2(n) == block
+    assert exercise.next_power_of_2(n) == block
 
 
 # (N, denominator): the wrong variant is a real computation and agrees with the float64 arithmetic
 @pytest.mark.parametrize("n, denominator", [(257, 257), (257, 512), (256, 256), (3, 4)])
 def test_padded_computation_agrees_with_arithmetic(n, denominator):
     x = torch.ones(1, n)
-    got = walkthrough.padded_row_norm(x, EPS, denominator)
-    want = walkthrough.expected_row(n, 1.0, EPS, denominator)
+    got = exercise.padded_row_norm(x, EPS, denominator)
+    want = exercise.expected_row(n, 1.0, EPS, denominator)
     for key in ("sum_sq", "mean", "denominator"):
         assert got[key].item() == pytest.approx(want[key], rel=1e-6)
     assert got["y"].shape == (n,)
@@ -197,11 +217,11 @@ def test_padded_computation_agrees_with_arithmetic(n, denominator):
 )
 def test_backward_mean_denominator(n, denominator, dx):
     x, dy = torch.ones(1, n), torch.ones(1, n)
-    r = walkthrough.padded_row_norm(x, EPS, n)["r"]
-    got = walkthrough.padded_row_dx(x, dy, r, denominator)
+    r = exercise.padded_row_norm(x, EPS, n)["r"]
+    got = exercise.padded_row_dx(x, dy, r, denominator)
     assert got["mean_ux"].item() == pytest.approx(n / denominator, rel=1e-6)
     assert got["dx"][0].item() == pytest.approx(dx, abs=5e-7)
-    assert walkthrough.expected_row(n, 1.0, EPS, denominator)["dx"] == pytest.approx(dx, abs=5e-7)
+    assert exercise.expected_row(n, 1.0, EPS, denominator)["dx"] == pytest.approx(dx, abs=5e-7)
 
 
 def test_exercise_config_selects_the_tutorials_widths():
@@ -219,7 +239,7 @@ def test_reference_json(project, capsys):
     assert rc == 0
     result = json.loads(out)
     assert result["command"] == "reference" and result["passed"] is True
-    assert [g["shape"] for g in result["gradcheck"]] == [list(s) for s in walkthrough.GRADCHECK_SHAPES]
+    assert [g["shape"] for g in result["gradcheck"]] == [list(s) for s in reference.GRADCHECK_SHAPES]
     assert all(g["gradcheck"] and g["formula_vs_autograd"] for g in result["gradcheck"])
     assert set(result["splits"]["summary"]) == {"train", "validation", "test"}
     saved = torch.load(project / "outputs" / "data" / "splits.pt", weights_only=True)
@@ -229,14 +249,14 @@ def test_reference_json(project, capsys):
 
 def test_reference_catches_a_wrong_formula(monkeypatch):
     """The gradcheck step can fail: an explicit backward without the r^3 term is refused."""
-    from rmsnorm_kernel import reference
+    from rmsnorm_kernel import reference as op_reference
 
     def wrong(x, weight, dy, eps=1e-6, **_):
         r = torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
         return (dy * weight * r).to(x.dtype), (dy * x * r).sum(0).to(weight.dtype)
 
-    monkeypatch.setattr(reference, "rms_norm_backward_reference", wrong)
-    rows = walkthrough.reference_checks()
+    monkeypatch.setattr(op_reference, "rms_norm_backward_reference", wrong)
+    rows = reference.reference_checks()
     assert not any(r["formula_vs_autograd"] for r in rows if r["shape"] != [1, 1])
 
 
@@ -287,13 +307,13 @@ def test_bandwidth_figure_from_the_latest_benchmark(project, capsys):
         for mode in bench.MODES
         for n in (1024, 4096)
     ]
-    folder = project / "outputs" / walkthrough.BENCH_DIR
+    folder = project / "outputs" / figures.BENCH_DIR
     folder.mkdir(parents=True)
     (folder / "bench-old.json").write_text("not json, and older")
     newest = folder / "bench-new.json"
     newest.write_text(json.dumps({"results": rows, "copy": {"tbs": 4.0}, "machine": {"device": "test"}}))
     os.utime(folder / "bench-old.json", (1, 1))
-    assert walkthrough.latest_bench_json(project / "outputs") == newest
+    assert figures.latest_bench_json(project / "outputs") == newest
     rc, out, _ = run_cli(capsys, "figures")
     assert rc == 0, out
     assert f"from {newest.relative_to(project)}" in out
@@ -310,7 +330,7 @@ def test_bandwidth_figure_skipped_without_memory_bound_rows(project, capsys):
          "m": 1, "n": 4096, "tbs": 0.01}
         for mode in bench.MODES
     ]  # fmt: skip
-    folder = project / "outputs" / walkthrough.BENCH_DIR
+    folder = project / "outputs" / figures.BENCH_DIR
     folder.mkdir(parents=True)
     (folder / "bench-small.json").write_text(json.dumps({"results": rows, "copy": {"tbs": 4.0}}))
     rc, out, _ = run_cli(capsys, "figures")

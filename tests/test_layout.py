@@ -59,22 +59,28 @@ def test_the_op_imports_nothing_of_the_suite(tmp_path):
     assert done.stdout.strip() == "[]"
 
 
-def _suite_imports(path: Path) -> set[str]:
-    """The rmsnorm_suite modules a file imports, at the top or inside functions."""
+def _suite_imports(path: Path, modules: set[str]) -> set[str]:
+    """The rmsnorm_suite modules (dotted names below the package, as in ``modules``) that a file
+    imports, at the top or inside functions."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.module == "rmsnorm_suite":
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rmsnorm_suite."):
-            found.add(node.module.split(".")[1])
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "rmsnorm_suite":
+            base = node.module.partition(".")[2]
+            for alias in node.names:  # a submodule imported by name, else the module it comes from
+                name = f"{base}.{alias.name}" if base else alias.name
+                found.add(name if name in modules else base)
         elif isinstance(node, ast.Import):
-            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("rmsnorm_suite.")}
-    return found
+            found |= {a.name.partition(".")[2] for a in node.names if a.name.startswith("rmsnorm_suite.")}
+    return found - {""}
 
 
 def test_the_suite_has_no_import_cycles():
     package = ROOT / "src" / "rmsnorm_suite"
-    graph = {p.stem: _suite_imports(p) - {p.stem} for p in package.glob("*.py")}
+    files = {
+        ".".join(p.relative_to(package).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in package.rglob("*.py")
+    }
+    graph = {name: _suite_imports(path, set(files)) - {name} for name, path in files.items()}
     assert graph["training"] and "walkthrough" not in graph["training"]  # the cycle this test guards
     state: dict[str, str] = {}
 

@@ -8,8 +8,9 @@ import torch
 from torch import nn
 
 import rmsnorm_kernel
-from rmsnorm_suite import cli, console, training, walkthrough
+from rmsnorm_suite import cli, console, training
 from rmsnorm_suite.config import parse_config
+from rmsnorm_suite.walkthrough import checkpoints
 
 from .conftest import requires_cuda, requires_interpret
 
@@ -121,7 +122,7 @@ def test_short_run_under_the_interpreter(project, capsys):
 
     # check-checkpoints reproduces every checkpoint exactly ...
     console.write_json(project / "outputs" / training.RESULT_JSON, result)
-    report = walkthrough.checkpoint_checks(cfg)
+    report = checkpoints.checkpoint_checks(cfg)
     assert report["passed"], report
     assert all(e["max_abs_output_diff"] == 0.0 for e in report["checkpoints"])
     # ... and notices a checkpoint whose parameters changed after training.
@@ -129,7 +130,7 @@ def test_short_run_under_the_interpreter(project, capsys):
     payload = torch.load(file, weights_only=True)
     payload["model"]["0.weight"][0, 0] += 1e-3
     torch.save(payload, file)
-    report = walkthrough.checkpoint_checks(cfg)
+    report = checkpoints.checkpoint_checks(cfg)
     assert not report["passed"]
     bad = [e for e in report["checkpoints"] if not e["passed"]]
     assert [e["file"].rsplit("/", 1)[1] for e in bad] == ["kernel.pt"]
@@ -161,7 +162,7 @@ def test_full_run_on_cuda(project):
     mse = result["mse"]
     rel = abs(mse["reference"]["test"] - mse["kernel"]["test"]) / mse["reference"]["test"]
     assert rel <= training.TEST_MSE_RTOL
-    assert walkthrough.checkpoint_checks(cfg, "cuda")["passed"]
+    assert checkpoints.checkpoint_checks(cfg, "cuda")["passed"]
 
 
 def test_reference_module_matches_torch_rmsnorm():

@@ -16,19 +16,22 @@ import sys
 # subcommand -> (module, one-line help). The order is the walkthrough's order.
 COMMANDS: dict[str, tuple[str, str]] = {
     "check-environment": (
-        "rmsnorm_suite.walkthrough",
+        "rmsnorm_suite.walkthrough.environment",
         "versions, device, and one real kernel computed and checked",
     ),
-    "reference": ("rmsnorm_suite.walkthrough", "float64 gradcheck of the reference; synthetic data splits"),
-    "check-forward": ("rmsnorm_suite.walkthrough", "forward case grid against the reference"),
-    "check-backward": ("rmsnorm_suite.walkthrough", "dx case grid against the reference"),
-    "check-gamma": ("rmsnorm_suite.walkthrough", "dw case grid against the reference"),
+    "reference": (
+        "rmsnorm_suite.walkthrough.reference",
+        "float64 gradcheck of the reference; synthetic data splits",
+    ),
+    "check-forward": ("rmsnorm_suite.walkthrough.grids", "forward case grid against the reference"),
+    "check-backward": ("rmsnorm_suite.walkthrough.grids", "dx case grid against the reference"),
+    "check-gamma": ("rmsnorm_suite.walkthrough.grids", "dw case grid against the reference"),
     "train-integration": ("rmsnorm_suite.training", "train the small network on both paths and compare"),
     "benchmark": ("rmsnorm_suite.bench", "fair comparison: eager, compiled, native, this kernel, peers"),
-    "exercise": ("rmsnorm_suite.walkthrough", "the wrong-denominator variant made observable"),
-    "figures": ("rmsnorm_suite.walkthrough", "PNG plots from the recorded outputs"),
-    "check-checkpoints": ("rmsnorm_suite.walkthrough", "reload saved checkpoints and compare"),
-    "clean": ("rmsnorm_suite.walkthrough", "delete generated files (preview with --dry-run)"),
+    "exercise": ("rmsnorm_suite.walkthrough.exercise", "the wrong-denominator variant made observable"),
+    "figures": ("rmsnorm_suite.walkthrough.figures", "PNG plots from the recorded outputs"),
+    "check-checkpoints": ("rmsnorm_suite.walkthrough.checkpoints", "reload saved checkpoints and compare"),
+    "clean": ("rmsnorm_suite.walkthrough.clean", "delete generated files (preview with --dry-run)"),
     "verdict": (
         "rmsnorm_suite.verdict",
         "every check this machine can run, one table, non-zero exit on failure",

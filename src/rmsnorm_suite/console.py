@@ -159,3 +159,12 @@ def versions() -> dict[str, Any]:
 def fail(message: str, code: int = 2) -> int:
     print(f"error: {message}", file=sys.stderr)
     return code
+
+
+def run_command(args: argparse.Namespace, handler) -> int:
+    """Load the config and run ``handler(args, cfg)``; a bad config or no device to run on ends
+    in an error message and exit status 2."""
+    try:
+        return handler(args, load(args))
+    except (ValueError, DeviceUnavailable) as exc:
+        return fail(str(exc))

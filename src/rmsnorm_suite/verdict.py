@@ -53,7 +53,7 @@ class Skip(Exception):
 
 def check_environment(cfg: Config, device: str):
     from rmsnorm_suite.console import write_json
-    from rmsnorm_suite.walkthrough import environment_check
+    from rmsnorm_suite.walkthrough.environment import environment_check
 
     result = environment_check(device)
     write_json(cfg.outputs / "environment.json", result)
@@ -66,7 +66,7 @@ def check_environment(cfg: Config, device: str):
 
 
 def check_reference(cfg: Config, device: str):
-    from rmsnorm_suite.walkthrough import reference_checks
+    from rmsnorm_suite.walkthrough.reference import reference_checks
 
     rows = reference_checks(cfg.seeds.checks)
     good = sum(r["passed"] for r in rows)
@@ -81,7 +81,7 @@ def check_reference(cfg: Config, device: str):
 def _grid(kind: str):
     def check(cfg: Config, device: str):
         from rmsnorm_suite.console import write_json
-        from rmsnorm_suite.walkthrough import _num, grid_summary, run_case_grid
+        from rmsnorm_suite.walkthrough.grids import grid_summary, recorded_float, run_case_grid
 
         records = run_case_grid(kind, cfg, device)
         failed = [r for r in records if not r["passed"]]
@@ -98,7 +98,9 @@ def _grid(kind: str):
                 "cases": records,
             },
         )
-        worst = max((_num(r["max_abs"]) / r["atol"] for r in records if r["atol"]), default=math.nan)
+        worst = max(
+            (recorded_float(r["max_abs"]) / r["atol"] for r in records if r["atol"]), default=math.nan
+        )
         figure = f"{len(records) - len(failed)}/{len(records)} cases; worst max abs err = {worst:.2g} x atol"
         if failed:
             figure += f"; first failure {failed[0]['name']}: {failed[0]['reason']}"
