@@ -216,6 +216,9 @@ def test_a_session_runs_kills_records_and_resumes_in_a_copy_of_the_tree(tmp_path
     # Arguing one survivor equivalent takes it out of the denominator.
     equivalent = {result.survivors[0]["key"]: {"why": "x"}}
     assert mutation.summarise(db, config, patches, equivalent).scores[0].non_equivalent == 3
+    gap = {result.survivors[0]["key"]: {"why": "a known gap", "equivalent": False}}
+    explained = mutation.summarise(db, config, patches, gap)
+    assert explained.scores[0].non_equivalent == 4 and "Not equivalent" in explained.survivors[0]["why"]
     assert mutation.reopen_survivors(db) == 2  # a rerun after new kill tests: pending again
     assert mutation.summarise(db, config, patches, {}).pending == 2
     # The same arguments resume the session; changed sources refuse it.

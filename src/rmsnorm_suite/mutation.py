@@ -177,7 +177,8 @@ def check_catalogue(patches: list[Patch], root: Path = ROOT) -> None:
 
 
 def load_equivalent(root: Path = ROOT, path: Path = EQUIVALENT) -> dict[str, dict[str, str]]:
-    """Survivors argued equivalent: mutant key -> {why, mutant}."""
+    """Survivors argued equivalent: mutant key -> {why, mutant}; ``equivalent = false`` marks a
+    known gap that is explained but still counts against the score."""
     if not (root / path).exists():
         return {}
     data = tomllib.loads((root / path).read_text(encoding="utf-8"))
@@ -673,9 +674,10 @@ def summarise(
     with use_db(str(path), WorkDB.Mode.open) as db:
         done = db.completed_work_items
         total = db.num_work_items
-    scores = {
-        t.name: Score(t.name, t.file, t.floor, meta["population"].get(t.name, 0), 0)
+    scores = {  # the targets this session mutates
+        t.name: Score(t.name, t.file, t.floor, meta["population"][t.name], 0)
         for t in config.targets.values()
+        if t.name in meta["population"]
     }
     for m in meta["mutants"].values():
         scores[m["target"]].planned += 1
@@ -705,9 +707,12 @@ def summarise(
         if not survived:
             s.killed += 1
             continue
-        why = equivalent.get(key, {}).get("why")
-        if why:
+        entry = equivalent.get(key, {})
+        why = entry.get("why")
+        if why and entry.get("equivalent", True):
             s.equivalent += 1
+        elif why:  # a known gap, argued but still counted against the score
+            why = f"**Not equivalent, counted as a survivor:** {why}"
         changed = [
             ln for ln in (result.diff or "").splitlines() if ln[:1] in "+-" and ln[:3] not in ("+++", "---")
         ]
