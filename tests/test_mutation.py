@@ -228,12 +228,20 @@ def test_a_session_runs_kills_records_and_resumes_in_a_copy_of_the_tree(tmp_path
         mutation.init_session(db, config, patches, "cpu", None, 0, root)
 
 
-def test_a_kill_command_that_fails_unmutated_stops_the_run(tmp_path):
+def test_a_kill_command_that_fails_unmutated_leaves_its_mutants_pending(tmp_path):
     pytest.importorskip("cosmic_ray")
     root = toy_project(tmp_path / "project")
     (root / "tests" / "test_toy.py").write_text("def test_broken():\n    assert False\n")
     config, patches = mutation.load_config(root), mutation.load_catalogue(root)
     db = tmp_path / "session.sqlite"
     mutation.init_session(db, config, patches, "cpu", None, 0, root)
-    with pytest.raises(MutationError, match="fails without a mutant"):
-        mutation.execute(db, config, patches, "cpu", 1, None, root, work_dir=tmp_path, log=lambda _: None)
+    counts = mutation.execute(
+        db, config, patches, "cpu", 1, None, root, work_dir=tmp_path, log=lambda _: None
+    )
+    assert counts["broken"] == ["toy"] and counts["done"] == 0 and counts["pending"] == 5
+    result = mutation.summarise(db, config, patches, {})
+    assert "fails without a mutant" in result.meta["baseline_errors"]["toy"]
+    assert mutation._verdict([result]) == 1
+    assert "Kill command `toy` fails on the unmutated tree" in mutation.render_report(
+        [result], config, patches
+    )
