@@ -44,16 +44,18 @@ from rmsnorm_suite.cases import TOLERANCES
 Tensor = torch.Tensor
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
-# Examples per property test: "ci" is derandomized and bounded for the Triton interpreter on two
-# cores; "gpu" is the GPU session's (RMSNORM_HYPOTHESIS_EXAMPLES overrides its count: each new
-# dtype and block-size mix compiles kernels there). RMSNORM_HYPOTHESIS_PROFILE picks one
-# (default "ci").
+# Examples per property test (the second-order and module tests take half): "ci" is
+# derandomized and bounded for the Triton interpreter on two cores; "gpu" is the GPU session's,
+# its count bounded by compilation: each new specialisation (dtypes, block, alignment, ints
+# equal to 1 or divisible by 16) compiles kernels there, and 1200 examples of the three tests
+# reached 471 of them (counted under the interpreter). RMSNORM_HYPOTHESIS_EXAMPLES overrides
+# the gpu count; RMSNORM_HYPOTHESIS_PROFILE picks the profile (default "ci").
 settings.register_profile(
     "ci", derandomize=True, max_examples=200, deadline=None, database=None, print_blob=True
 )
 settings.register_profile(
     "gpu",
-    max_examples=int(os.environ.get("RMSNORM_HYPOTHESIS_EXAMPLES", "2000")),
+    max_examples=int(os.environ.get("RMSNORM_HYPOTHESIS_EXAMPLES", "1000")),
     deadline=None,
     database=None,
     print_blob=True,
