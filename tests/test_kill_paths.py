@@ -164,7 +164,11 @@ def test_every_row_block_of_a_persistent_backward(device, n):
     _, dx, dw = grads(x, w, dy)
     dx_ref, dw_ref = rms_norm_backward_reference(x.double(), w.double(), dy.double(), EPS)
     close(dx, dx_ref, F32, "dx")
-    close(dw, dw_ref, F32, "dw")
+    # dw sums M rows: its rounding grows with M (thousands of rows on a GPU), and elements near zero
+    # carry the error of their large terms, so it is held as a whole: relative L2 error. A dropped
+    # share of one program or row group moves it by a percent or more.
+    error = (dw.double() - dw_ref).norm() / dw_ref.norm()
+    assert error < 1e-5, f"dw: relative L2 error {error:.2e}"
 
 
 @pytest.mark.parametrize("device", [KERNEL_DEVICES[1]])  # the interpreter runs rows one after another
