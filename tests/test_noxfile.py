@@ -72,12 +72,15 @@ def noxfile_default_sessions(path: Path = NOXFILE) -> list[str]:
 
 
 def quickstart_commands() -> list[str]:
-    """The command lines of the README's Quickstart code block."""
+    """The command lines of the README's Quickstart code blocks, one command per block (pasting a
+    block runs only its command)."""
     text = README.read_text(encoding="utf-8")
     section = text.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
-    block = re.search(r"```(?:bash|sh)?\n(.*?)```", section, re.S)
-    assert block, "README: the Quickstart section has no code block"
-    return [line for line in block.group(1).splitlines() if line.strip() and not line.startswith("#")]
+    blocks = re.findall(r"```(?:bash|sh)?\n(.*?)```", section, re.S)
+    assert blocks, "README: the Quickstart section has no code block"
+    commands = [[ln for ln in b.splitlines() if ln.strip() and not ln.startswith("#")] for b in blocks]
+    assert all(len(c) == 1 for c in commands), f"README: one command per Quickstart block: {commands}"
+    return [c[0] for c in commands]
 
 
 def test_sessions_are_the_agreed_ones_with_their_tags():
