@@ -104,6 +104,21 @@ def test_command_writes_table_markdown_and_json(fns, rc, project, monkeypatch, c
     data = json.loads((project / "outputs" / "verdict.json").read_text())
     assert data["passed"] is (rc == 0)
     assert [c["status"] for c in data["checks"]] == ["pass", "skipped" if rc == 0 else "FAIL"]
+    # what did not run is listed under the table, in all three outputs, with its reason
+    unjudged = [r["what"] for r in data["not_judged"]]
+    assert "the compiled GPU kernels" in unjudged
+    assert any(what.startswith("timing") for what in unjudged)
+    assert ("check 1" in unjudged) is (rc == 0)
+    for text in (out, md):
+        assert "Not judged here" in text and "- the compiled GPU kernels: no CUDA device" in text
+        assert ("- check 1: needs CUDA" in text) is (rc == 0)
+
+
+def test_cuda_verdict_still_lists_the_timing_it_never_judges():
+    outcomes = [verdict.Outcome("a", verdict.PASS, "ok")]
+    rows = verdict.not_judged("cuda", outcomes)
+    assert [r["what"] for r in rows] == ["timing: latency, bandwidth, the regression gate"]
+    assert "pr_verdict" in rows[0]["why"]
 
 
 def test_reruns_itself_under_the_interpreter(project, monkeypatch):

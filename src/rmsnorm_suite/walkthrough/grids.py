@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from typing import Any
 
@@ -45,6 +46,17 @@ def recorded_float(value: Any) -> float:
     return float(value)  # CaseResult.to_dict() writes non-finite floats as "nan" / "inf"
 
 
+def oracle_fraction(record: dict[str, Any]) -> float:
+    """The case's relative L2 error against the float64 oracle as a share of its limit (<= 1 passes)."""
+    limit = recorded_float(record.get("oracle_limit", "nan"))
+    return recorded_float(record["oracle_error"]) / limit if limit > 0 else math.nan
+
+
+def _worst(values) -> float:
+    finite = [v for v in (recorded_float(x) for x in values if x is not None) if not math.isnan(v)]
+    return max(finite) if finite else math.nan
+
+
 def grid_summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per dtype and a total: cases, worst errors, tolerance, failures."""
     out = []
@@ -60,6 +72,8 @@ def grid_summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "max_rel": max(recorded_float(r["max_rel"]) for r in rows),
                 "atol": rows[0]["atol"],
                 "rtol": rows[0]["rtol"],
+                "bound_fraction": _worst(r.get("bound_fraction") for r in rows),
+                "oracle_fraction": _worst(oracle_fraction(r) for r in rows),
                 "failed": sum(not r["passed"] for r in rows),
             }
         )
@@ -74,13 +88,23 @@ def grid_table(records: list[dict[str, Any]]) -> str:
             fmt(s["max_abs"], 3),
             fmt(s["max_rel"], 3),
             f"atol {s['atol']:g}, rtol {s['rtol']:g}",
+            _share(s["bound_fraction"]),
+            _share(s["oracle_fraction"]),
             "pass" if not s["failed"] else f"FAIL ({s['failed']})",
         ]
         for s in grid_summary(records)
     ]
     total_failed = sum(not r["passed"] for r in records)
-    rows.append(["all", len(records), "", "", "", "pass" if not total_failed else f"FAIL ({total_failed})"])
-    return format_table(["dtype", "cases", "max abs err", "max rel err", "tolerance", "pass"], rows)
+    verdict = "pass" if not total_failed else f"FAIL ({total_failed})"
+    rows.append(["all", len(records), "", "", "", "", "", verdict])
+    headers = ["dtype", "cases", "max abs err", "max rel", "tolerance", "of bound", "of oracle limit", "pass"]
+    from rmsnorm_suite.checks import CRITERION
+
+    return format_table(headers, rows) + "\n\n" + CRITERION
+
+
+def _share(value: float) -> str:
+    return "-" if math.isnan(value) else f"{100 * value:.1f}%"
 
 
 def cmd_check_grid(args: argparse.Namespace, cfg: Config) -> int:
