@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from rmsnorm_suite import cases
@@ -13,7 +14,7 @@ from rmsnorm_suite.console import (
     print_json,
     run_command,
 )
-from rmsnorm_suite.walkthrough.grids import GRID_TITLES, recorded_float
+from rmsnorm_suite.walkthrough.grids import GRID_TITLES, oracle_fraction, recorded_float
 
 BENCH_DIR = "benchmark"  # under outputs/: where `rmsnorm-kernel benchmark` writes its results
 
@@ -30,6 +31,7 @@ def figure_errors(outputs: Path, target: Path) -> str:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     sources = [(k, outputs / f"check-{k}.json") for k in ("forward", "backward", "gamma")]
     present = [(k, json.loads(p.read_text())) for k, p in sources if p.is_file()]
@@ -38,26 +40,47 @@ def figure_errors(outputs: Path, target: Path) -> str:
             "skipped error distributions: no outputs/check-*.json yet "
             "(run check-forward, check-backward, check-gamma)"
         )
-    fig, axes = plt.subplots(1, len(present), figsize=(4.5 * len(present), 4), squeeze=False)
+    # What decides a case, as a share of its limit (<= 1 passes): the worst element against
+    # atol + rtol·|ref| (+ fp32 rounding), and the relative L2 error against the float64 oracle.
+    fig, axes = plt.subplots(1, len(present), figsize=(5 * len(present), 4.5), squeeze=False)
     names = [cases.dtype_name(d) for d in cases.DTYPES]
     for ax, (kind, data) in zip(axes[0], present):
         for i, name in enumerate(names):
             rows = [c for c in data["cases"] if c["dtype"] == name]
-            if not rows:
-                continue
-            errs = [min(max(recorded_float(c["max_abs"]), 1e-12), 1e3) for c in rows]
-            xs = [i + 0.25 * ((j % 9) - 4) / 4 for j in range(len(errs))]
-            colors = ["tab:blue" if c["passed"] else "tab:red" for c in rows]
-            ax.scatter(xs, errs, s=12, c=colors, alpha=0.8)
-            ax.hlines(rows[0]["atol"], i - 0.4, i + 0.4, colors="k", linestyles="--", linewidth=1)
+            xs = [i + 0.25 * ((j % 9) - 4) / 4 for j in range(len(rows))]
+            for field, marker, offset in (("bound_fraction", "o", -0.12), ("oracle", "x", 0.12)):
+                shares = [_share(c, field) for c in rows]
+                pairs = [(x + offset, v, c["passed"]) for x, v, c in zip(xs, shares, rows) if v is not None]
+                if pairs:
+                    px, py, ok = zip(*pairs)
+                    colors = ["tab:blue" if o else "tab:red" for o in ok]
+                    ax.scatter(px, py, s=14, c=colors, marker=marker, alpha=0.8, linewidths=1)
+        ax.axhline(1.0, color="k", linestyle="--", linewidth=1)
         ax.set_yscale("log")
         ax.set_xticks(range(len(names)), names)
         ax.set_title(f"{GRID_TITLES[kind]} ({data['device']})")
-        ax.set_ylabel("max abs error per case (dashed: atol; exact: 1e-12)")
-    fig.tight_layout()
+        ax.set_ylabel("error / its limit (pass: <= 1; exact: 1e-6)")
+    handles = [
+        Line2D([], [], marker="o", ls="", color="tab:blue", label="worst |err| / (atol + rtol·|ref|)"),
+        Line2D(
+            [], [], marker="x", ls="", color="tab:blue", label="rel. L2 error vs float64 oracle / its limit"
+        ),
+        Line2D([], [], marker="o", ls="", color="tab:red", label="a failing case"),
+        Line2D([], [], ls="--", color="k", label="limit: a case passes when both are <= 1"),
+    ]
+    wide = len(present) > 1
+    fig.legend(handles=handles, loc="lower center", ncol=2 if wide else 1, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.12 if wide else 0.2, 1, 1))
     fig.savefig(target, dpi=120)
     plt.close(fig)
     return f"wrote {target}"
+
+
+def _share(case: dict, field: str) -> float | None:
+    """The case's error as a share of the limit that decides it (clipped for the log axis), or None
+    where the record has no such figure (a case that could not compare, a file from before it)."""
+    value = oracle_fraction(case) if field == "oracle" else recorded_float(case.get(field, "nan"))
+    return None if math.isnan(value) else min(max(value, 1e-6), 1e3)
 
 
 def figure_losses(outputs: Path, target: Path) -> str:
