@@ -79,8 +79,11 @@ def use_outer_environment(session: nox.Session) -> None:
     session.env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
 
 
-def install(session: nox.Session, extras: tuple[str, ...] = EXTRAS) -> None:
-    """Install torch, triton and the package with ``extras``; under --no-venv, install nothing."""
+def install(session: nox.Session, extras: tuple[str, ...] = EXTRAS, needs_cuda: bool = False) -> None:
+    """Install torch, triton and the package with ``extras``; under --no-venv, install nothing.
+    ``needs_cuda``: a machine with no NVIDIA device stops here, before building the virtualenv."""
+    if needs_cuda and not is_passthrough(session) and not nvidia_device_present():
+        session.error(cuda_message(session, "no NVIDIA device: no /dev/nvidia*, no nvidia-smi"))
     if is_passthrough(session):
         use_outer_environment(session)
         return
@@ -107,22 +110,36 @@ def distribution_version(session: nox.Session, name: str) -> str:
     return lines[-1].strip() if lines else ""
 
 
+def nvidia_device_present() -> bool:
+    """A cheap look before a GPU session builds its virtualenv: a device node or nvidia-smi."""
+    return any(Path("/dev").glob("nvidia[0-9]*")) or shutil.which("nvidia-smi") is not None
+
+
 def cuda_report(session: nox.Session) -> str:
-    """Asks the session's own python, so the answer is about the torch the session will use."""
-    code = "import torch; print(f'cuda={torch.cuda.is_available()} torch={torch.__version__}')"
+    """Asks the session's own python, so the answer is about the torch the session will use;
+    a torch that does not import is reported as such, not as a traceback."""
+    code = (
+        "try:\n    import torch\n"
+        "except Exception as exc:\n    print(f'cuda=False torch-not-importable:{type(exc).__name__}')\n"
+        "else:\n    print(f'cuda={torch.cuda.is_available()} torch={torch.__version__}')"
+    )
     lines = str(run(session, "python", "-c", code, silent=True) or "").strip().splitlines()
     return lines[-1] if lines else ""
+
+
+def cuda_message(session: nox.Session, found: str) -> str:
+    return (
+        f"the {session.name} session needs a CUDA device, and there is none here ({found}). Run it on "
+        f"a GPU machine (`nox --no-venv -s {session.name}` where the dependencies are installed); "
+        "the CPU sessions: `nox -t cpu`"  # nox adds the full stop
+    )
 
 
 def require_cuda(session: nox.Session) -> None:
     report = cuda_report(session)
     if "cuda=True" not in report:
-        session.error(
-            f"the {session.name} session needs a CUDA device, and torch.cuda.is_available() is False "
-            f"here ({report.split()[-1] if report else 'torch not importable'}). Run it on a GPU machine "
-            f"(`nox --no-venv -s {session.name}` where the dependencies are installed); "
-            "the CPU sessions: `nox -t cpu`."
-        )
+        found = report.split()[-1] if report else "torch-not-importable"
+        session.error(cuda_message(session, f"torch.cuda.is_available() is False; {found}"))
     session.env["TRITON_INTERPRET"] = None  # GPU sessions time and check the compiled kernels
 
 
@@ -189,7 +206,7 @@ def interpret(session: nox.Session) -> None:
 @nox.session(tags=["gpu"])
 def gpu(session: nox.Session) -> None:
     """GPU numerics, gradients, training integration, compile, CUDA graphs, determinism (-m gpu)."""
-    install(session)
+    install(session, needs_cuda=True)
     require_cuda(session)
     # The differential tests' many-example profile (tests/differential_strategies.py).
     session.env["RMSNORM_HYPOTHESIS_PROFILE"] = os.environ.get("RMSNORM_HYPOTHESIS_PROFILE", "gpu")
@@ -206,7 +223,7 @@ def verdict(session: nox.Session) -> None:
 @nox.session(tags=["gpu"])
 def bench(session: nox.Session) -> None:
     """pytest-benchmark over benchmarks_pytest/: autosaves each run and compares with the previous one."""
-    install(session)
+    install(session, needs_cuda=True)
     require_cuda(session)
     args = ["benchmarks_pytest", "--benchmark-only", "--benchmark-autosave"]
     if any((ROOT / ".benchmarks").rglob("*.json")):
@@ -217,7 +234,7 @@ def bench(session: nox.Session) -> None:
 @nox.session(tags=["gpu"])
 def asv(session: nox.Session) -> None:
     """asv run of the current commit in this environment (asv machine: $RMSNORM_ASV_MACHINE)."""
-    install(session)
+    install(session, needs_cuda=True)
     require_cuda(session)
     # asv drops PYTHONPATH from the benchmark processes but honours ASV_PYTHONPATH: the
     # benchmarks import this tree's package, also where it is not installed (--no-venv).
@@ -243,7 +260,7 @@ def pr_verdict(session: nox.Session) -> None:
     args, rest = parser.parse_known_args(session.posargs)
     base = args.base or git(session, "rev-parse", "HEAD~1")
     head = args.head or git(session, "rev-parse", "HEAD")
-    install(session)
+    install(session, needs_cuda=True)
     require_cuda(session)
     run(session, "python", "-m", "rmsnorm_suite", "pr-verdict", "--base", base, "--head", head, *rest)
 
@@ -281,7 +298,7 @@ def drift(session: nox.Session) -> None:
     except ValueError as exc:
         session.error(str(exc))
     session.log(f"drift: {head} against the baseline {baseline}")
-    install(session)
+    install(session, needs_cuda=True)
     require_cuda(session)
     command = ["pr-verdict", "--base", baseline, "--head", head, "--exact-base", "--skip-gpu-tests", *rest]
     run(session, "python", "-m", "rmsnorm_suite", *command)
@@ -290,10 +307,11 @@ def drift(session: nox.Session) -> None:
 @nox.session(tags=["gpu"])
 def mutation(session: nox.Session) -> None:
     """Mutation testing of kernels, launch, ops and the gate's judgement (-- --device cpu on CPU)."""
-    install(session, (*EXTRAS, "mutation"))
     args = session.posargs or ["--device", "gpu"]
+    on_gpu = not {"cpu", "--device=cpu"} & set(args)
+    install(session, (*EXTRAS, "mutation"), needs_cuda=on_gpu)
     # Without CUDA the GPU kill commands (-m gpu) would pass every mutant.
-    if not {"cpu", "--device=cpu"} & set(args):
+    if on_gpu:
         require_cuda(session)
     run(session, "python", "-m", "rmsnorm_suite.mutation", "run", *args)
 
@@ -312,7 +330,8 @@ def history(session: nox.Session) -> None:
 @nox.session(name="perf_docs", tags=["gpu"])
 def perf_docs(session: nox.Session) -> None:
     """Regenerate docs/performance.md, its plot and docs/performance-results.json from a fresh run here."""
-    install(session)
-    if not any(arg.startswith("--results") for arg in session.posargs):
+    measure = not any(arg.startswith("--results") for arg in session.posargs)
+    install(session, needs_cuda=measure)
+    if measure:
         require_cuda(session)  # redrawing from a saved results file (-- --results FILE) needs no GPU
     run(session, "python", "-m", "rmsnorm_suite.plots", *session.posargs)

@@ -189,6 +189,32 @@ def test_gpu_session_without_cuda_stops_with_a_clear_message(name):
     assert f"Session {name} aborted" in output, output
 
 
+@pytest.mark.skipif(not HAS_NOX, reason="nox is not installed in this environment")
+def test_gpu_session_without_torch_says_so_without_a_traceback(tmp_path):
+    """--no-venv where torch does not import: the clear message, not the probe's traceback."""
+    shadow = tmp_path / "shadow" / "torch"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('No module named torch')\n")
+    result = _nox("--no-venv", "-s", "gpu", env={"PYTHONPATH": str(shadow.parent)})
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "needs a CUDA device" in output and "torch-not-importable:ImportError" in output, output
+    assert "Traceback" not in output, output
+
+
+@pytest.mark.skipif(not HAS_NOX, reason="nox is not installed in this environment")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given where CUDA is absent")
+def test_gpu_session_in_a_virtualenv_stops_before_installing(noxfile_module, tmp_path):
+    """No NVIDIA device: the session says so before pip builds the (large) virtualenv."""
+    if noxfile_module.nvidia_device_present():
+        pytest.skip("this machine has an NVIDIA device node or nvidia-smi")
+    result = _nox("--envdir", str(tmp_path / "envs"), "-s", "gpu")
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "no NVIDIA device" in output and "Session gpu aborted" in output, output
+    assert "pip install" not in output, output
+
+
 @pytest.fixture(scope="module")
 def noxfile_module():
     """The noxfile imported as a module, for its plain helpers (nox must be importable)."""
