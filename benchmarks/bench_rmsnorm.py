@@ -6,6 +6,13 @@ each sample, three blocks of samples, the median; and the GPU time alone from CU
 replays) as ``track_`` values, so that the asv history,
 the gate, pytest-benchmark's extra info and docs/performance.md all show the same numbers.
 
+Only figures where larger is worse are tracked (times and errors): asv's Regressions page flags
+every increase, so a bandwidth going up would be listed as a regression. asv keeps no spread for a
+``track_`` value, so the fastest and slowest sample of each median are tracked beside it
+(``track_min_ms``, ``track_max_ms``). Each benchmark has one graph per provider and shape: the
+page's ``p-shape`` selection (``#bench_rmsnorm.Forward.track_median_ms?p-shape='4096x4096-bfloat16'``)
+shows one shape, every provider a line; docs/gate.md lists the links.
+
 One ``setup_cache`` (shared by both classes: asv keys it by its source line) measures everything
 once, with the device-to-device copy ceiling of the same run. With ``RMSNORM_BENCH_RESULTS`` naming
 a results file of the harness (``rmsnorm-kernel benchmark``), the suite records that run instead
@@ -45,8 +52,11 @@ class _Suite:
             )
         rows = {(r["provider"], r["shape"], r["mode"]): r for r in run["results"]}
         for row in rows.values():
-            row.pop("samples_ms", None)  # asv tracks medians; keep the cache small
-            row.pop("device_samples_ms", None)
+            # asv tracks the median and the spread of the samples; keep the cache small
+            for prefix in ("", "device_"):
+                samples = row.pop(f"{prefix}samples_ms", None) or []
+                row[f"{prefix}min_ms"] = min(samples) if samples else None
+                row[f"{prefix}max_ms"] = max(samples) if samples else None
         return {"rows": rows, "copy_tbs": run["copy"]["tbs"], "machine": run["machine"]}
 
     setup_cache.timeout = 3600
@@ -62,19 +72,22 @@ class _Suite:
         self.row = row
 
     def track_median_ms(self, cache, shape, provider):
+        """Whole call, host and GPU: the median of the harness's samples."""
         return self.row["median_ms"]
 
     track_median_ms.unit = "ms"
 
-    def track_bandwidth(self, cache, shape, provider):
-        return self.row["tbs"]
+    def track_min_ms(self, cache, shape, provider):
+        """The fastest whole-call sample of the same run (with track_max_ms: the spread)."""
+        return self.row["min_ms"]
 
-    track_bandwidth.unit = "TB/s"
+    track_min_ms.unit = "ms"
 
-    def track_fraction_of_copy(self, cache, shape, provider):
-        return self.row["fraction_of_copy"]
+    def track_max_ms(self, cache, shape, provider):
+        """The slowest whole-call sample of the same run."""
+        return self.row["max_ms"]
 
-    track_fraction_of_copy.unit = "fraction of a device copy"
+    track_max_ms.unit = "ms"
 
     def track_gpu_median_ms(self, cache, shape, provider):
         """GPU time alone: CUDA-graph replays, no host work per call (None: not capturable)."""
@@ -82,10 +95,15 @@ class _Suite:
 
     track_gpu_median_ms.unit = "ms"
 
-    def track_gpu_fraction_of_copy(self, cache, shape, provider):
-        return self.row["device_fraction_of_copy"]
+    def track_gpu_min_ms(self, cache, shape, provider):
+        return self.row["device_min_ms"]
 
-    track_gpu_fraction_of_copy.unit = "fraction of a device copy"
+    track_gpu_min_ms.unit = "ms"
+
+    def track_gpu_max_ms(self, cache, shape, provider):
+        return self.row["device_max_ms"]
+
+    track_gpu_max_ms.unit = "ms"
 
 
 class Forward(_Suite):

@@ -593,9 +593,12 @@ def test_asv_suite_records_a_saved_results_file(cpu_run, tmp_path, monkeypatch):
     forward.setup(cache, "8x64-float32", "kernel")
     assert forward.track_median_ms(cache, "8x64-float32", "kernel") == row["median_ms"]
     assert forward.track_gpu_median_ms(cache, "8x64-float32", "kernel") == row["device_median_ms"]
-    assert (
-        forward.track_gpu_fraction_of_copy(cache, "8x64-float32", "kernel") == row["device_fraction_of_copy"]
-    )
+    # the spread: the run's fastest and slowest samples, whole call and GPU time alone
+    assert forward.track_min_ms(cache, "8x64-float32", "kernel") == min(row["samples_ms"])
+    assert forward.track_max_ms(cache, "8x64-float32", "kernel") == max(row["samples_ms"])
+    assert forward.track_gpu_min_ms(cache, "8x64-float32", "kernel") == min(row["device_samples_ms"])
+    assert forward.track_gpu_max_ms(cache, "8x64-float32", "kernel") == max(row["device_samples_ms"])
+    assert row["samples_ms"] and min(row["samples_ms"]) <= row["median_ms"] <= max(row["samples_ms"])
     forward_backward.setup(cache, "4x33-bfloat16", "kernel")
     assert forward_backward.track_error_dw(cache, "4x33-bfloat16", "kernel") == pytest.approx(
         bench.index_rows(run)["kernel", "4x33-bfloat16", "forward_backward"]["errors"]["dw"]
@@ -604,6 +607,15 @@ def test_asv_suite_records_a_saved_results_file(cpu_run, tmp_path, monkeypatch):
         forward.setup(cache, "8x64-float32", "broken")
     with pytest.raises(NotImplementedError, match="not importable"):
         forward.setup(cache, "8x64-float32", "liger")
+
+
+def test_asv_suite_tracks_only_figures_where_larger_is_worse():
+    """asv's Regressions page flags every increase: a bandwidth or a fraction of the copy ceiling
+    going up would be listed as a regression."""
+    suite = _asv_suite()
+    for cls in (suite.Forward, suite.ForwardBackward):
+        tracked = {name: getattr(cls, name) for name in dir(cls) if name.startswith("track_")}
+        assert tracked and all(fn.unit in ("ms", "relative L2 error") for fn in tracked.values()), tracked
 
 
 def test_asv_suite_lists_plain_providers_only():
