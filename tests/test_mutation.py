@@ -141,7 +141,9 @@ def test_report_shows_scores_catalogue_and_every_survivor():
     ]  # fmt: skip
     catalogue = [{"id": "tile-denominator", "path": "tile", "failure": "wrong denominator", "outcome": "killed",
                   "seconds": 4.0}]  # fmt: skip
-    result = mutation.SessionResult(Path("s"), meta, scores, catalogue, survivors, [4.0, 6.0], 0)
+    revived = [{"key": "k3", "file": "k.py", "line": 12, "operator": "core/NumberReplacer", "definition": "h",
+                "diff": ["-    b = 3", "+    b = 4"], "why": None}]  # fmt: skip
+    result = mutation.SessionResult(Path("s"), meta, scores, catalogue, survivors, revived, [4.0, 6.0], 0)
     text = mutation.render_report([result], config, patches)
     row = next(line for line in text.splitlines() if line.startswith("| `src/rmsnorm_kernel/kernels.py`"))
     assert "| 30 | 28 | 1 |" in row and "96.6%" in row
@@ -150,6 +152,7 @@ def test_report_shows_scores_catalogue_and_every_survivor():
     assert "`tile-denominator` | killed" in text
     assert "a tuning constant" in text and "**unexplained" in text
     assert "7 mutants of kernels" in text
+    assert "killed on the rerun" in text and "`k3` k.py:12" in text
     assert "FORWARD_WALK_WARPS" in text and "core/ExceptionReplacer" in text
     assert not math.isnan(float(row.split("|")[2]))
 
@@ -221,6 +224,7 @@ def test_a_session_runs_kills_records_and_resumes_in_a_copy_of_the_tree(tmp_path
     assert explained.scores[0].non_equivalent == 4 and "Not equivalent" in explained.survivors[0]["why"]
     assert mutation.reopen_survivors(db) == 2  # a rerun after new kill tests: pending again
     assert mutation.summarise(db, config, patches, {}).pending == 2
+    assert len(mutation.read_meta(db)["retried"]) == 2
     # The same arguments resume the session; changed sources refuse it.
     assert mutation.init_session(db, config, patches, "cpu", None, 0, root)["population"] == {"toy": 4}
     (root / "src" / "toy.py").write_text(source + "\n")

@@ -393,7 +393,11 @@ def reopen_survivors(path: Path) -> int:
     """Make the session's survivors pending again (their results dropped, their times kept until
     the new run replaces them): for a rerun once new kill tests exist. Returns how many."""
     with sqlite3.connect(path) as con:
-        return con.execute("DELETE FROM work_results WHERE test_outcome = 'SURVIVED'").rowcount
+        rows = con.execute("SELECT job_id FROM work_results WHERE test_outcome = 'SURVIVED'").fetchall()
+        con.execute("DELETE FROM work_results WHERE test_outcome = 'SURVIVED'")
+    retried = read_meta(path).get("retried", [])
+    _write_meta(path, {"retried": sorted(set(retried) | {j for (j,) in rows})})  # the report names them
+    return len(rows)
 
 
 def _job_id(kind: str, key: str) -> str:
@@ -668,6 +672,7 @@ class SessionResult:
     scores: list[Score]
     catalogue: list[dict[str, Any]]  # id, path, failure, outcome, seconds
     survivors: list[dict[str, Any]]  # key, file, line, operator, diff, why (None: unexplained)
+    revived: list[dict[str, Any]]  # survivors of an earlier pass killed on the rerun (new kill tests)
     seconds: list[float]  # per finished mutant
     pending: int
 
@@ -691,7 +696,8 @@ def summarise(
     for m in meta["mutants"].values():
         scores[m["target"]].planned += 1
     patch_by_id = {p.id: p for p in patches}
-    catalogue, survivors = [], []
+    catalogue, survivors, revived = [], [], []
+    retried = set(meta.get("retried", []))
     for item, result in done:
         spec = item.mutations[0]
         survived = result.test_outcome == TestOutcome.SURVIVED
@@ -713,8 +719,15 @@ def summarise(
             s.incompetent += 1
             continue
         s.run += 1
+        changed = [
+            ln for ln in (result.diff or "").splitlines() if ln[:1] in "+-" and ln[:3] not in ("+++", "---")
+        ]
+        row = {"key": key, "file": m["file"], "line": m["line"], "operator": m["operator"],
+               "definition": m["definition"], "diff": changed, "why": None}  # fmt: skip
         if not survived:
             s.killed += 1
+            if item.job_id in retried:
+                revived.append(row)
             continue
         entry = equivalent.get(key, {})
         why = entry.get("why")
@@ -722,17 +735,14 @@ def summarise(
             s.equivalent += 1
         elif why:  # a known gap, argued but still counted against the score
             why = f"**Not equivalent, counted as a survivor:** {why}"
-        changed = [
-            ln for ln in (result.diff or "").splitlines() if ln[:1] in "+-" and ln[:3] not in ("+++", "---")
-        ]
-        survivors.append(
-            {"key": key, "file": m["file"], "line": m["line"], "operator": m["operator"], "definition": m["definition"],
-             "diff": changed, "why": why}
-        )  # fmt: skip
+        survivors.append({**row, "why": why})
     catalogue.sort(key=lambda c: (c["path"], c["id"]))
     survivors.sort(key=lambda s: (s["file"], s["line"], s["key"]))
+    revived.sort(key=lambda s: (s["file"], s["line"], s["key"]))
     seconds = [timings[i.job_id][0] for i, _ in done if i.job_id in timings]
-    return SessionResult(path, meta, list(scores.values()), catalogue, survivors, seconds, total - len(done))
+    return SessionResult(
+        path, meta, list(scores.values()), catalogue, survivors, revived, seconds, total - len(done)
+    )
 
 
 def _pct(v: float | None) -> str:
@@ -814,6 +824,14 @@ def render_report(results: list[SessionResult], config: Config, patches: list[Pa
             out.append(
                 f"- `{s['key']}` {s['file']}:{s['line']} ({s['definition']}, {s['operator']}): {diff}. {why}"
             )
+        if r.revived:
+            out += ["", "Survivors of an earlier pass, killed on the rerun (`--retry-survivors`) by kill tests added since:",
+                    ""]  # fmt: skip
+            for s in r.revived:
+                diff = " / ".join(f"`{ln.strip()}`" for ln in s["diff"][:2])
+                out.append(
+                    f"- `{s['key']}` {s['file']}:{s['line']} ({s['definition']}, {s['operator']}): {diff}"
+                )
         out.append("")
     out += _method_section(config, patches)
     return "\n".join(out) + "\n"
