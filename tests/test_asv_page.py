@@ -1,7 +1,8 @@
 """The published asv history page, opened in headless Chromium as a person would.
 
 Runs only where ``asv publish`` has written ``.asv/html/index.html`` and Chromium is installed
-(Debian: ``apt-get install chromium``); skipped with the reason elsewhere. The page is served
+(Debian: ``apt-get install chromium``); skipped with the reason elsewhere, except under
+``nox -s history`` (``RMSNORM_HISTORY_CHECK=1``), whose check this is: there it fails. The page is served
 from a copy of ``.asv/html`` on a loopback HTTP server, Chromium renders the benchmark list and
 one graph, and the screenshots are kept under ``outputs/asv-page/``.
 
@@ -9,7 +10,7 @@ asv's page loads jQuery, flot, bootstrap and a few small plugins from public CDN
 cannot be reached, point ``RMSNORM_ASV_JS`` at a folder holding local copies named as in the
 CDN addresses (``jquery-3.3.1.min.js``, ``jquery.flot.min.js``, ...); the copy of the page then
 loads them instead (docs/gate.md says where to get them). When neither loads, the test skips
-and says so.
+(fails under ``nox -s history``) and says so.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import threading
 from pathlib import Path
 
 import pytest
+
+from rmsnorm_suite.history import localise
 
 ROOT = Path(__file__).resolve().parents[1]
 HTML = ROOT / ".asv" / "html"
@@ -46,55 +49,41 @@ LOAD_FAILURE = "continental origin of swallow"  # asv's error page when its JS d
 # benchmark (as asv names it) that must be listed, and the one whose graph must render
 EXPECTED = [
     "bench_rmsnorm.Forward.track_median_ms",
-    "bench_rmsnorm.Forward.track_bandwidth",
+    "bench_rmsnorm.Forward.track_min_ms",
+    "bench_rmsnorm.Forward.track_max_ms",
     "bench_rmsnorm.Forward.track_error_y",
     "bench_rmsnorm.ForwardBackward.track_median_ms",
     "bench_rmsnorm.ForwardBackward.track_error_dw",
 ]
 GRAPH = "bench_rmsnorm.Forward.track_median_ms"
-
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not (HTML / "index.html").is_file(),
-        reason="no published asv page (.asv/html/index.html): run `asv publish` (nox -s history) first",
-    ),
-    pytest.mark.skipif(
-        CHROMIUM is None, reason="headless Chromium is not installed (apt-get install chromium)"
-    ),
-]
+# one shape's graph, as docs/gate.md links it: every provider at that shape, nothing else
+SHAPE = "4096x4096-bfloat16"
+SHAPE_GRAPH = f"{GRAPH}?p-shape=%27{SHAPE}%27"
+# under `nox -s history` the page test is the check: it may not be skipped
+REQUIRED = os.environ.get("RMSNORM_HISTORY_CHECK") == "1"
 
 
-def _localise(site: Path, js_dir: Path) -> list[str]:
-    """Point the page's CDN tags at local copies found in ``js_dir`` (by file name); returns
-    the names substituted. Integrity attributes go with them: the copies are the local ones."""
-    index = site / "index.html"
-    text = index.read_text(encoding="utf-8")
-    used = []
+def cannot_run(reason: str):
+    """Skip, or, where this test is the session's check, fail: a check that did not run is not a pass."""
+    if REQUIRED:
+        pytest.fail(f"the history page could not be checked: {reason}", pytrace=False)
+    pytest.skip(reason)
 
-    def swap(match: re.Match) -> str:
-        tag, url = match.group(0), match.group(2)
-        name = url.rsplit("/", 1)[-1]
-        if not (js_dir / name).is_file():
-            return tag
-        (site / "vendor").mkdir(exist_ok=True)
-        shutil.copyfile(js_dir / name, site / "vendor" / name)
-        used.append(name)
-        tag = tag.replace(url, f"vendor/{name}")
-        return re.sub(r'\s(integrity|crossorigin|referrerpolicy)="[^"]*"', "", tag)
 
-    text = re.sub(r'<(script|link)[^>]*(?:src|href)="(https://[^"]+)"[^>]*>', swap, text)
-    index.write_text(text, encoding="utf-8")
-    return used
+pytestmark = [pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
 def site():
+    if not (HTML / "index.html").is_file():
+        cannot_run("no published asv page (.asv/html/index.html): run `nox -s history` (asv publish) first")
+    if CHROMIUM is None:
+        cannot_run("headless Chromium is not installed (Debian: apt-get install chromium)")
     with tempfile.TemporaryDirectory(prefix="asv-page-") as tmp:
         root = Path(tmp) / "site"
         shutil.copytree(HTML, root)
         js_dir = os.environ.get("RMSNORM_ASV_JS")
-        used = _localise(root, Path(js_dir)) if js_dir else []
+        used = localise(root, Path(js_dir)) if js_dir else []
         handler = functools.partial(_QuietHandler, directory=str(root))
         server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -128,9 +117,9 @@ def render(url: str, shot: Path) -> str:
     """The DOM after the scripts ran, and a screenshot of the same page."""
     dom = chromium(url, "--dump-dom")
     if LOAD_FAILURE in dom:
-        pytest.skip(
+        cannot_run(
             "asv's page could not load its JavaScript (public CDNs unreachable here and no local copies "
-            "in RMSNORM_ASV_JS); see docs/gate.md"
+            "in RMSNORM_ASV_JS: bash tools/fetch_asv_js.sh); see docs/gate.md"
         )
     SHOTS.mkdir(parents=True, exist_ok=True)
     chromium(url, f"--screenshot={shot}")
@@ -152,3 +141,14 @@ def test_a_graph_renders(site):
     # flot draws into <canvas class="flot-base">, with the axis tick labels as elements beside it
     assert re.search(r'<canvas[^>]*class="flot-base"', dom), "no flot canvas: the graph did not render"
     assert "flot-tick-label" in dom or "tickLabel" in dom, "the graph has no axis labels"
+
+
+def test_one_shape_per_graph_by_link(site):
+    """The per-shape link of docs/gate.md: that shape alone selected, every provider a line of it."""
+    url, _ = site
+    dom = render(f"{url}#{SHAPE_GRAPH}", SHOTS / "shape.png")
+    active = set(re.findall(r'class="btn btn-default btn-xs active" role="button">(\d+x\d+-\w+)<', dom))
+    assert active == {SHAPE}, f"shapes selected: {sorted(active)}"
+    series = re.findall(r'class="legendLabel">([^<]*)<', dom)
+    assert series and all(f"shape-{SHAPE}" in s for s in series), series
+    assert any("provider-kernel" in s for s in series), series
