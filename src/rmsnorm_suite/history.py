@@ -76,7 +76,7 @@ def fetch_results(root: Path, remote: str = "origin", log=print) -> bool:
     elif probe.returncode == 2:
         log(f"history: {remote} has no {RESULTS_BRANCH} branch (no results published there yet)")
     else:
-        reason = probe.stderr.decode().strip().splitlines()[-1:] or ["no such remote"]
+        reason = probe.stderr.decode().strip().splitlines()[:1] or ["no such remote"]
         log(f"history: could not ask {remote} for {RESULTS_BRANCH} (offline?): {reason[0]}")
     if _has_results(results):
         log(f"history: publishing the results in {RESULTS}")
@@ -85,7 +85,7 @@ def fetch_results(root: Path, remote: str = "origin", log=print) -> bool:
 
 
 def _none(results: Path, log) -> bool:
-    log(f"history: there are no asv results yet (no {results}/benchmarks.json), so no page to publish.")
+    log(f"history: there are no asv results yet (no {RESULTS}/benchmarks.json), so no page to publish.")
     log(HOW_TO_GET_RESULTS)
     return False
 

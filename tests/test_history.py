@@ -1,0 +1,97 @@
+"""`nox -s history`'s first step from a clone: the asv-results branch fetched when the remote has
+it, and a clear "no results yet" (exit 1) when it has not or cannot be reached."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from rmsnorm_suite import history
+
+
+def git(cwd: Path, *args: str) -> str:
+    env = ["-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "init.defaultBranch=main"]
+    return subprocess.run(["git", *env, *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+@pytest.fixture
+def remote(tmp_path) -> Path:
+    """A bare repository with a main branch, as a clone's origin."""
+    work = tmp_path / "work"
+    work.mkdir()
+    git(work, "init", "-q")
+    (work / "README.md").write_text("project\n")
+    git(work, "add", "README.md")
+    git(work, "commit", "-q", "-m", "main")
+    bare = tmp_path / "remote.git"
+    git(tmp_path, "clone", "-q", "--bare", str(work), str(bare))
+    return bare
+
+
+def push_results(remote: Path, tmp_path: Path) -> None:
+    """An asv-results branch as CI keeps it: benchmarks.json and a machine folder at the top."""
+    branch = tmp_path / "results-branch"
+    branch.mkdir()
+    git(branch, "init", "-q")
+    git(branch, "checkout", "-q", "--orphan", history.RESULTS_BRANCH)
+    (branch / "benchmarks.json").write_text(json.dumps({"version": 2}))
+    (branch / "h200").mkdir()
+    (branch / "h200" / "machine.json").write_text(json.dumps({"machine": "h200"}))
+    git(branch, "add", "-A")
+    git(branch, "commit", "-q", "-m", "asv results")
+    git(branch, "push", "-q", str(remote), history.RESULTS_BRANCH)
+
+
+def clone(remote: Path, tmp_path: Path) -> Path:
+    dest = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", str(remote), str(dest))
+    return dest
+
+
+def test_a_clone_fetches_the_results_branch(remote, tmp_path):
+    push_results(remote, tmp_path)
+    root = clone(remote, tmp_path)
+    said = []
+    assert history.fetch_results(root, log=said.append) is True
+    assert (root / ".asv/results/benchmarks.json").is_file()
+    assert json.loads((root / ".asv/results/h200/machine.json").read_text()) == {"machine": "h200"}
+    assert any("fetched origin/asv-results" in line for line in said), said
+
+
+def test_no_results_branch_says_so_and_how_to_get_results(remote, tmp_path):
+    root = clone(remote, tmp_path)
+    said = []
+    assert history.fetch_results(root, log=said.append) is False
+    text = "\n".join(said)
+    assert "origin has no asv-results branch" in text
+    assert "there are no asv results yet" in text and "nox -s asv" in text
+
+
+def test_unreachable_remote_uses_the_results_already_here(remote, tmp_path):
+    root = clone(remote, tmp_path)
+    git(root, "remote", "set-url", "origin", str(tmp_path / "gone.git"))
+    said = []
+    assert history.fetch_results(root, log=said.append) is False
+    assert any("could not ask origin" in line for line in said), said
+    (root / ".asv/results/h200").mkdir(parents=True)
+    (root / ".asv/results/benchmarks.json").write_text("{}")
+    assert history.fetch_results(root, log=said.append) is True
+
+
+def test_localise_points_the_page_at_local_copies(tmp_path):
+    site, js = tmp_path / "html", tmp_path / "js"
+    site.mkdir()
+    js.mkdir()
+    (js / "jquery-3.3.1.min.js").write_text("/* jquery */")
+    (site / "index.html").write_text(
+        '<script src="https://cdn.example/jquery-3.3.1.min.js" integrity="sha384-x" crossorigin="anonymous"></script>\n'
+        '<script src="https://cdn.example/other.js"></script>\n'
+    )
+    assert history.localise(site, js) == ["jquery-3.3.1.min.js"]
+    assert (site / "vendor/jquery-3.3.1.min.js").read_text() == "/* jquery */"
+    assert history.cdn_tags(site) == ["https://cdn.example/other.js"]
+    assert 'src="vendor/jquery-3.3.1.min.js"' in (site / "index.html").read_text()
+    assert history.localise(site, js) == []  # already localised: nothing left to change
