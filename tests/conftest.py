@@ -18,3 +18,13 @@ KERNEL_DEVICES = [
     pytest.param("cpu", marks=[pytest.mark.interpret, requires_interpret], id="interpret"),
     pytest.param("cuda", marks=[pytest.mark.gpu, requires_cuda], id="cuda"),
 ]
+
+# Reports a test hands to the end of the run (the mutant catalogue's table): printed by
+# pytest_terminal_summary after the results, not among the progress dots.
+TERMINAL_REPORTS: list[tuple[str, str]] = []
+
+
+def pytest_terminal_summary(terminalreporter):
+    for title, text in TERMINAL_REPORTS:
+        terminalreporter.write_sep("=", title)
+        terminalreporter.write_line(text)

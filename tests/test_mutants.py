@@ -16,6 +16,8 @@ import torch
 
 from rmsnorm_suite import checks, mutants
 
+from .conftest import TERMINAL_REPORTS
+
 pytestmark = [
     pytest.mark.interpret,
     pytest.mark.skipif(
@@ -135,7 +137,7 @@ def test_where_a_feature_mutant_hides_and_shows(name, case, kinds, passes):
     assert all(r.passed for r in judged) is passes, [r.reason for r in judged if not r.passed]
 
 
-def test_catalogue_report(capsys):
+def test_catalogue_report():
     """Every mutant in the report, each caught; the report written as markdown and JSON."""
     entries = [
         _ENTRIES.get(name) or mutants.hunt(name) for name in [*mutants.MUTANTS, *mutants.FEATURE_MUTANTS]
@@ -144,7 +146,6 @@ def test_catalogue_report(capsys):
     OUTPUTS.mkdir(exist_ok=True)
     (OUTPUTS / "mutants.md").write_text(report)
     (OUTPUTS / "mutants.json").write_text(json.dumps(entries, indent=2, allow_nan=False) + "\n")
-    with capsys.disabled():
-        print("\n" + report)
+    TERMINAL_REPORTS.append(("mutant catalogue (outputs/mutants.md)", report))
     survivors = [e["mutant"] for e in entries if not e["caught"]]
     assert not survivors, f"mutants survived every check: {survivors}"

@@ -197,3 +197,38 @@ def test_full_verdict_on_cuda(project):
     statuses = {c["check"]: c["status"] for c in data["checks"]}
     assert statuses["CUDA graph capture"] == "pass"
     assert statuses["mutant catalogue"] == "pass"
+
+
+def test_mutant_warnings_are_captured_and_counted(project, monkeypatch, recwarn):
+    """The mutants' overflow warnings are expected: counted in the figure, not printed; others pass."""
+    import warnings
+
+    from rmsnorm_suite import mutants
+
+    def catalogue(device):
+        warnings.warn("overflow encountered in multiply", RuntimeWarning, stacklevel=1)
+        warnings.warn("divide by zero encountered in divide", RuntimeWarning, stacklevel=1)
+        warnings.warn("something else", UserWarning, stacklevel=1)
+        return [
+            {
+                "mutant": "m",
+                "caught": True,
+                "check": "c",
+                "kind": "k",
+                "case": "x",
+                "reason": "r",
+                "also_caught_by": [],
+            }
+        ]
+
+    monkeypatch.setattr(mutants, "catalogue", catalogue)
+    monkeypatch.setattr(mutants, "format_report", lambda entries: "report")
+    passed, figure, details = verdict.check_mutants(parse_config({"output_dir": "out"}), "cpu")
+    assert (
+        passed and figure == "1/1 mutants caught (2 expected overflow/NaN warnings of the mutants captured)"
+    )
+    assert details["expected_warnings"] == [
+        "divide by zero encountered in divide",
+        "overflow encountered in multiply",
+    ]
+    assert [str(w.message) for w in recwarn] == ["something else"]
