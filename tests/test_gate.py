@@ -555,3 +555,94 @@ def test_pr_verdict_without_cuda_cannot_judge(tmp_path, capsys):
 def test_pr_verdict_rejects_bad_arguments(tmp_path, argv, message):
     with pytest.raises(ValueError, match=message):
         cli.main(["pr-verdict", "--base", "HEAD", "--head", "HEAD", "--out", str(tmp_path), *argv])
+
+
+# ---------------------------------------------------------------------------------------------
+# Kill tests of the judgement (mutation/config.toml runs this file for gate.py's mutants): each
+# pins a value a one-token change of gate.py would move.
+# ---------------------------------------------------------------------------------------------
+
+
+def latency_side(units):
+    """A benchmark row as _latency_row reads it: enough samples, ``units`` as per-round medians."""
+    return {"group": "large", "mode": "forward", "samples_ms": [1.0] * 20, "block_medians_ms": list(units)}
+
+
+def one_rule(factor: float, alpha: float = 0.01) -> gate.Thresholds:
+    return gate.Thresholds(latency={("large", "forward"): gate.LatencyRule(factor, alpha)}, numerics={})
+
+
+def test_unpaired_estimate_is_the_ratio_of_geometric_means():
+    """Welch's estimate: exp(mean log head - mean log base), rounds of unequal count."""
+    base, head = [1.0, 1.2, 0.9, 1.1, 1.05], [1.3, 1.25, 1.4]
+    want = math.exp(sum(map(math.log, head)) / 3 - sum(map(math.log, base)) / 5)
+    est = gate.ratio_estimate(base, head, 0.01, paired=False)
+    assert est.ratio == pytest.approx(want, rel=1e-12) and est.rounds == 3 and not est.paired
+
+
+@pytest.mark.parametrize("n_base, n_head", [(6, 5), (5, 6)])
+def test_paired_runs_with_unequal_rounds_are_judged_unpaired(n_base, n_head):
+    """Rounds that ran side by side but lost one on a side cannot pair: the row is judged by
+    Welch's estimate over what there is, whichever side has more, and does not raise."""
+    base = [1.0, 1.1, 0.95, 1.05, 1.02, 0.98][:n_base]
+    head = [1.5, 1.45, 1.6, 1.55, 1.52, 1.48][:n_head]
+    row = gate._latency_row("s forward", latency_side(base), latency_side(head), one_rule(1.05), paired=True)
+    want = math.exp(sum(map(math.log, head)) / n_head - sum(map(math.log, base)) / n_base)
+    assert row.ratio == pytest.approx(want, rel=1e-12)
+    assert row.rounds == 5 and row.verdict == "regression"
+
+
+def test_ratio_exactly_at_the_factor_is_not_above_it():
+    """A ratio equal to the factor (its bound below, p not significant) passes with no note:
+    "above factor" means strictly above."""
+    base, head = [1.0, 1.0, 1.0, 1.0], [1.10, 0.98, 1.08, 0.97]
+    est = gate.ratio_estimate(base, head, 0.01, paired=True)
+    assert est.low < est.ratio and est.p_value > 0.01  # the premise: no bound, no significance
+    row = gate._latency_row(
+        "s forward", latency_side(base), latency_side(head), one_rule(est.ratio), paired=True
+    )
+    assert (row.verdict, row.note, row.ratio) == ("pass", "", est.ratio)
+    above = gate._latency_row(
+        "s forward", latency_side(base), latency_side(head), one_rule(est.ratio * (1 - 1e-9)), paired=True
+    )
+    assert above.note.startswith("above factor, but its lower bound")
+
+
+def verdict_rows(verdict: str, count: int, kind: str = "latency") -> list:
+    return [gate.Row(f"c{i}", None, None, None, None, verdict, kind) for i in range(count)]
+
+
+@pytest.mark.parametrize(
+    "count, listed",
+    [(4, "c0, c1, c2, c3"), (5, "c0, c1, c2, c3, and 1 more"), (6, "c0, c1, c2, c3, and 2 more")],
+)
+def test_summary_lists_four_errors_then_counts_the_rest(count, listed):
+    rows = verdict_rows("error", count) + verdict_rows("pass", 2)
+    verdict = gate._verdict(rows, None, None, THRESHOLDS)
+    assert verdict.summary == f"ERROR: could not judge {count} of {count + 2} checks: {listed}"
+
+
+@pytest.mark.parametrize(
+    "count, listed",
+    [(4, "c0, c1, c2, c3"), (5, "c0, c1, c2, c3, and 1 more"), (6, "c0, c1, c2, c3, and 2 more")],
+)
+def test_summary_lists_four_regressions_then_counts_the_rest(count, listed):
+    rows = verdict_rows("regression", count) + verdict_rows("pass", 3)
+    verdict = gate._verdict(rows, None, None, THRESHOLDS)
+    assert verdict.summary == f"REGRESSION: {count} of {count + 3} checks regressed: {listed}"
+
+
+def test_pass_summary_counts_each_kind():
+    """Host latency, device latency and numerics rows counted apart; a passing row of another
+    kind (pr-verdict's GPU-test row, kind "run") counts among the checks but in none of the three."""
+    rows = [
+        gate.Row("latency a forward", 1.0, 1.0, 1.0, 1.05, "pass", "latency"),
+        gate.Row("latency b forward", 1.0, 1.0, 1.0, 1.05, "pass", "latency"),
+        gate.Row("device a forward", 1.0, 1.0, 1.0, 1.05, "pass", "latency"),
+        *verdict_rows("pass", 3, "numerics"),
+        gate.Row("gpu tests (head)", None, None, None, None, "pass", "run"),
+    ]
+    verdict = gate._verdict(rows, None, None, THRESHOLDS)
+    assert verdict.summary == "PASS: all 7 checks pass (2 latency, 1 device latency, 3 numerics)"
+    verdict = gate._verdict(rows[:2] + rows[3:6], None, None, THRESHOLDS)
+    assert verdict.summary == "PASS: all 5 checks pass (2 latency, 3 numerics)"

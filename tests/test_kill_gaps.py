@@ -1,0 +1,118 @@
+"""Kill tests for the mutants the first GPU mutation session left alive in launch.py and ops.py,
+and for the two-launch wide backward, which a GPU runs only where the one cooperative launch
+is refused (so the GPU kill commands never reached it). Each test names the mutant it kills;
+docs/mutation.md has the survivors and mutation/equivalent.toml the ones argued equivalent.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import rmsnorm_kernel
+from rmsnorm_kernel import launch
+from rmsnorm_kernel.reference import rms_norm_backward_reference, rms_norm_reference
+
+from .conftest import KERNEL_DEVICES
+from .test_kill_paths import EPS, F32, close, inputs
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_one_dimensional_input(device):
+    """A 1-D x (one row) through forward and backward: launch.as_rows sees a tensor without a
+    second dim (`t.dim() == 2` -> `t.dim() < 2` would ask it for stride(1))."""
+    x, w, dy, _ = inputs(1, 257, F32, device)
+    x, dy = x[0], dy[0]
+    xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
+    y = rmsnorm_kernel.rms_norm(xg, weight=wg, eps=EPS)
+    y.backward(dy)
+    assert y.shape == x.shape and xg.grad.shape == x.shape
+    close(y, rms_norm_reference(x.double(), w.double(), EPS), F32, "y")
+    dx_ref, dw_ref = rms_norm_backward_reference(x.double()[None], w.double(), dy.double()[None], EPS)
+    close(xg.grad, dx_ref[0], F32, "dx")
+    close(wg.grad, dw_ref, F32, "dw")
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_double_backward_penalty_three_d(device):
+    """A gradient penalty y.sum() + |dL/dx|^2 on a 3-D x (the differentiable backward takes the
+    mean over the last dim, not dim 1: `mean(-1)` -> `mean(+1)` is the same only in 2-D), against
+    torch's autograd in float64."""
+    torch.manual_seed(0)
+    shape = (2, 3, 16)
+    x0, w0, dy0 = torch.randn(shape), torch.randn(16), torch.randn(shape)
+
+    def penalised(fn, dtype, dev):
+        x = x0.to(dtype=dtype, device=dev).clone().requires_grad_()
+        w = w0.to(dtype=dtype, device=dev).clone().requires_grad_()
+        y = fn(x, (16,), w, 1e-6)
+        (dx,) = torch.autograd.grad((y * dy0.to(dtype=dtype, device=dev)).sum(), x, create_graph=True)
+        (y.sum() + dx.pow(2).sum()).backward()
+        return x.grad, w.grad
+
+    ours = penalised(rmsnorm_kernel.rms_norm, F32, device)
+    oracle = penalised(F.rms_norm, torch.float64, "cpu")
+    for got, want, what in zip(ours, oracle, ("x.grad", "w.grad")):
+        close(got, want, F32, what)
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize(
+    "normalized_shape, error",
+    [(4, ValueError), ((4,), ValueError), (8.0, TypeError)],
+    ids=["int-not-last-dim", "tuple-not-last-dim", "float"],
+)
+def test_bad_normalized_shape_on_a_kernel_device(device, normalized_shape, error):
+    """rms_norm's fast path (kernel devices only) accepts an int normalized_shape only where it
+    is the last dim (`type(ns) is int and ns == n` -> `or` would run these); the slow path then
+    refuses them, naming the argument."""
+    x = torch.randn(4, 8, device=device)
+    with pytest.raises(error, match="normalized_shape"):
+        rmsnorm_kernel.rms_norm(x, normalized_shape)
+
+
+# (M, N, strided rows, residual): strided x needs no residual (h would be a fresh contiguous
+# tensor), so the two cases take a wrong row stride and a dropped or doubled offset apart.
+TWO_LAUNCH_CASES = [
+    pytest.param(3, 24577, True, False, id="wide-strided"),
+    pytest.param(3, 24577, False, True, id="wide-residual"),
+    pytest.param(2, 65537, True, False, id="wide-rolled-strided"),
+]
+
+
+@pytest.mark.parametrize("device", [KERNEL_DEVICES[1]])  # the interpreter takes the two launches anyway
+@pytest.mark.parametrize(("m", "n", "strided", "with_residual"), TWO_LAUNCH_CASES)
+def test_two_launch_wide_backward(monkeypatch, device, m, n, strided, with_residual):
+    """The wide backward's two launches (backward_wide_dot, backward_wide), which a GPU runs only
+    where the cooperative grid is refused: forced here (WIDE_FUSED off), with Gemma's offset, and
+    every other row of a wider tensor or a residual with a gradient at h, against float64."""
+    monkeypatch.setattr(launch, "WIDE_FUSED", False)
+    calls = []
+    dot = launch._backward_wide_dot
+
+    def spy(*args):
+        calls.append(args)
+        dot(*args)
+
+    monkeypatch.setattr(launch, "_backward_wide_dot", spy)
+    x, w, dy, res = inputs(2 * m if strided else m, n, F32, device)
+    if strided:
+        x, dy = x[::2], dy[::2]
+        assert x.stride(0) == 2 * n
+    xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
+    if with_residual:
+        rg = res.detach().requires_grad_()
+        dh = torch.flip(dy, dims=[-1]).contiguous()
+        y, h = rmsnorm_kernel.rms_norm(xg, weight=wg, eps=EPS, residual=rg, offset=1.0)
+        torch.autograd.backward([y, h], [dy, dh])
+        hd, extra = x.double() + res.double(), dh.double()
+    else:
+        y = rmsnorm_kernel.rms_norm(xg, weight=wg, eps=EPS, offset=1.0)
+        y.backward(dy)
+        hd, extra = x.double(), 0.0
+    assert len(calls) == 1, "the two-launch wide backward did not run"
+    close(y, rms_norm_reference(hd, w.double(), EPS, offset=1.0), F32, "y")
+    dx_ref, dw_ref = rms_norm_backward_reference(hd, w.double(), dy.double(), EPS, offset=1.0)
+    close(xg.grad, dx_ref + extra, F32, "dx")
+    if with_residual:
+        close(rg.grad, dx_ref + extra, F32, "dresidual")
+    close(wg.grad, dw_ref, F32, "dw")
