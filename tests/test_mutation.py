@@ -157,6 +157,25 @@ def test_report_shows_scores_catalogue_and_every_survivor():
     assert not math.isnan(float(row.split("|")[2]))
 
 
+def test_report_names_the_session_that_killed_another_sessions_survivor():
+    """A survivor of one session that a later session of the same report killed is shown as such,
+    not as a gap; one killed nowhere stays unexplained."""
+    config = mutation.load_config(ROOT)
+    meta = {"sample": 25, "seed": 1, "hashes": {}, "elapsed_s": 1.0}
+    survivors = [
+        {"key": key, "file": "g.py", "line": 1, "operator": "core/AddNot", "definition": "f",
+         "diff": ["-    if x:", "+    if not x:"], "why": None}
+        for key in ("k1", "k2")
+    ]  # fmt: skip
+    gpu = mutation.SessionResult(Path("g"), {**meta, "device": "gpu"}, [], [], survivors, [], [1.0], 0)
+    cpu_meta = {**meta, "device": "cpu", "targets": ["gate"]}
+    cpu = mutation.SessionResult(Path("c"), cpu_meta, [], [], [], [], [1.0], 0, ("k1",))
+    text = mutation.render_report([gpu, cpu], config, [])
+    line = {key: next(ln for ln in text.splitlines() if ln.startswith(f"- `{key}`")) for key in ("k1", "k2")}
+    assert "killed in the CPU session (gate) of this report" in line["k1"]
+    assert "**unexplained" in line["k2"]
+
+
 TOY_CONFIG = """
 [run]
 timeout_factor = 20.0

@@ -675,6 +675,7 @@ class SessionResult:
     revived: list[dict[str, Any]]  # survivors of an earlier pass killed on the rerun (new kill tests)
     seconds: list[float]  # per finished mutant
     pending: int
+    killed: tuple[str, ...] = ()  # keys of the operator mutants killed
 
 
 def summarise(
@@ -696,7 +697,7 @@ def summarise(
     for m in meta["mutants"].values():
         scores[m["target"]].planned += 1
     patch_by_id = {p.id: p for p in patches}
-    catalogue, survivors, revived = [], [], []
+    catalogue, survivors, revived, killed = [], [], [], []
     retried = set(meta.get("retried", []))
     for item, result in done:
         spec = item.mutations[0]
@@ -726,6 +727,7 @@ def summarise(
                "definition": m["definition"], "diff": changed, "why": None}  # fmt: skip
         if not survived:
             s.killed += 1
+            killed.append(key)
             if item.job_id in retried:
                 revived.append(row)
             continue
@@ -741,8 +743,9 @@ def summarise(
     revived.sort(key=lambda s: (s["file"], s["line"], s["key"]))
     seconds = [timings[i.job_id][0] for i, _ in done if i.job_id in timings]
     return SessionResult(
-        path, meta, list(scores.values()), catalogue, survivors, revived, seconds, total - len(done)
-    )
+        path, meta, list(scores.values()), catalogue, survivors, revived, seconds, total - len(done),
+        tuple(sorted(killed)),
+    )  # fmt: skip
 
 
 def _pct(v: float | None) -> str:
@@ -771,7 +774,7 @@ def render_report(results: list[SessionResult], config: Config, patches: list[Pa
             if secs else "none finished"
         )  # fmt: skip
         out += [
-            f"## {meta['device'].upper()} session",
+            f"## {_session_name(r)}",
             "",
             f"Sample: {sample}. Sources: "
             + ", ".join(f"`{f}` {h}" for f, h in meta["hashes"].items())
@@ -817,9 +820,14 @@ def render_report(results: list[SessionResult], config: Config, patches: list[Pa
             out.append("None.")
         for s in r.survivors:
             diff = " / ".join(f"`{ln.strip()}`" for ln in s["diff"][:2])
-            why = (
-                s["why"]
-                or "**unexplained: a gap, or an equivalent mutant to argue in mutation/equivalent.toml**"
+            # The same mutant killed by another session of this report (one run after kill tests
+            # were added): this session's own rerun (--retry-survivors) is still to come.
+            elsewhere = [_session_name(o) for o in results if o is not r and s["key"] in o.killed]
+            why = s["why"] or (
+                f"**killed in the {' and the '.join(elsewhere)} of this report; not yet rerun here "
+                "(`--retry-survivors`)**"
+                if elsewhere
+                else "**unexplained: a gap, or an equivalent mutant to argue in mutation/equivalent.toml**"
             )
             out.append(
                 f"- `{s['key']}` {s['file']}:{s['line']} ({s['definition']}, {s['operator']}): {diff}. {why}"
@@ -835,6 +843,12 @@ def render_report(results: list[SessionResult], config: Config, patches: list[Pa
         out.append("")
     out += _method_section(config, patches)
     return "\n".join(out) + "\n"
+
+
+def _session_name(r: SessionResult) -> str:
+    """A session's heading: its device and targets (a report may hold several per device)."""
+    targets = r.meta.get("targets") or sorted(s.target for s in r.scores)
+    return f"{r.meta['device'].upper()} session" + (f" ({', '.join(targets)})" if targets else "")
 
 
 def _method_section(config: Config, patches: list[Patch]) -> list[str]:
