@@ -109,6 +109,7 @@ def test_wheel_installs_and_runs_in_a_fresh_virtualenv(wheel, tmp_path):
             "install",
             "--no-deps",
             "--no-index",
+            "--ignore-installed",  # the outer environment may hold this version already (nox's does)
             str(wheel),
         ],
         capture_output=True,
