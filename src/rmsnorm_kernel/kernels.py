@@ -115,15 +115,11 @@ def forward_tile(
     CASTING: tl.constexpr,
     BLOCK_N: tl.constexpr,  # power of two >= N
     ROWS: tl.constexpr,  # rows handled together by one program
-    # N == BLOCK_N and ROWS == 1, so every program's tile lies inside the tensors: no masks. Set
-    # for launches of few rows only: unmasked, 256x4096 bf16 ran 2.3-2.4 against 2.5 µs, but
-    # 1024 rows and more ran slower (4096x4096 19.1 against 18.0, 32768x4096 131.7 against 128.4;
-    # tools/kernel_lab.py even, on an H200, CUDA-graph timing).
+    # N == BLOCK_N and ROWS == 1, so every program's tile lies inside the tensors: no masks.
+    # Faster for few rows only (measured: docs/performance-notes.md, EVEN_MAX_ROWS).
     EVEN: tl.constexpr = False,
-    # Store r for the backward. Off where no backward follows (inference): a few bytes per row,
-    # but as scattered stores they cost more than their bytes at narrow rows (65536x1024 bf16
-    # 68.6 against 70.0 µs with the L2 flushed, 65.5 against 66.0 in CUDA-graph replays;
-    # tools/kernel_lab.py rsqrt, on an H200).
+    # Store r for the backward; off where none follows, as its scattered stores cost more than
+    # their bytes at narrow rows (measured: docs/performance-notes.md, STORE_RSTD).
     STORE_RSTD: tl.constexpr = True,
 ):
     pid = tl.program_id(0)
@@ -136,7 +132,7 @@ def forward_tile(
     other = None if EVEN else 0.0
     # Addresses as a scalar 64-bit base for the program's first row, then a 64-bit row offset
     # within the program (zero, folded away, at ROWS = 1) and 32-bit column offsets: not a 64-bit
-    # address per element. (Measured on an H200: 1% faster at 32768x4096 bf16.)
+    # address per element (measured: docs/performance-notes.md, forward_tile's addresses).
     first64 = first.to(tl.int64)
     local64 = local.to(tl.int64)[:, None]
     x_ptrs = (X + first64 * stride_x) + local64 * stride_x
@@ -144,9 +140,8 @@ def forward_tile(
 
     x = tl.load(x_ptrs + cols[None, :], mask=mask, other=other).to(tl.float32)
     if HAS_WEIGHT:
-        # Issued with x's load, in the weight's own dtype: its latency hides behind x's. (Measured
-        # on an H200: 7% faster at 4096x4096 fp16, level elsewhere; rows wider than the tile take
-        # the two-walk path, where an early row-wide weight tile would cost registers.)
+        # Issued with x's load, in the weight's own dtype: its latency hides behind x's
+        # (measured: docs/performance-notes.md, forward_tile's addresses and weight load).
         w_raw = tl.load(W + cols, mask=None if EVEN else cols < N, other=other)
     if HAS_RESIDUAL:
         res_ptrs = (RES + first64 * stride_res) + local64 * stride_res
@@ -249,31 +244,22 @@ def forward_looped(
 ):
     """Rows wider than a tile, walked twice in BLOCK_N chunks by one program per row: the sum of
     squares, then the scale. The first walk's loads ask L2 to keep the row ("evict_last"), the
-    second walk's to drop it ("evict_first"), so the second walk reads L2, not HBM; without the
-    hints the same kernel reaches only 85-86% of the copy ceiling at N = 8192 and 16384 (H200,
-    bf16, `tools/kernel_lab.py two-walk`). N is a compile-time constant (one compilation per row
-    width): the walks' trip counts are then fixed and the masks of full chunks fold away. With a
-    runtime N and a row loop the same walks measured 70-97% of copy depending on warps and chunk
-    width (`tools/kernel_lab.py confirm`); with a constant N, 96-98% at N = 8192 and 16384 and 84%
-    at N = 65536. With a residual, h is written once in the first walk and read back in the
-    second. Rows wider than 16384 hold more than L2 keeps comfortably between the walks (a
-    program per SM, 128 KiB per row at N = 65536 in bf16): there y's stores are hinted
-    "evict_first", so that they do not push the rows waiting for their second walk out of L2
-    (2048x65536 bf16: 148 to 140 µs with 16384-wide chunks, `tools/kernel_lab.py wide2`).
+    second walk's to drop it ("evict_first"), so the second walk reads L2, not HBM. N is a
+    compile-time constant (one compilation per row width): the walks' trip counts are then fixed
+    and the masks of full chunks fold away. With a residual, h is written once in the first walk
+    and read back in the second. Rows wider than 16384 hold more than L2 keeps comfortably
+    between the walks (a program per SM, 128 KiB per row at N = 65536 in bf16): there y's stores
+    are hinted "evict_first", so that they do not push the rows waiting for their second walk
+    out of L2.
 
     UNROLL_WALKS (rows of two to four chunks) unrolls both walks, masking only a partial last
     chunk, and issues all of the second walk's loads before its first store. The order has to be
     written out: the compiler does not move a chunk's load above the previous chunk's store,
-    since y may alias x. Unrolled without the reordering, the walks measured level with the
-    rolled ones (143.4 against 143.8 µs at 2048x65536 bf16 on the performance page); reordered,
-    141.3 µs there, and 136.0 against 140.3 µs in the kernel lab (`tools/kernel_lab.py reorder`
-    and `prefetch`, CUDA-graph timing).
+    since y may alias x.
 
     Every row stride is the constant N where the rows are contiguous (y and h always are; x and
-    the residual with CONTIGUOUS), and the offset is added only where it is nonzero. Both cut
-    the wide rows' time: 2048x65536 bf16 134.2 µs with N as the stride and no offset add,
-    134.7 with the add, 136.6 with runtime strides and the add (`tools/kernel_lab.py row4gap`,
-    CUDA-graph timing; no change at 4096x32768)."""
+    the residual with CONTIGUOUS), and the offset is added only where it is nonzero.
+    Measured: docs/performance-notes.md, Two-walk forward."""
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     row64 = tl.cast(row, tl.int64)
@@ -486,10 +472,7 @@ def backward_chunked(
 
     The second walk issues every chunk's x and dy loads before its first store. The order has to
     be written out: the compiler does not move a load above an earlier store, since dx may alias
-    x or dy. Chunk by chunk, a program had one chunk's loads in flight at a time; with them all
-    issued together (and warps and programs per SM re-chosen) the backward measured 204.9
-    against 246.5 µs at 16384x8192 bf16 and 217.9 against 277.8 µs at 8192x16384
-    (`tools/kernel_lab.py reorder`, CUDA-graph timing)."""
+    x or dy. Measured: docs/performance-notes.md, Two-walk backward."""
     tl.static_assert(CHUNKS <= 4, "backward_chunked has four chunk accumulators")
     pid = tl.program_id(0)
     cols = tl.arange(0, CHUNK)
@@ -717,11 +700,8 @@ def backward_wide_fused(
     The group's programs post each row's sums a step before any of them needs the total, so in
     steady state nobody waits, and x and dy come from HBM once: 5 M·N element transfers for
     forward and backward together, where the two launches move 7 (backward_wide_dot's read of x
-    and dy has left L2 by the time backward_wide reads them). Measured with tools/kernel_lab.py
-    ahead on an H200 (bf16, CUDA-graph timing, 8192-wide segments): 257.6 against 322.2 µs at
-    2048x65536, 256.4 against 320.6 at 4096x32768, 263.3 against 323.3 at 1024x131072; one step
-    ahead was faster than two or three. With 4096-wide segments of 4 warps, four programs per SM
-    (round ahead3): 246.8, 249.6 and 253.0 µs at those shapes.
+    and dy has left L2 by the time backward_wide reads them). Measured: docs/performance-notes.md,
+    Wide backward.
 
     Waiting on other programs is safe only if they all run at once: the launcher launches this
     kernel as a cooperative grid, which the driver refuses (rather than hangs) where the grid

@@ -29,7 +29,7 @@ BACKWARD_MAX_TILE = 4096
 TWO_WALK_MAX = 16384
 # Two-walk forward: one program per row, chunk width, warps up to TWO_WALK_MAX and beyond.
 # Two-walk backward: chunk width, warps by the row width rounded up to a power of two, programs
-# per SM. Measured on an H200 (bf16) with tools/kernel_lab.py.
+# per SM. Measured: docs/performance-notes.md, Two-walk forward and Two-walk backward.
 FORWARD_WALK_BLOCK = 8192
 FORWARD_WALK_WARPS = 16
 # Beyond TWO_WALK_MAX: chunk width, warps, and y's stores hinted to leave L2 first; the walks are
@@ -39,18 +39,12 @@ FORWARD_WIDE_WARPS = 32
 FORWARD_WIDE_UNROLL = 4
 TWO_WALK_BACKWARD_CHUNK = 4096
 # (warps, programs per SM) by the row width rounded up to a power of two (the second walk issues
-# all of a row's loads at once: tools/kernel_lab.py reorder).
+# all of a row's loads at once).
 TWO_WALK_BACKWARD = {8192: (8, 2), 16384: (16, 1)}
 # Wide backward. As two launches (backward_wide_dot, then backward_wide): segment width, warps,
 # and programs per SM of backward_wide's grid. As one cooperative launch (backward_wide_fused),
 # run where the driver can make its grid resident: the same, and how many steps ahead of their
-# use it posts its segment sums. Measured on an H200 (bf16 unless named; tools/kernel_lab.py
-# ahead, ahead3 and tools/tune_sweep.py on commit 86d9ee4, where both launches shared one set):
-# the one launch, 4096-wide segments with 4 warps and four programs per SM against 8192-wide with
-# 8 and two: 253.4 against 265.7 µs at 2048x65536 (the same 128 registers per thread, twice the
-# exchanges in flight per SM); one step ahead was faster than two or three. The two launches
-# keep 8192-wide segments with 8 warps and two per SM: 395.8 against 436.6 µs with a residual
-# gradient, fp16 with Llama's casting 351.8 against 383.6, fp32 662.1 against 674.9.
+# use it posts its segment sums. Measured: docs/performance-notes.md, Wide backward.
 SEGMENT = 8192
 SEGMENT_WARPS = 8
 WIDE_PER_SM = 2
@@ -379,27 +373,12 @@ def _next_power_of_2(v: int) -> int:
     return 1 << (v - 1).bit_length()
 
 
-# Launch configurations of the tile path, by BLOCK_N: (rows per program, warps) for the forward,
-# (rows per program, warps, (programs per SM, programs per SM with few rows), prefetch) for the
-# persistent backward. Measured on an H200 (bf16; the forward at 4096 with tools/kernel_lab.py tile): one or
-# two programs per SM with 8-16 warps keep the backward's loads in flight without spilling its
-# register-resident dw share. "Few rows": fewer than FEW_ROW_BLOCKS row blocks per program; there
-# each program's fixed cost (its weight load, its dw scratch row, that row's share of the
-# reduction) outweighs the parallelism, and at N = 4096 one program per SM is faster (256x4096:
-# 5.5-5.7 against 6.1 µs; CUDA-graph timing, tools/kernel_lab.py small, the reduction in
-# 16-column strips). At 1024x4096, two blocks per program, two programs per SM are faster (8.8
-# against 9.4 µs; with the earlier, slower reduction one per SM was, so the bound was four
-# blocks). The other widths keep their count (not measured). Prefetch: each program issues its next
-# row block's loads before working on the current one (measured at N = 1024 and 4096 with
-# tools/kernel_lab.py prefetch, CUDA-graph timing: 32768x4096 bf16 203.6 against 234.7 µs,
-# 65536x1024 109.1 against 121.0, 4096x4096 bf16 33.8 against 38.2, fp32 55.1 against 56.9,
-# 256x4096 6.8 against 6.9); off where not measured. The forward at N = 4096 runs 2 warps per row
-# (tools/kernel_lab.py reorder, CUDA-graph timing: 32768x4096 bf16 128.0 against 131.6 µs with 4,
-# 4096x4096 fp16 17.7 against 18.7, bf16 18.1 against 18.3).
+# Launch configurations of the tile path, by BLOCK_N. "Few rows": fewer than FEW_ROW_BLOCKS row
+# blocks per program, where each program's fixed cost outweighs the parallelism; prefetch only
+# where measured. Measured: docs/performance-notes.md, Tile tables.
 FORWARD_TILE = {1024: (2, 4), 2048: (1, 4), 4096: (1, 2)}
 # Launches of at most this many rows, with N the tile width and one row per program, run the tile
-# forward without masks (forward_tile's EVEN): faster at 256 rows, level at 512, slower at 1024
-# and more (tools/kernel_lab.py even).
+# forward without masks (forward_tile's EVEN). Measured: docs/performance-notes.md, EVEN_MAX_ROWS.
 EVEN_MAX_ROWS = 256
 BACKWARD_TILE = {1024: (2, 4, (4, 4), True), 2048: (1, 4, (4, 4), False), 4096: (1, 8, (2, 1), True)}
 FEW_ROW_BLOCKS = 2
@@ -492,15 +471,9 @@ def _backward_chunked_plan(n: int, has_weight: bool, has_dh: bool, compute_dw: b
 
 
 # The dw reduction sums a (programs, N) fp32 scratch, just written and read from L2, in
-# column strips, REDUCE_ROWS scratch rows per step. Its time is the latency of its steps, so the
-# strips are narrow enough to give it a few hundred programs (tools/kernel_lab.py reduce,
-# CUDA-graph timing, H200):
-# - a tall scratch (at least REDUCE_TALL rows: the persistent backwards' one row per program)
-#   in 16-column strips, 8 warps from 256 rows: 2.0-3.1 µs at the large shapes against 2.9-7.3
-#   with 64-column strips of 4 warps (65536x1024, 528 rows: 2.5 against 7.3);
-# - a short one (the wide backward's row groups, 33-66 rows) in strips of N / 256 columns, 16
-#   to 256, with 4 warps: 3.3 µs against 3.8 at 33x65536, 4.6 against 6.0 at 33x131072, 3.5
-#   against 3.3 at 66x32768. 16-column strips of 8 warps took 4.1-10.5 µs there.
+# column strips, REDUCE_ROWS scratch rows per step; its time is the latency of its steps, so the
+# strips are narrow: 16 columns for a tall scratch (at least REDUCE_TALL rows), N / 256 for a
+# short one. Measured: docs/performance-notes.md, dw reduction.
 REDUCE_ROWS = 32
 REDUCE_TALL = 128
 
@@ -605,11 +578,9 @@ def _wide_fused(xh2, w, dy2, dh, rstd, dot, dx, partial, scalars, constexprs) ->
     """The wide backward as one cooperative launch of backward_wide_fused (``scalars``: M, N, row
     groups, the strides, the offset; ``constexprs`` in the kernel's order); False where the
     driver cannot make the grid resident, and the caller runs the two launches instead. The grid
-    has FUSED_PER_SM programs per SM (fewer with few rows); four of 4 warps fit on an SM where
-    the kernel compiles to at most 128 registers per thread, as bf16 rows with N a multiple of 16
-    and no residual gradient (either casting) and fp16 ones in the default casting do on an H200
-    (Triton 3.6), while wider-register specialisations (fp32, other N, dh, fp16 with Llama's
-    casting: 167-255) run fused only with grids small enough for them. The launcher remembers
+    has FUSED_PER_SM programs per SM (fewer with few rows); four of 4 warps fit on an SM only
+    where the kernel compiles to at most 128 registers per thread (which specialisations do:
+    docs/performance-notes.md, Wide backward). The launcher remembers
     each refusal, so a refused grid costs one failed launch per specialisation, and a call whose
     grid is known to be refused allocates no arrival counters."""
     m, groups, segments = scalars[0], scalars[2], constexprs[5]

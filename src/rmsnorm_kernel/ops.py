@@ -305,8 +305,9 @@ class _PlainFunction(torch.autograd.Function):
 # ``_PlainFunction.apply`` is a Python classmethod around the C one (``_FunctionBase.apply``):
 # it binds default arguments where a Function defines setup_context (this one does not), routes
 # calls under functorch transforms elsewhere, and otherwise unwraps dead functorch wrappers and
-# calls the C one. ``_apply_plain`` does the last two itself, taking a couple of microseconds
-# less per call; under functorch transforms it calls ``_PlainFunction.apply``.
+# calls the C one. ``_apply_plain`` does the last two itself, in less host time per call
+# (measured: docs/performance-notes.md, ops._apply_plain); under functorch transforms it calls
+# ``_PlainFunction.apply``.
 # A torch without these internals gets ``_PlainFunction.apply`` throughout.
 try:
     _c_apply_plain = torch._C._FunctionBase.__dict__["apply"].__get__(None, _PlainFunction)
