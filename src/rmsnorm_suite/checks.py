@@ -12,10 +12,10 @@ which must hold:
 1. element-wise against the fp32-compute reference (``rmsnorm_kernel.reference``) cast to the
    result's dtype, with ``cases.TOLERANCES[dtype]``: ``|v - ref| <= atol + rtol * |ref|`` for
    every element; NaN or inf where the reference is finite fails;
-2. against a float64 oracle written here, independent of the package: the relative L2 error of
-   the result may not exceed ``cases.ORACLE_ERROR_FACTOR[dtype]`` times the error of the
-   fp32-compute reference on the same case (see :func:`oracle_limit` for the floor used when that
-   error is zero).
+2. against the float64 oracle (:func:`numerics.oracle`, the reference's formulas evaluated in
+   float64): the relative L2 error of the result may not exceed
+   ``cases.ORACLE_ERROR_FACTOR[dtype]`` times the error of the fp32-compute reference on the same
+   case (see :func:`oracle_limit` for the floor used when that error is zero).
 
 The result's dtype, shape and device must be the expected ones, and the inputs must be left
 unmodified. The tolerance is looked up by the dtype of the checked tensor: x's dtype for y and dx,
@@ -24,6 +24,10 @@ the weight's dtype for dw (dw is returned in the weight's dtype).
 Besides the case grids, probe checks target single failure modes (a wrong denominator, fp16
 squares, a mean subtracted, writes outside the rows, nondeterministic dw, ...); :data:`PROBES`
 lists them and :func:`run_probes` runs them all.
+
+Why one module of ~800 lines: the grids and the probes share Case, CaseResult and the one
+comparison (:func:`_compare`); each probe is a short function beside them. The oracle, the
+relative error and the inputs live in :mod:`rmsnorm_suite.numerics`.
 """
 
 from __future__ import annotations
@@ -34,8 +38,10 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from rmsnorm_suite import cases
+from rmsnorm_suite import cases, numerics
 from rmsnorm_suite.cases import Tolerance, dtype_name
+from rmsnorm_suite.console import markdown_table
+from rmsnorm_suite.numerics import relative_l2
 
 KINDS: tuple[str, ...] = ("forward", "backward", "gamma")
 _CHECKED = {"forward": "y", "backward": "dx", "gamma": "dw"}
@@ -158,45 +164,16 @@ class Case:
 
 
 def make_inputs(case: Case) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x, weight, dy for a case: x ~ N(0, 1), weight = 1 + 0.1 N(0, 1) (not all ones, so a wrong
-    weight index shows), dy ~ N(0, 1). Drawn on the CPU from a generator seeded with case.seed, in
-    that order, then cast and moved: the same case gives the same numbers on every device."""
-    g = torch.Generator(device="cpu").manual_seed(case.seed)
-    x = torch.randn(case.m, case.n, generator=g)
-    w = 1.0 + 0.1 * torch.randn(case.n, generator=g)
-    dy = torch.randn(case.m, case.n, generator=g)
-    return (
-        x.to(case.dtype).to(case.device),
-        w.to(case.wdtype).to(case.device),
-        dy.to(case.dtype).to(case.device),
+    """x, weight, dy for a case (:func:`numerics.make_inputs`, drawn on the CPU from case.seed):
+    the same case gives the same numbers on every device."""
+    return numerics.make_inputs(
+        case.m, case.n, case.dtype, device=case.device, seed=case.seed, weight_dtype=case.wdtype
     )
 
 
 # ---------------------------------------------------------------------------------------------
-# Oracle and the fp32-compute path
+# The fp32-compute path (the oracle is numerics.oracle)
 # ---------------------------------------------------------------------------------------------
-
-
-def oracle_forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """y in float64, written from the formula: y = x * r * w, r = 1 / sqrt(mean(x^2) + eps); and the
-    envelope |y| (see oracle_limit)."""
-    xd, wd = x.double(), weight.double()
-    r = torch.rsqrt(xd.square().mean(-1, keepdim=True) + eps)
-    y = xd * r * wd
-    return y, y.abs()
-
-
-def oracle_backward(x, weight, dy, eps) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dx, dw in float64: u = dy * w, dx = r u - x r^3 mean(u x), dw = sum over rows of dy x r;
-    then the envelopes of dx and dw: the same sums taken over the terms' absolute values."""
-    xd, wd, dyd = x.double(), weight.double(), dy.double()
-    r = torch.rsqrt(xd.square().mean(-1, keepdim=True) + eps)
-    u = dyd * wd
-    dx = r * u - xd * r.pow(3) * (u * xd).mean(-1, keepdim=True)
-    dw = (dyd * xd * r).sum(0)
-    dx_env = r * u.abs() + xd.abs() * r.pow(3) * (u * xd).abs().mean(-1, keepdim=True)
-    dw_env = (dyd * xd * r).abs().sum(0)
-    return dx, dw, dx_env, dw_env
 
 
 def fp32_forward(x, weight, eps) -> torch.Tensor:
@@ -213,15 +190,6 @@ def fp32_backward(x, weight, dy, eps) -> tuple[torch.Tensor, torch.Tensor]:
 
     dx, dw = rms_norm_backward_reference(x.float(), weight.float(), dy.float(), eps)
     return dx.to(x.dtype), dw.to(weight.dtype)
-
-
-def relative_l2(value: torch.Tensor, oracle: torch.Tensor) -> float:
-    """||value - oracle|| / ||oracle|| in float64; 0 for two empty or two all-zero tensors."""
-    diff = torch.linalg.vector_norm(value.double() - oracle.double()).item()
-    norm = torch.linalg.vector_norm(oracle.double()).item()
-    if norm == 0.0:
-        return 0.0 if diff == 0.0 else math.inf
-    return diff / norm
 
 
 FP32_UNIT_ROUNDOFF = 2.0**-24
@@ -478,12 +446,12 @@ def _run_and_judge(
         return _failed(
             case, name=name, kind=kind, check=check, reason=f"modified its input(s) {changed} in place"
         )
+    y, dx, dw = numerics.oracle(x, w, dy, case.eps)
+    y_env, dx_env, dw_env = numerics.envelopes(x, w, dy, case.eps)
     if kind == "forward":
-        ref = fp32_forward(x, w, case.eps)
-        oracle, envelope = oracle_forward(x, w, case.eps)
+        ref, oracle, envelope = fp32_forward(x, w, case.eps), y, y_env
     else:
         dx_ref, dw_ref = fp32_backward(x, w, dy, case.eps)
-        dx, dw, dx_env, dw_env = oracle_backward(x, w, dy, case.eps)
         ref, oracle, envelope = (dx_ref, dx, dx_env) if kind == "backward" else (dw_ref, dw, dw_env)
     return _compare(
         value, ref, oracle, envelope, name=name, kind=kind, check=check, case=case, tolerances=tolerances
@@ -837,20 +805,19 @@ def format_table(results: Sequence[CaseResult]) -> str:
             else f"{r.dtype}, dw {r.weight_dtype}"
         )
         groups.setdefault((r.kind, label), []).append(r)
-    lines = [
-        "| kind | dtype | cases | failures | max abs | max rel | atol | rtol | of bound | of oracle limit | pass |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
+    headers = ["kind", "dtype", "cases", "failures", "max abs", "max rel", "atol", "rtol", "of bound"]
+    headers += ["of oracle limit", "pass"]
+    rows = []
     for (kind, label), rs in groups.items():
         fails = sum(not r.passed for r in rs)
-        lines.append(
-            f"| {kind} | {label} | {len(rs)} | {fails} | {_fmt(_finite_max(r.max_abs for r in rs))} | "
-            f"{_fmt(_finite_max(r.max_rel for r in rs))} | {rs[0].atol:g} | {rs[0].rtol:g} | "
-            f"{_fmt(_finite_max(r.bound_fraction for r in rs))} | "
-            f"{_fmt(_finite_max(r.oracle_error / r.oracle_limit for r in rs if r.oracle_limit))} | "
-            f"{'pass' if not fails else 'FAIL'} |"
+        rows.append(
+            [kind, label, len(rs), fails, _fmt(_finite_max(r.max_abs for r in rs))]
+            + [_fmt(_finite_max(r.max_rel for r in rs)), f"{rs[0].atol:g}", f"{rs[0].rtol:g}"]
+            + [_fmt(_finite_max(r.bound_fraction for r in rs))]
+            + [_fmt(_finite_max(r.oracle_error / r.oracle_limit for r in rs if r.oracle_limit))]
+            + ["pass" if not fails else "FAIL"]
         )
-    lines += ["", CRITERION]
+    lines = [markdown_table(headers, rows, right=range(2, 10)), "", CRITERION]
     failed = [r for r in results if not r.passed]
     if failed:
         lines.append("")

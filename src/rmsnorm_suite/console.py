@@ -9,6 +9,7 @@ import math
 import os
 import platform
 import sys
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -114,11 +115,21 @@ def print_json(payload: Any) -> None:
     print(json.dumps(payload, indent=2, default=str))
 
 
-def format_table(headers: list[str], rows: list[list[Any]]) -> str:
+def format_table(headers: list[str], rows: list[list[Any]], right: Collection[int] = ()) -> str:
+    """A plain-text table: columns as wide as their widest cell, the ones in ``right`` (indices)
+    right-aligned, a rule under the headers."""
     cells = [[str(c) for c in headers]] + [[str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
+    pad = lambda i, c, w: c.rjust(w) if i in right else c.ljust(w)
+    line = lambda r: "  ".join(pad(i, c, w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
     return "\n".join([line(cells[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in cells[1:]])
+
+
+def markdown_table(headers: list[str], rows: list[list[Any]], right: Collection[int] = ()) -> str:
+    """A markdown table; the columns in ``right`` (indices) right-aligned."""
+    rule = ["---:" if i in right else "---" for i in range(len(headers))]
+    line = lambda r: "| " + " | ".join(str(c) for c in r) + " |"
+    return "\n".join([line(headers), "|" + "|".join(rule) + "|"] + [line(r) for r in rows])
 
 
 def fmt(value: float | None, digits: int = 7) -> str:

@@ -15,6 +15,11 @@ The harness makes out-of-bounds effects observable and deterministic:
 
 ``catalogue(device)`` runs the suite's checks on every mutant and returns, per mutant, the first
 check that caught it and the case that exposed it (``tests/test_mutants.py`` writes the report).
+
+Why one module of ~1K lines: each mutant is a ``BUG`` site in a kernel and a name in the
+catalogue beside it, so a kernel and the list that drives it change together. Its two halves
+(plain RMSNorm, then the model-ready features from "Model-ready features" on) are independent
+and could become two modules.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rmsnorm_suite import cases, checks
+from rmsnorm_suite import cases, checks, numerics
 
 # ---------------------------------------------------------------------------------------------
 # Kernels (baseline and mutation sites)
@@ -793,7 +798,7 @@ def _judge_closer(check, kind, case, value, target, other, tol_dtype, target_nam
     """value nearer (relative L2) to ``target`` than to ``other``: which rounding it reproduces."""
     if not isinstance(value, torch.Tensor) or value.shape != target.shape:
         return _result(check, kind, case, tol_dtype, passed=False, reason=f"{kind} missing or misshapen")
-    to_target, to_other = checks.relative_l2(value, target), checks.relative_l2(value, other)
+    to_target, to_other = numerics.relative_l2(value, target), numerics.relative_l2(value, other)
     passed = to_target < to_other
     reason = ""
     if not passed:

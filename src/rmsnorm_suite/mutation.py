@@ -17,6 +17,10 @@ resumable: ``--budget-s`` stops cleanly, the next run with the same arguments co
 
     python -m rmsnorm_suite.mutation run --device cpu --sample 40 --seed 1 --budget-s 3000
     python -m rmsnorm_suite.mutation report --session .mutation/session-cpu.sqlite
+
+Why one module of ~1K lines: configuration, enumeration, execution and the report share the
+session database and its records, and one command line runs them in order; the section rules
+below mark where it would split.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rmsnorm_suite import bench
+from rmsnorm_suite.console import markdown_table
 
 # The shapes plotted: the memory-bound ones (cases.GROUPS), 65536x1024 among them.
 PLOT_GROUPS = ("large", "medium")
@@ -226,10 +227,9 @@ def _table(run: dict[str, Any], prefix: str) -> list[str]:
     rows = bench.index_rows(run)
     copies = run.get("same_bytes_copy") or {}
     med, tbs, frac = f"{prefix}median_ms", f"{prefix}tbs", f"{prefix}fraction_of_copy"
-    lines = [
-        "| shape | mode | kernel µs | kernel TB/s | of copy | copy of x µs | best peer | peer µs | peer/kernel |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    headers = ["shape", "mode", "kernel µs", "kernel TB/s", "of copy", "copy of x µs", "best peer", "peer µs"]
+    headers.append("peer/kernel")
+    table = []
     keys = sorted({(r["shape"], r["mode"]) for r in run["results"]}, key=lambda k: _order(run, k))
     for shape, mode in keys:
         kernel = rows.get(("kernel", shape, mode))
@@ -256,8 +256,8 @@ def _table(run: dict[str, Any], prefix: str) -> list[str]:
         else:
             ratio = f"{best[med] / kernel[med]:.2f}" if kernel_ok else "-"
             p_cells = [best["provider"], f"{best[med] * 1e3:.1f}", ratio]
-        lines.append(f"| {shape} | {mode.replace('_', '+')} | " + " | ".join(k_cells + p_cells) + " |")
-    return lines
+        table.append([shape, mode.replace("_", "+"), *k_cells, *p_cells])
+    return markdown_table(headers, table).splitlines()
 
 
 def _order(run: dict[str, Any], key: tuple[str, str]) -> tuple[int, int]:

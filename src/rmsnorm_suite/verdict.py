@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from rmsnorm_suite import cases
+from rmsnorm_suite import cases, numerics
 from rmsnorm_suite.config import Config
 
 CHILD_ENV = "RMSNORM_KERNEL_VERDICT_CHILD"  # set in the re-run, so it never re-runs itself twice
@@ -170,17 +170,16 @@ def check_opcheck(cfg: Config, device: str):
         from rmsnorm_kernel.ops import backward_op, forward_op
     except ImportError as exc:
         return False, f"rmsnorm_kernel.ops has no forward_op/backward_op custom op ({exc})", {}
-    g = torch.Generator().manual_seed(cfg.seeds.checks)
     results = {}
     for dtype in cfg.checks.dtypes:
-        x = torch.randn(5, 257, generator=g).to(dtype).to(device).requires_grad_(True)
-        w = (1 + 0.1 * torch.randn(257, generator=g)).to(dtype).to(device).requires_grad_(True)
+        x, w, dy = numerics.make_inputs(5, 257, dtype, device=device, seed=cfg.seeds.checks)
+        x.requires_grad_(True)
+        w.requires_grad_(True)
         name = cases.dtype_name(dtype)
         results[f"forward {name}"] = torch.library.opcheck(
             forward_op, (x, w, None, cases.EPS, 0.0, 0, dtype, dtype)
         )
         y, rstd, _ = forward_op(x.detach(), w.detach(), None, cases.EPS, 0.0, 0, dtype, dtype)
-        dy = torch.randn(5, 257, generator=g).to(dtype).to(device)
         results[f"backward {name}"] = torch.library.opcheck(
             backward_op, (dy, None, x.detach(), w.detach(), rstd, 0.0, 0, True, dtype)
         )
@@ -200,13 +199,10 @@ def check_compile(cfg: Config, device: str):
 
     torch._dynamo.reset()
     fn = torch.compile(lambda x, w: rmsnorm_kernel.rms_norm(x, weight=w, eps=cases.EPS), fullgraph=True)
-    g = torch.Generator().manual_seed(cfg.seeds.checks)
     details = {}
     ok = True
     for m in (8, 24):
-        x = torch.randn(m, 257, generator=g).to(device)
-        w = (1 + 0.1 * torch.randn(257, generator=g)).to(device)
-        dy = torch.randn(m, 257, generator=g).to(device)
+        x, w, dy = numerics.make_inputs(m, 257, torch.float32, device=device, seed=cfg.seeds.checks)
         grads = []
         rmsnorm_kernel.reset_counters()
         for f in (fn, lambda a, b: rmsnorm_kernel.rms_norm(a, weight=b, eps=cases.EPS)):
@@ -227,10 +223,9 @@ def check_cuda_graphs(cfg: Config, device: str):
         raise Skip("needs CUDA")
     import rmsnorm_kernel
 
-    g = torch.Generator().manual_seed(cfg.seeds.checks)
-    x = torch.randn(64, 4097, generator=g).to(device).to(torch.bfloat16).requires_grad_(True)
-    w = (1 + 0.1 * torch.randn(4097, generator=g)).to(device).to(torch.bfloat16).requires_grad_(True)
-    dy = torch.randn(64, 4097, generator=g).to(device).to(torch.bfloat16)
+    x, w, dy = numerics.make_inputs(64, 4097, torch.bfloat16, device=device, seed=cfg.seeds.checks)
+    x.requires_grad_(True)
+    w.requires_grad_(True)
 
     def step():
         x.grad = w.grad = None

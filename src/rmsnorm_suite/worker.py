@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rmsnorm_suite import bench
+from rmsnorm_suite import bench, numerics
 
 TIMINGS = ("cuda", "host")
 HOST_SHAPE = (4, 64)  # rows, columns (at most the case's) of the host stand-in's CPU inputs
@@ -46,17 +46,14 @@ def host_stand_in(spec: dict[str, Any]) -> dict[str, Any]:
     fn = bench.get_provider("kernel").build(spec.get("eps", 1e-6))
     rows = []
     for case in map(bench.case_from_json, spec["cases"]):
-        g = torch.Generator().manual_seed(0)
         m, n = min(case.m, HOST_SHAPE[0]), min(case.n, HOST_SHAPE[1])
-        x, dy = torch.randn(m, n, generator=g), torch.randn(m, n, generator=g)
-        w = 1 + 0.1 * torch.randn(n, generator=g)
-        oracle = bench.oracle64(x, w, dy, spec.get("eps", 1e-6))
+        x, w, dy = numerics.make_inputs(m, n, torch.float32)
+        oracle = numerics.oracle(x, w, dy, spec.get("eps", 1e-6))
         for mode in spec["modes"]:
             call, grads = bench.make_call(fn, x, w, dy, mode)
             times = []
             for _ in range(spec["samples"]):
-                for t in grads:
-                    t.grad = None
+                bench.prepare_sample(grads, None)
                 start = time.perf_counter()
                 call()
                 times.append((time.perf_counter() - start) * 1e3)

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from rmsnorm_suite import cases
+from rmsnorm_suite import cases, numerics
 from rmsnorm_suite.config import Config
 from rmsnorm_suite.console import (
     DeviceUnavailable,
@@ -55,10 +55,9 @@ def environment_check(device_request: str = "auto") -> dict[str, Any]:
 
     # One real kernel run: an irregular width (mask and true-N denominator), fp32.
     m, n, dtype = 17, 257, torch.float32
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(m, n, generator=g).to(device).requires_grad_(True)
-    w = (1 + 0.1 * torch.randn(n, generator=g)).to(device).requires_grad_(True)
-    dy = torch.randn(m, n, generator=g).to(device)
+    x, w, dy = numerics.make_inputs(m, n, dtype, device=device)
+    x.requires_grad_(True)
+    w.requires_grad_(True)
     rmsnorm_kernel.reset_counters()
     try:
         y = rmsnorm_kernel.rms_norm(x, weight=w, eps=cases.EPS)

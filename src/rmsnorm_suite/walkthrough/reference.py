@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from rmsnorm_suite import cases
+from rmsnorm_suite import cases, numerics
 from rmsnorm_suite.config import Config
 from rmsnorm_suite.console import (
     add_common_arguments,
@@ -26,12 +26,11 @@ def reference_checks(seed: int = 0) -> list[dict[str, Any]]:
     autograd (torch.testing.assert_close's float64 defaults), on small irregular shapes."""
     from rmsnorm_kernel.reference import rms_norm_backward_reference, rms_norm_reference
 
-    g = torch.Generator().manual_seed(seed)
     rows = []
     for m, n in GRADCHECK_SHAPES:
-        x = torch.randn(m, n, generator=g, dtype=torch.float64, requires_grad=True)
-        w = (1 + 0.1 * torch.randn(n, generator=g, dtype=torch.float64)).requires_grad_(True)
-        dy = torch.randn(m, n, generator=g, dtype=torch.float64)
+        x, w, dy = numerics.make_inputs(m, n, torch.float64, seed=seed)
+        x.requires_grad_(True)
+        w.requires_grad_(True)
         entry: dict[str, Any] = {"shape": [m, n]}
         try:
             entry["gradcheck"] = bool(
