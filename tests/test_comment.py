@@ -85,11 +85,13 @@ def shown(body: str) -> str:
     return html_module.unescape(re.sub(r"<[^>]+>", "", html(body)))
 
 
-def assert_inert(body: str) -> None:
-    """Rendered, the comment links only to the run and holds no artifact HTML, image or mention."""
+def assert_inert(body: str, pages: bool = False) -> None:
+    """Rendered, the comment links only to the run (and with ``pages``, to benchmark histories of
+    the one form HISTORY) and holds no artifact HTML, image or mention."""
     rendered = html(body)
     links = re.findall(r'<a href="([^"]*)"', rendered)
-    assert set(links) <= {RUN_URL}, links
+    history = {u for u in links if pages and HISTORY.fullmatch(html_module.unescape(u))}
+    assert set(links) - history <= {RUN_URL}, links
     for tag in re.findall(r"<[a-z][^>]*>", rendered):
         assert not re.search(r"\b(src|on\w+|style)=", tag), tag
     tags = set(re.findall(r"<([a-z]+)[\s>]", rendered))
@@ -414,3 +416,300 @@ def test_posting_needs_the_run_title_and_a_repository(tmp_path):
         pvc.main(
             ["--verdicts", str(tmp_path), "--repo", "o/r/../x", "--run-title", TITLE], client=FakeGitHub()
         )
+
+
+# ------------------------------------------------------------------------------------------------
+# Links to the history of each flagged benchmark
+# ------------------------------------------------------------------------------------------------
+
+PAGES = "https://o.github.io/r/"
+# The only history links there can be: the Pages URL, an asv benchmark of bench_rmsnorm, a shape.
+HISTORY = re.compile(
+    re.escape(PAGES) + r"#bench_rmsnorm\.(Forward|ForwardBackward)\.track_(median_ms|gpu_median_ms|error_y|"
+    r"error_dx|error_dw)\?p-shape='[0-9]+x[0-9]+-(float32|float16|bfloat16)'"
+)
+
+
+def history_links(body: str) -> list[str]:
+    links = re.findall(r'<a href="([^"]*)"', html(body))
+    others = [u for u in links if u != RUN_URL]
+    assert all(HISTORY.fullmatch(html_module.unescape(u)) for u in others), others
+    return [html_module.unescape(u) for u in others]
+
+
+def test_each_flagged_row_links_its_benchmark_history_at_its_shape(tmp_path):
+    rows = [*ROWS, {"check": "error dw 4096x4096-float32", "base": 1e-7, "head": 9e-6, "ratio": 90.0,
+                    "threshold": 2e-6, "verdict": "regression", "kind": "numerics"}]  # fmt: skip
+    body = dry(write(tmp_path / "verdict-h200", verdict(rows=rows)), "--run-title", TITLE, "--run-url", RUN_URL,
+               "--pages-url", PAGES)  # fmt: skip
+    attention = body.split("### h200: needs attention", 1)[1].split("<details>", 1)[0]
+    assert attention.splitlines()[2].endswith("| verdict | history |")
+    links = {
+        line.split(" | ")[0][2:]: line.rsplit(" | ", 1)[1] for line in attention.splitlines()[4:] if line
+    }
+    assert links == {
+        "error dw 4096x4096-float32": f"[history]({PAGES}#bench_rmsnorm.ForwardBackward.track_error_dw"
+        "?p-shape='4096x4096-float32') |",
+        "device 32768x4096-bfloat16 forward": f"[history]({PAGES}#bench_rmsnorm.Forward.track_gpu_median_ms"
+        "?p-shape='32768x4096-bfloat16') |",
+        "device 4096x4096-bfloat16 forward": f"[history]({PAGES}#bench_rmsnorm.Forward.track_gpu_median_ms"
+        "?p-shape='4096x4096-bfloat16') |",
+        "gpu tests &#40;head&#41;": "– |",  # no benchmark behind it
+    }
+    assert len(history_links(body)) == 3  # the passing rows, folded, link nowhere
+    assert_inert(body, pages=True)
+    plain_body = dry(write(tmp_path / "x" / "verdict-h200", verdict(rows=rows)), "--run-title", TITLE)
+    assert "history" not in plain_body and "github.io" not in plain_body  # no Pages URL, no links
+
+
+def test_history_url_maps_every_check_the_gate_writes():
+    assert pvc.history_url("latency 1x4096-float16 forward_backward", PAGES) == (
+        f"{PAGES}#bench_rmsnorm.ForwardBackward.track_median_ms?p-shape='1x4096-float16'"
+    )
+    assert pvc.history_url("error y 8192x16384-bfloat16", PAGES).endswith(
+        "Forward.track_error_y?p-shape='8192x16384-bfloat16'"
+    )
+    assert pvc.history_url("latency 1x4096-float16 forward", "") == ""
+
+
+@pytest.mark.parametrize(
+    "check",
+    [
+        "latency https://evil.example/x forward",
+        "latency 4096x4096-bfloat16 forward https://evil.example",
+        "latency 4096x4096-bfloat16/../../evil forward",
+        "device 4096x4096-bfloat16:evil.example forward",
+        "latency //evil.example forward",
+        "error y 4096x4096-bfloat16 ",
+        "error y 4096x4096-int8",
+        "latency 4096x4096-bfloat16' onmouseover=x forward",
+        "latency 4096x4096-bfloat16) (https://evil.example forward",
+        "error __class__ 4096x4096-bfloat16",
+        "latency 4096x4096-bfloat16 __init__",
+    ],
+)
+def test_a_hostile_check_name_links_nowhere(tmp_path, check):
+    assert pvc.history_url(check, PAGES) == ""
+    if pvc.CHECK.fullmatch(check):  # a name the validation lets through: the comment links no history
+        rows = [row(check, "regression", 1.5, note=EVIL)]
+        body = dry(
+            write(tmp_path / "verdict-h200", verdict(rows=rows)), "--run-title", TITLE, "--pages-url", PAGES
+        )
+        assert history_links(body) == [] and "evil.example" not in re.findall(r'href="([^"]*)"', html(body))
+        assert_inert(body, pages=True)
+
+
+def test_any_check_name_gives_no_link_or_one_of_the_history_form():
+    hypothesis = pytest.importorskip("hypothesis")
+    st = hypothesis.strategies
+    words = st.sampled_from(["latency", "device", "error", "y", "dx", "forward", "forward_backward", "4096x4096-bfloat16",
+                             "1x1-float32", "https://evil.example", "'", ")", "x", "", "#", "?p-shape="])  # fmt: skip
+
+    @hypothesis.settings(max_examples=300, deadline=None, database=None)
+    @hypothesis.given(st.one_of(st.text(max_size=60), st.lists(words, max_size=5).map(" ".join)))
+    def check(name):
+        url = pvc.history_url(name, PAGES)
+        assert url == "" or HISTORY.fullmatch(url), url
+
+    check()
+
+
+@pytest.mark.parametrize(
+    "pages",
+    [
+        "https://evil.example/r/",
+        "https://o.github.io.evil.example/r/",
+        "https://evil.example/o.github.io/r/",
+        "http://o.github.io/r/",
+        "javascript:alert(1)//o.github.io/r/",
+        "https://o.github.io/r",
+        "https://o.github.io/../",
+        "https://o.github.io/r/x/",
+        "https://o.github.io/r/#x",
+        "https://O.github.io/r/",
+        "https://o.github.io/r/\n",
+    ],
+)
+def test_a_pages_url_outside_the_pattern_is_refused(tmp_path, pages):
+    write(tmp_path / "verdict-h200", verdict(rows=ROWS))
+    bad = subprocess.run(
+        [sys.executable, str(SCRIPT), "--verdicts", str(tmp_path), "--dry-run", "--run-title", TITLE,
+         "--pages-url", pages],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "--pages-url must match" in bad.stderr and bad.stdout == ""
+
+
+# ------------------------------------------------------------------------------------------------
+# The drift tracking issue, against an in-memory GitHub
+# ------------------------------------------------------------------------------------------------
+
+DRIFT_SCRIPT = SCRIPT.parent / "drift_issue.py"
+_dspec = importlib.util.spec_from_file_location("drift_issue", DRIFT_SCRIPT)
+drift_issue = importlib.util.module_from_spec(_dspec)
+_dspec.loader.exec_module(drift_issue)  # imports post_verdict_comment: the module loaded above
+
+MAIN = "f" * 40
+DRIFTED = [
+    row("device 4096x4096-bfloat16 forward", "regression", 1.081, ci_low=1.062, ci_high=1.101, confidence=0.98),
+    row("latency 4096x4096-bfloat16 forward"),
+    row("latency 32768x4096-bfloat16 forward_backward", "regression", 1.12, ci_low=1.07, ci_high=1.18,
+        confidence=0.98),
+]  # fmt: skip
+
+
+def drift_artifact(folder: Path, status="regression", rows=DRIFTED, baseline="v0.3.0", **extra) -> Path:
+    write(folder, {**verdict(status, rows=rows, head_sha=MAIN), **extra})
+    if baseline is not None:
+        (folder / "drift.json").write_text(json.dumps({"baseline": baseline}), encoding="utf-8")
+    return folder.parent
+
+
+class FakeIssues:
+    """The issue calls of drift_issue.py: list the open `perf-drift` issues, open, update, close."""
+
+    def __init__(self, issues=()):
+        self.issues, self.calls = [dict(i) for i in issues], []
+
+    def request(self, method, path, payload=None):
+        self.calls.append(f"{method} {path}")
+        if method == "GET" and path.startswith("/repos/o/r/issues?labels=perf-drift&state=open&"):
+            return [i for i in self.issues if i["state"] == "open" and "perf-drift" in i["labels"]]
+        if method == "POST" and path == "/repos/o/r/issues":
+            number = 100 + len(self.issues)
+            self.issues.append({"number": number, "state": "open", "user": {"login": "github-actions[bot]"},
+                                "title": payload["title"], "body": payload["body"], "labels": payload["labels"]})  # fmt: skip
+            return self.issues[-1]
+        if method == "PATCH" and (m := re.fullmatch(r"/repos/o/r/issues/(\d+)", path)):
+            issue = next(i for i in self.issues if i["number"] == int(m[1]))
+            issue.update(payload)
+            return issue
+        raise AssertionError(f"unexpected call {method} {path}")
+
+    def writes(self):
+        return [c for c in self.calls if not c.startswith("GET")]
+
+
+def drift(folder: Path, client: FakeIssues, sha=MAIN) -> int:
+    argv = ["--drift", str(folder), "--repo", "o/r", "--sha", sha, "--run-url", RUN_URL, "--pages-url", PAGES]
+    return drift_issue.main(argv, client=client)
+
+
+PLANTED = {"number": 3, "state": "open", "user": {"login": "mallory"}, "labels": ["perf-drift"],
+           "title": "Performance drift of main", "body": "## Drift of main: ✅ gone"}  # fmt: skip
+
+
+def test_drift_opens_one_issue_with_main_the_baseline_and_the_regressed_rows(tmp_path):
+    gh = FakeIssues([PLANTED])
+    assert drift(drift_artifact(tmp_path / "a" / "drift-h200"), gh) == 0
+    assert gh.issues[0] == PLANTED  # another user's issue with the label is never touched
+    ours = [i for i in gh.issues if i["user"]["login"] == "github-actions[bot]"]
+    assert len(ours) == 1 and ours[0]["labels"] == ["perf-drift"]
+    assert ours[0]["title"] == "Performance drift of main against v0.3.0"
+    body = ours[0]["body"]
+    assert f"main at `{MAIN[:12]}`" in body and f"baseline `v0.3.0` at `{BASE[:12]}`" in body
+    assert (
+        "## Drift of main: ❌ regression" in body
+        and "2 regressed, 0 could not judge, 1 pass of 3 checks" in body
+    )
+    flagged = [line for line in body.splitlines() if "**regression**" in line]
+    assert [line.split(" | ")[0] for line in flagged] == [
+        "| latency 32768x4096-bfloat16 forward&#95;backward", "| device 4096x4096-bfloat16 forward"]  # fmt: skip
+    assert "+12.0%" in flagged[0] and "98% CI +7.0% to +18.0%" in flagged[0]
+    assert "+8.1%" in flagged[1] and "98% CI +6.2% to +10.1%" in flagged[1]
+    assert "latency 4096x4096-bfloat16 forward |" not in body  # passing rows are in the artifact only
+    assert len(history_links(body)) == 2
+    assert_inert(body, pages=True)
+    # the next push, still drifting: the same issue is updated, the planted one still ignored
+    drift(drift_artifact(tmp_path / "b" / "drift-h200", rows=DRIFTED[:2]), gh)
+    assert len(gh.issues) == 2 and gh.issues[0] == PLANTED and "1 regressed" in gh.issues[1]["body"]
+    assert gh.writes()[-1] == "PATCH /repos/o/r/issues/101"
+    # drift gone: the bot's issue is closed, saying where; the planted one stays open
+    drift(drift_artifact(tmp_path / "c" / "drift-h200", "pass", rows=DRIFTED[1:2]), gh)
+    assert gh.issues[1]["state"] == "closed" and "## Drift of main: ✅ gone" in gh.issues[1]["body"]
+    assert f"`{MAIN[:12]}`" in gh.issues[1]["body"] and gh.issues[0] == PLANTED
+
+
+def test_drift_on_one_kind_is_shown_even_where_another_could_not_be_judged(tmp_path):
+    drift_artifact(tmp_path / "drift-h200")
+    drift_artifact(tmp_path / "drift-b200", "error", rows=[{"check": "deadline", "verdict": "error", "kind": "run",
+                                                             "note": "the deadline passed"}])  # fmt: skip
+    gh = FakeIssues()
+    drift(tmp_path, gh)
+    body = gh.issues[0]["body"]
+    assert "## Drift of main: ❌ regression" in body and "- **b200**: ⚠️ could not judge" in body
+    assert "| deadline |" in body and "could not judge: the deadline passed" in body
+
+
+def test_no_drift_and_no_issue_writes_nothing_and_a_planted_issue_is_not_closed(tmp_path):
+    gh = FakeIssues([PLANTED])
+    drift(drift_artifact(tmp_path / "drift-h200", "pass", rows=DRIFTED[1:2]), gh)
+    assert gh.writes() == [] and gh.issues == [PLANTED]
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        {"rows": [row("latency <img src=x> forward", "regression", 1.5)]},  # check name outside the pattern
+        {"rows": [row("latency 4096x4096-bfloat16 forward", "regression", float("inf"))]},
+        {"head_sha": OLD},  # a verdict about another commit than the run's
+        {"base_sha": "abc` [x](https://evil.example) `"},
+        {"status": "error", "rows": [DRIFTED[1], {"check": "deadline", "verdict": "error", "kind": "run"}]},
+    ],
+)
+def test_a_drift_verdict_that_fails_validation_leaves_the_issue_as_it_is(tmp_path, spoil):
+    ours = {**PLANTED, "number": 4, "user": {"login": "github-actions[bot]"}, "body": "earlier drift"}
+    gh = FakeIssues([ours])
+    folder = tmp_path / "drift-h200"
+    folder.mkdir()
+    (folder / "verdict.json").write_text(
+        json.dumps({**verdict("regression", rows=DRIFTED, head_sha=MAIN), **spoil}), encoding="utf-8"
+    )
+    drift(tmp_path, gh)
+    assert gh.writes() == [] and gh.issues == [ours]
+    drift(tmp_path / "nothing-downloaded", gh)  # the drift job failed before its artifact
+    assert gh.writes() == []
+
+
+def test_hostile_notes_and_baseline_are_neutralised_in_the_issue(tmp_path):
+    rows = [row("device 4096x4096-bfloat16 forward", "regression", 1.3, note=EVIL)]
+    folder = drift_artifact(tmp_path / "drift-h200", rows=rows, baseline="v1` [x](https://evil.example) `")
+    gh = FakeIssues()
+    drift(folder, gh)
+    body = gh.issues[0]["body"]
+    assert "baseline: not recorded" in body and gh.issues[0]["title"].endswith("against the last release")
+    assert "octocat" in body and "evil" in body  # shown as text
+    assert_inert(body, pages=True)
+    big = tmp_path / "big" / "drift-h200"
+    drift_artifact(big)
+    (big / "drift.json").write_bytes(b'{"baseline": "v1", "x": "' + b"a" * 5000 + b'"}')
+    assert "baseline: not recorded" in drift_dry(big.parent)
+
+
+def test_the_issue_stays_under_the_size_limit(tmp_path):
+    many = [
+        row(f"latency {i}x4096-bfloat16 forward", "regression", 1.2, note=EVIL) for i in range(pvc.MAX_ROWS)
+    ]
+    body = drift_dry(drift_artifact(tmp_path / "drift-h200", rows=many))
+    assert len(body) <= pvc.MAX_BODY and pvc.CUT in body
+    assert_inert(body, pages=True)
+
+
+def drift_dry(folder: Path) -> str:
+    out = subprocess.run(
+        [sys.executable, str(DRIFT_SCRIPT), "--drift", str(folder), "--sha", MAIN, "--dry-run", "--pages-url", PAGES],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_the_issue_script_runs_standalone_and_refuses_bad_arguments(tmp_path):
+    body = drift_dry(drift_artifact(tmp_path / "drift-h200"))
+    assert body.startswith(drift_issue.MARKER) and "baseline `v0.3.0`" in body
+    for args in (["--sha", "main"], ["--sha", MAIN, "--pages-url", "https://evil.example/r/"]):
+        bad = subprocess.run([sys.executable, str(DRIFT_SCRIPT), "--drift", str(tmp_path), "--dry-run", *args],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert bad.returncode == 2
+    with pytest.raises(SystemExit):
+        drift_issue.main(["--drift", str(tmp_path), "--sha", MAIN, "--repo", "o/r/../x"], client=FakeIssues())

@@ -108,6 +108,7 @@ def test_write_permissions_are_where_they_are_needed_only():
         ("pr-comment.yml", "comment", "pull-requests"),
         ("pr-comment.yml", "comment", "statuses"),
         ("history.yml", "push", "contents"),
+        ("history.yml", "drift-issue", "issues"),
         ("history.yml", "deploy", "pages"),
         ("history.yml", "deploy", "id-token"),
     }
@@ -352,6 +353,50 @@ def test_drift_judges_main_and_reports_in_the_summary():
         and int(job["env"]["DEADLINE_MINUTES"]) + 12 <= job["timeout-minutes"]
     )
     assert job["steps"][0]["with"]["fetch-tags"] is True
+    # the tag judged against is named on the command line and recorded for the tracking issue
+    assert '-m nox -s drift -- "${against[@]}"' in runs and '"$DRIFT_DIR/drift.json"' in runs
+
+
+def test_the_drift_issue_job_holds_only_issues_write_and_runs_the_default_branch_script():
+    job = WORKFLOWS["history.yml"]["jobs"]["drift-issue"]
+    assert job["needs"] == "drift" and job["runs-on"] == "ubuntu-latest"
+    assert "!cancelled()" in job["if"] and "github.ref == 'refs/heads/main'" in job["if"]
+    assert job["permissions"] == {"issues": "write"}
+    used = [s["uses"].split("@")[0] for s in job["steps"] if "uses" in s]
+    assert used == ["actions/checkout", "actions/download-artifact"]
+    checkout = job["steps"][0]["with"]
+    assert "ref" not in checkout and checkout["sparse-checkout"] == ".github/scripts"
+    assert job["steps"][1]["with"] == {"pattern": "drift-*", "path": "drift"}  # this run's artifacts only
+    post = job["steps"][-1]
+    assert post["run"].startswith("python3 .github/scripts/drift_issue.py --drift drift")
+    assert post["env"]["MAIN_SHA"] == "${{ github.sha }}" and '--sha "$MAIN_SHA"' in post["run"]
+    upload = next(
+        s
+        for s in WORKFLOWS["history.yml"]["jobs"]["drift"]["steps"]
+        if "upload-artifact" in s.get("uses", "")
+    )
+    assert upload["with"]["name"] == "drift-${{ matrix.kind }}"
+
+
+@pytest.mark.parametrize(
+    ("wf_name", "job_id"), [("pr-comment.yml", "comment"), ("history.yml", "drift-issue")]
+)
+def test_the_pages_url_is_built_from_the_repository_and_passes_the_scripts_pattern(wf_name, job_id):
+    """The history links' base comes from github context: https://OWNER.github.io/REPO/, owner lowercased."""
+    step = WORKFLOWS[wf_name]["jobs"][job_id]["steps"][-1]
+    assert step["env"]["OWNER"] == "${{ github.repository_owner }}"
+    assert step["env"]["REPO_NAME"] == "${{ github.event.repository.name }}"
+    assert '--pages-url "https://${OWNER,,}.github.io/$REPO_NAME/"' in step["run"]
+    spec = importlib.util.spec_from_file_location("pvc_for_pages", SCRIPTS / "post_verdict_comment.py")
+    pvc = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = pvc
+    spec.loader.exec_module(pvc)
+    built = subprocess.run(
+        ["bash", "-c", 'echo -n "https://${OWNER,,}.github.io/$REPO_NAME/"'],
+        env={"OWNER": "Some-Owner", "REPO_NAME": "rmsnorm-kernel", "PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert built == "https://some-owner.github.io/rmsnorm-kernel/" and pvc.PAGES_URL.fullmatch(built)
 
 
 def asv_tree(root: Path, name: str = "bench_rmsnorm.Forward.track_median_ms") -> Path:

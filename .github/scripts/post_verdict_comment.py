@@ -55,6 +55,16 @@ REPO = re.compile(r"[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}")
 RUN_URL = re.compile(
     r"https://[A-Za-z0-9.-]{1,100}/[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}/actions/runs/\d{1,20}"
 )
+# The history page on GitHub Pages: https://OWNER.github.io/REPO/ (owner lowercased by the workflow).
+PAGES_URL = re.compile(r"https://[a-z0-9][a-z0-9-]{0,38}\.github\.io/(?!\.{1,2}/)[A-Za-z0-9_.-]{1,100}/")
+SHAPE = re.compile(r"[0-9]+x[0-9]+-(float32|float16|bfloat16)")  # cases.BENCH_SHAPES names
+# A gate row's check name -> the asv benchmark that tracks it (benchmarks/bench_rmsnorm.py):
+# "latency SHAPE MODE" is the whole-call median, "device SHAPE MODE" the GPU-time median,
+# "error Q SHAPE" the error of quantity Q in the class whose mode computes it.
+ASV_CLASS = {"forward": "Forward", "forward_backward": "ForwardBackward"}
+ASV_TRACK = {"latency": "track_median_ms", "device": "track_gpu_median_ms"}
+ASV_ERROR = {"y": "Forward.track_error_y", "dx": "ForwardBackward.track_error_dx",
+             "dw": "ForwardBackward.track_error_dw"}  # fmt: skip
 
 STATUSES = ("pass", "regression", "error")  # in order of severity
 ICON = {"pass": "✅ pass", "regression": "❌ regression", "error": "⚠️ could not judge"}
@@ -119,6 +129,7 @@ class Run:
     head_sha: str = ""
     url: str = ""
     conclusion: str = ""
+    pages: str = ""  # the history page, PAGES_URL; "" links no history
 
 
 # ------------------------------------------------------------------------------------------------
@@ -203,8 +214,8 @@ def parse_verdict(data: Any, kind: str) -> Entry:
     return Entry(kind, status, parsed, problem, **shas)
 
 
-def load_entry(folder: Path, run: Run) -> Entry:
-    kind = folder.name.removeprefix("verdict-")
+def load_entry(folder: Path, run: Run, prefix: str = "verdict-") -> Entry:
+    kind = folder.name.removeprefix(prefix)
     if not KIND.fullmatch(kind):
         return Entry("unknown", "error", problem="an artifact with a malformed GPU kind name")
     try:
@@ -222,15 +233,15 @@ def load_entry(folder: Path, run: Run) -> Entry:
     return entry
 
 
-def collect(verdicts: Path, run: Run) -> list[Entry]:
-    """One Entry per artifact folder (or the folder itself when it is one ``--out DIR``)."""
+def collect(verdicts: Path, run: Run, prefix: str = "verdict-") -> list[Entry]:
+    """One Entry per artifact folder, ``PREFIX-KIND`` (or the folder itself when it is one ``--out DIR``)."""
     if not verdicts.is_dir():
         return []
     if (verdicts / "verdict.json").exists():
         folders = [verdicts]
     else:
         folders = sorted(p for p in verdicts.iterdir() if p.is_dir() and not p.is_symlink())
-    entries = [load_entry(folder, run) for folder in folders[:MAX_KINDS]]
+    entries = [load_entry(folder, run, prefix) for folder in folders[:MAX_KINDS]]
     if len(folders) > MAX_KINDS:
         entries.append(Entry("more", "error", problem=f"more than {MAX_KINDS} verdict artifacts"))
     return entries
@@ -291,17 +302,45 @@ def threshold(row: Row) -> str:
     return f"error > {row.threshold:.2e}"
 
 
+def history_url(check: str, pages: str) -> str:
+    """The asv page of the benchmark behind ``check`` at its shape, or "" when there is none.
+
+    The URL is composed only of ``pages`` (matching PAGES_URL), constants of this script and a
+    shape matching SHAPE: nothing else of the check name reaches it."""
+    if not PAGES_URL.fullmatch(pages):
+        return ""
+    words = check.split(" ")
+    if len(words) == 3 and words[0] in ASV_TRACK and words[2] in ASV_CLASS:
+        benchmark, shape = f"{ASV_CLASS[words[2]]}.{ASV_TRACK[words[0]]}", words[1]
+    elif len(words) == 3 and words[0] == "error" and words[1] in ASV_ERROR:
+        benchmark, shape = ASV_ERROR[words[1]], words[2]
+    else:
+        return ""
+    if not SHAPE.fullmatch(shape):
+        return ""
+    return f"{pages}#bench_rmsnorm.{benchmark}?p-shape='{shape}'"
+
+
+def history_link(row: Row, pages: str) -> str:
+    url = history_url(row.check, pages)
+    return f"[history]({url})" if url else "–"
+
+
 def change_key(row: Row) -> tuple[int, float, str]:
     """Regressions first, then rows that could not be judged, then passes; each by change, largest first."""
     change = row.ratio if row.ratio is not None else -math.inf
     return (("regression", "error", "pass").index(row.verdict), -change, row.check)
 
 
-def table(rows: list[Row], with_verdict: bool) -> list[str]:
+def table(rows: list[Row], with_verdict: bool, pages: str = "") -> list[str]:
+    """The rows as a markdown table; with ``pages`` (the verdict columns only) a link per row to
+    its benchmark's history."""
+    links = with_verdict and bool(pages)
     head = "| check | change | confidence | threshold | base → head |" + (
         " verdict |" if with_verdict else ""
     )
-    lines = [head, "|---" * (5 + with_verdict) + "|"]
+    head += " history |" if links else ""
+    lines = [head, "|---" * (5 + with_verdict + links) + "|"]
     for r in rows:
         cells = [
             plain(r.check),
@@ -313,6 +352,8 @@ def table(rows: list[Row], with_verdict: bool) -> list[str]:
         if with_verdict:
             verdict = "**regression**" if r.verdict == "regression" else "could not judge"
             cells.append(verdict + (f": {plain(r.note)}" if r.note else ""))
+        if links:
+            cells.append(history_link(r, pages))
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -380,7 +421,7 @@ def render(entries: list[Entry], run: Run) -> str:
     for e in entries:
         attention = sorted((r for r in e.rows if r.verdict != "pass"), key=change_key)
         if attention:
-            lines += [f"### {e.kind}: needs attention", "", *table(attention, True), ""]
+            lines += [f"### {e.kind}: needs attention", "", *table(attention, True, run.pages), ""]
     if size() > budget:  # the attention rows alone are too long: cut at a row boundary
         while size(["", CUT]) > budget:
             lines.pop()
@@ -527,6 +568,11 @@ def main(argv: list[str] | None = None, client: Client | None = None) -> int:
     parser.add_argument("--head-sha", default="", help="head commit, for --dry-run without --run-title")
     parser.add_argument("--run-url", default="", help="the GPU run's page (its job logs)")
     parser.add_argument("--conclusion", default="", help="conclusion of the GPU workflow run")
+    parser.add_argument(
+        "--pages-url",
+        default="",
+        help="the history page, https://OWNER.github.io/REPO/: links per flagged row",
+    )
     parser.add_argument("--bot-login", default=BOT_LOGIN, help="author of the comments this script edits")
     parser.add_argument("--dry-run", action="store_true", help="print the comment body; post nothing")
     args = parser.parse_args(argv)
@@ -538,7 +584,9 @@ def main(argv: list[str] | None = None, client: Client | None = None) -> int:
     if head and not SHA.fullmatch(head):
         parser.error("--head-sha must be a 40-hex commit SHA")
     url = args.run_url if RUN_URL.fullmatch(args.run_url) else ""
-    run = Run(int(title.group(1)) if title else 0, head, url, args.conclusion)
+    if args.pages_url and not PAGES_URL.fullmatch(args.pages_url):
+        parser.error(f"--pages-url must match {PAGES_URL.pattern}")
+    run = Run(int(title.group(1)) if title else 0, head, url, args.conclusion, args.pages_url)
     entries = collect(args.verdicts, run)
     if args.dry_run:
         sys.stdout.write(render(entries, run))
