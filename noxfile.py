@@ -46,8 +46,9 @@ TORCH_INDEX = os.environ.get("RMSNORM_TORCH_INDEX", "")
 LINT_REQUIREMENTS = "requirements/lint.txt"
 NOX_REQUIREMENTS = "requirements/nox.txt"
 # the suite's own dependencies; numpy for the Triton interpreter; pytest and pytest-benchmark;
-# asv and matplotlib (plots are tested on CPU too); transformers (the swap sweep and model tests)
-EXTRAS = ("suite", "interpret", "test", "bench", "models")
+# asv and matplotlib (plots are tested on CPU too); transformers (the swap sweep and model tests);
+# cosmic-ray (the mutation runner's own tests, and the `mutation` session)
+EXTRAS = ("suite", "interpret", "test", "bench", "models", "mutation")
 WORKFLOWS = ".github/workflows"
 ARC_VALUES = "deploy/arc"  # runner scale sets: *.yaml values checked against values.schema.json
 HISTORY_PAGE_TEST = "tests/test_asv_page.py"  # headless Chromium; skips, with the reason, without it
