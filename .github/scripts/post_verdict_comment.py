@@ -9,7 +9,9 @@ is parsed, every field is validated (SHAs, finite numbers in range, check names 
 pattern), the summary is rebuilt from the rows (no text of the artifact is copied through but
 the rows' notes, and those with links, images, HTML, mentions and references neutralised), and
 the pull request and head commit are taken from the run's title, which the default branch's
-workflow sets from the event (``GPU verdict #N at SHA``), never from the artifacts.
+workflow sets from the event (``GPU verdict #N at SHA``), never from the artifacts. With
+``--pages-url`` (the history site, ``https://OWNER.github.io/REPO/``) each flagged row links to
+its asv benchmark at its shape; the URL holds nothing of the artifact but a validated shape.
 
 The comment is found again by its marker AND its author (the bot): a marked comment written by
 anyone else is left alone. A cancelled or timed-out run, a run that failed before any verdict,
