@@ -521,3 +521,30 @@ def test_tensors_on_a_device_that_is_not_current():
     torch.cuda.synchronize(1)
     assert y.device == torch.device("cuda:1")
     assert torch.equal(y, y2) and torch.equal(x.grad, x2.grad) and torch.equal(w.grad, w2.grad)
+
+
+# Each plan with the kernel it launches and constexprs it must hold by name: the plan's plain
+# constexprs tuple fills the kernel's constexpr parameters in their order.
+PLAN_CONSTEXPRS = [
+    (lambda: launch._forward_tile_plan(4096, True, False, 1, True, False), kernels.forward_tile,
+     {"HAS_WEIGHT": True, "CASTING": 1, "BLOCK_N": 4096, "ROWS": 1, "EVEN": True, "STORE_RSTD": False}),
+    (lambda: launch._forward_looped_plan(20000, False, True, 0, False, True, True), kernels.forward_looped,
+     {"HAS_WEIGHT": False, "HAS_RESIDUAL": True, "BLOCK_N": launch.FORWARD_WIDE_BLOCK,
+      "FIRST_WALK_POLICY": "evict_last", "SECOND_WALK_POLICY": "evict_first", "STORE_POLICY": "evict_first",
+      "UNROLL_WALKS": True, "N": 20000, "CONTIGUOUS": False, "HAS_OFFSET": True}),
+    (lambda: launch._backward_tile_plan(1000, True, True, False, 0), kernels.backward_tile,
+     {"HAS_DH": True, "COMPUTE_DW": False, "BLOCK_N": 1024, "ROWS": 2, "PREFETCH": True}),
+    (lambda: launch._backward_chunked_plan(9000, True, False, True, 1), kernels.backward_chunked,
+     {"CASTING": 1, "CHUNK": launch.TWO_WALK_BACKWARD_CHUNK, "CHUNKS": 3}),
+    (lambda: launch._reduce_plan(65536, 33), kernels.reduce_columns, {"BLOCK_P": 32, "BLOCK_C": 256}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("make", "kernel", "expected"), PLAN_CONSTEXPRS)
+def test_plan_constexprs_fill_the_kernels_parameters_by_name(make, kernel, expected):
+    plan = make()
+    names = [p.name for p in kernel.params if p.is_constexpr]
+    assert plan._fields[-1] == "constexprs" and type(plan.constexprs) is tuple
+    assert len(plan.constexprs) == len(names)
+    by_name = dict(zip(names, plan.constexprs))
+    assert {k: by_name[k] for k in expected} == expected

@@ -10,6 +10,7 @@ import functools
 import math
 import numbers
 import operator
+from typing import NamedTuple
 
 import torch
 import triton
@@ -373,49 +374,116 @@ def _next_power_of_2(v: int) -> int:
     return 1 << (v - 1).bit_length()
 
 
+class ForwardTile(NamedTuple):
+    """A FORWARD_TILE entry."""
+
+    rows: int  # rows per program
+    warps: int
+
+
+class BackwardTile(NamedTuple):
+    """A BACKWARD_TILE entry."""
+
+    rows: int  # rows per program
+    warps: int
+    per_sm: tuple[int, int]  # programs per SM, and with few rows
+    prefetch: bool  # load the next row block before working on this one
+
+
 # Launch configurations of the tile path, by BLOCK_N. "Few rows": fewer than FEW_ROW_BLOCKS row
 # blocks per program, where each program's fixed cost outweighs the parallelism; prefetch only
 # where measured. Measured: docs/performance-notes.md, Tile tables.
-FORWARD_TILE = {1024: (2, 4), 2048: (1, 4), 4096: (1, 2)}
+FORWARD_TILE = {
+    1024: ForwardTile(rows=2, warps=4),
+    2048: ForwardTile(rows=1, warps=4),
+    4096: ForwardTile(rows=1, warps=2),
+}
 # Launches of at most this many rows, with N the tile width and one row per program, run the tile
 # forward without masks (forward_tile's EVEN). Measured: docs/performance-notes.md, EVEN_MAX_ROWS.
 EVEN_MAX_ROWS = 256
-BACKWARD_TILE = {1024: (2, 4, (4, 4), True), 2048: (1, 4, (4, 4), False), 4096: (1, 8, (2, 1), True)}
+BACKWARD_TILE = {
+    1024: BackwardTile(rows=2, warps=4, per_sm=(4, 4), prefetch=True),
+    2048: BackwardTile(rows=1, warps=4, per_sm=(4, 4), prefetch=False),
+    4096: BackwardTile(rows=1, warps=8, per_sm=(2, 1), prefetch=True),
+}
 FEW_ROW_BLOCKS = 2
 
 
-@functools.cache
-def forward_config(n: int) -> tuple[int, int, int]:
-    """(BLOCK_N, ROWS, num_warps) of the forward tile path."""
-    block_n = triton.next_power_of_2(n)
-    if block_n in FORWARD_TILE:
-        return (block_n, *FORWARD_TILE[block_n])
-    return block_n, max(1, 1024 // block_n), 4  # narrow rows: about 1024 elements per program
+class ForwardConfig(NamedTuple):
+    block_n: int
+    rows: int
+    warps: int
+
+
+class BackwardConfig(NamedTuple):
+    block_n: int
+    rows: int
+    warps: int
+    per_sm: tuple[int, int]
+    prefetch: bool
 
 
 @functools.cache
-def backward_config(n: int) -> tuple[int, int, int, tuple[int, int], bool]:
-    """(BLOCK_N, ROWS, num_warps, (programs per SM, programs per SM with few rows), prefetch) of
-    the backward tile path."""
+def forward_config(n: int) -> ForwardConfig:
+    """BLOCK_N, rows per program and warps of the forward tile path."""
     block_n = triton.next_power_of_2(n)
-    if block_n in BACKWARD_TILE:
-        return (block_n, *BACKWARD_TILE[block_n])
-    return block_n, max(1, 1024 // block_n), 4, (4, 4), False
+    tile = FORWARD_TILE.get(block_n)
+    if tile is None:  # narrow rows: about 1024 elements per program
+        tile = ForwardTile(rows=max(1, 1024 // block_n), warps=4)
+    return ForwardConfig(block_n, tile.rows, tile.warps)
+
+
+@functools.cache
+def backward_config(n: int) -> BackwardConfig:
+    """BLOCK_N and the BACKWARD_TILE entry of the backward tile path."""
+    block_n = triton.next_power_of_2(n)
+    tile = BACKWARD_TILE.get(block_n)
+    if tile is None:
+        tile = BackwardTile(rows=max(1, 1024 // block_n), warps=4, per_sm=(4, 4), prefetch=False)
+    return BackwardConfig(block_n, *tile)
 
 
 # Launch parameters of the tile and two-walk paths, built once per configuration so that a call
-# only looks them up. (The wide backward reads its module-level knobs at every call:
-# tools/tune_sweep.py overrides them between runs.)
+# only looks them up (a plan unpacks like a tuple; ``constexprs`` is the kernel's constexpr
+# parameters in order, a plain tuple). (The wide backward reads its module-level knobs at every
+# call: tools/tune_sweep.py overrides them between runs.)
+
+
+class ForwardTilePlan(NamedTuple):
+    rows: int  # rows per program
+    num_warps: int
+    constexprs: tuple
+
+
+class ForwardLoopedPlan(NamedTuple):
+    num_warps: int
+    constexprs: tuple
+
+
+class BackwardPlan(NamedTuple):
+    """A persistent backward's plan: backward_tile's, or backward_chunked's (one row per step)."""
+
+    rows: int  # rows per program step
+    num_warps: int
+    per_sm: tuple[int, int]  # programs per SM, and with few rows
+    constexprs: tuple
+
+
+class ReducePlan(NamedTuple):
+    grid: tuple[int, int, int]
+    num_warps: int
+    constexprs: tuple
 
 
 @functools.cache
 def _forward_tile_plan(
     n: int, has_weight: bool, has_residual: bool, casting: int, few_rows: bool, store_rstd: bool
-) -> tuple:
-    """(ROWS, num_warps, constexprs) of forward_tile; ``few_rows``: at most EVEN_MAX_ROWS rows."""
+) -> ForwardTilePlan:
+    """forward_tile's plan; ``few_rows``: at most EVEN_MAX_ROWS rows."""
     block_n, rows, num_warps = forward_config(n)
     even = few_rows and n == block_n and rows == 1
-    return rows, num_warps, (has_weight, has_residual, casting, block_n, rows, even, store_rstd)
+    constexprs = (has_weight, has_residual, casting, block_n, rows, even, store_rstd)
+    return ForwardTilePlan(rows, num_warps, constexprs)
 
 
 @functools.cache
@@ -427,47 +495,40 @@ def _forward_looped_plan(
     contiguous: bool,
     has_offset: bool,
     store_rstd: bool,
-) -> tuple:
-    """(num_warps, constexprs) of forward_looped; ``contiguous``: x's and the residual's rows
-    are n apart, ``has_offset``: the weight offset is nonzero, ``store_rstd``: r is stored."""
+) -> ForwardLoopedPlan:
+    """forward_looped's plan; ``contiguous``: x's and the residual's rows are n apart,
+    ``has_offset``: the weight offset is nonzero, ``store_rstd``: r is stored."""
+    first_walk_policy, second_walk_policy = "evict_last", "evict_first"
     if n <= TWO_WALK_MAX:
-        num_warps, block, store, unroll = FORWARD_WALK_WARPS, FORWARD_WALK_BLOCK, "", False
+        num_warps, block_n, store_policy, unroll_walks = FORWARD_WALK_WARPS, FORWARD_WALK_BLOCK, "", False
     else:
-        num_warps, block, store = FORWARD_WIDE_WARPS, FORWARD_WIDE_BLOCK, "evict_first"
-        unroll = n <= FORWARD_WIDE_UNROLL * block
-    # HAS_WEIGHT, HAS_RESIDUAL, CASTING, BLOCK_N, FIRST_WALK_POLICY, SECOND_WALK_POLICY, STORE_POLICY,
-    # UNROLL_WALKS, N, CONTIGUOUS, HAS_OFFSET, STORE_RSTD
-    return num_warps, (
-        has_weight,
-        has_residual,
-        casting,
-        block,
-        "evict_last",
-        "evict_first",
-        store,
-        unroll,
-        n,
-        contiguous,
-        has_offset,
-        store_rstd,
-    )
+        num_warps, block_n, store_policy = FORWARD_WIDE_WARPS, FORWARD_WIDE_BLOCK, "evict_first"
+        unroll_walks = n <= FORWARD_WIDE_UNROLL * block_n
+    constexprs = (has_weight, has_residual, casting, block_n, first_walk_policy, second_walk_policy,
+                  store_policy, unroll_walks, n, contiguous, has_offset, store_rstd)  # fmt: skip
+    return ForwardLoopedPlan(num_warps, constexprs)
 
 
 @functools.cache
-def _backward_tile_plan(n: int, has_weight: bool, has_dh: bool, compute_dw: bool, casting: int) -> tuple:
-    """(ROWS, num_warps, (programs per SM, with few rows), constexprs) of backward_tile."""
+def _backward_tile_plan(
+    n: int, has_weight: bool, has_dh: bool, compute_dw: bool, casting: int
+) -> BackwardPlan:
+    """backward_tile's plan."""
     block_n, rows, num_warps, per_sm, prefetch = backward_config(n)
-    return rows, num_warps, per_sm, (has_weight, has_dh, compute_dw, casting, block_n, rows, prefetch)
+    constexprs = (has_weight, has_dh, compute_dw, casting, block_n, rows, prefetch)
+    return BackwardPlan(rows, num_warps, per_sm, constexprs)
 
 
 @functools.cache
-def _backward_chunked_plan(n: int, has_weight: bool, has_dh: bool, compute_dw: bool, casting: int) -> tuple:
-    """(rows per program step, num_warps, (programs per SM, with few rows), constexprs) of backward_chunked, in
-    _backward_tile_plan's layout (one row per step)."""
+def _backward_chunked_plan(
+    n: int, has_weight: bool, has_dh: bool, compute_dw: bool, casting: int
+) -> BackwardPlan:
+    """backward_chunked's plan: one row per program step."""
     chunk = TWO_WALK_BACKWARD_CHUNK
+    chunks = (n + chunk - 1) // chunk
     num_warps, per_sm = TWO_WALK_BACKWARD[_next_power_of_2(n)]
-    constexprs = (has_weight, has_dh, compute_dw, casting, chunk, (n + chunk - 1) // chunk)
-    return 1, num_warps, (per_sm, per_sm), constexprs
+    constexprs = (has_weight, has_dh, compute_dw, casting, chunk, chunks)
+    return BackwardPlan(1, num_warps, (per_sm, per_sm), constexprs)
 
 
 # The dw reduction sums a (programs, N) fp32 scratch, just written and read from L2, in
@@ -479,8 +540,8 @@ REDUCE_TALL = 128
 
 
 @functools.cache
-def _reduce_plan(n: int, programs: int) -> tuple:
-    """(grid, num_warps, constexprs) of reduce_columns over a (programs, n) scratch."""
+def _reduce_plan(n: int, programs: int) -> ReducePlan:
+    """reduce_columns' plan over a (programs, n) scratch."""
     if programs >= REDUCE_TALL:
         block_c, num_warps = 16, (8 if programs >= 256 else 4)
     else:
@@ -488,7 +549,7 @@ def _reduce_plan(n: int, programs: int) -> tuple:
         block_c, num_warps = min(256, max(16, strip)), 4
     block_c = min(block_c, _next_power_of_2(n))
     block_p = min(REDUCE_ROWS, _next_power_of_2(programs))
-    return ((n + block_c - 1) // block_c, 1, 1), num_warps, (block_p, block_c)  # BLOCK_P, BLOCK_C
+    return ReducePlan(((n + block_c - 1) // block_c, 1, 1), num_warps, (block_p, block_c))
 
 
 def backward_programs(blocks: int, per_sm: tuple[int, int], sms: int) -> int:
@@ -666,9 +727,8 @@ def backward(
         has_weight, has_dh = weight is not None, dh2 is not None
         ran_fused = False
         if one_launch:
-            # HAS_WEIGHT, HAS_DH, COMPUTE_DW, CASTING, BLOCK_S, SEGMENTS, SEGMENTS_POW2, LOOKAHEAD
-            fused = (has_weight, has_dh, compute_dw, casting, FUSED_SEGMENT, f_segments,
-                     _next_power_of_2(f_segments), WIDE_LOOKAHEAD)  # fmt: skip
+            block_s, segments_pow2, lookahead = FUSED_SEGMENT, _next_power_of_2(f_segments), WIDE_LOOKAHEAD
+            fused = (has_weight, has_dh, compute_dw, casting, block_s, f_segments, segments_pow2, lookahead)
             f_dot = dot[: m * f_segments].view(m, f_segments)
             scalars = (m, n, f_programs, *strides)
             ran_fused = _wide_fused(xh2, w, dy2, dh, rstd, f_dot, dx, partial, scalars, fused)
@@ -678,8 +738,8 @@ def backward(
             dot = dot[: m * segments].view(m, segments)
             args = (xh2, w, dy2, dot, n, strides[0], stride_dy, offset, segments)
             _backward_wide_dot((m, segments, 1), args, SEGMENT_WARPS, (has_weight, SEGMENT))
-            # HAS_WEIGHT, HAS_DH, COMPUTE_DW, CASTING, BLOCK_S, SEGMENTS_POW2
-            constexprs = (has_weight, has_dh, compute_dw, casting, SEGMENT, _next_power_of_2(segments))
+            block_s, segments_pow2 = SEGMENT, _next_power_of_2(segments)
+            constexprs = (has_weight, has_dh, compute_dw, casting, block_s, segments_pow2)
             args = (xh2, w, dy2, dh, rstd, dot, dx, partial, m, n, programs, *strides, segments)
             _backward_wide((programs, segments, 1), args, SEGMENT_WARPS, constexprs)
     if compute_dw and partial is not dw:
