@@ -378,7 +378,7 @@ def rms_norm(
     x: Tensor,
     normalized_shape: int | Sequence[int] | None = None,
     weight: Tensor | None = None,
-    eps: float | None = 1e-6,
+    eps: float | None = None,
     *,
     residual: Tensor | None = None,
     residual_dtype: torch.dtype | None = None,
