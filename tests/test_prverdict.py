@@ -120,7 +120,9 @@ def test_hostile_head_is_judged_by_the_trusted_gate(repo, host_timing, tmp_path)
     )  # fmt: skip
     assert data["pr"]["base"] == shas["old"] and data["pr"]["rounds"] == 3
     rows = [r for r in data["rows"] if r["kind"] == "latency"]
-    assert all(r["rounds"] == 3 and r["ci_low"] > 10 for r in rows)  # 3 ms of sleep on a µs call
+    # 3 ms of sleep on a µs call: every latency row flagged, its bound far above any factor (a
+    # loaded machine stretches the base's times too, so the bound is not held to the ideal ratio)
+    assert all(r["rounds"] == 3 and r["verdict"] == "regression" and r["ci_low"] > 2 for r in rows), rows
     spec = json.loads((out / "rounds" / "head-0.spec.json").read_text())
     assert spec["timing"] == "host" and spec["expect_op_under"].endswith("head")
     assert git(repo, "worktree", "list").count("\n") == 0  # the temporary worktrees are gone
