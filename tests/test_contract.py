@@ -120,7 +120,8 @@ def test_fallback_is_explicit_counted_and_warns_once(monkeypatch):
     assert rmsnorm_kernel.CALLS["fallback"] == 2
     assert rmsnorm_kernel.CALLS["forward"] == 0
     assert sum("reference implementation" in str(c.message) for c in caught) == 1
-    torch.testing.assert_close(y1, rms_norm_reference(x, w), rtol=0, atol=0)
+    # eps left out: torch's default, float64's epsilon for float64 input
+    torch.testing.assert_close(y1, rms_norm_reference(x, w, torch.finfo(torch.float64).eps), rtol=0, atol=0)
     assert torch.equal(y1, y2)
 
 
@@ -128,7 +129,7 @@ def test_fallback_residual_returns_h():
     x, r = x_(2, 6, dtype=torch.float64), x_(2, 6, dtype=torch.float64)
     y, h = rmsnorm_kernel.rms_norm(x, residual=r, allow_fallback=True)
     torch.testing.assert_close(h, x + r)
-    torch.testing.assert_close(y, rms_norm_reference(x + r))
+    torch.testing.assert_close(y, rms_norm_reference(x + r, None, torch.finfo(torch.float64).eps))
 
 
 # ---------------------------------------------------------------------------------------------
