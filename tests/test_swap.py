@@ -31,6 +31,7 @@ from rmsnorm_kernel.module import LastDimRMSNorm, RMSNorm, SwapReport, swap_rms_
 from rmsnorm_suite.cases import TOLERANCES
 
 from .conftest import KERNEL_DEVICES
+from .test_features import LlamaRMSNorm
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 HIDDEN = 64
@@ -111,20 +112,8 @@ def test_probe_tolerance_is_no_looser_than_the_suites():
         assert atol <= TOLERANCES[dtype].atol and rtol <= TOLERANCES[dtype].rtol, dtype
 
 
-class LlamaLikeRMSNorm(nn.Module):
-    """Llama's formula: the normalised activations cast to x's dtype, then the weight multiply."""
-
-    def __init__(self, hidden_size, eps=1e-6):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.variance_epsilon = eps
-
-    def forward(self, hidden_states):
-        input_dtype = hidden_states.dtype
-        hidden_states = hidden_states.to(torch.float32)
-        variance = hidden_states.pow(2).mean(-1, keepdim=True)
-        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
-        return self.weight * hidden_states.to(input_dtype)
+# Llama's formula: the normalised activations cast to x's dtype, then the weight multiply.
+LlamaLikeRMSNorm = LlamaRMSNorm
 
 
 def test_swap_rejects_a_model_the_kernels_cannot_run_before_changing_it(monkeypatch):

@@ -23,8 +23,8 @@ from torch import nn
 
 from rmsnorm_kernel import kernels
 from rmsnorm_kernel.launch import CASTING_MODES, SUPPORTED_DTYPES
-from rmsnorm_kernel.ops import rms_norm
-from rmsnorm_kernel.reference import default_out_dtype, rms_norm_reference
+from rmsnorm_kernel.ops import _composite, default_eps, rms_norm
+from rmsnorm_kernel.reference import default_out_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -249,7 +249,7 @@ def _structure(module: nn.Module) -> tuple[nn.Parameter | None, tuple[int, ...] 
     if isinstance(module, nn.RMSNorm):
         eps = module.eps
         if eps is None:  # torch's default; the explicit value too, for an op that resolves None otherwise
-            return weight, tuple(module.normalized_shape), [None, torch.finfo(torch.float32).eps]
+            return weight, tuple(module.normalized_shape), [None, default_eps(torch.float32)]
         if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
             raise _Refused(f"its eps is a {type(eps).__name__}, not a real number")
         return weight, tuple(module.normalized_shape), [float(eps)]
@@ -340,22 +340,18 @@ def _candidates(weight, eps_values, rules) -> list[_Candidate]:
 
 
 def _reference(x: torch.Tensor, weight, normalized_shape, candidate: _Candidate) -> torch.Tensor:
-    """The candidate's formula in plain torch (reference.rms_norm_reference over the flattened
-    normalised dims)."""
-    k = len(normalized_shape) if normalized_shape is not None else 1
-    flat = x.reshape(*x.shape[: x.dim() - k], -1)
+    """The candidate's formula in plain torch (the op's composite path: reference.rms_norm_reference
+    over the flattened normalised dims)."""
+    shape = tuple(normalized_shape) if normalized_shape is not None else (x.shape[-1],)
     w = weight.reshape(-1) if weight is not None else None
-    eps = torch.finfo(torch.float32).eps if candidate.eps is None else candidate.eps
+    eps = default_eps(x.dtype) if candidate.eps is None else candidate.eps
     if candidate.out_dtype is None:
         out_dtype = default_out_dtype(x.dtype, w, candidate.casting)
     elif candidate.out_dtype == "input" or w is None:
         out_dtype = x.dtype
     else:
         out_dtype = torch.promote_types(x.dtype, w.dtype)
-    y = rms_norm_reference(
-        flat, w, eps, offset=candidate.offset, casting=candidate.casting, out_dtype=out_dtype
-    )
-    return y.view(x.shape)
+    return _composite(x, shape, weight, eps, None, None, candidate.offset, candidate.casting, out_dtype)
 
 
 def _replacement(module: nn.Module, weight, normalized_shape, candidate: _Candidate) -> nn.Module:
