@@ -6,9 +6,10 @@ import pytest
 import torch
 
 import rmsnorm_kernel
-from rmsnorm_kernel import kernels, launch, ops
+from rmsnorm_kernel import kernels, launch
 from rmsnorm_kernel.reference import rms_norm_backward_reference, rms_norm_reference
-from rmsnorm_suite.cases import TOLERANCES
+from rmsnorm_suite import integration
+from rmsnorm_suite.cases import TOLERANCES, dtype_name
 
 from .conftest import HAS_CUDA, KERNEL_DEVICES, requires_cuda, requires_interpret
 
@@ -218,103 +219,29 @@ def test_module_matches_torch_module(device):
 # ---------------------------------------------------------------------------------------------
 
 
+# The checks are rmsnorm_suite.integration's, which `verdict` reports: one implementation of each.
+
+
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
-@pytest.mark.parametrize("with_residual", [False, True])
-def test_opcheck(device, with_residual):
-    x, w, _ = make((5, 64), F32, device)
-    res = torch.randn_like(x) if with_residual else None
-    args = (x.requires_grad_(), w.requires_grad_(), res, 1e-6, 0.0, 0, F32, F32)
-    torch.library.opcheck(ops.forward_op, args)
+@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=dtype_name)
+def test_opcheck(device, dtype):
+    """Both custom ops, the forward without and with a residual, the backward without and with dh."""
+    result = integration.opcheck(device, (dtype,))
+    assert result.passed, result.failures
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
 def test_compile_fullgraph_without_recompiling_per_batch(device):
-    torch._dynamo.reset()
-    model = torch.nn.Sequential(
-        torch.nn.Linear(32, 64), rmsnorm_kernel.RMSNorm(64, eps=1e-6), torch.nn.SiLU()
-    )
-    model = model.to(device)
-    compiled = torch.compile(model, fullgraph=True, dynamic=None)
-    counts = []
-    for batch in (3, 5, 7, 9):
-        torch._dynamo.utils.counters.clear()
-        x = torch.randn(batch, 32, device=device, requires_grad=True)
-        out = compiled(x)
-        out.sum().backward()
-        torch.testing.assert_close(out, model(x), atol=1e-5, rtol=1e-4)
-        counts.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
-    # The first batch size compiles static, the second marks the batch dim dynamic; after that
-    # no new graph may appear.
-    assert counts[2:] == [0, 0], f"recompiled for new batch sizes: {counts}"
-    assert not torch._dynamo.utils.counters["graph_break"]
+    result = integration.compile_fullgraph(device)
+    assert result.passed, result.failures
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="CUDA graphs need a CUDA device")
-@pytest.mark.parametrize("n", [4096, 65536, 65537, 131073])  # 65536: the one-launch wide backward
-def test_cuda_graph_capture_forward_and_backward(n):
-    x, w, dy = make((64, n), BF16, "cuda")
-    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm up (compiles the kernels) outside the capture
-        for _ in range(2):
-            rmsnorm_kernel.rms_norm(xg, weight=wg).backward(dy)
-            xg.grad = wg.grad = None
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y = rmsnorm_kernel.rms_norm(xg, weight=wg)
-        y.backward(dy)
-    with torch.no_grad():
-        xg.copy_(torch.randn_like(x))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert_close(y, rms_norm_reference(xg.detach(), w), BF16)
-    dx_ref, dw_ref = rms_norm_backward_reference(xg.detach(), w, dy)
-    assert_close(xg.grad, dx_ref, BF16)
-    assert_close(wg.grad, dw_ref, BF16)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="CUDA graphs need a CUDA device")
-@pytest.mark.parametrize("m, n", [(64, 4096), (4096, 4096)])
-def test_cuda_graph_capture_with_residual(m, n):
-    """The fused residual path in a CUDA graph, forward and backward, replayed on new inputs
-    (a full `benchmark --residual` run with graph timing once hit an illegal memory access)."""
-    x, w, dy = make((m, n), BF16, "cuda")
-    r = torch.randn_like(x)
-    dh = torch.randn_like(x)
-    xg, wg, rg = x.clone().requires_grad_(), w.clone().requires_grad_(), r.clone().requires_grad_()
-
-    def step():
-        y, h = rmsnorm_kernel.rms_norm(xg, weight=wg, residual=rg)
-        torch.autograd.backward((y, h), (dy, dh))
-        return y, h
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            step()
-            xg.grad = wg.grad = rg.grad = None
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y, h = step()
-    for _ in range(3):  # replays on fresh inputs, as a training loop would
-        with torch.no_grad():
-            xg.copy_(torch.randn_like(x))
-            rg.copy_(torch.randn_like(x))
-        graph.replay()
-    torch.cuda.synchronize()
-    h_ref = (xg.detach().float() + rg.detach().float()).to(BF16)
-    assert torch.equal(h, h_ref)
-    assert_close(y, rms_norm_reference(h_ref, w), BF16)
-    dx_ref, dw_ref = rms_norm_backward_reference(h_ref, w, dy)
-    assert_close(xg.grad, (dx_ref.float() + dh.float()).to(BF16), BF16)
-    assert_close(rg.grad, (dx_ref.float() + dh.float()).to(BF16), BF16)
-    assert_close(wg.grad, dw_ref, BF16)
+@pytest.mark.parametrize("case", integration.CUDA_GRAPH_CASES, ids=lambda c: c.name.replace(" ", "-"))
+def test_cuda_graph_capture_forward_and_backward(case):
+    result = integration.cuda_graph_capture(case)
+    assert result.passed, result.failures
 
 
 # ---------------------------------------------------------------------------------------------

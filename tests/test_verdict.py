@@ -73,6 +73,19 @@ def test_cuda_graphs_are_skipped_not_passed_on_cpu():
         verdict.check_cuda_graphs(parse_config({}), "cpu")
 
 
+def test_a_failed_integration_check_fails_with_its_first_failure(monkeypatch):
+    """opcheck, compile and CUDA graphs are rmsnorm_suite.integration's checks, which the tests
+    share: the verdict fails the row and names the first failure."""
+    from rmsnorm_suite import integration
+
+    result = integration.Result("15/16 opcheck tests", ["forward float32 test_schema: bad"], {"opcheck": {}})
+    monkeypatch.setattr(integration, "opcheck", lambda device, dtypes, seed: result)
+    passed, figure, details = verdict.check_opcheck(parse_config({}), "cpu")
+    assert not passed
+    assert figure == "15/16 opcheck tests; 1 failed, first: forward float32 test_schema: bad"
+    assert details == {"opcheck": {}, "failures": ["forward float32 test_schema: bad"]}
+
+
 def test_every_issue_check_is_in_the_verdict():
     assert verdict.CHECK_NAMES == (
         "environment",

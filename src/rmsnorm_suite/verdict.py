@@ -27,7 +27,6 @@ from typing import Any
 
 import torch
 
-from rmsnorm_suite import cases, numerics
 from rmsnorm_suite.config import Config
 
 CHILD_ENV = "RMSNORM_KERNEL_VERDICT_CHILD"  # set in the re-run, so it never re-runs itself twice
@@ -165,96 +164,33 @@ def check_mutants(cfg: Config, device: str):
 EXPECTED_WARNING = re.compile(r"(overflow|divide by zero|invalid value) encountered")
 
 
+def _reported(result) -> tuple[bool, str, dict]:
+    """A check of :mod:`rmsnorm_suite.integration` as the verdict reports it: the first failure
+    after the key figure, every failure in the details."""
+    figure = result.figure
+    if result.failures:
+        figure += f"; {len(result.failures)} failed, first: {result.failures[0]}"
+    return result.passed, figure, {**result.details, "failures": result.failures}
+
+
 def check_opcheck(cfg: Config, device: str):
-    try:
-        from rmsnorm_kernel.ops import backward_op, forward_op
-    except ImportError as exc:
-        return False, f"rmsnorm_kernel.ops has no forward_op/backward_op custom op ({exc})", {}
-    results = {}
-    for dtype in cfg.checks.dtypes:
-        x, w, dy = numerics.make_inputs(5, 257, dtype, device=device, seed=cfg.seeds.checks)
-        x.requires_grad_(True)
-        w.requires_grad_(True)
-        name = cases.dtype_name(dtype)
-        results[f"forward {name}"] = torch.library.opcheck(
-            forward_op, (x, w, None, cases.EPS, 0.0, 0, dtype, dtype)
-        )
-        y, rstd, _ = forward_op(x.detach(), w.detach(), None, cases.EPS, 0.0, 0, dtype, dtype)
-        results[f"backward {name}"] = torch.library.opcheck(
-            backward_op, (dy, None, x.detach(), w.detach(), rstd, 0.0, 0, True, dtype)
-        )
-    bad = {k: v for k, r in results.items() for t, v in r.items() if v != "SUCCESS"}
-    tests = sum(len(r) for r in results.values())
-    return (
-        not bad,
-        f"{tests - len(bad)}/{tests} opcheck tests (forward and backward op, {len(results) // 2} dtypes)",
-        {"results": results},
-    )
+    from rmsnorm_suite import integration
+
+    return _reported(integration.opcheck(device, cfg.checks.dtypes, seed=cfg.seeds.checks))
 
 
 def check_compile(cfg: Config, device: str):
-    """torch.compile(fullgraph=True) of forward and backward: no graph break, the kernel runs inside
-    the compiled graph, and the results are bitwise those of eager mode; two batch sizes."""
-    import rmsnorm_kernel
+    from rmsnorm_suite import integration
 
-    torch._dynamo.reset()
-    fn = torch.compile(lambda x, w: rmsnorm_kernel.rms_norm(x, weight=w, eps=cases.EPS), fullgraph=True)
-    details = {}
-    ok = True
-    for m in (8, 24):
-        x, w, dy = numerics.make_inputs(m, 257, torch.float32, device=device, seed=cfg.seeds.checks)
-        grads = []
-        rmsnorm_kernel.reset_counters()
-        for f in (fn, lambda a, b: rmsnorm_kernel.rms_norm(a, weight=b, eps=cases.EPS)):
-            xg, wg = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
-            y = f(xg, wg)
-            y.backward(dy)
-            grads.append((y.detach(), xg.grad, wg.grad))
-        calls = dict(rmsnorm_kernel.CALLS)
-        same = all(torch.equal(a, b) for a, b in zip(grads[0], grads[1]))
-        ran = calls["forward"] == 2 and calls["backward"] == 2 and calls["fallback"] == 0
-        details[f"M={m}"] = {"bitwise_equal_to_eager": same, "calls": calls}
-        ok = ok and same and ran
-    return ok, "fullgraph, forward+backward bitwise equal to eager at M=8 and M=24", details
+    return _reported(integration.compile_fullgraph(device, seed=cfg.seeds.checks))
 
 
 def check_cuda_graphs(cfg: Config, device: str):
     if device != "cuda":
         raise Skip("needs CUDA")
-    import rmsnorm_kernel
+    from rmsnorm_suite import integration
 
-    x, w, dy = numerics.make_inputs(64, 4097, torch.bfloat16, device=device, seed=cfg.seeds.checks)
-    x.requires_grad_(True)
-    w.requires_grad_(True)
-
-    def step():
-        x.grad = w.grad = None
-        y = rmsnorm_kernel.rms_norm(x, weight=w, eps=cases.EPS)
-        y.backward(dy)
-        return y
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):  # warm up (compilation, autotuning) outside the capture
-            eager = step().detach().clone()
-    torch.cuda.current_stream().wait_stream(stream)
-    eager_dx, eager_dw = x.grad.clone(), w.grad.clone()
-    graph = torch.cuda.CUDAGraph()
-    x.grad = w.grad = None
-    with torch.cuda.graph(graph):
-        y_static = rmsnorm_kernel.rms_norm(x, weight=w, eps=cases.EPS)
-        dx_static, dw_static = torch.autograd.grad(y_static, (x, w), dy)
-    graph.replay()
-    torch.cuda.synchronize()
-    same = (
-        torch.equal(y_static, eager) and torch.equal(dx_static, eager_dx) and torch.equal(dw_static, eager_dw)
-    )
-    return (
-        same,
-        "captured forward+backward replays bitwise equal to eager (64x4097 bf16)",
-        {"bitwise_equal": same},
-    )
+    return _reported(integration.cuda_graphs(seed=cfg.seeds.checks))
 
 
 def check_training(cfg: Config, device: str):
