@@ -28,10 +28,20 @@ import os
 
 import torch
 
-from rmsnorm_suite import bench, cases
+from rmsnorm_suite import bench, cases, results
 
 SHAPES = [s.name for s in cases.BENCH_SHAPES]
 PROVIDERS = [name for name, p in bench.PROVIDERS.items() if not p.residual]  # plain RMSNorm only
+
+
+def _tracked(row: results.Row) -> dict:
+    """What the track_ methods report of one row, keyed as they read it."""
+    out = {"status": row.status, "error": row.error, "errors": dict(row.errors)}
+    for prefix, t in (("", row.whole), ("device_", row.device)):
+        out[f"{prefix}median_ms"] = t.median_ms
+        out[f"{prefix}min_ms"] = min(t.samples_ms) if t.samples_ms else None
+        out[f"{prefix}max_ms"] = max(t.samples_ms) if t.samples_ms else None
+    return out
 
 
 class _Suite:
@@ -43,21 +53,16 @@ class _Suite:
     def setup_cache(self):
         saved = os.environ.get("RMSNORM_BENCH_RESULTS")
         if saved:  # a run of the harness made just before, for this commit: record it, measure nothing
-            run = bench.load_run(saved)
+            run = results.load(saved)
         elif not torch.cuda.is_available():
             return {"skip": bench.cuda_message()}
         else:
             run = bench.run_benchmarks(
                 bench.select_cases(["all"]), bench.available_providers(), bench.MODES, progress=False
             )
-        rows = {(r["provider"], r["shape"], r["mode"]): r for r in run["results"]}
-        for row in rows.values():
-            # asv tracks the median and the spread of the samples; keep the cache small
-            for prefix in ("", "device_"):
-                samples = row.pop(f"{prefix}samples_ms", None) or []
-                row[f"{prefix}min_ms"] = min(samples) if samples else None
-                row[f"{prefix}max_ms"] = max(samples) if samples else None
-        return {"rows": rows, "copy_tbs": run["copy"]["tbs"], "machine": run["machine"]}
+        # asv tracks the median and the spread of the samples; the cache keeps those, not the samples
+        rows = {key: _tracked(row) for key, row in run.index().items()}
+        return {"rows": rows, "copy_tbs": run.copy.tbs, "machine": dict(run.machine)}
 
     setup_cache.timeout = 3600
 

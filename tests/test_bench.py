@@ -4,7 +4,7 @@ CUDA events), down to the results file, the table and the plot."""
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import importlib
 import json
 import os
@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from rmsnorm_suite import bench, cases, cli, gate, numerics, plots, worker
+from rmsnorm_suite import bench, cases, cli, gate, numerics, plots, results, worker
 
 ROOT_THRESHOLDS = gate.load_thresholds()  # the thresholds shipped with the suite
 
@@ -201,58 +201,55 @@ def cpu_run(fake_cuda, monkeypatch):
     monkeypatch.setitem(bench.PROVIDERS, "broken", bench.Provider("broken", _broken, "always fails"))
     return bench.run_benchmarks(
         TINY, ["native", "eager", "broken"], bench.MODES, samples=6, blocks=3, warmup_ms=0.1,
-        copy_elements=4096, flush_bytes=1024, progress=False, git={"commit": "f" * 40, "dirty": False},
+        copy_elements=4096, flush_bytes=1024, progress=False, git=results.Git("f" * 40, False),
     )  # fmt: skip
 
 
 def test_run_records_every_sample_and_summary(cpu_run):
-    rows = bench.index_rows(cpu_run)
+    rows = cpu_run.index()
     assert len(rows) == len(TINY) * 3 * 2
-    assert cpu_run["copy"]["bytes"] == 2 * 4096 * 2
+    assert cpu_run.copy.bytes == 2 * 4096 * 2
     for case in TINY:
         for mode in bench.MODES:
             row = rows["native", case.name, mode]
-            assert row["status"] == "ok" and row["bytes"] == case.nbytes[mode]
-            assert len(row["samples_ms"]) == 18 and len(row["block_medians_ms"]) == 3
-            assert row["median_ms"] == statistics.median(row["samples_ms"])
-            assert row["tbs"] == pytest.approx(case.nbytes[mode] / (row["median_ms"] * 1e-3) / 1e12)
-            assert row["fraction_of_copy"] == pytest.approx(row["tbs"] / cpu_run["copy"]["tbs"])
-            assert set(row["errors"]) == set(gate.QUANTITIES[mode])
+            whole, device = row.whole, row.device
+            assert row.status == "ok" and row.bytes == case.nbytes[mode]
+            assert len(whole.samples_ms) == 18 and len(whole.block_medians_ms) == 3
+            assert whole.median_ms == statistics.median(whole.samples_ms)
+            assert whole.tbs == pytest.approx(case.nbytes[mode] / (whole.median_ms * 1e-3) / 1e12)
+            assert whole.fraction_of_copy == pytest.approx(whole.tbs / cpu_run.copy.tbs)
+            assert set(row.errors) == set(gate.QUANTITIES[mode])
             # GPU-only samples: as many as the host-inclusive ones, per call
-            assert row["device_error"] is None and 1 <= row["device_reps"] <= bench.DEVICE_MAX_REPS
-            assert len(row["device_samples_ms"]) == 18
-            assert row["device_median_ms"] == statistics.median(row["device_samples_ms"])
-            assert row["device_fraction_of_copy"] == pytest.approx(row["device_tbs"] / cpu_run["copy"]["tbs"])
+            assert row.device_error is None and 1 <= row.device_reps <= bench.DEVICE_MAX_REPS
+            assert len(device.samples_ms) == 18 and len(device.block_medians_ms) == 3
+            assert device.median_ms == statistics.median(device.samples_ms)
+            assert device.fraction_of_copy == pytest.approx(device.tbs / cpu_run.copy.tbs)
 
 
 def test_run_times_a_copy_of_each_shapes_x(cpu_run):
     """Each shape of a forward run gets x.clone() timed both ways: the forward's bytes moved by a
     copy, with the shape's fields for the plot."""
-    assert set(cpu_run["same_bytes_copy"]) == {case.name for case in TINY}
+    assert set(cpu_run.same_bytes_copy) == {case.name for case in TINY}
     for case in TINY:
-        entry = cpu_run["same_bytes_copy"][case.name]
-        assert entry["error"] is None and (entry["m"], entry["n"], entry["group"]) == (
-            case.m,
-            case.n,
-            case.group,
-        )
-        assert entry["bytes"] == case.nbytes["forward"] == 2 * case.m * case.n * case.dtype.itemsize
-        assert entry["median_ms"] > 0 and entry["device_median_ms"] > 0
-        assert entry["tbs"] == pytest.approx(entry["bytes"] / (entry["median_ms"] * 1e-3) / 1e12)
+        entry = cpu_run.same_bytes_copy[case.name]
+        assert entry.error is None and (entry.m, entry.n, entry.group) == (case.m, case.n, case.group)
+        assert entry.bytes == case.nbytes["forward"] == 2 * case.m * case.n * case.dtype.itemsize
+        assert entry.median_ms > 0 and entry.device_median_ms > 0
+        assert entry.tbs == pytest.approx(entry.bytes / (entry.median_ms * 1e-3) / 1e12)
 
 
 def test_table_lists_the_copies_of_x(cpu_run):
     lines = bench.format_table(cpu_run).splitlines()
     start = lines.index("copy of x (x.clone(), the forward's bytes):")
-    entry = cpu_run["same_bytes_copy"][TINY[0].name]
-    assert lines[start + 1].split()[:3] == [TINY[0].name, f"{entry['median_ms'] * 1e3:.1f}", "us,"]
+    entry = cpu_run.same_bytes_copy[TINY[0].name]
+    assert lines[start + 1].split()[:3] == [TINY[0].name, f"{entry.median_ms * 1e3:.1f}", "us,"]
     assert len(lines) == start + 1 + len(TINY)
 
 
 def test_run_errors_are_small_for_fp32_compute_paths(cpu_run):
-    for row in cpu_run["results"]:
-        if row["provider"] in ("native", "eager") and row["dtype"] == "float32":
-            assert all(v < 1e-6 for v in row["errors"].values())
+    for row in cpu_run.results:
+        if row.provider in ("native", "eager") and row.dtype == "float32":
+            assert all(v < 1e-6 for v in row.errors.values())
 
 
 def test_a_provider_that_cannot_be_captured_keeps_its_host_figures(fake_cuda, monkeypatch):
@@ -262,12 +259,12 @@ def test_a_provider_that_cannot_be_captured_keeps_its_host_figures(fake_cuda, mo
     monkeypatch.setattr(bench, "capture_graph", refuse)
     run = bench.run_benchmarks(
         TINY[:1], ["native"], ["forward"], samples=4, blocks=2, warmup_ms=0.1, copy_elements=4096,
-        flush_bytes=1024, progress=False, git={"commit": None, "dirty": False},
+        flush_bytes=1024, progress=False, git=results.Git(),
     )  # fmt: skip
-    (row,) = run["results"]
-    assert row["status"] == "ok" and len(row["samples_ms"]) == 8 and row["median_ms"] > 0
-    assert "not permitted" in row["device_error"] and row["device_samples_ms"] == []
-    assert row["device_median_ms"] is None
+    (row,) = run.results
+    assert row.status == "ok" and len(row.whole.samples_ms) == 8 and row.whole.median_ms > 0
+    assert "not permitted" in row.device_error and row.device.samples_ms == ()
+    assert row.device.median_ms is None
     assert "-" in bench.format_table(run).splitlines()[-1]
 
 
@@ -320,26 +317,26 @@ def test_a_captured_call_outlives_its_graph_replays(fake_cuda, monkeypatch):
     x, w, dy = (torch.randn(4, 16) for _ in range(3))
     fn = bench.get_provider("eager").build(1e-6)
     graphs: dict = {}
-    row = {"device_samples_ms": [], "device_reps": None, "device_error": None}
+    tally = bench._Tally()
     for _ in range(2):  # two blocks: the second replays the graph captured in the first
-        bench._time_device(row, graphs, ("eager", "forward_backward"), fn, x, w, dy, 3, None)
+        bench._time_device(tally, graphs, ("eager", "forward_backward"), fn, x, w, dy, 3, None)
         gc.collect()
-    assert row["device_error"] is None and len(row["device_samples_ms"]) == 6
+    assert tally.device_error is None and len(tally.device_samples_ms) == 6
 
 
 def test_a_failing_provider_is_recorded_not_fatal(cpu_run):
-    broken = [r for r in cpu_run["results"] if r["provider"] == "broken"]
+    broken = [r for r in cpu_run.results if r.provider == "broken"]
     assert len(broken) == len(TINY) * 2
     assert all(
-        r["status"] == "failed" and "always fails" in r["error"] and r["median_ms"] is None for r in broken
+        r.status == "failed" and "always fails" in r.error and r.whole.median_ms is None for r in broken
     )
 
 
 def test_results_file_round_trip_and_table(cpu_run, tmp_path):
-    path = bench.write_run(cpu_run, tmp_path)
+    path = results.write(cpu_run, tmp_path)
     assert path.name.startswith("bench-") and path.name.endswith("-ffffffffff.json")
-    again = bench.load_run(path)
-    assert again["results"] == json.loads(json.dumps(cpu_run["results"]))
+    again = results.load(path)
+    assert again == cpu_run
     table = bench.format_table(again)
     assert "copy ceiling" in table and table.count("FAILED") == 4
     assert "8x64-float32" in table and "4x33-bfloat16" in table
@@ -368,10 +365,10 @@ def test_worker_writes_its_round(fake_cuda, tmp_path):
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(spec))
     assert worker.main([str(spec_path)]) == 0
-    run = bench.load_run(out)
-    assert (run["label"], run["round"], run["git"]["commit"]) == ("head", 3, "abc")
-    assert len(run["results"]) == 1 and len(run["results"][0]["samples_ms"]) == 5
-    assert run["same_bytes_copy"] == {}  # the gate reads the kernel's rows only: no copies timed
+    run = results.load(out)
+    assert (run.label, run.round, run.git.commit) == ("head", 3, "abc")
+    assert len(run.results) == 1 and len(run.results[0].whole.samples_ms) == 5
+    assert run.same_bytes_copy == {}  # the gate reads the kernel's rows only: no copies timed
 
 
 def test_worker_refuses_a_package_from_elsewhere(fake_cuda, tmp_path, capsys):
@@ -397,27 +394,29 @@ def test_bandwidth_plot(cpu_run, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     series = plots.bandwidth_series(cpu_run, "forward", dtype="bfloat16")
     assert set(series) == {"native", "eager"}  # the failed rows are left out
-    rows = bench.index_rows(cpu_run)
-    for timing, key in (("whole", "tbs"), ("device", "device_tbs")):
+    rows = cpu_run.index()
+    for timing, device in (("whole", False), ("device", True)):
         series = plots.bandwidth_series(cpu_run, "forward", dtype="bfloat16", timing=timing)
         for provider, points in series.items():
             expected = sorted(
-                (r["n"], r[key])
+                (r.n, r.timing(device).tbs)
                 for (p, _, mode), r in rows.items()
-                if p == provider and mode == "forward" and r["dtype"] == "bfloat16" and r["group"] == "large"
+                if p == provider and mode == "forward" and r.dtype == "bfloat16" and r.group == "large"
             )
             assert points == expected
         copies = plots.same_bytes_copy_series(cpu_run, dtype="bfloat16", timing=timing)
         assert copies == sorted(
-            (e["n"], e[key]) for e in cpu_run["same_bytes_copy"].values() if e["dtype"] == "bfloat16"
+            (e.n, e.device_tbs if device else e.tbs)
+            for e in cpu_run.same_bytes_copy.values()
+            if e.dtype == "bfloat16"
         )
     with pytest.raises(ValueError, match="no successful large/medium float16 rows"):
         plots.plot_bandwidth(cpu_run, tmp_path / "none.png", dtype="float16")
     # the memory-bound groups are plotted (65536x1024 is "medium"), the launch-bound one is not
     for group, plotted in (("medium", True), ("small", False)):
-        regrouped = copy.deepcopy(cpu_run)
-        for r in regrouped["results"]:
-            r["group"] = group
+        regrouped = dataclasses.replace(
+            cpu_run, results=tuple(dataclasses.replace(r, group=group) for r in cpu_run.results)
+        )
         assert bool(plots.bandwidth_series(regrouped, "forward", dtype="bfloat16")) is plotted
 
 
@@ -429,49 +428,55 @@ def test_performance_command_saves_the_run_it_draws(cpu_run, monkeypatch, tmp_pa
     md, png, saved = tmp_path / "perf.md", tmp_path / "bw.png", tmp_path / "docs" / "results.json"
     paths = ["--markdown", str(md), "--png", str(png)]
     assert plots.main([*paths, "--out", str(tmp_path / "runs"), "--saved", str(saved)]) == 0
-    assert bench.load_run(saved)["results"] == json.loads(json.dumps(cpu_run))["results"]
+    assert results.load(saved) == cpu_run
     page = md.read_text()
     assert plots.main([*paths, "--results", str(saved)]) == 0
     assert md.read_text() == page
 
 
+def as_kernel(run: results.Run, provider: str = "eager") -> results.Run:
+    """The run with ``provider``'s rows standing for the kernel's."""
+    rows = tuple(
+        dataclasses.replace(r, provider="kernel") if r.provider == provider else r for r in run.results
+    )
+    return dataclasses.replace(run, results=rows)
+
+
 def test_performance_markdown(cpu_run):
-    run = json.loads(json.dumps(cpu_run))
-    for row in run["results"]:  # let the eager rows stand for the kernel
-        row["provider"] = "kernel" if row["provider"] == "eager" else row["provider"]
+    run = as_kernel(cpu_run)
     text = plots.performance_markdown(run, "bw.png")
     lines = text.splitlines()
     columns = "| shape | mode | kernel µs | kernel TB/s | of copy | copy of x µs | best peer | peer µs | peer/kernel |"
     table = lines[lines.index(columns) + 2 :][: len(TINY) * 2]
     assert all(line.startswith("| ") and line.count(" | ") == 8 for line in table)
-    rows = bench.index_rows(run)
+    rows = run.index()
     kernel, native = rows["kernel", "8x64-float32", "forward"], rows["native", "8x64-float32", "forward"]
-    copy = run["same_bytes_copy"]["8x64-float32"]
+    copy = run.same_bytes_copy["8x64-float32"]
     cells = table[0].strip("| ").split(" | ")
-    assert cells[:3] == ["8x64-float32", "forward", f"{kernel['median_ms'] * 1e3:.1f}"]
-    assert cells[5] == f"{copy['median_ms'] * 1e3:.1f}"
+    assert cells[:3] == ["8x64-float32", "forward", f"{kernel.whole.median_ms * 1e3:.1f}"]
+    assert cells[5] == f"{copy.median_ms * 1e3:.1f}"
     assert table[1].strip("| ").split(" | ")[1:2] + table[1].strip("| ").split(" | ")[5:6] == [
         "forward+backward",
         "-",
     ]
     assert cells[6:] == [
         "native",
-        f"{native['median_ms'] * 1e3:.1f}",
-        f"{native['median_ms'] / kernel['median_ms']:.2f}",
+        f"{native.whole.median_ms * 1e3:.1f}",
+        f"{native.whole.median_ms / kernel.whole.median_ms:.2f}",
     ]
     assert "![bandwidth against N per provider, whole calls and GPU time](bw.png)" in text
     # the second table reads the GPU-only figures
     assert lines.count(columns) == 2 and "## GPU time alone" in text
     device_table = lines[len(lines) - lines[::-1].index(columns) + 1 :][: len(TINY) * 2]
     cells = device_table[0].strip("| ").split(" | ")
-    assert cells[2] == f"{kernel['device_median_ms'] * 1e3:.1f}"
-    assert cells[5] == f"{copy['device_median_ms'] * 1e3:.1f}"
-    best = min((r for r in (native, rows["broken", "8x64-float32", "forward"]) if r.get("device_median_ms")),
-               key=lambda r: r["device_median_ms"])  # fmt: skip
+    assert cells[2] == f"{kernel.device.median_ms * 1e3:.1f}"
+    assert cells[5] == f"{copy.device_median_ms * 1e3:.1f}"
+    best = min((r for r in (native, rows["broken", "8x64-float32", "forward"]) if r.device.median_ms),
+               key=lambda r: r.device.median_ms)  # fmt: skip
     assert cells[6:] == [
         "native",
-        f"{best['device_median_ms'] * 1e3:.1f}",
-        f"{best['device_median_ms'] / kernel['device_median_ms']:.2f}",
+        f"{best.device.median_ms * 1e3:.1f}",
+        f"{best.device.median_ms / kernel.device.median_ms:.2f}",
     ]
 
 
@@ -490,17 +495,18 @@ def test_harness_on_the_gpu():
     run = bench.run_benchmarks(
         chosen, ["kernel", "native"], bench.MODES, samples=25, blocks=3, copy_elements=2**28
     )
-    assert 0.5 < run["copy"]["tbs"] < 20
-    for row in run["results"]:
-        assert row["status"] == "ok", row["error"]
-        assert len(row["samples_ms"]) == 75 and row["median_ms"] > 0
-        assert row["fraction_of_copy"] < 1.5
+    assert 0.5 < run.copy.tbs < 20
+    for row in run.results:
+        whole, device = row.whole, row.device
+        assert row.status == "ok", row.error
+        assert len(whole.samples_ms) == 75 and whole.median_ms > 0
+        assert whole.fraction_of_copy < 1.5
         # graph replays: captured, GPU time no longer than the whole call, physical bandwidth
-        assert row["device_error"] is None and len(row["device_samples_ms"]) == 75
-        assert 0 < row["device_median_ms"] <= row["median_ms"] * 1.05 and row["device_fraction_of_copy"] < 1.5
-        if row["provider"] == "kernel":
-            ceiling = ROOT_THRESHOLDS.numerics[row["dtype"]].ceiling
-            assert all(value <= ceiling[q] for q, value in row["errors"].items()), row["errors"]
+        assert row.device_error is None and len(device.samples_ms) == 75
+        assert 0 < device.median_ms <= whole.median_ms * 1.05 and device.fraction_of_copy < 1.5
+        if row.provider == "kernel":
+            ceiling = ROOT_THRESHOLDS.numerics[row.dtype].ceiling
+            assert all(value <= ceiling[q] for q, value in row.errors.items()), row.errors
     assert gate.judge(run, run, ROOT_THRESHOLDS).status == "pass"
 
 
@@ -533,6 +539,7 @@ def test_performance_page_ignores_residual_rows():
         }  # fmt: skip
 
     run = {
+        "schema": 1,
         "results": [row("kernel", 0.030), row("native", 0.040), row("unfused_residual", 0.001, True)],
         "copy": {"tbs": 4.0},
     }
@@ -564,28 +571,27 @@ def test_asv_suite_records_a_saved_results_file(cpu_run, tmp_path, monkeypatch):
     """RMSNORM_BENCH_RESULTS: the suite reports that run's figures, GPU-only ones included, and
     measures nothing (this machine has no CUDA)."""
     suite = _asv_suite()
-    run = json.loads(json.dumps(cpu_run))
-    for row in run["results"]:  # let the eager rows stand for the kernel
-        row["provider"] = "kernel" if row["provider"] == "eager" else row["provider"]
-    path = bench.write_run(run, tmp_path)
+    run = as_kernel(cpu_run)
+    path = results.write(run, tmp_path)
     monkeypatch.setenv("RMSNORM_BENCH_RESULTS", str(path))
     monkeypatch.setattr(bench, "run_benchmarks", lambda *a, **k: pytest.fail("measured again"))
     forward, forward_backward = suite.Forward(), suite.ForwardBackward()
     cache = forward.setup_cache()
     assert all("samples_ms" not in r and "device_samples_ms" not in r for r in cache["rows"].values())
-    row = bench.index_rows(run)["kernel", "8x64-float32", "forward"]
+    row = run.index()["kernel", "8x64-float32", "forward"]
+    whole, device = row.whole, row.device
     forward.setup(cache, "8x64-float32", "kernel")
-    assert forward.track_median_ms(cache, "8x64-float32", "kernel") == row["median_ms"]
-    assert forward.track_gpu_median_ms(cache, "8x64-float32", "kernel") == row["device_median_ms"]
+    assert forward.track_median_ms(cache, "8x64-float32", "kernel") == whole.median_ms
+    assert forward.track_gpu_median_ms(cache, "8x64-float32", "kernel") == device.median_ms
     # the spread: the run's fastest and slowest samples, whole call and GPU time alone
-    assert forward.track_min_ms(cache, "8x64-float32", "kernel") == min(row["samples_ms"])
-    assert forward.track_max_ms(cache, "8x64-float32", "kernel") == max(row["samples_ms"])
-    assert forward.track_gpu_min_ms(cache, "8x64-float32", "kernel") == min(row["device_samples_ms"])
-    assert forward.track_gpu_max_ms(cache, "8x64-float32", "kernel") == max(row["device_samples_ms"])
-    assert row["samples_ms"] and min(row["samples_ms"]) <= row["median_ms"] <= max(row["samples_ms"])
+    assert forward.track_min_ms(cache, "8x64-float32", "kernel") == min(whole.samples_ms)
+    assert forward.track_max_ms(cache, "8x64-float32", "kernel") == max(whole.samples_ms)
+    assert forward.track_gpu_min_ms(cache, "8x64-float32", "kernel") == min(device.samples_ms)
+    assert forward.track_gpu_max_ms(cache, "8x64-float32", "kernel") == max(device.samples_ms)
+    assert whole.samples_ms and min(whole.samples_ms) <= whole.median_ms <= max(whole.samples_ms)
     forward_backward.setup(cache, "4x33-bfloat16", "kernel")
     assert forward_backward.track_error_dw(cache, "4x33-bfloat16", "kernel") == pytest.approx(
-        bench.index_rows(run)["kernel", "4x33-bfloat16", "forward_backward"]["errors"]["dw"]
+        run.index()["kernel", "4x33-bfloat16", "forward_backward"].errors["dw"]
     )
     with pytest.raises(NotImplementedError, match="always fails"):
         forward.setup(cache, "8x64-float32", "broken")

@@ -295,6 +295,7 @@ def test_bandwidth_figure_from_the_latest_benchmark(project, capsys):
     rows = [
         {
             "provider": p,
+            "shape": f"4096x{n}-bfloat16",
             "mode": mode,
             "dtype": "bfloat16",
             "group": "large",
@@ -311,7 +312,9 @@ def test_bandwidth_figure_from_the_latest_benchmark(project, capsys):
     folder.mkdir(parents=True)
     (folder / "bench-old.json").write_text("not json, and older")
     newest = folder / "bench-new.json"
-    newest.write_text(json.dumps({"results": rows, "copy": {"tbs": 4.0}, "machine": {"device": "test"}}))
+    newest.write_text(
+        json.dumps({"schema": 1, "results": rows, "copy": {"tbs": 4.0}, "machine": {"device": "test"}})
+    )
     os.utime(folder / "bench-old.json", (1, 1))
     assert figures.latest_bench_json(project / "outputs") == newest
     rc, out, _ = run_cli(capsys, "figures")
@@ -326,13 +329,13 @@ def test_bandwidth_figure_skipped_without_memory_bound_rows(project, capsys):
     from rmsnorm_suite import bench
 
     rows = [
-        {"provider": "kernel", "mode": mode, "dtype": "bfloat16", "group": "small", "status": "ok",
-         "m": 1, "n": 4096, "tbs": 0.01}
+        {"provider": "kernel", "shape": "1x4096-bfloat16", "mode": mode, "dtype": "bfloat16", "group": "small",
+         "status": "ok", "m": 1, "n": 4096, "tbs": 0.01}
         for mode in bench.MODES
     ]  # fmt: skip
     folder = project / "outputs" / figures.BENCH_DIR
     folder.mkdir(parents=True)
-    (folder / "bench-small.json").write_text(json.dumps({"results": rows, "copy": {"tbs": 4.0}}))
+    (folder / "bench-small.json").write_text(json.dumps({"schema": 1, "results": rows, "copy": {"tbs": 4.0}}))
     rc, out, _ = run_cli(capsys, "figures")
     assert rc == 0, out
     assert "skipped bandwidth plot: no successful large/medium bfloat16 rows" in out

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rmsnorm_suite import cases, cli, gate, prverdict
+from rmsnorm_suite import cases, cli, gate, prverdict, results
 
 ROOT = Path(__file__).resolve().parents[1]
 THRESHOLDS_FILE = ROOT / gate.THRESHOLDS_IN_TREE[0]
@@ -509,24 +509,24 @@ def one_round(seed: int, k: int, **kw):
 def test_merge_rounds_concatenates_samples_and_keeps_the_worst_error():
     rounds = [one_round(20, 0), one_round(21, 1, errors={(FP32, "forward"): {"y": 1e-7}})]
     merged = prverdict.merge_rounds(rounds, "head", "abc")
-    rows = {(r["shape"], r["mode"]): r for r in merged["results"]}
-    row = rows[FP32, "forward"]
-    assert len(row["samples_ms"]) == 80 and len(row["block_medians_ms"]) == 2
+    row = merged.rows_of("kernel")[FP32, "forward"]
+    assert len(row.whole.samples_ms) == 80 and len(row.whole.block_medians_ms) == 2
     mine = [next(x for x in r["results"] if (x["shape"], x["mode"]) == (FP32, "forward")) for r in rounds]
-    assert row["block_medians_ms"] == [gate.median(x["samples_ms"]) for x in mine]  # one unit per round
-    assert row["device_block_medians_ms"] == [gate.median(x["device_samples_ms"]) for x in mine]
-    assert merged["settings"]["round_indices"] == [0, 1]
-    assert row["errors"]["y"] == 1e-7
-    assert row["median_ms"] == pytest.approx(gate.median(row["samples_ms"]))
-    assert row["fraction_of_copy"] == pytest.approx(row["tbs"] / 4.25)
-    assert merged["git"]["commit"] == "abc" and merged["settings"]["rounds"] == 2
+    # one unit per round
+    assert list(row.whole.block_medians_ms) == [gate.median(x["samples_ms"]) for x in mine]
+    assert list(row.device.block_medians_ms) == [gate.median(x["device_samples_ms"]) for x in mine]
+    assert merged.round_indices == [0, 1]
+    assert row.errors["y"] == 1e-7
+    assert row.whole.median_ms == pytest.approx(gate.median(row.whole.samples_ms))
+    assert row.whole.fraction_of_copy == pytest.approx(row.whole.tbs / 4.25)
+    assert merged.git.commit == "abc" and merged.settings["rounds"] == 2
 
 
 def test_merge_rounds_marks_a_failure_in_any_round():
     rounds = [one_round(22, 0), fail(one_round(23, 1), LARGE, "forward")]
-    rows = {(r["shape"], r["mode"]): r for r in prverdict.merge_rounds(rounds, "base", None)["results"]}
-    assert rows[LARGE, "forward"]["status"] == "failed" and "round 1" in rows[LARGE, "forward"]["error"]
-    assert rows[SMALL, "forward"]["status"] == "ok"
+    rows = prverdict.merge_rounds(rounds, "base", None).rows_of("kernel")
+    assert rows[LARGE, "forward"].status == "failed" and "round 1" in rows[LARGE, "forward"].error
+    assert rows[SMALL, "forward"].status == "ok"
 
 
 def test_merged_rounds_feed_the_gate():
@@ -565,7 +565,8 @@ def test_pr_verdict_rejects_bad_arguments(tmp_path, argv, message):
 
 def latency_side(units):
     """A benchmark row as _latency_row reads it: enough samples, ``units`` as per-round medians."""
-    return {"group": "large", "mode": "forward", "samples_ms": [1.0] * 20, "block_medians_ms": list(units)}
+    whole = results.Timing(samples_ms=(1.0,) * 20, block_medians_ms=tuple(units))
+    return results.Row("kernel", "s", "forward", "ok", 1, 1, "float32", "large", whole=whole)
 
 
 def one_rule(factor: float, alpha: float = 0.01) -> gate.Thresholds:

@@ -35,10 +35,10 @@ pr-verdict times each commit in a worker process (:mod:`rmsnorm_suite.worker`) t
 harness from the trusted checkout against that commit's ``rmsnorm_kernel``, so base and head are
 timed by the same harness. That is why this module imports nothing of the op at import time.
 
-Why one module of ~1K lines: providers, the two timings, the run loop and the results I/O are
-one harness that pr-verdict's worker imports whole from the trusted checkout, and they share the
-row records the gate reads. Its seams (providers, timing, results) are marked by the section
-rules below; the oracle, errors and inputs live in :mod:`rmsnorm_suite.numerics`.
+Why one module of ~900 lines: providers, the two timings and the run loop are one harness that
+pr-verdict's worker imports whole from the trusted checkout. Its seams (providers, timing, a run)
+are marked by the section rules below; the oracle, errors and inputs live in
+:mod:`rmsnorm_suite.numerics`, the records it produces and their file in :mod:`rmsnorm_suite.results`.
 """
 
 from __future__ import annotations
@@ -54,17 +54,17 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
 from typing import Any
 
 import torch
 
-from rmsnorm_suite import numerics
+from rmsnorm_suite import numerics, results
 from rmsnorm_suite.numerics import relative_l2
+from rmsnorm_suite.results import bandwidth_tbs
 
-SCHEMA = 1
 MODES: tuple[str, ...] = ("forward", "forward_backward")
 FLUSH_BYTES = 256 * 2**20  # written between samples; over 4x the L2 of a Hopper GPU
 COPY_ELEMENTS = 2**30  # bf16 elements of the copy-ceiling buffers (2 GiB each)
@@ -253,13 +253,6 @@ def available_providers(residual: bool = False) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 
-def bandwidth_tbs(nbytes: int, ms: float) -> float:
-    """Bytes moved per second, in TB/s (1e12 bytes), for a call of ``ms`` milliseconds."""
-    if ms <= 0:
-        raise ValueError(f"ms must be > 0, got {ms!r}")
-    return nbytes / (ms * 1e-3) / 1e12
-
-
 def copy_bytes(elements: int, element_size: int = 2) -> int:
     """A copy reads and writes every element."""
     return 2 * elements * element_size
@@ -370,7 +363,7 @@ def graph_for(call: Callable[[], Any], flush: torch.Tensor | None) -> tuple[Any,
     return graph, reps
 
 
-def measure_copy(elements: int = COPY_ELEMENTS, samples: int = 50) -> dict[str, Any]:
+def measure_copy(elements: int = COPY_ELEMENTS, samples: int = 50) -> results.CopyCeiling:
     """Device-to-device bf16 copy: the bandwidth ceiling of this device, measured in this run."""
     a = torch.randn(elements, device=DEVICE, dtype=torch.bfloat16)
     b = torch.empty_like(a)
@@ -379,7 +372,7 @@ def measure_copy(elements: int = COPY_ELEMENTS, samples: int = 50) -> dict[str, 
     ms = median(times)
     del a, b
     torch.cuda.empty_cache()
-    return {"bytes": nbytes, "samples_ms": times, "median_ms": ms, "tbs": bandwidth_tbs(nbytes, ms)}
+    return results.CopyCeiling(bandwidth_tbs(nbytes, ms), nbytes, tuple(times), ms)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -413,12 +406,16 @@ def case_from_bench_shape(shape) -> Case:
     )
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def case_to_json(case: Case) -> dict[str, Any]:
     return {
         "name": case.name,
         "m": case.m,
         "n": case.n,
-        "dtype": str(case.dtype).removeprefix("torch."),
+        "dtype": _dtype_name(case.dtype),
         "group": case.group,
         "bytes": dict(case.nbytes),
     }
@@ -447,33 +444,27 @@ def measure_same_bytes_copy(
     warmup_ms: float,
     flush: torch.Tensor | None,
     device_time: bool,
-) -> dict[str, Any]:
+) -> results.ShapeCopy:
     """``x.clone()`` timed as a provider's forward is (whole calls; with ``device_time`` also
     graph replays): the forward's bytes moved by a copy, the ceiling at this shape's size. A
     failure is recorded under ``error``, not raised."""
-    entry: dict[str, Any] = {
-        "m": case.m,
-        "n": case.n,
-        "dtype": str(case.dtype).removeprefix("torch."),
-        "group": case.group,
-        "bytes": case.nbytes["forward"],
-        "median_ms": None,
-        "tbs": None,
-        "device_median_ms": None,
-        "device_tbs": None,
-        "error": None,
-    }
+    nbytes = case.nbytes["forward"]
+    medians: list[float] = []  # whole calls, then graph replays
+    error = None
     try:
-        entry["median_ms"] = median(time_cuda(x.clone, samples=samples, warmup_ms=warmup_ms, flush=flush))
-        entry["tbs"] = bandwidth_tbs(entry["bytes"], entry["median_ms"])
+        medians.append(median(time_cuda(x.clone, samples=samples, warmup_ms=warmup_ms, flush=flush)))
         if device_time:
             graph, reps = graph_for(x.clone, flush)
-            entry["device_median_ms"] = median(time_graph(graph, reps, samples, flush))
-            entry["device_tbs"] = bandwidth_tbs(entry["bytes"], entry["device_median_ms"])
+            medians.append(median(time_graph(graph, reps, samples, flush)))
     except Exception as exc:
-        entry["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        error = f"{type(exc).__name__}: {str(exc)[:300]}"
         torch.cuda.synchronize()
-    return entry
+    whole, device = (medians + [None, None])[:2]
+    return results.ShapeCopy(
+        case.m, case.n, _dtype_name(case.dtype), case.group, nbytes,
+        whole, None if whole is None else bandwidth_tbs(nbytes, whole),
+        device, None if device is None else bandwidth_tbs(nbytes, device), error,
+    )  # fmt: skip
 
 
 def provider_errors(fn: Fn, x, w, dy, oracle, modes: Iterable[str]) -> dict[str, dict[str, float]]:
@@ -521,15 +512,15 @@ def _git(args: list[str], cwd: Path) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-def git_info() -> dict[str, Any]:
+def git_info() -> results.Git:
     """Commit of the imported rmsnorm_kernel's checkout (a worktree's, under pr-verdict)."""
     try:
         where = Path(importlib.import_module("rmsnorm_kernel").__file__).resolve().parent
     except Exception:
-        return {"commit": None, "dirty": None}
+        return results.Git()
     commit = _git(["rev-parse", "HEAD"], where)
     status = _git(["status", "--porcelain", "--untracked-files=no"], where)
-    return {"commit": commit, "dirty": None if status is None else bool(status)}
+    return results.Git(commit, None if status is None else bool(status))
 
 
 def environment_info() -> dict[str, Any]:
@@ -592,6 +583,33 @@ class _Progress:
             self.bar.close()
 
 
+@dataclass
+class _Tally:
+    """What one (provider, mode) of a case gathers while it is measured; then a results.Row."""
+
+    status: str = "ok"
+    error: str | None = None
+    samples_ms: list[float] = field(default_factory=list)
+    block_medians_ms: list[float] = field(default_factory=list)
+    device_samples_ms: list[float] = field(default_factory=list)
+    device_block_medians_ms: list[float] = field(default_factory=list)
+    device_reps: int | None = None
+    device_error: str | None = None
+    errors: dict[str, float] = field(default_factory=dict)
+
+    def row(self, provider: str, case: Case, mode: str, nbytes: int, residual: bool, copy_tbs) -> results.Row:
+        ok = self.status == "ok"
+        return results.Row(
+            provider, case.name, mode, self.status, case.m, case.n, _dtype_name(case.dtype), case.group,
+            bytes=nbytes, residual=residual, error=self.error, errors=dict(self.errors),
+            whole=results.timing(self.samples_ms, self.block_medians_ms, nbytes, copy_tbs, summarise=ok),
+            device=results.timing(
+                self.device_samples_ms, self.device_block_medians_ms, nbytes, copy_tbs, summarise=ok
+            ),
+            device_reps=self.device_reps, device_error=self.device_error,
+        )  # fmt: skip
+
+
 def run_benchmarks(
     cases_: Sequence[Case],
     providers: Sequence[str],
@@ -606,15 +624,15 @@ def run_benchmarks(
     copy_elements: int = COPY_ELEMENTS,
     flush_bytes: int = FLUSH_BYTES,
     progress: bool = True,
-    git: dict[str, Any] | None = None,
+    git: results.Git | None = None,
     device_time: bool = True,
     same_bytes_copy: bool = True,
-) -> dict[str, Any]:
+) -> results.Run:
     """Measure every (provider, case, mode): ``blocks`` blocks of ``samples`` samples, providers
     rotated between blocks so that drift spreads over all of them; with ``device_time``, each
     block also takes as many graph-replay samples (GPU time only); with ``same_bytes_copy`` and
     the forward mode, each case also gets its copy of x timed (``measure_same_bytes_copy``).
-    Returns the run as a JSON-ready dict (see docs/gate.md for the format)."""
+    Returns the run's records (:mod:`rmsnorm_suite.results`; docs/gate.md for the file)."""
     require_cuda()
     for name in providers:
         get_provider(name)
@@ -624,32 +642,27 @@ def run_benchmarks(
     if blocks < 1:
         raise ValueError(f"blocks must be >= 1, got {blocks!r}")
     t0 = time.time()
-    run: dict[str, Any] = {
-        "schema": SCHEMA,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": environment_info(),
-        "git": git if git is not None else git_info(),
-        "settings": {
-            "samples_per_block": samples,
-            "blocks": blocks,
-            "warmup_ms": warmup_ms,
-            "eps": eps,
-            "seed": seed,
-            "timing": "CUDA events around whole calls; L2 flushed before each sample",
-            "device_timing": (
-                f"CUDA graph replays of back-to-back calls (about {DEVICE_TARGET_MS} ms of GPU work each), "
-                "per call; L2 flushed before each replay"
-                if device_time
-                else None
-            ),
-            "flush_bytes": flush_bytes,
-        },
+    created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    settings = {
+        "samples_per_block": samples,
+        "blocks": blocks,
+        "warmup_ms": warmup_ms,
+        "eps": eps,
+        "seed": seed,
+        "timing": "CUDA events around whole calls; L2 flushed before each sample",
+        "device_timing": (
+            f"CUDA graph replays of back-to-back calls (about {DEVICE_TARGET_MS} ms of GPU work each), "
+            "per call; L2 flushed before each replay"
+            if device_time
+            else None
+        ),
+        "flush_bytes": flush_bytes,
     }
-    run["copy"] = measure_copy(copy_elements)
-    run["same_bytes_copy"] = {}  # shape name -> measure_same_bytes_copy's entry (forward runs)
-    copy_tbs = run["copy"]["tbs"]
+    machine, git = environment_info(), git if git is not None else git_info()
+    copy = measure_copy(copy_elements)
+    copies: dict[str, results.ShapeCopy] = {}  # shape name -> its copy of x (forward runs)
     flush = make_flush(flush_bytes)
-    rows: list[dict[str, Any]] = []
+    rows: list[results.Row] = []
     bar = _Progress(len(cases_) * len(modes) * blocks * len(providers), "benchmark", progress)
     builds: dict[str, Any] = {}
     build_errors: dict[str, str] = {}
@@ -668,29 +681,15 @@ def run_benchmarks(
                 name: (None if b is None else _bind_residual(b, r) if name in residual_names else b)
                 for name, b in builds.items()
             }
-            by_key: dict[tuple[str, str], dict[str, Any]] = {}
-            for name in providers:
-                for mode in modes:
-                    by_key[name, mode] = {
-                        "provider": name,
-                        "shape": case.name,
-                        "m": case.m,
-                        "n": case.n,
-                        "dtype": str(case.dtype).removeprefix("torch."),
-                        "group": case.group,
-                        "mode": mode,
-                        "residual": name in residual_names,
-                        "bytes": _residual_bytes(case, mode) if name in residual_names else case.nbytes[mode],
-                        "status": "ok" if fns[name] is not None else "failed",
-                        "error": build_errors.get(name),
-                        "samples_ms": [],
-                        "block_medians_ms": [],
-                        "device_samples_ms": [],
-                        "device_block_medians_ms": [],
-                        "device_reps": None,
-                        "device_error": None if device_time else "device time not measured in this run",
-                        "errors": {},
-                    }
+            by_key = {
+                (name, mode): _Tally(
+                    status="ok" if fns[name] is not None else "failed",
+                    error=build_errors.get(name),
+                    device_error=None if device_time else "device time not measured in this run",
+                )
+                for name in providers
+                for mode in modes
+            }
             if errors:
                 oracle = numerics.oracle(x, w, dy, eps)
                 # The residual providers normalise h = x + r: their oracle is the formula on the
@@ -703,7 +702,7 @@ def run_benchmarks(
                         try:
                             this_oracle = oracle_res if name in residual_names else oracle
                             errs = provider_errors(fns[name], x, w, dy, this_oracle, [mode])
-                            by_key[name, mode]["errors"] = errs[mode]
+                            by_key[name, mode].errors = errs[mode]
                         except Exception as exc:
                             _fail(by_key[name, mode], exc)
                 del oracle, oracle_res
@@ -713,9 +712,9 @@ def run_benchmarks(
                 for block in range(blocks):
                     k = block % len(providers)
                     for name in list(providers[k:]) + list(providers[:k]):
-                        row = by_key[name, mode]
+                        tally = by_key[name, mode]
                         bar.step(f"{case.name} {mode} {name}")
-                        if row["status"] != "ok":
+                        if tally.status != "ok":
                             continue
                         try:
                             call, grads = make_call(fns[name], x, w, dy, mode)
@@ -727,15 +726,15 @@ def run_benchmarks(
                                 grads=grads,
                             )
                         except Exception as exc:
-                            _fail(row, exc)
+                            _fail(tally, exc)
                             continue
-                        row["samples_ms"].extend(times)
-                        row["block_medians_ms"].append(median(times))
-                        if row["device_error"] is None:
-                            _time_device(row, graphs, (name, mode), fns[name], x, w, dy, samples, flush)
+                        tally.samples_ms.extend(times)
+                        tally.block_medians_ms.append(median(times))
+                        if tally.device_error is None:
+                            _time_device(tally, graphs, (name, mode), fns[name], x, w, dy, samples, flush)
             graphs.clear()
             if same_bytes_copy and "forward" in modes:
-                run["same_bytes_copy"][case.name] = measure_same_bytes_copy(
+                copies[case.name] = measure_same_bytes_copy(
                     case,
                     x,
                     samples=samples * blocks,
@@ -743,16 +742,17 @@ def run_benchmarks(
                     flush=flush,
                     device_time=device_time,
                 )
-            for row in by_key.values():
-                _summarise(row, copy_tbs)
-                rows.append(row)
+            for (name, mode), tally in by_key.items():
+                residual = name in residual_names
+                nbytes = _residual_bytes(case, mode) if residual else case.nbytes[mode]
+                rows.append(tally.row(name, case, mode, nbytes, residual, copy.tbs))
             del x, w, dy, r
             torch.cuda.empty_cache()
     finally:
         bar.close()
-    run["results"] = rows
-    run["wall_s"] = round(time.time() - t0, 1)
-    return run
+    return results.Run(
+        tuple(rows), results.SCHEMA, created, machine, git, settings, copy, copies, round(time.time() - t0, 1)
+    )
 
 
 def _residual_bytes(case: Case, mode: str) -> int:
@@ -767,9 +767,9 @@ def _bind_residual(fn: ResidualFn, r: torch.Tensor) -> Fn:
     return lambda x, w: fn(x, w, r)
 
 
-def _time_device(row, graphs, key, fn, x, w, dy, samples, flush) -> None:
-    """One block of graph-replay samples for ``row``; the graph is captured on first use per case.
-    A capture that fails is recorded in the row (a peer may not be capturable), not raised."""
+def _time_device(tally: _Tally, graphs, key, fn, x, w, dy, samples, flush) -> None:
+    """One block of graph-replay samples for ``tally``; the graph is captured on first use per
+    case. A capture that fails is recorded in the tally (a peer may not be capturable), not raised."""
     try:
         if key not in graphs:
             # The call is kept with its graph: the tensors it closes over (the forward+backward
@@ -778,72 +778,21 @@ def _time_device(row, graphs, key, fn, x, w, dy, samples, flush) -> None:
             graphs[key] = (*graph_for(call, flush), call)
         graph, reps, _call = graphs[key]
         times = time_graph(graph, reps, samples, flush)
-        row["device_samples_ms"].extend(times)
-        row.setdefault("device_block_medians_ms", []).append(median(times))
-        row["device_reps"] = reps
+        tally.device_samples_ms.extend(times)
+        tally.device_block_medians_ms.append(median(times))
+        tally.device_reps = reps
     except Exception as exc:
         graphs.pop(key, None)
-        row["device_samples_ms"], row["device_block_medians_ms"], row["device_reps"] = [], [], None
-        row["device_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        tally.device_samples_ms, tally.device_block_medians_ms, tally.device_reps = [], [], None
+        tally.device_error = f"{type(exc).__name__}: {str(exc)[:300]}"
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
 
 
-def _fail(row: dict[str, Any], exc: BaseException) -> None:
-    row["status"] = "failed"
-    row["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+def _fail(tally: _Tally, exc: BaseException) -> None:
+    tally.status = "failed"
+    tally.error = f"{type(exc).__name__}: {str(exc)[:500]}"
     torch.cuda.empty_cache()
-
-
-def _summarise(row: dict[str, Any], copy_tbs: float) -> None:
-    if row["status"] == "ok" and row["samples_ms"]:
-        row["median_ms"] = median(row["samples_ms"])
-        row["tbs"] = bandwidth_tbs(row["bytes"], row["median_ms"])
-        row["fraction_of_copy"] = row["tbs"] / copy_tbs
-    else:
-        row["median_ms"] = row["tbs"] = row["fraction_of_copy"] = None
-    if row["status"] == "ok" and row.get("device_samples_ms"):
-        row["device_median_ms"] = median(row["device_samples_ms"])
-        row["device_tbs"] = bandwidth_tbs(row["bytes"], row["device_median_ms"])
-        row["device_fraction_of_copy"] = row["device_tbs"] / copy_tbs
-    else:
-        row["device_median_ms"] = row["device_tbs"] = row["device_fraction_of_copy"] = None
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading runs
-# ---------------------------------------------------------------------------------------------
-
-
-def load_run(path: str | Path) -> dict[str, Any]:
-    """Read a results file written by this module; ValueError naming the file when it is not one."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"no results file {str(path)!r}")
-    try:
-        run = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON: {exc}") from exc
-    if not isinstance(run, dict) or not isinstance(run.get("results"), list):
-        raise ValueError(f"{path}: not a benchmark results file (no 'results' list)")
-    return run
-
-
-def index_rows(run: dict[str, Any]) -> dict[tuple[str, str, str], dict[str, Any]]:
-    """(provider, shape, mode) -> row."""
-    return {(r["provider"], r["shape"], r["mode"]): r for r in run["results"]}
-
-
-def write_run(run: dict[str, Any], out_dir: str | Path, stem: str | None = None) -> Path:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if stem is None:
-        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        commit = (run.get("git") or {}).get("commit") or "nogit"
-        stem = f"bench-{stamp}-{commit[:10]}"
-    path = out / f"{stem}.json"
-    path.write_text(json.dumps(run, indent=1) + "\n", encoding="utf-8")
-    return path
 
 
 # ---------------------------------------------------------------------------------------------
@@ -937,60 +886,60 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         device_time=device_time,
     )
-    path = write_run(result, out_dir)
+    path = results.write(result, out_dir)
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps(result.to_json()))
     else:
         print(format_table(result))
         print(f"\nresults: {path}")
-    failed = [r for r in result["results"] if r["status"] != "ok"]
+    failed = [r for r in result.results if not r.ok]
     for r in failed:
-        print(f"FAILED {r['provider']} {r['shape']} {r['mode']}: {r['error']}", file=sys.stderr)
-    return 1 if any(r["provider"] == "kernel" for r in failed) else 0
+        print(f"FAILED {r.provider} {r.shape} {r.mode}: {r.error}", file=sys.stderr)
+    return 1 if any(r.provider == "kernel" for r in failed) else 0
 
 
-def format_table(result: dict[str, Any]) -> str:
+def format_table(result: results.Run) -> str:
     """One line per (shape, mode, provider): median, the block medians, TB/s, fraction of the copy
     ceiling, errors, and the time relative to this kernel (>1: slower than the kernel); the
     failed rows' errors below."""
     from rmsnorm_suite import console  # here, not at the top: the worker needs none of its configs
 
-    copy = result["copy"]
-    machine = result["machine"]
+    machine = result.machine
     lines = [
         f"device {machine.get('device')}  torch {machine.get('torch')}  triton {machine.get('triton')}  "
-        f"copy ceiling {copy['tbs']:.2f} TB/s",
+        f"copy ceiling {result.copy.tbs:.2f} TB/s",
         "",
     ]
     headers = ["shape", "mode", "provider", "median us", "blocks us", "TB/s", "copy%", "err", "vs kernel"]
     headers += ["gpu us", "gpu copy%"]
     rows, failures = [], []
-    index = index_rows(result)
-    for r in result["results"]:
-        if r["status"] != "ok" or r["median_ms"] is None:
-            rows.append([r["shape"], r["mode"], r["provider"], "FAILED"] + ["-"] * 7)
-            failures.append(f"  {r['shape']} {r['mode']} {r['provider']}: {str(r['error'])[:80]}")
+    index = result.index()
+    for r in result.results:
+        t = r.whole
+        if not r.ok or t.median_ms is None:
+            rows.append([r.shape, r.mode, r.provider, "FAILED"] + ["-"] * 7)
+            failures.append(f"  {r.shape} {r.mode} {r.provider}: {str(r.error)[:80]}")
             continue
-        blocks = "/".join(f"{b * 1e3:.1f}" for b in r["block_medians_ms"])
-        errs = " ".join(f"{k}={v:.1e}" for k, v in r["errors"].items())
-        kernel = index.get(("kernel_residual" if r.get("residual") else "kernel", r["shape"], r["mode"]))
-        vs = f"{r['median_ms'] / kernel['median_ms']:.2f}x" if kernel and kernel.get("median_ms") else "-"
+        blocks = "/".join(f"{b * 1e3:.1f}" for b in t.block_medians_ms)
+        errs = " ".join(f"{k}={v:.1e}" for k, v in r.errors.items())
+        kernel = index.get(("kernel_residual" if r.residual else "kernel", r.shape, r.mode))
+        vs = f"{t.median_ms / kernel.whole.median_ms:.2f}x" if kernel and kernel.whole.median_ms else "-"
         gpu = ["-", "-"]
-        if r.get("device_median_ms"):
-            gpu = [f"{r['device_median_ms'] * 1e3:.1f}", f"{100 * r['device_fraction_of_copy']:.1f}%"]
+        if r.device.median_ms:
+            gpu = [f"{r.device.median_ms * 1e3:.1f}", f"{100 * r.device.fraction_of_copy:.1f}%"]
         rows.append(
-            [r["shape"], r["mode"], r["provider"], f"{r['median_ms'] * 1e3:.1f}", blocks, f"{r['tbs']:.2f}"]
-            + [f"{100 * r['fraction_of_copy']:.1f}%", errs, vs, *gpu]
+            [r.shape, r.mode, r.provider, f"{t.median_ms * 1e3:.1f}", blocks, f"{t.tbs:.2f}"]
+            + [f"{100 * t.fraction_of_copy:.1f}%", errs, vs, *gpu]
         )
     lines.append(console.format_table(headers, rows, right=range(3, 11)))
     if failures:
         lines += ["", "failed:", *failures]
-    copies = {name: c for name, c in (result.get("same_bytes_copy") or {}).items() if c.get("median_ms")}
+    copies = {name: c for name, c in result.same_bytes_copy.items() if c.median_ms}
     if copies:
         lines += ["", "copy of x (x.clone(), the forward's bytes):"]
         for name, c in copies.items():
-            gpu = f", gpu {c['device_median_ms'] * 1e3:.1f} us" if c.get("device_median_ms") else ""
+            gpu = f", gpu {c.device_median_ms * 1e3:.1f} us" if c.device_median_ms else ""
             lines.append(
-                f"  {name:<22} {c['median_ms'] * 1e3:.1f} us{gpu}, {100 * c['tbs'] / copy['tbs']:.1f}% of copy"
+                f"  {name:<22} {c.median_ms * 1e3:.1f} us{gpu}, {100 * c.tbs / result.copy.tbs:.1f}% of copy"
             )
     return "\n".join(lines)

@@ -24,11 +24,15 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from rmsnorm_suite import results
+from rmsnorm_suite.results import Row as ResultRow
+from rmsnorm_suite.results import Run
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -301,21 +305,15 @@ class Verdict:
         }
 
 
-def _kernel_rows(run: dict[str, Any] | None, provider: str) -> dict[tuple[str, str], dict[str, Any]]:
-    if not run:
-        return {}
-    return {(r["shape"], r["mode"]): r for r in run.get("results", []) if r.get("provider") == provider}
-
-
-def _describe(run: dict[str, Any] | None) -> dict[str, Any]:
-    if not run:
+def _describe(run: Run | None) -> dict[str, Any]:
+    if run is None:
         return {}
     return {
-        "commit": (run.get("git") or {}).get("commit"),
-        "device": (run.get("machine") or {}).get("device"),
-        "torch": (run.get("machine") or {}).get("torch"),
-        "triton": (run.get("machine") or {}).get("triton"),
-        "copy_tbs": (run.get("copy") or {}).get("tbs"),
+        "commit": run.git.commit,
+        "device": run.machine.get("device"),
+        "torch": run.machine.get("torch"),
+        "triton": run.machine.get("triton"),
+        "copy_tbs": run.copy.tbs,
     }
 
 
@@ -332,28 +330,31 @@ def _shape_order(key: tuple[str, str]) -> tuple[int, str, int]:
     return (position, shape, list(QUANTITIES).index(mode) if mode in QUANTITIES else 9)
 
 
-def interleaved(base: dict[str, Any] | None, head: dict[str, Any] | None) -> bool:
+def interleaved(base: Run | Mapping[str, Any] | None, head: Run | Mapping[str, Any] | None) -> bool:
     """Both runs are pr-verdict merges of the same rounds (``settings.round_indices``), so their
     per-round medians pair up."""
-    rounds = [((run or {}).get("settings") or {}).get("round_indices") for run in (base, head)]
+    rounds = [None if run is None else results.as_run(run).round_indices for run in (base, head)]
     return bool(rounds[0]) and rounds[0] == rounds[1]
 
 
 def judge(
-    base: dict[str, Any] | None,
-    head: dict[str, Any] | None,
+    base: Run | Mapping[str, Any] | None,
+    head: Run | Mapping[str, Any] | None,
     thresholds: Thresholds,
     *,
     provider: str = "kernel",
     extra_rows: Sequence[Row] = (),
     missing: dict[str, str] | None = None,
 ) -> Verdict:
-    """Compare two benchmark runs (dicts as written by rmsnorm_suite.bench) and return the verdict.
+    """Compare two benchmark runs (:class:`rmsnorm_suite.results.Run`, or their JSON form) and
+    return the verdict.
 
     ``base`` or ``head`` may be None (the file could not be read; ``missing`` says why);
     ``extra_rows`` come first in the table (pr-verdict's GPU-test row)."""
+    base, head = (None if run is None else results.as_run(run) for run in (base, head))
     rows: list[Row] = list(extra_rows)
-    b, h = _kernel_rows(base, provider), _kernel_rows(head, provider)
+    b = base.rows_of(provider) if base is not None else {}
+    h = head.rows_of(provider) if head is not None else {}
     paired = interleaved(base, head)
     for side, run in (("base", base), ("head", head)):
         if run is None:
@@ -371,9 +372,9 @@ def judge(
             side = "base" if br is None else "head"
             rows.append(Row(f"latency {name}", None, None, None, None, "error", note=f"missing in {side}"))
             continue
-        failed = [(side, r) for side, r in (("base", br), ("head", hr)) if r.get("status") != "ok"]
+        failed = [(side, r) for side, r in (("base", br), ("head", hr)) if not r.ok]
         if failed:
-            note = "; ".join(f"{side} failed: {r.get('error') or r.get('status')}" for side, r in failed)
+            note = "; ".join(f"{side} failed: {r.error or r.status}" for side, r in failed)
             rows.append(Row(f"latency {name}", None, None, None, None, "error", note=note[:300]))
             continue
         rows.append(_latency_row(name, br, hr, thresholds, paired=paired))
@@ -385,39 +386,35 @@ def judge(
 
 def _latency_row(
     name: str,
-    br: dict[str, Any],
-    hr: dict[str, Any],
+    br: ResultRow,
+    hr: ResultRow,
     th: Thresholds,
     device: bool = False,
     paired: bool = False,
 ) -> Row:
-    """Host-inclusive latency (``block_medians_ms``, [latency]) or, with ``device``, GPU time from
-    graph replays (``device_block_medians_ms``, [device_latency]); ``paired``: the runs'
-    rounds ran side by side (pr-verdict), so round k of base is compared with round k of head."""
-    check, table, key = ("device " if device else "latency ") + name, "latency", "samples_ms"
-    units = "block_medians_ms"
-    if device:
-        table, key, units = "device_latency", "device_samples_ms", "device_block_medians_ms"
-    group, mode = hr.get("group"), hr.get("mode")
+    """Host-inclusive latency (the rows' ``whole`` timing, [latency]) or, with ``device``, GPU time
+    from graph replays (``device``, [device_latency]); the units are the block (round) medians;
+    ``paired``: the runs' rounds ran side by side (pr-verdict), so round k of base is compared
+    with round k of head."""
+    check = ("device " if device else "latency ") + name
+    table = "device_latency" if device else "latency"
+    group, mode = hr.group, hr.mode
     rule = (th.device_latency if device else th.latency).get((group, mode))
-    bs, hs = br.get(key) or [], hr.get(key) or []
+    bt, ht = br.timing(device), hr.timing(device)
+    bs, hs = bt.samples_ms, ht.samples_ms
     bm, hm = (median(bs) if bs else None), (median(hs) if hs else None)
     if rule is None:
         return Row(
             check, bm, hm, None, None, "error", note=f"no threshold {table}.{group}.{mode} in {th.source}"
         )
     if device:
-        broken = [
-            f"{side}: {r.get('device_error')}"
-            for side, r in (("base", br), ("head", hr))
-            if r.get("device_error")
-        ]
+        broken = [f"{side}: {r.device_error}" for side, r in (("base", br), ("head", hr)) if r.device_error]
         if broken:
             return Row(check, bm, hm, None, rule.factor, "error", note="; ".join(broken)[:300])
     if len(bs) < th.min_samples or len(hs) < th.min_samples:
         note = f"too few samples (base {len(bs)}, head {len(hs)}; need {th.min_samples})"
         return Row(check, bm, hm, None, rule.factor, "error", note=note)
-    bu, hu = br.get(units) or [], hr.get(units) or []
+    bu, hu = bt.block_medians_ms, ht.block_medians_ms
     if len(bu) < th.min_rounds or len(hu) < th.min_rounds:
         note = f"too few rounds (base {len(bu)}, head {len(hu)}; need {th.min_rounds})"
         return Row(check, bm, hm, None, rule.factor, "error", note=note)
@@ -439,11 +436,11 @@ def _latency_row(
     )  # fmt: skip
 
 
-def _numeric_rows(shape: str, mode: str, br: dict[str, Any], hr: dict[str, Any], th: Thresholds) -> list[Row]:
+def _numeric_rows(shape: str, mode: str, br: ResultRow, hr: ResultRow, th: Thresholds) -> list[Row]:
     rows = []
-    dtype = hr.get("dtype")
+    dtype = hr.dtype
     rule = th.numerics.get(dtype)
-    berrs, herrs = br.get("errors") or {}, hr.get("errors") or {}
+    berrs, herrs = br.errors, hr.errors
     for q in QUANTITIES.get(mode, ()):
         check = f"error {q} {shape}"
         be, he = berrs.get(q), herrs.get(q)
@@ -591,18 +588,16 @@ def configure(parser: argparse.ArgumentParser, command: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rmsnorm_suite.bench import load_run
-
     try:
         thresholds = load_thresholds(args.thresholds)
     except ValueError as exc:
         print(f"gate: could not judge: {exc}", file=sys.stderr)
         return EXIT["error"]
-    runs: dict[str, dict[str, Any] | None] = {}
+    runs: dict[str, Run | None] = {}
     missing: dict[str, str] = {}
     for side in ("base", "head"):
         try:
-            runs[side] = load_run(getattr(args, side))
+            runs[side] = results.load(getattr(args, side))
         except ValueError as exc:
             runs[side], missing[side] = None, str(exc)
     verdict = judge(runs["base"], runs["head"], thresholds, provider=args.provider, missing=missing)

@@ -1,4 +1,4 @@
-"""Plots and the performance page drawn from a benchmark results file (:mod:`rmsnorm_suite.bench`).
+"""Plots and the performance page drawn from a benchmark results file (:mod:`rmsnorm_suite.results`).
 
 ``plot_bandwidth`` draws bandwidth against N per provider (one panel per mode and timing: whole
 calls, and GPU time where the run has it; the copy ceiling of the same run as a dashed line); the
@@ -13,17 +13,18 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rmsnorm_suite import bench
+from rmsnorm_suite import bench, results
 from rmsnorm_suite.console import markdown_table
+from rmsnorm_suite.results import Run
 
 # The shapes plotted: the memory-bound ones (cases.GROUPS), 65536x1024 among them.
 PLOT_GROUPS = ("large", "medium")
-# timing -> (the results' bandwidth key, panel title)
-TIMINGS = {"whole": ("tbs", "whole calls"), "device": ("device_tbs", "GPU time")}
+# timing -> (whether it is the rows' GPU-only timing, panel title)
+TIMINGS = {"whole": (False, "whole calls"), "device": (True, "GPU time")}
 
 
 class NothingToPlot(ValueError):
@@ -40,8 +41,9 @@ PROVIDER_STYLE = {  # fixed colours, so a provider looks the same in every figur
 }
 
 
-def _as_run(run: dict[str, Any] | str | Path) -> dict[str, Any]:
-    return run if isinstance(run, dict) else bench.load_run(run)
+def _as_run(run: Run | Mapping[str, Any] | str | Path) -> Run:
+    """A Run from a Run, its JSON form, or a results file."""
+    return results.load(run) if isinstance(run, (str, Path)) else results.as_run(run)
 
 
 def _curves(points) -> dict[Any, list[tuple[int, float]]]:
@@ -59,7 +61,7 @@ def _curves(points) -> dict[Any, list[tuple[int, float]]]:
 
 
 def bandwidth_series(
-    run: dict[str, Any],
+    run: Run | Mapping[str, Any],
     mode: str,
     *,
     dtype: str = "bfloat16",
@@ -69,21 +71,21 @@ def bandwidth_series(
     """provider -> [(N, TB/s)] sorted by N, for the successful rows of one mode and dtype in
     ``groups`` (one shape per N, as ``_curves`` keeps), timed as ``timing`` says (a key of
     TIMINGS)."""
-    key = TIMINGS[timing][0]
+    device = TIMINGS[timing][0]
     return _curves(
-        (r["provider"], r["m"], r["n"], r[key])
-        for r in run["results"]
-        if r["mode"] == mode
-        and r["dtype"] == dtype
-        and r["group"] in groups
-        and not r.get("residual")
-        and r["status"] == "ok"
-        and r.get(key) is not None
+        (r.provider, r.m, r.n, r.timing(device).tbs)
+        for r in _as_run(run).results
+        if r.mode == mode
+        and r.dtype == dtype
+        and r.group in groups
+        and not r.residual
+        and r.ok
+        and r.timing(device).tbs is not None
     )
 
 
 def same_bytes_copy_series(
-    run: dict[str, Any],
+    run: Run | Mapping[str, Any],
     *,
     dtype: str = "bfloat16",
     groups: Sequence[str] = PLOT_GROUPS,
@@ -91,17 +93,17 @@ def same_bytes_copy_series(
 ) -> list:
     """[(N, TB/s)] of the per-shape copies of x (the forward's bytes), one shape per N as
     ``bandwidth_series``; empty for a run without them."""
-    key = TIMINGS[timing][0]
-    entries = (run.get("same_bytes_copy") or {}).values()
+    device = TIMINGS[timing][0]
+    entries = _as_run(run).same_bytes_copy.values()
     return _curves(
-        ("copy", e["m"], e["n"], e[key])
+        ("copy", e.m, e.n, e.tbs_of(device))
         for e in entries
-        if e["dtype"] == dtype and e["group"] in groups and e.get(key) is not None
+        if e.dtype == dtype and e.group in groups and e.tbs_of(device) is not None
     ).get("copy", [])
 
 
 def plot_bandwidth(
-    run: dict[str, Any] | str | Path,
+    run: Run | Mapping[str, Any] | str | Path,
     out: str | Path,
     *,
     dtype: str = "bfloat16",
@@ -125,12 +127,12 @@ def plot_bandwidth(
         raise NothingToPlot(
             f"no successful {'/'.join(groups)} {dtype} rows for modes {list(modes)} in the results"
         )
-    copy_tbs = (run.get("copy") or {}).get("tbs")
+    copy_tbs = run.copy.tbs
     fig = Figure(figsize=(5.5 * len(modes), 4.2 * len(rows)), layout="constrained")
     axes = fig.subplots(len(rows), len(modes), squeeze=False)
     for row_axes, (timing, panels) in zip(axes, rows):
         _draw_row(row_axes, panels, timing, run, copy_tbs, dtype, groups)
-    machine = run.get("machine") or {}
+    machine = run.machine
     fig.suptitle(
         f"RMSNorm bandwidth, {dtype}, the most rows at each N of the {'/'.join(groups)} shapes, "
         f"{machine.get('device', 'unknown device')}"
@@ -141,9 +143,7 @@ def plot_bandwidth(
     return out
 
 
-def _draw_row(
-    axes, panels, timing: str, run: dict[str, Any], copy_tbs, dtype: str, groups: Sequence[str]
-) -> None:
+def _draw_row(axes, panels, timing: str, run: Run, copy_tbs, dtype: str, groups: Sequence[str]) -> None:
     """One row of ``plot_bandwidth``: a panel per mode, all timed as ``timing``."""
     for ax, (mode, series) in zip(axes, panels):
         for provider, points in series.items():
@@ -180,20 +180,21 @@ def _draw_row(
         ax.legend(fontsize=8)
 
 
-def performance_markdown(run: dict[str, Any], png: str | None = None) -> str:
+def performance_markdown(run: Run | Mapping[str, Any], png: str | None = None) -> str:
     """The performance tables: this kernel's time, the best peer and its time, the ratio
     (peer/kernel: above 1 the kernel is faster), bandwidth and fraction of the copy ceiling; once
     for whole calls (host work included), once for GPU time alone (CUDA-graph replays)."""
-    machine, git, copy = run.get("machine") or {}, run.get("git") or {}, run.get("copy") or {}
-    settings = run.get("settings") or {}
+    run = _as_run(run)
+    machine, settings = run.machine, run.settings
+    copy_tbs = run.copy.tbs if run.copy.tbs is not None else float("nan")
     lines = [
         "# Performance",
         "",
         "Generated by `python -m rmsnorm_suite.plots` (nox session `perf_docs`); do not edit by hand.",
         "",
         f"Device {machine.get('device')}, torch {machine.get('torch')}, triton {machine.get('triton')}, "
-        f"commit `{(git.get('commit') or '?')[:12]}`, measured {run.get('created')}. Device-to-device copy "
-        f"ceiling measured in the same run: **{copy.get('tbs', float('nan')):.2f} TB/s**. Timing: "
+        f"commit `{(run.git.commit or '?')[:12]}`, measured {run.created}. Device-to-device copy "
+        f"ceiling measured in the same run: **{copy_tbs:.2f} TB/s**. Timing: "
         f"{settings.get('timing')}; medians of {settings.get('blocks')} blocks x "
         f"{settings.get('samples_per_block')} samples. Bandwidth counts the fewest "
         "bytes (forward 2·M·N·elem, forward+backward 5·M·N·elem). *Copy of x*: `x.clone()` at the "
@@ -204,9 +205,9 @@ def performance_markdown(run: dict[str, Any], png: str | None = None) -> str:
         "",
         "What a caller waits for: host work (Python, autograd, launches) and the kernels.",
         "",
-        *_table(run, ""),
+        *_table(run, device=False),
     ]
-    if any(r.get("device_median_ms") for r in run["results"]):
+    if any(r.device.median_ms for r in run.results):
         lines += [
             "",
             "## GPU time alone",
@@ -214,23 +215,20 @@ def performance_markdown(run: dict[str, Any], png: str | None = None) -> str:
             f"Timing: {settings.get('device_timing')}. The kernels without the host work that issues "
             "them: what a model running under CUDA graphs (or with enough work queued) sees.",
             "",
-            *_table(run, "device_"),
+            *_table(run, device=True),
         ]
     if png:
         lines += ["", f"![bandwidth against N per provider, whole calls and GPU time]({png})"]
     return "\n".join(lines) + "\n"
 
 
-def _table(run: dict[str, Any], prefix: str) -> list[str]:
-    """Rows of one table; ``prefix`` "" reads median_ms/tbs/fraction_of_copy, "device_" the
-    GPU-only figures."""
-    rows = bench.index_rows(run)
-    copies = run.get("same_bytes_copy") or {}
-    med, tbs, frac = f"{prefix}median_ms", f"{prefix}tbs", f"{prefix}fraction_of_copy"
+def _table(run: Run, device: bool) -> list[str]:
+    """Rows of one table: the whole-call figures, or with ``device`` the GPU-only ones."""
+    rows = run.index()
     headers = ["shape", "mode", "kernel µs", "kernel TB/s", "of copy", "copy of x µs", "best peer", "peer µs"]
     headers.append("peer/kernel")
     table = []
-    keys = sorted({(r["shape"], r["mode"]) for r in run["results"]}, key=lambda k: _order(run, k))
+    keys = sorted({(r.shape, r.mode) for r in run.results}, key=lambda k: _order(run, k))
     for shape, mode in keys:
         kernel = rows.get(("kernel", shape, mode))
         peers = [
@@ -239,32 +237,32 @@ def _table(run: dict[str, Any], prefix: str) -> list[str]:
             if s == shape
             and m == mode
             and p != "kernel"
-            and not r.get("residual")  # the fused residual pass is a different operation
-            and r["status"] == "ok"
-            and r.get(med)
+            and not r.residual  # the fused residual pass is a different operation
+            and r.ok
+            and r.timing(device).median_ms
         ]
-        best = min(peers, key=lambda r: r[med]) if peers else None
-        kernel_ok = kernel is not None and kernel["status"] == "ok" and kernel.get(med)
+        best = min(peers, key=lambda r: r.timing(device).median_ms) if peers else None
+        k = kernel.timing(device) if kernel is not None else None
+        kernel_ok = kernel is not None and kernel.ok and k.median_ms
         if not kernel_ok:
-            k_cells = ["failed" if kernel and kernel["status"] != "ok" else "-", "-", "-"]
+            k_cells = ["failed" if kernel and not kernel.ok else "-", "-", "-"]
         else:
-            k_cells = [f"{kernel[med] * 1e3:.1f}", f"{kernel[tbs]:.2f}", f"{100 * kernel[frac]:.0f}%"]
-        copy_ms = (copies.get(shape) or {}).get(med) if mode == "forward" else None
+            k_cells = [f"{k.median_ms * 1e3:.1f}", f"{k.tbs:.2f}", f"{100 * k.fraction_of_copy:.0f}%"]
+        copy = run.same_bytes_copy.get(shape)
+        copy_ms = copy.median_of(device) if copy is not None and mode == "forward" else None
         k_cells.append(f"{copy_ms * 1e3:.1f}" if copy_ms else "-")
         if best is None:
             p_cells = ["-", "-", "-"]
         else:
-            ratio = f"{best[med] / kernel[med]:.2f}" if kernel_ok else "-"
-            p_cells = [best["provider"], f"{best[med] * 1e3:.1f}", ratio]
+            best_ms = best.timing(device).median_ms
+            ratio = f"{best_ms / k.median_ms:.2f}" if kernel_ok else "-"
+            p_cells = [best.provider, f"{best_ms * 1e3:.1f}", ratio]
         table.append([shape, mode.replace("_", "+"), *k_cells, *p_cells])
     return markdown_table(headers, table).splitlines()
 
 
-def _order(run: dict[str, Any], key: tuple[str, str]) -> tuple[int, int]:
-    names = []
-    for r in run["results"]:
-        if r["shape"] not in names:
-            names.append(r["shape"])
+def _order(run: Run, key: tuple[str, str]) -> tuple[int, int]:
+    names = list(dict.fromkeys(r.shape for r in run.results))
     return names.index(key[0]), list(bench.MODES).index(key[1]) if key[1] in bench.MODES else 9
 
 
@@ -283,14 +281,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.results:
-        run = bench.load_run(args.results)
+        run = results.load(args.results)
     else:
         try:
             run = bench.run_benchmarks(bench.select_cases(["all"]), bench.available_providers(), bench.MODES)
         except bench.BenchUnavailable as exc:
             print(exc, file=sys.stderr)
             return 2
-        path = bench.write_run(run, args.out)
+        path = results.write(run, args.out)
         Path(args.saved).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, args.saved)
         print(f"results: {path} (copied to {args.saved})")

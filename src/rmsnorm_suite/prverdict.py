@@ -29,6 +29,7 @@ Exit status as the gate's: 0 pass, 1 regression, 2 could not judge.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -37,14 +38,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import scipy.stats  # noqa: F401  the gate's statistics, loaded before any commit's code runs
 
 import rmsnorm_suite
-from rmsnorm_suite import bench, cases, gate  # noqa: F401  cases: the gate orders its table by it
+from rmsnorm_suite import bench, cases, gate, results  # noqa: F401  cases: the gate orders its table by it
 
 SIDES = ("base", "head")
 DEFAULT_ROUNDS = 6
@@ -87,61 +89,75 @@ def round_order(k: int) -> tuple[str, str]:
     return SIDES if k % 2 == 0 else SIDES[::-1]
 
 
-def merge_rounds(runs: Sequence[dict[str, Any]], label: str, commit: str | None) -> dict[str, Any]:
+def merge_rounds(
+    runs: Sequence[results.Run | Mapping[str, Any]], label: str, commit: str | None
+) -> results.Run:
     """One run from several rounds of one side: samples concatenated, one median per round (host
     and device: the gate's units), the largest error seen, failed when any round failed."""
     if not runs:
         raise ValueError(f"no rounds to merge for {label}")
-    merged: dict[tuple[str, str, str], dict[str, Any]] = {}
+    runs = [results.as_run(run) for run in runs]
+    merged: dict[results.Key, _Merged] = {}
     for k, run in enumerate(runs):
-        k = run.get("round", k)
-        for row in run["results"]:
-            key = (row["provider"], row["shape"], row["mode"])
-            into = merged.get(key)
-            if into is None:
-                into = merged[key] = {**row, "samples_ms": [], "block_medians_ms": [], "errors": {}}
-                into["status"], into["error"] = "ok", None
-                into["device_samples_ms"], into["device_block_medians_ms"] = [], []
-                into["device_error"] = None
-            if row["status"] != "ok":
-                if into["status"] == "ok":
-                    into["status"], into["error"] = "failed", f"round {k}: {row.get('error')}"
+        k = run.round if run.round is not None else k
+        for row in run.results:
+            into = merged.setdefault(row.key, _Merged(row))
+            if not row.ok:
+                if into.error is None:
+                    into.error = f"round {k}: {row.error}"
                 continue
-            into["samples_ms"].extend(row["samples_ms"])
-            into["block_medians_ms"].append(bench.median(row["samples_ms"]))
-            if row.get("device_error") or not row.get("device_samples_ms"):
-                into["device_error"] = (
-                    into["device_error"] or f"round {k}: {row.get('device_error') or 'no device samples'}"
+            into.samples.extend(row.whole.samples_ms)
+            into.medians.append(bench.median(row.whole.samples_ms))
+            if row.device_error or not row.device.samples_ms:
+                into.device_error = (
+                    into.device_error or f"round {k}: {row.device_error or 'no device samples'}"
                 )
             else:
-                into["device_samples_ms"].extend(row["device_samples_ms"])
-                into["device_block_medians_ms"].append(bench.median(row["device_samples_ms"]))
-            for q, v in row.get("errors", {}).items():
-                into["errors"][q] = max(v, into["errors"].get(q, v))
-    copies = [r["copy"]["tbs"] for r in runs if r.get("copy")]
+                into.device_samples.extend(row.device.samples_ms)
+                into.device_medians.append(bench.median(row.device.samples_ms))
+            for q, v in row.errors.items():
+                into.errors[q] = max(v, into.errors.get(q, v))
+    copies = [run.copy.tbs for run in runs if run.copy.tbs is not None]
     copy_tbs = bench.median(copies) if copies else None
-    rows = []
-    for row in merged.values():
-        if row["status"] == "ok" and row["samples_ms"] and copy_tbs:
-            bench._summarise(row, copy_tbs)
-        elif row["status"] == "ok" and row["samples_ms"]:
-            row["median_ms"] = bench.median(row["samples_ms"])
-        else:
-            row["median_ms"] = row["tbs"] = row["fraction_of_copy"] = None
-        rows.append(row)
     first = runs[0]
-    rounds = [run.get("round", k) for k, run in enumerate(runs)]
-    return {
-        "schema": bench.SCHEMA,
-        "label": label,
-        "created": first.get("created"),
-        "machine": first.get("machine"),
-        "git": {"commit": commit, "dirty": False},
+    rounds = [run.round if run.round is not None else k for k, run in enumerate(runs)]
+    return results.Run(
+        tuple(m.row(copy_tbs) for m in merged.values()),
+        label=label,
+        created=first.created,
+        machine=first.machine,
+        git=results.Git(commit, False),
         # round_indices: the rounds merged, in order; the gate pairs two runs' rounds by them
-        "settings": {**first.get("settings", {}), "rounds": len(runs), "round_indices": rounds},
-        "copy": {"tbs": copy_tbs, "rounds_tbs": copies},
-        "results": rows,
-    }
+        settings={**first.settings, "rounds": len(runs), "round_indices": rounds},
+        copy=results.CopyCeiling(tbs=copy_tbs, rounds_tbs=tuple(copies)),
+    )
+
+
+@dataclass
+class _Merged:
+    """One (provider, shape, mode) while its rounds are merged: the first round's row, and what
+    the rounds add to it."""
+
+    first: results.Row
+    error: str | None = None  # the first failed round's
+    samples: list[float] = field(default_factory=list)
+    medians: list[float] = field(default_factory=list)
+    device_samples: list[float] = field(default_factory=list)
+    device_medians: list[float] = field(default_factory=list)
+    device_error: str | None = None
+    errors: dict[str, float] = field(default_factory=dict)
+
+    def row(self, copy_tbs: float | None) -> results.Row:
+        ok, nbytes = self.error is None, self.first.bytes
+        return dataclasses.replace(
+            self.first,
+            status="ok" if ok else "failed",
+            error=self.error,
+            errors=self.errors,
+            whole=results.timing(self.samples, self.medians, nbytes, copy_tbs, summarise=ok),
+            device=results.timing(self.device_samples, self.device_medians, nbytes, copy_tbs, summarise=ok),
+            device_error=self.device_error,
+        )
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -366,7 +382,7 @@ def _judge_pr(args, out: Path, context, trees, trusted: Path, ops, cases_, deadl
     shas = context["shas"]
     rounds_dir = out / "rounds"
     rounds_dir.mkdir(parents=True, exist_ok=True)
-    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
+    runs: dict[str, list[results.Run]] = {side: [] for side in SIDES}
     failures: dict[str, list[str]] = {side: [] for side in SIDES}
     extra: list[gate.Row] = []
     bar = bench._Progress(args.rounds * len(SIDES), "pr-verdict rounds", True)
@@ -397,7 +413,7 @@ def _judge_pr(args, out: Path, context, trees, trusted: Path, ops, cases_, deadl
                 problem = run_round(trusted, ops[side], spec, *paths, timeout)
                 done += 1
                 if problem is None:  # read at once: a later round cannot rewrite it
-                    runs[side].append(bench.load_run(result_path))
+                    runs[side].append(results.load(result_path))
                 else:
                     failures[side].append(f"round {k}: {problem}")
     finally:
@@ -405,7 +421,7 @@ def _judge_pr(args, out: Path, context, trees, trusted: Path, ops, cases_, deadl
     if deadline.passed:
         note = f"the {deadline.seconds:g} s deadline passed after {done} of {args.rounds * 2} rounds"
         extra.append(gate.Row("deadline", None, None, None, None, "error", "run", note=note))
-    merged: dict[str, dict[str, Any] | None] = {}
+    merged: dict[str, results.Run | None] = {}
     missing: dict[str, str] = {}
     for side in SIDES:
         if failures[side]:
@@ -426,7 +442,7 @@ def _judge_pr(args, out: Path, context, trees, trusted: Path, ops, cases_, deadl
     # Written after head's tests, which run head's code: the files match what was judged.
     for side in SIDES:
         if merged[side]:
-            bench.write_run(merged[side], out, side)
+            results.write(merged[side], out, side)
     verdict = gate.judge(
         merged["base"], merged["head"], context["thresholds"], extra_rows=extra, missing=missing
     )

@@ -15,6 +15,7 @@ clock, in the same results format, so the whole path from commit to verdict runs
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import sys
@@ -23,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rmsnorm_suite import bench, numerics
+from rmsnorm_suite import bench, numerics, results
 
 TIMINGS = ("cuda", "host")
 HOST_SHAPE = (4, 64)  # rows, columns (at most the case's) of the host stand-in's CPU inputs
@@ -39,7 +40,7 @@ def check_origin(module: str, expected_under: str | None) -> str | None:
     return None
 
 
-def host_stand_in(spec: dict[str, Any]) -> dict[str, Any]:
+def host_stand_in(spec: dict[str, Any]) -> results.Run:
     """The results of one round, timed on the CPU with the host clock (no CUDA needed)."""
     import torch
 
@@ -58,27 +59,35 @@ def host_stand_in(spec: dict[str, Any]) -> dict[str, Any]:
                 call()
                 times.append((time.perf_counter() - start) * 1e3)
             errors = bench.provider_errors(fn, x, w, dy, oracle, [mode])[mode]
-            row = {
-                "provider": "kernel", "shape": case.name, "m": case.m, "n": case.n,
-                "dtype": str(case.dtype).removeprefix("torch."), "group": case.group, "mode": mode,
-                "residual": False, "bytes": case.nbytes[mode], "status": "ok", "error": None,
-                "samples_ms": times, "block_medians_ms": [bench.median(times)],
-                "device_samples_ms": list(times), "device_block_medians_ms": [bench.median(times)],
-                "device_reps": 1, "device_error": None, "errors": errors,
-            }  # fmt: skip
-            bench._summarise(row, 1.0)
-            rows.append(row)
-    return {
-        "schema": bench.SCHEMA,
-        "machine": {"device": "host stand-in (CPU, host clock)"},
-        "git": {"commit": spec.get("commit"), "dirty": False},
-        "settings": {"samples_per_block": spec["samples"], "blocks": 1, "timing": "host stand-in"},
-        "copy": {"tbs": 1.0},
-        "results": rows,
-    }
+            # the host clock stands in for both timings; the copy ceiling is 1 TB/s
+            timing = results.timing(times, [bench.median(times)], case.nbytes[mode], 1.0)
+            rows.append(
+                results.Row(
+                    "kernel",
+                    case.name,
+                    mode,
+                    "ok",
+                    case.m,
+                    case.n,
+                    str(case.dtype).removeprefix("torch."),
+                    case.group,
+                    bytes=case.nbytes[mode],
+                    errors=errors,
+                    whole=timing,
+                    device=timing,
+                    device_reps=1,
+                )  # fmt: skip
+            )
+    return results.Run(
+        tuple(rows),
+        machine={"device": "host stand-in (CPU, host clock)"},
+        git=results.Git(spec.get("commit"), False),
+        settings={"samples_per_block": spec["samples"], "blocks": 1, "timing": "host stand-in"},
+        copy=results.CopyCeiling(tbs=1.0),
+    )
 
 
-def run_round(spec: dict[str, Any]) -> dict[str, Any]:
+def run_round(spec: dict[str, Any]) -> results.Run:
     if spec.get("timing", "cuda") == "host":
         return host_stand_in(spec)
     return bench.run_benchmarks(
@@ -91,7 +100,7 @@ def run_round(spec: dict[str, Any]) -> dict[str, Any]:
         errors=spec.get("errors", True),
         copy_elements=spec.get("copy_elements", bench.COPY_ELEMENTS),
         progress=False,
-        git={"commit": spec.get("commit"), "dirty": False},
+        git=results.Git(spec.get("commit"), False),
         device_time=spec.get("device_time", True),
         same_bytes_copy=False,  # the gate compares the kernel's rows only
     )
@@ -114,14 +123,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         if problem:
             print(problem, file=sys.stderr)
             return 2
+    out = Path(spec.get("out", ""))
+    if out.suffix != ".json":
+        print(f"spec: out must name a .json file, got {spec.get('out')!r}", file=sys.stderr)
+        return 2
     try:
         result = run_round(spec)
     except bench.BenchUnavailable as exc:
         print(exc, file=sys.stderr)
         return 2
-    result["label"] = spec.get("label")
-    result["round"] = spec.get("round")
-    Path(spec["out"]).write_text(json.dumps(result) + "\n", encoding="utf-8")
+    results.write(
+        dataclasses.replace(result, label=spec.get("label"), round=spec.get("round")), out.parent, out.stem
+    )
     return 0
 
 
