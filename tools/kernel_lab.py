@@ -1,40 +1,28 @@
-"""Kernel lab (development only): the production kernels at other launches, timed beside the
-production launch path and its peers in one run, each variant's output first checked against the
-reference. The rounds here are those a maintainer reruns to re-tune the launch constants.
+"""Kernel lab: production's kernels at other launches, timed beside production and its peers.
+
+Development only. Each variant is first checked against the reference, then timed in the same run
+as the production launch path and its peers. The rounds are the ones a maintainer reruns to
+re-tune the launch constants of launch.py.
 
     python tools/kernel_lab.py ROUND [ROUND ...] [--out lab.json]     on a CUDA machine
     TRITON_INTERPRET=1 python tools/kernel_lab.py ROUND --smoke        tiny CPU check, no timing
 
-Rounds, what they tune and what they decided (H200, bf16 unless named; figures in
-docs/performance-notes.md, "Why the launch constants are what they are"):
-  two-walk    forward_looped with one program per row (chunk, warps, L2 hints) and
-              backward_chunked (chunk, warps, programs per SM) at N = 4096-16384: chose the
-              two-walk path of rows of 4097-16384 (launch.FORWARD_WALK_*, TWO_WALK_BACKWARD_CHUNK).
-  wide        forward_looped at N = 65536: chunk, warps, hints (launch.FORWARD_WIDE_*).
-  small       the tile backward at small and medium M with fewer programs than rows (chose one
-              program per SM at N = 4096 when a program would get fewer than four rows; since
-              two, launch.FEW_ROW_BLOCKS). CUDA-graph timing, as every round after it.
-  prefetch    the tile backward loading its next row block before working on the current one
-              (32768x4096 234.7 to 203.6 µs, 65536x1024 121.0 to 109.1, 4096x4096 bf16 38.2 to
-              33.8), over rows, warps and programs per SM: chose it at N = 1024 and 4096
-              (launch.BACKWARD_TILE).
-  reorder2    the tile forward at N = 4096 with 2 warps per row beside 4, fp32 and 256x4096 too
-              (launch.FORWARD_TILE; round reorder chose 2: 32768x4096 128.0 against 131.6 µs).
-  launch      the tile forward at the launch-bound shapes over rows per program and warps: no
-              launch beats production by more than 0.1 µs, so the launch stays chosen by N alone.
-  even        forward_tile without masks (EVEN) from 1 to 32768 rows of 4096, beside the masked
-              kernel and the peers: chose EVEN for launches of at most 256 rows
-              (launch.EVEN_MAX_ROWS).
-  reduce      the dw reduction alone over production's scratch, by columns per program, scratch
-              rows per step and warps, and over the wide backward's short scratch: chose 16-column
-              strips for a tall scratch and N / 256 for a short one (launch._reduce_plan).
-
-The wide backward's launch constants are swept by tools/tune_sweep.py. Every other round the lab
-has run (26 of them, with their kernels: persistent and split-row forwards, the cooperative
-wide kernels that became backward_wide_fused, register caps, L2 prefetch and more), and the
-parts of small, prefetch and reorder2 that timed lab kernels, are kept at the git tag
-lab-history-2026-12 (tools/kernel_lab.py there); docs/performance-notes.md, "Rejected variants
-(tag lab-history-2026-12)", lists them with their figures. Every round passes --smoke.
+Rounds and the constants they tune (what each decided, with its figures: docs/performance-notes.md,
+"Why the launch constants are what they are"):
+  two-walk   forward_looped's chunk, warps and L2 hints at N = 4096-16384, backward_chunked's
+             chunk, warps and programs per SM (FORWARD_WALK_*, TWO_WALK_BACKWARD*)
+  small      the tile backward with fewer programs than rows at small M (FEW_ROW_BLOCKS)
+  prefetch   the tile backward over rows, warps, programs per SM and PREFETCH (BACKWARD_TILE)
+  reorder2   the tile forward at N = 4096 with 2 and 4 warps (FORWARD_TILE)
+  launch     the tile forward at launch-bound shapes over rows and warps (the launch is chosen by
+             N alone: nothing beat it by more than 0.1 µs)
+  even       forward_tile with and without masks, 1 to 32768 rows of 4096 (EVEN_MAX_ROWS)
+  reduce     reduce_columns alone over production's scratch and the wide backward's (_reduce_plan)
+Timing: medians with the L2 flushed before each call until a round switches to CUDA-graph replays
+(small, prefetch, reorder2, launch, reduce; even times both). The wide backward's constants are
+swept by tools/tune_sweep.py. Every other round the lab has run, with the kernel variants it
+timed, is kept at the git tags lab-history-2026-12 and lab-history-2026-12b (tools/kernel_lab.py
+there); docs/performance-notes.md, "Rejected variants", lists them with their figures.
 """
 
 from __future__ import annotations
@@ -52,6 +40,8 @@ from rmsnorm_kernel import kernels, launch
 from rmsnorm_kernel.reference import rms_norm_reference
 
 EPS = 1e-6
+# Rows the summary compares variants against, not variants themselves.
+PEERS = ("production", "torch F.rms_norm", "torch.compile", "liger", "quack")
 
 # ---------------------------------------------------------------------------------------------
 # Harness
@@ -95,39 +85,6 @@ class Lab:
         self.timing = "graphs"
         self.median_us = lambda fn: do_bench_cudagraph(fn, rep=50, return_mode="median") * 1e3
 
-    def flushed_then_graphs(self):
-        """For a round's loop: yields False (calls timed with the L2 flushed before each, as the
-        performance page times), then True after switching to CUDA-graph replays; only False
-        under --smoke."""
-        yield False
-        if not self.smoke:
-            self.time_with_graphs()
-            yield True
-
-    def forward_shapes(self, cases, with_peers: bool = False):
-        """For a forward round: under each timing (flushed_then_graphs), each case ((M, N) or
-        (M, N, dtype)) as a shape dict, yielded once production's forward and, ``with_peers``,
-        the peers have been timed on it."""
-        for _graphs in self.flushed_then_graphs():
-            for case in cases:
-                s = self.shape(*case)
-                self.production_forward(s)
-                if with_peers and not self.smoke:
-                    peers(self, s)
-                yield s
-
-    def production_forward(self, s: dict) -> None:
-        """The production forward at this shape, the baseline of a forward round (not under
-        --smoke)."""
-        if self.smoke:
-            return
-        x, w = s["x"], s["w"]
-
-        def fwd():
-            return launch.forward(x, w, None, EPS, 0.0, 0, x.dtype, x.dtype)
-
-        self.run("fwd", s, "production", lambda: s["y"].copy_(fwd()[0]), fwd)
-
     def _copy_ceiling(self) -> float:
         a = torch.randn(2**30, device="cuda", dtype=torch.bfloat16)
         b = torch.empty_like(a)
@@ -150,6 +107,9 @@ class Lab:
                     y=torch.empty_like(x), dx=torch.empty_like(x), dw=torch.empty(n, device=self.device),
                     rstd_out=torch.empty(m, device=self.device), name=f"{m}x{n}-{str(dtype)[6:]}")  # fmt: skip
 
+    def _say(self, kind: str, s: dict, variant: str, what: str) -> None:
+        print(f"{kind} {s['name']:>20} {variant:<44} {what}", flush=True)
+
     def run(self, kind: str, s: dict, variant: str, fn, timed=None) -> None:
         """Run ``fn`` once and check its outputs (y for "fwd", dx and dw for "bwd"), then time it,
         or ``timed`` where given: the same work without the copies into the checked buffers
@@ -162,11 +122,7 @@ class Lab:
             if self.device == "cuda":
                 torch.cuda.synchronize()
         except Exception as exc:  # a variant may not compile (registers, shared memory)
-            print(
-                f"{kind} {s['name']:>20} {variant:<44} failed: {type(exc).__name__} {str(exc)[:80]}",
-                flush=True,
-            )
-            return
+            return self._say(kind, s, variant, f"failed: {type(exc).__name__} {str(exc)[:80]}")
         tol = dict(atol=2e-2, rtol=2e-2) if s["x"].dtype != torch.float32 else dict(atol=1e-4, rtol=1e-4)
         try:  # a sanity check that the variant computes RMSNorm, not the numerics suite
             if kind == "fwd":
@@ -176,28 +132,20 @@ class Lab:
                 dw_atol = tol["atol"] * s["m"] ** 0.5
                 torch.testing.assert_close(s["dw"].float(), s["dw_ref"], atol=dw_atol, rtol=tol["rtol"])
         except AssertionError as exc:
-            print(
-                f"{kind} {s['name']:>20} {variant:<44} WRONG, not timed: {str(exc).splitlines()[0]}",
-                flush=True,
-            )
-            return
+            return self._say(kind, s, variant, f"WRONG, not timed: {str(exc).splitlines()[0]}")
         if self.smoke:
-            print(f"{kind} {s['name']:>20} {variant:<44} checked", flush=True)
-            return
+            return self._say(kind, s, variant, "checked")
         try:
             us = self.median_us(timed or fn)
         except Exception as exc:  # e.g. a launch that graph capture rejects
-            print(f"{kind} {s['name']:>20} {variant:<44} timing failed: {type(exc).__name__} {str(exc)[:80]}",
-                  flush=True)  # fmt: skip
-            return
+            return self._say(kind, s, variant, f"timing failed: {type(exc).__name__} {str(exc)[:80]}")
         self._record(kind, s, variant, us)
 
     def time_reference(self, s: dict, variant: str, fn) -> None:
         """Time ``fn``, a point of reference that computes no RMSNorm (a copy of the same bytes,
         say), unchecked; the summary does not count it as a variant."""
-        if self.smoke:
-            return
-        self._record("fwd", s, variant, self.median_us(fn), reference=True)
+        if not self.smoke:
+            self._record("fwd", s, variant, self.median_us(fn), reference=True)
 
     def _record(self, kind: str, s: dict, variant: str, us: float, **marks) -> None:
         """Keep and print one timed row: µs and the fraction of the copy ceiling its bytes reach
@@ -207,10 +155,11 @@ class Lab:
         self.rows.append(
             dict(kind=kind, shape=s["name"], variant=variant, us=us, frac=frac, timing=self.timing, **marks)
         )
-        print(f"{kind} {s['name']:>20} {variant:<44} {us:8.1f} us {frac:6.1%}", flush=True)
+        self._say(kind, s, variant, f"{us:8.1f} us {frac:6.1%}")
 
-    def production(self, s: dict) -> None:
-        """The production forward and backward, and torch's fused forward, at this shape."""
+    def production(self, s: dict, backward: bool = True) -> None:
+        """The production forward and (``backward``) backward, and torch's fused forward, at
+        this shape."""
         x, w, dy, n = s["x"], s["w"], s["dy"], s["n"]
 
         def fwd():
@@ -223,41 +172,104 @@ class Lab:
             return F.rms_norm(x, (n,), w, EPS)
 
         self.run("fwd", s, "production", lambda: s["y"].copy_(fwd()[0]), fwd)
-        self.run("bwd", s, "production", lambda: [s[k].copy_(t) for k, t in zip(("dx", "dw"), bwd())], bwd)
+        if backward:
+            grads = ("dx", "dw")
+            self.run("bwd", s, "production", lambda: [s[k].copy_(t) for k, t in zip(grads, bwd())], bwd)
         if not self.smoke:
             self.run("fwd", s, "torch F.rms_norm", lambda: s["y"].copy_(native()), native)
 
     def reduce(self, s: dict, partial: torch.Tensor, programs: int):
         """The production fixed-order dw reduction of a (programs, N) scratch into s["dw"]."""
-        _grid, warps, (block_p, block_c) = launch._reduce_plan(s["n"], programs)
-        reduce_columns_call(partial, s["dw"], programs, s["n"], block_p, block_c, warps)()
+        plan = launch._reduce_plan(s["n"], programs)
+        reduce_columns_call(partial, s["dw"], programs, s["n"], *plan.constexprs, plan.num_warps)()
 
     def summary(self, out: str | None) -> None:
+        """The fastest variant per shape and timing beside production in the same timing; the
+        timed rows as JSON to ``out``."""
         best: dict[tuple, dict] = {}
+        prod: dict[tuple, dict] = {}
         for r in self.rows:
             key = (r["kind"], r["shape"], r["timing"])
-            peer = r["variant"] in ("production", "torch F.rms_norm", "torch.compile", "liger", "quack")
-            if not peer and not r.get("reference"):
+            if r["variant"] == "production":
+                prod[key] = r
+            elif r["variant"] not in PEERS and not r.get("reference"):
                 if key not in best or r["us"] < best[key]["us"]:
                     best[key] = r
         print("\nbest variant per shape and timing, against production in the same timing:")
         for (kind, shape, timing), r in best.items():
-            prod = next(
-                (
-                    p
-                    for p in self.rows
-                    if (p["kind"], p["shape"], p["timing"], p["variant"])
-                    == (kind, shape, timing, "production")
-                ),
-                None,
-            )
             line = f"{kind} {shape:>20} {timing:<7} {r['variant']:<44} {r['us']:8.1f} us {r['frac']:6.1%}"
-            if prod is not None:  # a shape may be timed without the production call
-                line += f" | production {prod['us']:8.1f} us {prod['frac']:6.1%}"
+            if (p := prod.get((kind, shape, timing))) is not None:  # a shape may lack production
+                line += f" | production {p['us']:8.1f} us {p['frac']:6.1%}"
             print(line)
         if out:
             with open(out, "w") as f:
                 json.dump(dict(copy_tbs=self.copy_tbs, rows=self.rows), f, indent=1)
+
+
+def peers(lab: Lab, s: dict) -> None:
+    """torch.compile of the reference, Liger and quack at this shape, in the same run (the last
+    two when installed; not under --smoke)."""
+    if lab.smoke:
+        return
+    x, w = s["x"], s["w"]
+    compiled = torch.compile(lambda a, b: rms_norm_reference(a, b, EPS), dynamic=False)
+    lab.run("fwd", s, "torch.compile", lambda: s["y"].copy_(compiled(x, w)), lambda: compiled(x, w))
+    try:
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+    except ImportError:
+        return
+
+    def liger():
+        return LigerRMSNormFunction.apply(x, w, EPS, 0.0, "llama", False)
+
+    lab.run("fwd", s, "liger", lambda: s["y"].copy_(liger()), liger)
+    try:
+        from quack.rmsnorm import rmsnorm as quack_rmsnorm
+    except ImportError:
+        return
+
+    def quack():
+        return quack_rmsnorm(x, w, eps=EPS)
+
+    lab.run("fwd", s, "quack", lambda: s["y"].copy_(quack()), quack)
+
+
+# ---------------------------------------------------------------------------------------------
+# The production kernels at a chosen launch (weight, no residual, default casting)
+# ---------------------------------------------------------------------------------------------
+
+
+def tile_forward(s: dict, rows: int, warps: int, even: bool = False):
+    """forward_tile with ROWS = rows, the given warps and masks or not (EVEN), writing s["y"]."""
+    x, m, n = s["x"], s["m"], s["n"]
+    args = (x, x, s["w"], s["y"], x, s["rstd_out"], m, n, n, n, n, n, EPS, 0.0)
+    constexprs = (True, False, 0, triton.next_power_of_2(n), rows, even)
+    return lambda: kernels.forward_tile[(triton.cdiv(m, rows),)](*args, *constexprs, num_warps=warps)
+
+
+def forward_looped(s: dict, block: int, warps: int, policies: tuple[str, str]):
+    """forward_looped (one program per row) with a chosen chunk, warps and walks' L2 hints, y's
+    stores unhinted and the walks rolled as production runs them up to TWO_WALK_MAX."""
+    x, m, n = s["x"], s["m"], s["n"]
+    args = (x, x, s["w"], s["y"], s["y"], s["rstd_out"], n, n, EPS, 0.0)
+    # ..., N, CONTIGUOUS, HAS_OFFSET as production launches contiguous rows with a zero offset
+    return lambda: kernels.forward_looped[(m,)](
+        *args, True, False, 0, block, *policies, "", False, n, True, False, num_warps=warps
+    )
+
+
+def backward_call(lab: Lab, kernel, s: dict, programs: int, warps: int, constexprs: tuple):
+    """backward_tile or backward_chunked over ``programs`` programs with the given constexprs
+    (from HAS_WEIGHT on), then production's dw reduction, writing s["dx"], s["dw"]."""
+    n = s["n"]
+    partial = torch.empty(programs, n, device=lab.device)
+
+    def call():
+        kernel[(programs,)](s["x"], s["w"], s["dy"], s["dy"], s["rstd"], s["dx"], partial, s["m"], n, programs,
+                            n, n, n, n, 0.0, *constexprs, num_warps=warps)  # fmt: skip
+        lab.reduce(s, partial, programs)
+
+    return call
 
 
 # ---------------------------------------------------------------------------------------------
@@ -265,73 +277,17 @@ class Lab:
 # ---------------------------------------------------------------------------------------------
 
 
-def tile_backward(lab: Lab, s: dict, programs: int, warps: int, constexprs: tuple):
-    """The production backward_tile over ``programs`` programs with the given constexprs
-    (HAS_WEIGHT, HAS_DH, COMPUTE_DW, CASTING, BLOCK_N, ROWS, PREFETCH), then the dw reduction,
-    writing s["dx"], s["dw"]."""
-    n = s["n"]
-    partial = torch.empty(programs, n, device=lab.device)
-
-    def call():
-        kernels.backward_tile[(programs,)](
-            s["x"], s["w"], s["dy"], s["dy"], s["rstd"], s["dx"], partial, s["m"], n, programs,
-            n, n, n, n, 0.0, *constexprs, num_warps=warps)  # fmt: skip
-        lab.reduce(s, partial, programs)
-
-    return call
-
-
-def tile_forward(s: dict, rows: int, warps: int):
-    """The production forward_tile (weight, no residual) with ROWS = rows and the given warps,
-    writing s["y"]; N a power of two."""
-    x, m, n = s["x"], s["m"], s["n"]
-    return lambda: kernels.forward_tile[(triton.cdiv(m, rows),)](
-        x,
-        x,
-        s["w"],
-        s["y"],
-        x,
-        s["rstd_out"],
-        m,
-        n,
-        n,
-        n,
-        n,
-        n,
-        EPS,
-        0.0,
-        True,
-        False,
-        0,
-        n,
-        rows,
-        num_warps=warps,
-    )
-
-
-def forward_looped(s: dict, block: int, warps: int, policies: tuple[str, str], store: str = "", unroll=False):
-    """The production forward_looped (one program per row) with a chosen launch, writing s["y"]."""
-    x, m, n = s["x"], s["m"], s["n"]
-    args = (x, x, s["w"], s["y"], s["y"], s["rstd_out"], n, n, EPS, 0.0)
-    # ..., N, CONTIGUOUS, HAS_OFFSET as production launches contiguous rows with a zero offset
-    return lambda: kernels.forward_looped[(m,)](
-        *args, True, False, 0, block, *policies, store, unroll, n, True, False, num_warps=warps
-    )
-
-
-HINTS = [("", ""), ("evict_last", "evict_first")]
-
-
 def round_two_walk(lab: Lab) -> None:
     for m, n, dtype in [(16384, 8192, torch.bfloat16), (8192, 16384, torch.bfloat16),
                         (32768, 4096, torch.bfloat16), (4096, 4096, torch.float32)]:  # fmt: skip
         s = lab.shape(m, n, dtype)
         lab.production(s)
-        for block, warps, hints in itertools.product([2048, 4096, 8192], [4, 8, 16], HINTS):
+        hints = [("", ""), ("evict_last", "evict_first")]
+        for block, warps, policies in itertools.product([2048, 4096, 8192], [4, 8, 16], hints):
             if block > triton.next_power_of_2(n):
                 continue
-            name = f"two-walk fwd b{block} w{warps} {'hints' if hints[0] else 'no hints'}"
-            lab.run("fwd", s, name, forward_looped(s, block, warps, hints))
+            name = f"two-walk fwd b{block} w{warps} {'hints' if policies[0] else 'no hints'}"
+            lab.run("fwd", s, name, forward_looped(s, block, warps, policies))
         if n <= 4096:
             continue
         for chunk, warps, per_sm in itertools.product([2048, 4096], [4, 8, 16], [1, 2, 3]):
@@ -339,57 +295,14 @@ def round_two_walk(lab: Lab) -> None:
             if chunks > 4:
                 continue
             programs = min(s["m"], per_sm * lab.sms)
-            partial = torch.empty(programs, n, device=lab.device)
-            strides = (n, n, n, n, 0.0)
-
-            def bwd():
-                kernels.backward_chunked[(programs,)](
-                    s["x"], s["w"], s["dy"], s["dy"], s["rstd"], s["dx"], partial, s["m"], n, programs, *strides,
-                    True, False, True, 0, chunk, chunks, num_warps=warps)  # fmt: skip
-                lab.reduce(s, partial, programs)
-
-            lab.run("bwd", s, f"chunked c{chunk} w{warps} p{per_sm}", bwd)
-
-
-def round_wide(lab: Lab) -> None:
-    s = lab.shape(2048, 65536)
-    lab.production(s)
-    policies = [("", ""), ("evict_last", "evict_first"), ("evict_last", ""), ("", "evict_first")]
-    for warps, block, hints in itertools.product([16, 32], [4096, 8192, 16384], policies):
-        name = f"looped w{warps} b{block} {hints[0] or '-'}/{hints[1] or '-'}"
-        lab.run("fwd", s, name, forward_looped(s, block, warps, hints))
-
-
-def peers(lab: Lab, s: dict) -> None:
-    """Liger and torch.compile of the reference at this shape, in the same run (when installed)."""
-    x, w = s["x"], s["w"]
-    if not lab.smoke:
-        compiled = torch.compile(lambda a, b: rms_norm_reference(a, b, EPS), dynamic=False)
-        lab.run("fwd", s, "torch.compile", lambda: s["y"].copy_(compiled(x, w)), lambda: compiled(x, w))
-        try:
-            from liger_kernel.ops.rms_norm import LigerRMSNormFunction
-        except ImportError:
-            return
-
-        def liger():
-            return LigerRMSNormFunction.apply(x, w, EPS, 0.0, "llama", False)
-
-        lab.run("fwd", s, "liger", lambda: s["y"].copy_(liger()), liger)
-        try:
-            from quack.rmsnorm import rmsnorm as quack_rmsnorm
-        except ImportError:
-            return
-
-        def quack():
-            return quack_rmsnorm(x, w, eps=EPS)
-
-        lab.run("fwd", s, "quack", lambda: s["y"].copy_(quack()), quack)
+            constexprs = (True, False, True, 0, chunk, chunks)
+            lab.run("bwd", s, f"chunked c{chunk} w{warps} p{per_sm}",
+                    backward_call(lab, kernels.backward_chunked, s, programs, warps, constexprs))  # fmt: skip
 
 
 def round_small(lab: Lab) -> None:
     """The tile backward at small and medium M with fewer programs than rows (fewer dw scratch
-    rows to write and reduce, less parallelism), timed as CUDA-graph replays (host launch time
-    would hide sub-microsecond differences)."""
+    rows to write and reduce, less parallelism). CUDA-graph timing."""
     lab.time_with_graphs()
     for m, n, dtype in [(256, 4096, torch.bfloat16), (128, 257, torch.float32), (1024, 4096, torch.bfloat16),
                         (4096, 4096, torch.bfloat16), (4096, 4096, torch.float32)]:  # fmt: skip
@@ -398,34 +311,31 @@ def round_small(lab: Lab) -> None:
         rows, warps, per_sm, constexprs = launch._backward_tile_plan(n, True, False, True, 0)
         blocks = triton.cdiv(s["m"], rows)
         for programs in sorted({16, 32, 64, 128, lab.sms, 2 * lab.sms, blocks}):
-            if programs > blocks:
-                continue
-            lab.run("bwd", s, f"tile programs {programs}", tile_backward(lab, s, programs, warps, constexprs))
+            if programs <= blocks:
+                lab.run("bwd", s, f"tile programs {programs}",
+                        backward_call(lab, kernels.backward_tile, s, programs, warps, constexprs))  # fmt: skip
 
 
 def round_prefetch(lab: Lab) -> None:
     """The tile backward with the next row block's loads issued before the current block's work
-    (PREFETCH), at warps and programs per SM around production's, beside production.
-    CUDA-graph timing."""
+    (PREFETCH) or not, at rows, warps and programs per SM around production's. CUDA-graph timing."""
     lab.time_with_graphs()
-    shapes = [(32768, 4096, torch.bfloat16), (65536, 1024, torch.bfloat16), (4096, 4096, torch.bfloat16),
-              (4096, 4096, torch.float32), (256, 4096, torch.bfloat16)]  # fmt: skip
-    for m, n, dtype in shapes:
+    for m, n, dtype in [(32768, 4096, torch.bfloat16), (65536, 1024, torch.bfloat16), (4096, 4096, torch.bfloat16),
+                        (4096, 4096, torch.float32), (256, 4096, torch.bfloat16)]:  # fmt: skip
         s = lab.shape(m, n, dtype)
         lab.production(s)
-        block_n, *_ = launch.backward_config(n)
+        block_n = launch.backward_config(n).block_n
         rows_options = [1, 2] if n <= 1024 else [1]
         for rows, warps, per_sm, prefetch in itertools.product(rows_options, [4, 8, 16], [1, 2, 4], [0, 1]):
-            blocks = triton.cdiv(s["m"], rows)
-            programs = min(blocks, per_sm * lab.sms)
+            programs = min(triton.cdiv(s["m"], rows), per_sm * lab.sms)
             constexprs = (True, False, True, 0, block_n, rows, prefetch)
             lab.run("bwd", s, f"tile r{rows} w{warps} p{per_sm} prefetch{prefetch}",
-                    tile_backward(lab, s, programs, warps, constexprs))  # fmt: skip
+                    backward_call(lab, kernels.backward_tile, s, programs, warps, constexprs))  # fmt: skip
 
 
 def round_reorder2(lab: Lab) -> None:
-    """Confirmation of reorder's choice in production: the tile forward at N = 4096 with 2 warps
-    (4 beside it, fp32 too), beside production and the peers. CUDA-graph timing."""
+    """The tile forward at N = 4096 with 2 warps (production's) and 4, fp32 and fp16 too, beside
+    production and the peers. CUDA-graph timing."""
     lab.time_with_graphs()
     for m, n, dtype in [(32768, 4096, torch.bfloat16), (4096, 4096, torch.float32), (4096, 4096, torch.float16),
                         (4096, 4096, torch.bfloat16), (256, 4096, torch.bfloat16)]:  # fmt: skip
@@ -436,24 +346,13 @@ def round_reorder2(lab: Lab) -> None:
             lab.run("fwd", s, f"tile r1 w{warps}", tile_forward(s, 1, warps))
 
 
-def tile_forward_any(s: dict, rows: int, warps: int):
-    """The production forward_tile (weight, no residual) at any N up to the tile width, with ROWS
-    = rows and the given warps, writing s["y"]."""
-    x, m, n = s["x"], s["m"], s["n"]
-    args = (x, x, s["w"], s["y"], x, s["rstd_out"], m, n, n, n, n, n, EPS, 0.0)
-    constexprs = (True, False, 0, triton.next_power_of_2(n), rows)
-    return lambda: kernels.forward_tile[(triton.cdiv(m, rows),)](*args, *constexprs, num_warps=warps)
-
-
 def round_launch(lab: Lab) -> None:
-    """The tile forward at the launch-bound shapes (1x4096 and 256x4096 bf16, 128x257 fp32 and
-    fp16) over rows per program and warps, beside production, torch.compile and Liger,
-    CUDA-graph timed: production picks its launch by N alone, tuned on large M, and a program
-    that is alone on its SM may want more warps."""
+    """The tile forward at the launch-bound shapes over rows per program and warps, beside
+    production and the peers: production picks its launch by N alone, tuned on large M, and a
+    program alone on its SM may want more warps. CUDA-graph timing."""
     lab.time_with_graphs()
-    cases = [(1, 4096, torch.bfloat16), (256, 4096, torch.bfloat16), (128, 257, torch.float32),
-             (128, 257, torch.float16)]  # fmt: skip
-    for m, n, dtype in cases:
+    for m, n, dtype in [(1, 4096, torch.bfloat16), (256, 4096, torch.bfloat16), (128, 257, torch.float32),
+                        (128, 257, torch.float16)]:  # fmt: skip
         s = lab.shape(m, n, dtype)
         if not lab.smoke:
             lab.production(s)
@@ -461,58 +360,38 @@ def round_launch(lab: Lab) -> None:
         for rows, warps in itertools.product([1, 2, 4, 8], [1, 2, 4, 8, 16]):
             if rows > 1 and (m == 1 or n > 1024) or rows * triton.next_power_of_2(n) // (32 * warps) < 1:
                 continue
-            lab.run("fwd", s, f"tile rows {rows} w{warps}", tile_forward_any(s, rows, warps))
-
-
-def _tile_with_and_without_masks(lab: Lab, cases: list, more_warps_up_to: int) -> None:
-    """Production's forward, forward_tile with its masks and without (EVEN; only where M is a
-    multiple of the rows per program, as a launcher would have to ask), and the peers, at each
-    (M, N, dtype); up to ``more_warps_up_to`` rows also with 4 and 8 warps. Flushed L2, then
-    CUDA-graph replays."""
-    for s in lab.forward_shapes(cases, with_peers=True):
-        m, n = s["m"], s["n"]
-        block, rows, warps = launch.forward_config(n)
-        x = s["x"]
-        args = (x, x, s["w"], s["y"], s["y"], s["rstd_out"], s["m"], n, n, n, n, n, EPS, 0.0)
-        evens = (False, True) if s["m"] % rows == 0 else (False,)
-        for even, w in itertools.product(evens, sorted({warps, 4, 8} if m <= more_warps_up_to else {warps})):
-            constexprs = (True, False, 0, block, rows, even)
-            grid = (triton.cdiv(s["m"], rows),)
-            lab.run("fwd", s, f"tile EVEN={even} rows{rows} w{w}",
-                    lambda grid=grid, c=constexprs, w=w: kernels.forward_tile[grid](*args, *c, num_warps=w))  # fmt: skip
+            lab.run("fwd", s, f"tile rows {rows} w{warps}", tile_forward(s, rows, warps))
 
 
 def round_even(lab: Lab) -> None:
-    """Production's forward, which runs forward_tile without masks (EVEN) for launches of at
-    most EVEN_MAX_ROWS rows with N the tile width, beside the same kernel with its masks and the
-    peers, from 1 to 32768 rows of 4096: where the unmasked tile pays; up to 1024 rows also with
-    4 and 8 warps (Liger runs 8 at N = 4096)."""
+    """Production's forward (forward_tile without masks, EVEN, for launches of at most
+    EVEN_MAX_ROWS rows with N the tile width) beside the same kernel with its masks and without
+    (only where M is a multiple of the rows per program, as a launcher would have to ask) and the
+    peers, from 1 to 32768 rows of 4096; up to 1024 rows also with 4 and 8 warps (Liger runs 8 at
+    N = 4096). With the L2 flushed, then CUDA-graph replays."""
     cases = [(3, 4096, torch.bfloat16)] if lab.smoke else [
         (1, 4096, torch.bfloat16), (64, 4096, torch.bfloat16), (256, 4096, torch.bfloat16),
         (512, 4096, torch.bfloat16), (1024, 4096, torch.bfloat16), (256, 2048, torch.bfloat16),
         (4096, 4096, torch.bfloat16), (32768, 4096, torch.bfloat16)]  # fmt: skip
-    _tile_with_and_without_masks(lab, cases, more_warps_up_to=1024)
-
-
-def production_backward_grid(lab: Lab, s: dict) -> tuple:
-    """(kernel, programs, num_warps, constexprs) of production's backward at this shape, where
-    it runs the tile or the two-walk kernel (N <= launch.TWO_WALK_MAX), weight and dw wanted."""
-    n = s["n"]
-    tile = n <= launch.BACKWARD_MAX_TILE
-    plan = launch._backward_tile_plan if tile else launch._backward_chunked_plan
-    rows, warps, per_sm, constexprs = plan(n, True, False, True, 0)
-    programs = launch.backward_programs(triton.cdiv(s["m"], rows), per_sm, lab.sms)
-    return (kernels.backward_tile if tile else kernels.backward_chunked), programs, warps, constexprs
+    for graphs in (False,) if lab.smoke else (False, True):
+        if graphs:
+            lab.time_with_graphs()
+        for m, n, dtype in cases:
+            s = lab.shape(m, n, dtype)
+            if not lab.smoke:
+                lab.production(s, backward=False)
+                peers(lab, s)
+            rows, warps = launch.forward_config(n)[1:]
+            evens = (False, True) if s["m"] % rows == 0 else (False,)
+            for even, w in itertools.product(evens, sorted({warps, 4, 8} if m <= 1024 else {warps})):
+                lab.run("fwd", s, f"tile EVEN={even} rows{rows} w{w}", tile_forward(s, rows, w, even))
 
 
 def round_reduce(lab: Lab) -> None:
     """The dw reduction alone (reduce_columns over production's (programs, N) scratch, just
     written, so read from L2 as in a call) at production's launch and over BLOCK_P, BLOCK_C and
-    warps, beside production's backward kernel alone and the whole backward, CUDA-graph timed.
-    Production's reduction then ran N / 64 programs of 4 warps (16 at N = 1024), each summing
-    its 64 columns down all the scratch rows, 32 at a time: 2.9-7.3 µs, 7.3 at 65536x1024 over
-    528 scratch rows. 16-column strips with 8 warps took 2.0-3.1 µs (2.5 there), but were
-    slower on the wide backward's short scratch, timed last (launch._reduce_plan has both)."""
+    warps, beside production's backward kernel alone and the whole backward; then over the wide
+    backward's short scratch. CUDA-graph timing."""
     lab.time_with_graphs()
     cases = [(65536, 1024, torch.bfloat16), (32768, 4096, torch.bfloat16), (4096, 4096, torch.bfloat16),
              (4096, 4096, torch.float32), (256, 4096, torch.bfloat16), (16384, 8192, torch.bfloat16),
@@ -520,7 +399,12 @@ def round_reduce(lab: Lab) -> None:
     for m, n, dtype in cases:
         s = lab.shape(m, n, dtype)
         lab.production(s)
-        kernel, programs, warps, constexprs = production_backward_grid(lab, s)
+        # Production's backward kernel here: the tile or the two-walk one (N <= TWO_WALK_MAX).
+        tile = n <= launch.BACKWARD_MAX_TILE
+        plan = launch._backward_tile_plan if tile else launch._backward_chunked_plan
+        rows, warps, per_sm, constexprs = plan(n, True, False, True, 0)
+        kernel = kernels.backward_tile if tile else kernels.backward_chunked
+        programs = launch.backward_programs(triton.cdiv(s["m"], rows), per_sm, lab.sms)
         partial = torch.empty(programs, n, device=lab.device)
 
         def dx_kernel():
@@ -536,8 +420,8 @@ def round_reduce(lab: Lab) -> None:
 
             return both, reduce
 
-        _grid, reduce_warps, (block_p, block_c) = launch._reduce_plan(n, programs)
-        both, _ = with_reduce(block_p, block_c, reduce_warps)
+        plan = launch._reduce_plan(n, programs)
+        both, _ = with_reduce(*plan.constexprs, plan.num_warps)
         lab.run("bwd", s, f"dx kernel alone ({programs} programs)", both, dx_kernel)
         for block_p, block_c, reduce_warps in itertools.product([16, 32, 64, 128], [8, 16, 32, 64, 128],
                                                                 [2, 4, 8]):  # fmt: skip
@@ -555,7 +439,8 @@ def round_reduce(lab: Lab) -> None:
         expected = partial.sum(0)
         out = torch.empty(n, device=lab.device)
         s = dict(name=f"scratch {rows}x{n}", x=out)  # x: the bytes _record counts (here the sum)
-        plans = {"production": launch._reduce_plan(n, rows)[1:]}
+        plan = launch._reduce_plan(n, rows)
+        plans = {"production": (plan.num_warps, plan.constexprs)}
         for block_p, block_c, reduce_warps in itertools.product([16, 32, 64], [16, 32, 64, 128, 256], [4, 8]):
             if 512 <= block_p * block_c <= 8192 and not lab.smoke:
                 plans[f"p{block_p} c{block_c} w{reduce_warps}"] = (reduce_warps, (block_p, block_c))
@@ -572,7 +457,6 @@ def round_reduce(lab: Lab) -> None:
 
 ROUNDS = {
     "two-walk": round_two_walk,
-    "wide": round_wide,
     "small": round_small,
     "prefetch": round_prefetch,
     "reorder2": round_reorder2,
