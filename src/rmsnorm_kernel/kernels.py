@@ -1,5 +1,11 @@
 """Triton kernels of RMSNorm: forward, backward (dx and per-program partial dw), dw reduction.
 
+Why one module of over 750 lines: its eight kernels share the math, the layout contract and the
+casting modes written once below, and the @triton.jit helpers between them (_rsqrt_rn in both
+forwards, _load_chunk in both two-walk kernels, _wide_segment_dx in both wide backwards). Split by
+path, each part would restate the contract or import another's helpers. It holds the kernels and
+their derivations only; how they are launched is launch.py's.
+
 The math (see ``reference.py`` for the readable oracle), per row of N values:
 
     forward    r  = 1 / sqrt(sum(x^2) / N + eps)       squares and sum in fp32, r correctly rounded
