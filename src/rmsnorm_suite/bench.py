@@ -449,22 +449,19 @@ def measure_same_bytes_copy(
     graph replays): the forward's bytes moved by a copy, the ceiling at this shape's size. A
     failure is recorded under ``error``, not raised."""
     nbytes = case.nbytes["forward"]
-    medians: list[float] = []  # whole calls, then graph replays
+    figures: list[float | None] = [None] * 4  # median_ms, tbs, device_median_ms, device_tbs
     error = None
     try:
-        medians.append(median(time_cuda(x.clone, samples=samples, warmup_ms=warmup_ms, flush=flush)))
+        figures[0] = median(time_cuda(x.clone, samples=samples, warmup_ms=warmup_ms, flush=flush))
+        figures[1] = bandwidth_tbs(nbytes, figures[0])
         if device_time:
             graph, reps = graph_for(x.clone, flush)
-            medians.append(median(time_graph(graph, reps, samples, flush)))
+            figures[2] = median(time_graph(graph, reps, samples, flush))
+            figures[3] = bandwidth_tbs(nbytes, figures[2])
     except Exception as exc:
         error = f"{type(exc).__name__}: {str(exc)[:300]}"
         torch.cuda.synchronize()
-    whole, device = (medians + [None, None])[:2]
-    return results.ShapeCopy(
-        case.m, case.n, _dtype_name(case.dtype), case.group, nbytes,
-        whole, None if whole is None else bandwidth_tbs(nbytes, whole),
-        device, None if device is None else bandwidth_tbs(nbytes, device), error,
-    )  # fmt: skip
+    return results.ShapeCopy(case.m, case.n, _dtype_name(case.dtype), case.group, nbytes, *figures, error)
 
 
 def provider_errors(fn: Fn, x, w, dy, oracle, modes: Iterable[str]) -> dict[str, dict[str, float]]:
