@@ -17,9 +17,11 @@ The harness makes out-of-bounds effects observable and deterministic:
 check that caught it and the case that exposed it (``tests/test_mutants.py`` writes the report).
 
 Why one module of ~1K lines: each mutant is a ``BUG`` site in a kernel and a name in the
-catalogue beside it, so a kernel and the list that drives it change together. Its two halves
-(plain RMSNorm, then the model-ready features from "Model-ready features" on) are independent
-and could become two modules.
+catalogue beside it, so a kernel and the list that drives it change together. The two halves
+(plain RMSNorm, then the model-ready features from "Model-ready features" on) use each other:
+the feature backward reduces dw with the plain half's ``dw_kernel`` and records its entry with
+``_entry``, while ``hunt`` and ``catalogue`` (which the verdict calls as ``mutants.catalogue``)
+run the feature mutants too. Split in two, the halves would import each other.
 """
 
 from __future__ import annotations
