@@ -212,7 +212,22 @@ def gpu(session: nox.Session) -> None:
     require_cuda(session)
     # The differential tests' many-example profile (tests/differential_strategies.py).
     session.env["RMSNORM_HYPOTHESIS_PROFILE"] = os.environ.get("RMSNORM_HYPOTHESIS_PROFILE", "gpu")
+    # Both host paths (rmsnorm_kernel/host.py): everything on the compiled one, which must build
+    # here, then the op's own tests again on the Python one.
+    session.env["RMSNORM_KERNEL_HOST"] = "compiled"
     pytest(session, "-m", "gpu")
+    session.env["RMSNORM_KERNEL_HOST"] = "python"
+    pytest(session, "-m", "gpu", *PYTHON_HOST_TESTS)
+
+
+# The tests of the op's results, rerun on the Python host path by the gpu session.
+PYTHON_HOST_TESTS = (
+    "tests/test_contract.py",
+    "tests/test_differential.py",
+    "tests/test_features.py",
+    "tests/test_kernels.py",
+    "tests/test_launch.py",
+)
 
 
 @nox.session(tags=["cpu", "gpu"])

@@ -6,6 +6,7 @@ Everything a user can get wrong is checked in ``validate`` before any kernel run
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import numbers
@@ -196,6 +197,36 @@ def _call_c_launcher(
 _data_ptr = Tensor.data_ptr
 _dtype = operator.attrgetter("dtype")
 
+# Launches and scratch buffers of the calls made inside ``record()``, for the compiled host path
+# (host.py), which replays them: None outside it.
+_recorded: Recording | None = None
+
+
+class Recording(NamedTuple):
+    launches: list  # (launcher, specialisation key, grid, args, constexprs) per launch, in order
+    scratch: list  # (tensor, zero-filled) per scratch buffer the launches may use
+
+
+@contextlib.contextmanager
+def record():
+    """Records the launches (and scratch buffers) of the calls made inside it; every launch takes
+    the specialisation-keyed path there, which remembers its compiled kernel."""
+    global _recorded
+    _recorded = Recording([], [])
+    try:
+        yield _recorded
+    finally:
+        _recorded = None
+
+
+def _scratch(*shape: int, dtype: torch.dtype, device: torch.device, zero: bool = False) -> Tensor:
+    """A scratch buffer of the backward's launches (zero-filled where ``zero``)."""
+    t = (torch.zeros if zero else torch.empty)(*shape, dtype=dtype, device=device)
+    if _recorded is not None:
+        _recorded.scratch.append((t, zero))
+    return t
+
+
 # Raw-argument launches a Launcher remembers (one per distinct M, stride and so on, per
 # specialisation) before it forgets them all and starts over.
 SEEN_LAUNCHES = 4096
@@ -230,6 +261,7 @@ class Launcher:
         # Cooperative grids the driver refused: specialisation key -> the fewest programs refused.
         self.refused: dict[tuple, int] = {}
         self.compiled: dict[tuple, tuple] = {}
+        self.kernels: dict[tuple, object] = {}  # the CompiledKernel behind each entry of ``compiled``
         # Launches by their raw arguments (the hot path of __call__): at most SEEN_LAUNCHES.
         self.seen: dict[tuple, tuple] = {}
         self.slow_launches = 0  # launches that went through Triton's own path (first per specialisation)
@@ -253,7 +285,7 @@ class Launcher:
         # M costs one pass through _keyed_call. A cooperative launch never takes it (its grid
         # can be refused, which the raw scalars do not decide), nor one with an unaligned pointer.
         fast_key = None
-        if not self.options and not functools.reduce(operator.or_, pointers) & 15:
+        if not self.options and _recorded is None and not functools.reduce(operator.or_, pointers) & 15:
             fast_key = (device, num_warps, constexprs, *map(_dtype, tensors), *scalars, *map(type, scalars))
             entry = self.seen.get(fast_key)
             # torch.cuda.current_device() less its lazy-initialisation check (CUDA is initialised
@@ -276,8 +308,12 @@ class Launcher:
             # another one (a model spread over GPUs in one process).
             with torch.cuda.device(device):
                 self._launch(key, grid, args, pointers, scalars, device, num_warps, constexprs)
+            if _recorded is not None:
+                _recorded.launches.append((self, key, grid, args, constexprs))
             return
         self._launch(key, grid, args, pointers, scalars, device, num_warps, constexprs)
+        if _recorded is not None:
+            _recorded.launches.append((self, key, grid, args, constexprs))
         if fast_key is not None:
             if len(self.seen) >= SEEN_LAUNCHES:
                 self.seen.clear()
@@ -331,6 +367,7 @@ class Launcher:
         self._check_order(args)
         self.slow_launches += 1
         compiled = self.kernel[grid](*args, *constexprs, num_warps=num_warps, **self.options)
+        self.kernels[key] = compiled
         entry = _direct_launch(compiled)
         if entry is None:  # through compiled.run: the C launcher's arguments less the four it fills in
             run = compiled.run
@@ -655,7 +692,7 @@ def _wide_fused(xh2, w, dy2, dh, rstd, dot, dx, partial, scalars, constexprs) ->
         grid, args(xh2.new_empty(0, dtype=torch.int32)), FUSED_WARPS, constexprs
     ):
         return False
-    posted = torch.zeros(m, dtype=torch.int32, device=xh2.device)
+    posted = _scratch(m, dtype=torch.int32, device=xh2.device, zero=True)
     try:
         _backward_wide_fused(grid, args(posted), FUSED_WARPS, constexprs)
     except CooperativeGridRefused:
@@ -708,7 +745,7 @@ def backward(
         elif programs == 1:  # one program sums every row itself and writes the final dw
             partial = dw
         else:
-            partial = torch.empty(programs, n, dtype=torch.float32, device=device)
+            partial = _scratch(programs, n, dtype=torch.float32, device=device)
         args = (xh2, w, dy2, dh, rstd, dx, partial, m, n, programs, *strides)
         kernel((programs, 1, 1), args, num_warps, constexprs)
     else:
@@ -718,11 +755,9 @@ def backward(
         # another), else two. One allocation of the sums and the dw scratch serves either.
         one_launch = WIDE_FUSED and not kernels.INTERPRET
         f_segments, f_programs = _wide_grid(m, n, FUSED_SEGMENT, FUSED_PER_SM, sms) if one_launch else (0, 0)
-        dot = torch.empty(m * max(segments, f_segments), dtype=torch.float32, device=device)
+        dot = _scratch(m * max(segments, f_segments), dtype=torch.float32, device=device)
         partial = (
-            torch.empty(max(programs, f_programs), n, dtype=torch.float32, device=device)
-            if compute_dw
-            else rstd
+            _scratch(max(programs, f_programs), n, dtype=torch.float32, device=device) if compute_dw else rstd
         )
         has_weight, has_dh = weight is not None, dh2 is not None
         ran_fused = False

@@ -12,24 +12,46 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
-from rmsnorm_kernel import kernels, launch
+from rmsnorm_kernel import host, kernels, launch
 from rmsnorm_kernel.reference import default_out_dtype, rms_norm_reference
 
 Tensor = torch.Tensor
 
 # Calls that went through the kernels (counted by the op implementations themselves, so a run
-# that silently stayed on another path shows zero) and fallbacks to the reference.
-CALLS: dict[str, int] = {"forward": 0, "backward": 0, "fallback": 0}
+# that silently stayed on another path shows zero) and fallbacks to the reference: those of the
+# Python host path here, those of the compiled one (host.py) in its extension. CALLS shows both.
+_COUNTS: dict[str, int] = {"forward": 0, "backward": 0, "fallback": 0}
 _warned_fallback = False
 
 
+class _Calls(Mapping):
+    """Read-only counts of kernel calls by direction, and of fallbacks: both host paths'."""
+
+    def __getitem__(self, key: str) -> int:
+        compiled = host.counts()
+        return _COUNTS[key] + {"forward": compiled[0], "backward": compiled[1]}.get(key, 0)
+
+    def __iter__(self):
+        return iter(_COUNTS)
+
+    def __len__(self) -> int:
+        return len(_COUNTS)
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
+
+
+CALLS = _Calls()
+
+
 def reset_counters() -> None:
-    for key in CALLS:
-        CALLS[key] = 0
+    for key in _COUNTS:
+        _COUNTS[key] = 0
+    host.reset_counts()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -67,7 +89,7 @@ def _run_forward(
     # Outputs of more than two dims are allocated in x's shape rather than viewed into it.
     shape = x.shape if dim > 2 else None
     y, rstd, h = launch.forward(x2, w, r2, eps, offset, casting, out_dtype, residual_dtype, shape, want_rstd)
-    CALLS["forward"] += 1
+    _COUNTS["forward"] += 1
     if dim == 1:
         y = y.view(x.shape)
         rstd = rstd.view(()) if rstd is not None else None
@@ -131,7 +153,7 @@ def _run_backward(
         dx_dtype,
         xh.shape if dim > 2 else None,  # as in _run_forward
     )
-    CALLS["backward"] += 1
+    _COUNTS["backward"] += 1
     if dim == 1:
         dx = dx.view(xh.shape)
     if dw is not None and w is not weight:
@@ -461,6 +483,10 @@ def rms_norm(
                 default_out_dtype(x_dtype, weight, casting),
                 x_dtype,
             )
+            if x.is_cuda and (ext := host.extension()) is not None:
+                y = ext.rms_norm(x, weight, e, offset, options[2], host.SCALAR_TYPES[options[3]])
+                if y is not None:  # None: a functorch wrapper, which the Python path unwraps
+                    return y
             if torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)):
                 return _apply_plain(x, weight, options)
             return _run_forward(x, weight, None, *options, want_rstd=False)[0]
@@ -538,7 +564,7 @@ def _composite(x, shape, weight, eps, residual, residual_dtype, offset, casting,
 
 def _fallback(x, shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype):
     global _warned_fallback
-    CALLS["fallback"] += 1
+    _COUNTS["fallback"] += 1
     if not _warned_fallback:
         _warned_fallback = True
         warnings.warn(

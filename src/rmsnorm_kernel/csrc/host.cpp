@@ -1,0 +1,450 @@
+// The compiled host path of the common call (no residual, contiguous x, a contiguous 1-D weight
+// or none, on CUDA): an autograd node in C++ whose forward and backward launch the compiled
+// Triton kernels through the driver, so an eager call does not enter Python between its entry
+// and its launches. host.py builds and loads this file; launch.py stays the one place that
+// chooses kernels and launch parameters.
+//
+// How: a call looks its launch plan up by everything the plan depends on (device, dtypes, M, N,
+// eps, offset, casting, which outputs, 16-byte alignment of the pointers). The first call of a
+// key runs the Python path once, which records its launches (launch.record) and hands them
+// back as a plan: per launch the CUfunction of the kernel Triton compiled, grid, threads,
+// shared memory and the kernel's parameters, each a constant or the data pointer of a slot
+// (an input, an output or a scratch buffer). Later calls of that key allocate the outputs and
+// scratch and issue the same launches with cuLaunchKernelEx, with the parameters packed as
+// Triton's own C launcher packs them. Same kernels, same parameters: bitwise the same results.
+
+#include <torch/extension.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <dlfcn.h>
+
+#include <array>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "cuda.h"  // the driver API header that Triton ships with its NVIDIA backend
+
+namespace py = pybind11;
+using torch::Tensor;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// The driver's launch entry point, resolved once (as Triton's launcher does)
+// ---------------------------------------------------------------------------------------------
+
+using LaunchKernelEx = CUresult (*)(const CUlaunchConfig*, CUfunction, void**, void**);
+using GetErrorString = CUresult (*)(CUresult, const char**);
+
+struct Driver {
+  LaunchKernelEx launch = nullptr;
+  GetErrorString error_string = nullptr;
+  Driver() {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    TORCH_CHECK(lib != nullptr, "rmsnorm_kernel host path: cannot open libcuda.so.1");
+    launch = reinterpret_cast<LaunchKernelEx>(dlsym(lib, "cuLaunchKernelEx"));
+    error_string = reinterpret_cast<GetErrorString>(dlsym(lib, "cuGetErrorString"));
+    TORCH_CHECK(launch != nullptr, "rmsnorm_kernel host path: libcuda.so.1 has no cuLaunchKernelEx");
+  }
+};
+
+const Driver& driver() {
+  static Driver d;
+  return d;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Plans
+// ---------------------------------------------------------------------------------------------
+
+// A kernel parameter: the data pointer of slot `slot` (slot >= 0), or `size` bytes of `bits`.
+struct Param {
+  int32_t slot;
+  uint32_t size;
+  uint64_t bits;
+};
+
+struct Launch {
+  CUfunction function;
+  std::array<unsigned, 3> grid;
+  unsigned threads;
+  unsigned shared;
+  bool cooperative;
+  bool pdl;
+  std::vector<Param> params;
+};
+
+struct Scratch {
+  int64_t numel;
+  at::ScalarType dtype;
+  bool zero;
+};
+
+struct Plan {
+  std::vector<Scratch> scratch;
+  std::vector<Launch> launches;
+};
+
+using PlanPtr = std::shared_ptr<const Plan>;
+
+// Fixed slots of a forward plan (scratch slots follow) and of a backward plan.
+enum ForwardSlot { F_X, F_W, F_Y, F_RSTD, F_SLOTS };
+enum BackwardSlot { B_DY, B_X, B_W, B_RSTD, B_DX, B_DW, B_SLOTS };
+
+using Key = std::array<int64_t, 14>;
+
+struct KeyHash {
+  size_t operator()(const Key& k) const noexcept {
+    size_t h = 1469598103934665603ull;
+    for (int64_t v : k) h = (h ^ static_cast<size_t>(v)) * 1099511628211ull;
+    return h;
+  }
+};
+
+// Plans by key, per direction. A key whose launches could not be recorded maps to nullptr: its
+// calls keep taking the Python path. Cleared when it reaches MAX_PLANS keys (many distinct M).
+constexpr size_t MAX_PLANS = 4096;
+
+struct PlanCache {
+  std::mutex mutex;
+  std::unordered_map<Key, PlanPtr, KeyHash> plans;
+
+  bool find(const Key& key, PlanPtr* plan) {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = plans.find(key);
+    if (it == plans.end()) return false;
+    *plan = it->second;
+    return true;
+  }
+  void put(const Key& key, PlanPtr plan) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (plans.size() >= MAX_PLANS) plans.clear();
+    plans[key] = std::move(plan);
+  }
+  size_t size() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return plans.size();
+  }
+  void clear() {
+    std::lock_guard<std::mutex> lock(mutex);
+    plans.clear();
+  }
+};
+
+PlanCache forward_plans, backward_plans;
+
+// Calls that ran here (not through Python): ops.CALLS adds them to its own counts.
+std::atomic<int64_t> forward_calls{0}, backward_calls{0};
+
+// Python callables set by host.py: (forward planner, backward planner, composite backward).
+// Never destroyed: they must outlive the interpreter's teardown of this module.
+py::object* plan_forward_fn = nullptr;
+py::object* plan_backward_fn = nullptr;
+py::object* composite_backward_fn = nullptr;
+
+PlanPtr parse_plan(const py::handle& obj) {
+  if (obj.is_none()) return nullptr;
+  auto plan = std::make_shared<Plan>();
+  auto t = obj.cast<py::tuple>();
+  for (auto s : t[0].cast<py::list>()) {
+    auto st = s.cast<py::tuple>();
+    plan->scratch.push_back(
+        {st[0].cast<int64_t>(), static_cast<at::ScalarType>(st[1].cast<int64_t>()), st[2].cast<bool>()});
+  }
+  for (auto l : t[1].cast<py::list>()) {
+    auto lt = l.cast<py::tuple>();
+    Launch launch;
+    launch.function = reinterpret_cast<CUfunction>(lt[0].cast<uint64_t>());
+    launch.grid = {lt[1].cast<unsigned>(), lt[2].cast<unsigned>(), lt[3].cast<unsigned>()};
+    launch.threads = lt[4].cast<unsigned>();
+    launch.shared = lt[5].cast<unsigned>();
+    launch.cooperative = lt[6].cast<bool>();
+    launch.pdl = lt[7].cast<bool>();
+    for (auto p : lt[8].cast<py::list>()) {
+      auto pt = p.cast<py::tuple>();
+      uint32_t size = pt[1].cast<uint32_t>();
+      TORCH_CHECK(size == 1 || size == 2 || size == 4 || size == 8, "host path: parameter size ", size);
+      launch.params.push_back({pt[0].cast<int32_t>(), size, pt[2].cast<uint64_t>()});
+    }
+    plan->launches.push_back(std::move(launch));
+  }
+  return plan;
+}
+
+bool aligned(const Tensor& t) {
+  return t.defined() && (reinterpret_cast<uintptr_t>(t.data_ptr()) & 15) == 0;
+}
+
+int64_t bits_of(double v) {
+  int64_t b;
+  std::memcpy(&b, &v, sizeof b);
+  return b;
+}
+
+// Allocates the plan's scratch into slots[first...] and issues its launches on the current
+// stream of `device`.
+void run_plan(const Plan& plan, std::vector<void*>& slots, size_t first, const at::TensorOptions& opts,
+              std::vector<Tensor>& keep) {
+  for (size_t i = 0; i < plan.scratch.size(); ++i) {
+    const Scratch& s = plan.scratch[i];
+    Tensor t = s.zero ? at::zeros({s.numel}, opts.dtype(s.dtype)) : at::empty({s.numel}, opts.dtype(s.dtype));
+    slots[first + i] = t.data_ptr();
+    keep.push_back(std::move(t));
+  }
+  const c10::Device device = opts.device();
+  CUstream stream = static_cast<CUstream>(
+      c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device).native_handle());
+  const Driver& d = driver();
+  for (const Launch& l : plan.launches) {
+    // Parameter values, each in an 8-byte cell; params[] points at them as the kernel expects.
+    uint64_t values[32];
+    void* params[34];
+    size_t n = l.params.size();
+    TORCH_CHECK(n <= 32, "host path: too many kernel parameters");
+    for (size_t i = 0; i < n; ++i) {
+      const Param& p = l.params[i];
+      if (p.slot >= 0) {
+        values[i] = reinterpret_cast<uint64_t>(slots[p.slot]);
+      } else {
+        values[i] = p.bits;  // little-endian: the low `size` bytes are the value
+      }
+      params[i] = &values[i];
+    }
+    // Triton's kernels take two more: the global and profile scratch pointers (none here).
+    uint64_t global_scratch = 0, profile_scratch = 0;
+    params[n] = &global_scratch;
+    params[n + 1] = &profile_scratch;
+    if (l.grid[0] * l.grid[1] * l.grid[2] == 0) continue;
+    CUlaunchAttribute attrs[2];
+    unsigned num_attrs = 0;
+    if (l.pdl) {
+      attrs[num_attrs].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+      attrs[num_attrs].value.programmaticStreamSerializationAllowed = 1;
+      ++num_attrs;
+    }
+    if (l.cooperative) {
+      attrs[num_attrs].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+      attrs[num_attrs].value.cooperative = 1;
+      ++num_attrs;
+    }
+    CUlaunchConfig config;
+    std::memset(&config, 0, sizeof config);
+    config.gridDimX = l.grid[0];
+    config.gridDimY = l.grid[1];
+    config.gridDimZ = l.grid[2];
+    config.blockDimX = l.threads;
+    config.blockDimY = 1;
+    config.blockDimZ = 1;
+    config.sharedMemBytes = l.shared;
+    config.hStream = stream;
+    config.attrs = attrs;
+    config.numAttrs = num_attrs;
+    CUresult status = d.launch(&config, l.function, params, nullptr);
+    if (status != CUDA_SUCCESS) {
+      const char* message = "unknown error";
+      if (d.error_string != nullptr) d.error_string(status, &message);
+      TORCH_CHECK(false, "rmsnorm_kernel host path: kernel launch failed: ", message);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward and backward
+// ---------------------------------------------------------------------------------------------
+
+Key forward_key(const Tensor& x, const Tensor& w, int64_t m, int64_t n, double eps, double offset,
+                int64_t casting, at::ScalarType out_dtype, bool want_rstd) {
+  return {0,
+          x.get_device(),
+          static_cast<int64_t>(x.scalar_type()),
+          w.defined() ? static_cast<int64_t>(w.scalar_type()) : -1,
+          m,
+          n,
+          static_cast<int64_t>(out_dtype),
+          casting,
+          bits_of(eps),
+          bits_of(offset),
+          want_rstd,
+          aligned(x),
+          w.defined() ? aligned(w) : 0,
+          0};
+}
+
+// y in out_dtype with x's shape, and r (fp32, x's shape less the last dim; undefined without
+// want_rstd). x is contiguous on CUDA, w contiguous 1-D of N elements or undefined.
+std::pair<Tensor, Tensor> run_forward(const Tensor& x, const Tensor& w, double eps, double offset,
+                                      int64_t casting, at::ScalarType out_dtype, bool want_rstd) {
+  const int64_t n = x.size(-1);
+  const int64_t m = x.numel() / n;
+  const c10::DeviceGuard guard(x.device());
+  const Key key = forward_key(x, w, m, n, eps, offset, casting, out_dtype, want_rstd);
+  PlanPtr plan;
+  if (m == 0 || !forward_plans.find(key, &plan) || plan == nullptr) {
+    // The Python path: it runs this call (recording its launches where the key is new).
+    py::gil_scoped_acquire gil;
+    py::object w_obj = w.defined() ? py::cast(w) : py::none();
+    py::tuple out = (*plan_forward_fn)(x, w_obj, eps, offset, casting, static_cast<int64_t>(out_dtype),
+                                       want_rstd, m != 0 && !forward_plans.find(key, &plan));
+    if (out[2].ptr() != Py_False) forward_plans.put(key, parse_plan(out[2]));
+    Tensor y = out[0].cast<Tensor>();
+    Tensor rstd = out[1].is_none() ? Tensor() : out[1].cast<Tensor>();
+    return {y, rstd};
+  }
+  const at::TensorOptions opts = x.options();
+  Tensor y = at::empty(x.sizes(), opts.dtype(out_dtype));
+  Tensor rstd = want_rstd ? at::empty(x.sizes().slice(0, x.dim() - 1), opts.dtype(at::kFloat)) : Tensor();
+  std::vector<void*> slots(F_SLOTS + plan->scratch.size());
+  slots[F_X] = x.data_ptr();
+  slots[F_W] = w.defined() ? w.data_ptr() : nullptr;
+  slots[F_Y] = y.data_ptr();
+  slots[F_RSTD] = want_rstd ? rstd.data_ptr() : nullptr;
+  std::vector<Tensor> keep;
+  run_plan(*plan, slots, F_SLOTS, opts, keep);
+  forward_calls.fetch_add(1, std::memory_order_relaxed);
+  return {y, rstd};
+}
+
+Key backward_key(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, int64_t m,
+                 int64_t n, double offset, int64_t casting, bool need_dw, at::ScalarType dx_dtype) {
+  return {1,
+          x.get_device(),
+          static_cast<int64_t>(dy.scalar_type()),
+          static_cast<int64_t>(x.scalar_type()),
+          w.defined() ? static_cast<int64_t>(w.scalar_type()) : -1,
+          m,
+          n,
+          static_cast<int64_t>(dx_dtype),
+          casting,
+          bits_of(offset),
+          need_dw,
+          aligned(dy) | aligned(x) << 1 | aligned(rstd) << 2,
+          w.defined() ? aligned(w) : 0,
+          0};
+}
+
+// dx (x's shape, dx_dtype) and dw (N, the weight's dtype; undefined unless need_dw).
+std::pair<Tensor, Tensor> run_backward(const Tensor& dy_in, const Tensor& x, const Tensor& w,
+                                       const Tensor& rstd, double offset, int64_t casting, bool need_dw,
+                                       at::ScalarType dx_dtype) {
+  const Tensor dy = dy_in.is_contiguous() ? dy_in : dy_in.contiguous();
+  const int64_t n = x.size(-1);
+  const int64_t m = x.numel() / n;
+  const bool compute_dw = need_dw && w.defined();
+  const c10::DeviceGuard guard(x.device());
+  const Key key = backward_key(dy, x, w, rstd, m, n, offset, casting, compute_dw, dx_dtype);
+  PlanPtr plan;
+  if (m == 0 || !backward_plans.find(key, &plan) || plan == nullptr) {
+    py::gil_scoped_acquire gil;
+    py::object w_obj = w.defined() ? py::cast(w) : py::none();
+    py::tuple out = (*plan_backward_fn)(dy, x, w_obj, rstd, offset, casting, compute_dw,
+                                        static_cast<int64_t>(dx_dtype),
+                                        m != 0 && !backward_plans.find(key, &plan));
+    if (out[2].ptr() != Py_False) backward_plans.put(key, parse_plan(out[2]));
+    Tensor dx = out[0].cast<Tensor>();
+    Tensor dw = out[1].is_none() ? Tensor() : out[1].cast<Tensor>();
+    return {dx, dw};
+  }
+  const at::TensorOptions opts = x.options();
+  Tensor dx = at::empty(x.sizes(), opts.dtype(dx_dtype));
+  Tensor dw = compute_dw ? at::empty({n}, opts.dtype(w.scalar_type())) : Tensor();
+  std::vector<void*> slots(B_SLOTS + plan->scratch.size());
+  slots[B_DY] = dy.data_ptr();
+  slots[B_X] = x.data_ptr();
+  slots[B_W] = w.defined() ? w.data_ptr() : nullptr;
+  slots[B_RSTD] = rstd.data_ptr();
+  slots[B_DX] = dx.data_ptr();
+  slots[B_DW] = compute_dw ? dw.data_ptr() : nullptr;
+  std::vector<Tensor> keep;
+  run_plan(*plan, slots, B_SLOTS, opts, keep);
+  backward_calls.fetch_add(1, std::memory_order_relaxed);
+  return {dx, dw};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Autograd
+// ---------------------------------------------------------------------------------------------
+
+struct PlainNorm : public torch::autograd::Function<PlainNorm> {
+  // The weight is an optional: an undefined Tensor is no autograd input.
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, const std::optional<Tensor>& weight, double eps,
+                        double offset, int64_t casting, int64_t out_dtype) {
+    const Tensor w = weight.has_value() ? *weight : Tensor();
+    auto [y, rstd] = run_forward(x, w, eps, offset, casting, static_cast<at::ScalarType>(out_dtype), true);
+    ctx->save_for_backward({x, w, rstd});
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["offset"] = offset;
+    ctx->saved_data["casting"] = casting;
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Tensor &x = saved[0], &w = saved[1], &rstd = saved[2];
+    const bool need_x = ctx->needs_input_grad(0);
+    const bool need_dw = w.defined() && ctx->needs_input_grad(1);
+    const double eps = ctx->saved_data["eps"].toDouble();
+    const double offset = ctx->saved_data["offset"].toDouble();
+    const int64_t casting = ctx->saved_data["casting"].toInt();
+    const Tensor& dy = grads[0];
+    Tensor dx, dw;
+    if (!dy.defined()) {
+      // no gradient reached y
+    } else if (at::GradMode::is_enabled()) {
+      // create_graph=True: the differentiable torch formula (ops._backward_composite).
+      py::gil_scoped_acquire gil;
+      py::object w_obj = w.defined() ? py::cast(w) : py::none();
+      py::tuple out = (*composite_backward_fn)(dy, x, w_obj, eps, offset, casting, need_dw);
+      dx = out[0].cast<Tensor>();
+      dw = out[1].is_none() ? Tensor() : out[1].cast<Tensor>();
+    } else {
+      std::tie(dx, dw) = run_backward(dy, x, w, rstd, offset, casting, need_dw, x.scalar_type());
+    }
+    return {need_x ? dx : Tensor(), need_dw ? dw : Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
+  }
+};
+
+// Python's entry: y, with autograd where grad mode is on and x or w requires grad. None where
+// this path does not apply (a functorch wrapper): the caller takes the Python path.
+py::object rms_norm(const Tensor& x, const std::optional<Tensor>& weight, double eps, double offset,
+                    int64_t casting, int64_t out_dtype) {
+  constexpr auto functorch =
+      c10::DispatchKeySet({c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::FuncTorchBatched});
+  const Tensor w = weight.has_value() ? *weight : Tensor();
+  TORCH_CHECK(x.is_cuda() && x.is_contiguous() && x.dim() >= 1 && x.size(-1) >= 1,
+              "host path: x must be a contiguous CUDA tensor with a nonempty last dim");
+  TORCH_CHECK(!w.defined() || (w.dim() == 1 && w.is_contiguous() && w.size(0) == x.size(-1) &&
+                               w.device() == x.device()),
+              "host path: weight must be contiguous, 1-D, of x's last dim, on x's device");
+  if (x.key_set().has_any(functorch) || (w.defined() && w.key_set().has_any(functorch))) return py::none();
+  if (at::GradMode::is_enabled() && (x.requires_grad() || (w.defined() && w.requires_grad()))) {
+    return py::cast(PlainNorm::apply(x, weight, eps, offset, casting, out_dtype));
+  }
+  return py::cast(run_forward(x, w, eps, offset, casting, static_cast<at::ScalarType>(out_dtype), false).first);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("rms_norm", &rms_norm, "the common call through the compiled host path");
+  m.def("set_callbacks", [](py::object plan_forward, py::object plan_backward, py::object composite) {
+    plan_forward_fn = new py::object(std::move(plan_forward));
+    plan_backward_fn = new py::object(std::move(plan_backward));
+    composite_backward_fn = new py::object(std::move(composite));
+  });
+  m.def("counts", [] { return py::make_tuple(forward_calls.load(), backward_calls.load()); });
+  m.def("reset_counts", [] {
+    forward_calls = 0;
+    backward_calls = 0;
+  });
+  m.def("plans", [] { return py::make_tuple(forward_plans.size(), backward_plans.size()); });
+  m.def("clear_plans", [] {
+    forward_plans.clear();
+    backward_plans.clear();
+  });
+}

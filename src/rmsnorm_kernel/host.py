@@ -1,0 +1,236 @@
+"""The compiled host path: builds and loads ``csrc/host.cpp`` (an autograd node and launcher in
+C++ for the common eager call on CUDA) and turns recorded Python launches into its plans.
+
+``RMSNORM_KERNEL_HOST`` chooses: ``auto`` (the default: the compiled path where it builds, else
+the Python path with one log line saying why), ``compiled`` (an error where it cannot build) or
+``python`` (never build it). The first use on a machine compiles the extension with torch's C++
+extension tooling (a C++ compiler and ninja); later processes load the cached build.
+
+Both paths run the same compiled Triton kernels with the same launch parameters: launch.py
+chooses them, and the C++ side replays what a recorded Python call launched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import struct
+import time
+from pathlib import Path
+
+import torch
+
+from rmsnorm_kernel import launch
+
+logger = logging.getLogger("rmsnorm_kernel")
+
+ENV = "RMSNORM_KERNEL_HOST"
+MODES = ("auto", "compiled", "python")
+SOURCE = Path(__file__).with_name("csrc") / "host.cpp"
+
+# torch.dtype <-> c10::ScalarType code, for the dtypes the kernels run.
+SCALAR_TYPES = {torch.float16: 5, torch.float32: 6, torch.bfloat16: 15}
+DTYPES = {code: dtype for dtype, code in SCALAR_TYPES.items()}
+
+# Bytes of each scalar type in a kernel signature, as Triton's launcher passes it.
+_INT_BYTES = {"i1": 1, "u1": 1, "i8": 1, "u8": 1, "i16": 2, "u16": 2, "i32": 4, "u32": 4, "i64": 8, "u64": 8}
+_FLOAT_FORMATS = {"fp32": ("<f", "<I", 4), "f32": ("<f", "<I", 4), "fp64": ("<d", "<Q", 8)}
+
+_UNSET = object()
+_extension = _UNSET
+
+
+def mode() -> str:
+    value = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    if value not in MODES:
+        raise ValueError(f"{ENV} must be one of {', '.join(MODES)}, got {value!r}")
+    return value
+
+
+def extension():
+    """The loaded extension, or None where the Python path serves (``RMSNORM_KERNEL_HOST=python``,
+    or the build failed under ``auto``). Built or loaded on the first call, remembered after."""
+    global _extension
+    if _extension is _UNSET:
+        _extension = _load()
+    return _extension
+
+
+def _load():
+    chosen = mode()
+    if chosen == "python":
+        return None
+    try:
+        ext = _build()
+    except Exception as exc:  # noqa: BLE001 - any build or load failure means the Python path
+        if chosen == "compiled":
+            raise RuntimeError(f"{ENV}=compiled, but the compiled host path cannot be built: {exc}") from exc
+        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        logger.warning(
+            "rmsnorm_kernel: compiled host path unavailable (%s); eager calls take the Python host path "
+            "(%s=python skips this attempt)",
+            reason[:300],
+            ENV,
+        )
+        return None
+    ext.set_callbacks(_plan_forward, _plan_backward, _composite_backward)
+    return ext
+
+
+def _build():
+    import triton
+    from torch.utils import cpp_extension
+
+    include = Path(triton.__file__).parent / "backends" / "nvidia" / "include"
+    if not (include / "cuda.h").is_file():
+        raise RuntimeError(f"this Triton has no cuda.h under {include.name}/")
+    digest = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
+    name = f"rmsnorm_kernel_host_{digest}"
+    built = Path(cpp_extension._get_build_directory(name, False)) / f"{name}.so"
+    started = time.perf_counter()
+    if not built.exists():
+        logger.warning("rmsnorm_kernel: building the compiled host path (first use on this machine)...")
+    ext = cpp_extension.load(
+        name=name,
+        sources=[str(SOURCE)],
+        extra_include_paths=[str(include)],
+        extra_cflags=["-O2"],
+        extra_ldflags=["-ldl"],
+        verbose=False,
+    )
+    logger.info("rmsnorm_kernel: compiled host path loaded in %.1f s", time.perf_counter() - started)
+    return ext
+
+
+def counts() -> tuple[int, int]:
+    """(forward, backward) calls the compiled path ran without Python (0, 0 where not loaded)."""
+    ext = _extension
+    return (0, 0) if ext is _UNSET or ext is None else ext.counts()
+
+
+def reset_counts() -> None:
+    ext = _extension
+    if ext is not _UNSET and ext is not None:
+        ext.reset_counts()
+
+
+def clear_plans() -> None:
+    """Forget every plan (after launch.py's constants change, as tools/tune_sweep.py does)."""
+    ext = _extension
+    if ext is not _UNSET and ext is not None:
+        ext.clear_plans()
+
+
+# ---------------------------------------------------------------------------------------------
+# Plans: what the C++ side replays
+# ---------------------------------------------------------------------------------------------
+
+
+def plan(recording: launch.Recording, slots: list[torch.Tensor | None]) -> tuple | None:
+    """The recorded launches as a plan for host.cpp: (scratch, launches), each scratch buffer
+    (elements, ScalarType code, zero-filled) and each launch (CUfunction, grid x, y, z, threads,
+    shared bytes, cooperative, pdl, params), a param (slot, bytes, bits) with slot -1 for a
+    constant. ``slots`` are the call's fixed slots (None where absent); the scratch buffers the
+    launches use follow them. None where the launches cannot be replayed from the key alone:
+    a pointer that is no slot's start, two slots at one address, or a launch this Triton runs
+    with more than a function, grid and parameters."""
+    where: dict[int, int] = {}
+    for i, t in enumerate(slots):
+        if t is None:
+            continue
+        if t.data_ptr() in where:
+            return None
+        where[t.data_ptr()] = i
+    scratch_at = {t.data_ptr(): (t, zero) for t, zero in recording.scratch}
+    scratch: list[tuple] = []
+    launches = []
+    for launcher, key, grid, args, constexprs in recording.launches:
+        compiled = launcher.kernels.get(key)
+        if compiled is None:
+            return None
+        md = compiled.metadata
+        if (
+            getattr(md, "num_ctas", 1) != 1
+            or getattr(md, "global_scratch_size", 0)
+            or getattr(md, "profile_scratch_size", 0)
+            or compiled.function is None
+        ):
+            return None
+        signature = list(compiled.src.signature.values())
+        values = (*args, *constexprs)
+        if len(signature) != len(values):
+            return None
+        params = []
+        for value, ty in zip(values, signature):
+            if ty == "constexpr":
+                continue
+            if isinstance(ty, str) and ty.startswith("*"):
+                ptr = value.data_ptr()
+                if ptr not in where:
+                    if ptr not in scratch_at:
+                        return None
+                    t, zero = scratch_at[ptr]
+                    where[ptr] = len(slots) + len(scratch)
+                    scratch.append((t.numel(), _scalar_code(t.dtype), zero))
+                params.append((where[ptr], 8, 0))
+            elif ty in _INT_BYTES:
+                size = _INT_BYTES[ty]
+                params.append((-1, size, int(value) & ((1 << (8 * size)) - 1)))
+            elif ty in _FLOAT_FORMATS:
+                pack, unpack, size = _FLOAT_FORMATS[ty]
+                params.append((-1, size, struct.unpack(unpack, struct.pack(pack, float(value)))[0]))
+            else:
+                return None
+        launches.append(
+            (
+                int(compiled.function),
+                *grid,
+                32 * md.num_warps,
+                md.shared,
+                bool(getattr(md, "launch_cooperative_grid", False)),
+                bool(getattr(md, "launch_pdl", False)),
+                params,
+            )
+        )
+    return scratch, launches
+
+
+def _scalar_code(dtype: torch.dtype) -> int:
+    """The c10::ScalarType code of a scratch buffer's dtype."""
+    return SCALAR_TYPES.get(dtype) or {torch.int32: 3, torch.int64: 4}[dtype]
+
+
+# Callbacks of the C++ side, set by ``_load``: a call whose plan is not cached runs the Python
+# path (recording its launches where ``record``), and a backward that builds a graph runs the
+# composite formula. The op's functions are imported here: ops imports this module.
+
+
+def _plan_forward(x, weight, eps, offset, casting, out_dtype, want_rstd, record):
+    from rmsnorm_kernel.ops import _run_forward
+
+    dtype = DTYPES[out_dtype]
+    if not record:
+        y, rstd, _ = _run_forward(x, weight, None, eps, offset, casting, dtype, x.dtype, want_rstd)
+        return y, rstd, False
+    with launch.record() as recording:
+        y, rstd, _ = _run_forward(x, weight, None, eps, offset, casting, dtype, x.dtype, want_rstd)
+    return y, rstd, plan(recording, [x, weight, y, rstd])
+
+
+def _plan_backward(dy, x, weight, rstd, offset, casting, need_dw, dx_dtype, record):
+    from rmsnorm_kernel.ops import _run_backward
+
+    dtype = DTYPES[dx_dtype]
+    if not record:
+        dx, dw = _run_backward(dy, None, x, weight, rstd, offset, casting, need_dw, dtype)
+        return dx, dw, False
+    with launch.record() as recording:
+        dx, dw = _run_backward(dy, None, x, weight, rstd, offset, casting, need_dw, dtype)
+    return dx, dw, plan(recording, [dy, x, weight, rstd, dx, dw])
+
+
+def _composite_backward(dy, x, weight, eps, offset, casting, need_dw):
+    from rmsnorm_kernel.ops import _backward_composite
+
+    return _backward_composite(dy, None, x, weight, eps, offset, casting, need_dw, x.dtype)

@@ -1,0 +1,273 @@
+"""The compiled host path (host.py, csrc/host.cpp) against the Python one: bitwise the same
+outputs and gradients, the same errors, and each path taken where it should be.
+
+The CPU tests cover the plan encoding and the choice of path; the GPU tests build the extension
+(RMSNORM_KERNEL_HOST=python makes them skip with the reason, as a machine without a compiler
+does under ``auto``) and compare both paths on the H200.
+"""
+
+from __future__ import annotations
+
+import shutil
+import struct
+
+import pytest
+import torch
+
+from rmsnorm_kernel import host, kernels, launch, ops, rms_norm
+from tests.conftest import requires_cuda
+
+
+def test_mode_rejects_unknown_value(monkeypatch):
+    monkeypatch.setenv(host.ENV, "fast")
+    with pytest.raises(ValueError, match=host.ENV):
+        host.mode()
+
+
+def test_python_mode_never_builds(monkeypatch):
+    monkeypatch.setenv(host.ENV, "python")
+    monkeypatch.setattr(host, "_extension", host._UNSET)
+    monkeypatch.setattr(host, "_build", lambda: pytest.fail("built under RMSNORM_KERNEL_HOST=python"))
+    assert host.extension() is None
+
+
+def test_auto_falls_back_with_one_log_line(monkeypatch, caplog):
+    def broken():
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setenv(host.ENV, "auto")
+    monkeypatch.setattr(host, "_extension", host._UNSET)
+    monkeypatch.setattr(host, "_build", broken)
+    with caplog.at_level("WARNING", logger="rmsnorm_kernel"):
+        assert host.extension() is None
+        assert host.extension() is None  # remembered: no second attempt, no second line
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "no compiler here" in lines[0] and "Python host path" in lines[0]
+
+
+def test_compiled_mode_raises_when_it_cannot_build(monkeypatch):
+    def broken():
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setenv(host.ENV, "compiled")
+    monkeypatch.setattr(host, "_extension", host._UNSET)
+    monkeypatch.setattr(host, "_build", broken)
+    with pytest.raises(RuntimeError, match="no compiler here"):
+        host.extension()
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler here: the extension cannot build")
+@pytest.mark.skipif(kernels.INTERPRET, reason="built once by the CPU tests; the interpreter never uses it")
+def test_extension_builds_and_loads(monkeypatch):
+    """The C++ source compiles against this torch and Triton (CPU machines included: the GPU is
+    only needed to launch)."""
+    monkeypatch.setenv(host.ENV, "compiled")
+    monkeypatch.setattr(host, "_extension", host._UNSET)
+    ext = host.extension()
+    assert ext is not None
+    assert all(isinstance(v, int) and v >= 0 for v in (*ext.counts(), *ext.plans()))
+
+
+class _Compiled:
+    """A stand-in CompiledKernel: what host.plan reads."""
+
+    def __init__(self, signature, num_warps=4, shared=0, **metadata):
+        self.src = type("Src", (), {"signature": signature})()
+        self.metadata = type("Md", (), {"num_warps": num_warps, "shared": shared, **metadata})()
+        self.function = 0xABC
+
+
+def _recording(compiled, args, constexprs=(), scratch=()):
+    launcher = type("L", (), {"kernels": {"k": compiled}})()
+    return launch.Recording([(launcher, "k", (3, 1, 1), args, constexprs)], list(scratch))
+
+
+def test_plan_encodes_slots_constants_and_scratch():
+    x, w, y = torch.ones(8), torch.ones(4), torch.empty(8)
+    partial = torch.empty(2, 4)
+    compiled = _Compiled(
+        {
+            "X": "*fp32",
+            "W": "*fp32",
+            "Y": "*fp32",
+            "P": "*fp32",
+            "M": "i32",
+            "S": "i64",
+            "EPS": "fp32",
+            "B": "constexpr",
+        },
+        num_warps=8,
+        shared=128,
+    )
+    rec = _recording(compiled, (x, w, y, partial, -2, 2**40, 1e-6), (64,), [(partial, False)])
+    scratch, launches = host.plan(rec, [x, w, y, None])
+    assert scratch == [(8, host.SCALAR_TYPES[torch.float32], False)]
+    ((function, gx, gy, gz, threads, shared, cooperative, pdl, params),) = launches
+    assert (function, gx, gy, gz, threads, shared, cooperative, pdl) == (
+        0xABC,
+        3,
+        1,
+        1,
+        256,
+        128,
+        False,
+        False,
+    )
+    eps_bits = struct.unpack("<I", struct.pack("<f", 1e-6))[0]
+    assert params == [
+        (0, 8, 0),
+        (1, 8, 0),
+        (2, 8, 0),
+        (4, 8, 0),
+        (-1, 4, 2**32 - 2),
+        (-1, 8, 2**40),
+        (-1, 4, eps_bits),
+    ]
+
+
+def test_plan_refuses_what_it_cannot_replay():
+    x, y, stray = torch.ones(8), torch.empty(8), torch.empty(8)
+    sig = {"X": "*fp32", "Y": "*fp32"}
+    assert host.plan(_recording(_Compiled(sig), (x, stray)), [x, None, y, None]) is None  # no slot's pointer
+    assert host.plan(_recording(_Compiled(sig), (x, y)), [x, x, y, None]) is None  # two slots, one address
+    clustered = _Compiled(sig, num_ctas=2)
+    assert host.plan(_recording(clustered, (x, y)), [x, None, y, None]) is None
+    scratchy = _Compiled(sig, global_scratch_size=64)
+    assert host.plan(_recording(scratchy, (x, y)), [x, None, y, None]) is None
+    assert (
+        host.plan(
+            _recording(_Compiled({"X": "*fp32", "D": "tensordesc<fp32[4]>"}), (x, y)), [x, None, y, None]
+        )
+        is None
+    )
+
+
+def test_calls_counts_both_paths(monkeypatch):
+    monkeypatch.setattr(host, "counts", lambda: (5, 7))
+    ops.reset_counters()
+    assert dict(ops.CALLS) == {"forward": 5, "backward": 7, "fallback": 0}
+    assert ops.CALLS == {"forward": 5, "backward": 7, "fallback": 0}
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: both paths
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def ext():
+    if host.mode() == "python":
+        pytest.skip(f"{host.ENV}=python: the compiled host path is switched off")
+    e = host.extension()
+    if e is None:
+        pytest.skip("the compiled host path could not be built here (the log says why)")
+    return e
+
+
+def _python_path(monkeypatch):
+    monkeypatch.setattr(host, "extension", lambda: None)
+
+
+# (M-shape, N, x dtype, weight dtype or None, offset, casting)
+CASES = [
+    ((1,), 4096, torch.bfloat16, torch.bfloat16, 0.0, "default"),
+    ((256,), 4096, torch.bfloat16, torch.bfloat16, 0.0, "default"),
+    ((128,), 257, torch.float32, torch.float32, 0.0, "default"),
+    ((128,), 257, torch.float16, torch.float16, 1.0, "gemma"),
+    ((4, 33), 1024, torch.float16, torch.float32, 0.0, "llama"),
+    ((3000,), 768, torch.bfloat16, None, 0.0, "default"),
+    ((), 4096, torch.float32, torch.float32, 0.0, "default"),  # 1-D x
+    ((2, 3, 5), 64, torch.bfloat16, torch.bfloat16, 0.0, "default"),
+    ((64,), 12288, torch.bfloat16, torch.bfloat16, 0.0, "default"),  # two-walk
+    ((16,), 65536, torch.bfloat16, torch.bfloat16, 0.0, "default"),  # wide: looped forward, wide backward
+    ((0,), 4096, torch.bfloat16, torch.bfloat16, 0.0, "default"),  # no rows
+]
+
+
+def _run(lead, n, dtype, wdtype, offset, casting, grad, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(*lead, n, device="cuda", generator=g).to(dtype).requires_grad_(grad)
+    w = None
+    if wdtype is not None:
+        w = (1 + 0.1 * torch.randn(n, device="cuda", generator=g)).to(wdtype).requires_grad_(grad)
+    y = rms_norm(x, n, w, 1e-6, offset=offset, casting=casting)
+    if not grad:
+        return [y]
+    dy = torch.randn(y.shape, device="cuda", generator=g).to(y.dtype)
+    y.backward(dy)
+    return [y, x.grad] + ([w.grad] if w is not None else [])
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("grad", [False, True], ids=["forward", "backward"])
+@pytest.mark.parametrize(
+    "case", CASES, ids=lambda c: f"{'x'.join(map(str, c[0])) or '1d'}x{c[1]}-{c[2]}-{c[5]}"
+)
+def test_bitwise_equal_to_python_path(ext, monkeypatch, case, grad):
+    host.clear_plans()
+    before = host.counts()
+    compiled = [_run(*case, grad) for _ in range(3)]  # the first records the plan, the others replay it
+    after = host.counts()
+    if case[0] != (0,):
+        assert after[0] - before[0] == 2, "the compiled path did not replay the forward"
+        assert after[1] - before[1] == (2 if grad else 0), "the compiled path did not replay the backward"
+    _python_path(monkeypatch)
+    python = _run(*case, grad)
+    for c in compiled:
+        for got, want in zip(c, python, strict=True):
+            assert got.dtype == want.dtype and got.shape == want.shape and got.stride() == want.stride()
+            assert torch.equal(got, want)
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_expanded_gradient_and_second_derivative(ext, monkeypatch):
+    def run():
+        x = torch.randn(
+            8, 512, device="cuda", generator=torch.Generator("cuda").manual_seed(1)
+        ).requires_grad_()
+        w = torch.ones(512, device="cuda").requires_grad_()
+        y = rms_norm(x, 512, w, 1e-6)
+        (gx,) = torch.autograd.grad(y.sum(), x, create_graph=True)  # dy is expanded: stride 0
+        (gxx,) = torch.autograd.grad((gx * gx).sum(), x)
+        y2 = rms_norm(x, 512, w, 1e-6)
+        y2.sum().backward()
+        return gx.detach(), gxx, x.grad, w.grad
+
+    compiled = run()
+    _python_path(monkeypatch)
+    for got, want in zip(compiled, run(), strict=True):
+        assert torch.equal(got, want)
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_cuda_graph_replays_compiled_path(ext):
+    x = torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16)
+    for _ in range(2):  # record the plans outside the capture
+        rms_norm(x, 4096, w, 1e-6).backward(dy)
+    expect = (rms_norm(x.detach(), 4096, w.detach(), 1e-6),)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.cuda.graph(graph):
+        y = rms_norm(x.detach(), 4096, w.detach(), 1e-6)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, expect[0])
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_unaligned_input_gets_its_own_plan(ext, monkeypatch):
+    base = torch.randn(4 * 1024 + 1, device="cuda", dtype=torch.float16)
+    aligned, unaligned = base[:4096].view(4, 1024), base[1:].view(4, 1024)
+    w = torch.randn(1024, device="cuda", dtype=torch.float16)
+    got = [rms_norm(t, 1024, w, 1e-5) for t in (aligned, unaligned, aligned, unaligned)]
+    _python_path(monkeypatch)
+    for t, g in zip((aligned, unaligned, aligned, unaligned), got):
+        assert torch.equal(g, rms_norm(t, 1024, w, 1e-5))
