@@ -234,12 +234,21 @@ def test_exercise_config_selects_the_tutorials_widths():
 # ---------------------------------------------------------------------------------------------
 
 
-def test_reference_json(project, capsys):
+@pytest.fixture
+def few_gradcheck_shapes(monkeypatch):
+    """The reference command's rows at three shapes, one 3-D: tests/test_contract.py runs the
+    check at every shape (the 17x257 gradchecks take seconds each)."""
+    monkeypatch.setattr(reference, "GRADCHECK_SHAPES", ((1, 1), (3, 7), (2, 3, 5)))
+
+
+def test_reference_json(project, capsys, few_gradcheck_shapes):
     rc, out, _ = run_cli(capsys, "reference", "--json")
     assert rc == 0
     result = json.loads(out)
     assert result["command"] == "reference" and result["passed"] is True
-    assert [g["shape"] for g in result["gradcheck"]] == [list(s) for s in reference.GRADCHECK_SHAPES]
+    assert [(g["shape"], g["offset"]) for g in result["gradcheck"]] == [
+        (list(s), offset) for s in reference.GRADCHECK_SHAPES for offset in reference.GRADCHECK_OFFSETS
+    ]
     assert all(g["gradcheck"] and g["formula_vs_autograd"] for g in result["gradcheck"])
     assert set(result["splits"]["summary"]) == {"train", "validation", "test"}
     saved = torch.load(project / "outputs" / "data" / "splits.pt", weights_only=True)
@@ -247,7 +256,7 @@ def test_reference_json(project, capsys):
     assert json.loads((project / "outputs" / "reference.json").read_text()) == result
 
 
-def test_reference_catches_a_wrong_formula(monkeypatch):
+def test_reference_catches_a_wrong_formula(monkeypatch, few_gradcheck_shapes):
     """The gradcheck step can fail: an explicit backward without the r^3 term is refused."""
     from rmsnorm_kernel import reference as op_reference
 

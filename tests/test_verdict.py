@@ -181,9 +181,13 @@ SMALL = {"checks": {"grid": "shapes", "shapes": [[3, 257]], "dtypes": ["float32"
 
 @pytest.mark.interpret
 @requires_interpret
-def test_real_checks_under_the_interpreter(project):
+def test_real_checks_under_the_interpreter(project, monkeypatch):
     """The verdict's own checks on the kernels, on a small grid; the mutant catalogue, the probes and
-    training have their own tests and are left out here to keep this quick."""
+    training have their own tests and are left out here to keep this quick, and the reference
+    gradcheck runs at two shapes (tests/test_contract.py runs every shape)."""
+    from rmsnorm_suite.walkthrough import reference
+
+    monkeypatch.setattr(reference, "GRADCHECK_SHAPES", ((3, 7), (2, 3, 5)))
     skip = {"probe checks", "mutant catalogue", "training integration"}
     outcomes = {o.check: o for o in verdict.run_checks(parse_config(SMALL), "cpu", skip, log=lambda _: None)}
     failed = {k: o.figure for k, o in outcomes.items() if o.status == verdict.FAIL}
@@ -191,6 +195,7 @@ def test_real_checks_under_the_interpreter(project):
     assert outcomes["CUDA graph capture"].status == "skipped"
     assert outcomes["CUDA graph capture"].figure == "skipped: needs CUDA"
     assert outcomes["forward grid (y)"].figure.startswith("1/1 cases")
+    assert outcomes["reference gradcheck"].figure.startswith("4/4 shapes x offsets")
     assert outcomes["opcheck"].status == "pass"
     assert outcomes["torch.compile fullgraph"].status == "pass"
 

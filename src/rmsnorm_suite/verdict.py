@@ -74,7 +74,7 @@ def check_reference(cfg: Config, device: str):
     worst = max(max(r["formula_dx_max_abs_diff"], r["formula_dw_max_abs_diff"]) for r in rows)
     return (
         good == len(rows),
-        f"{good}/{len(rows)} shapes; formula vs autograd max diff {worst:.2g}",
+        f"{good}/{len(rows)} shapes x offsets; formula vs autograd max diff {worst:.2g}",
         {"shapes": rows},
     )
 
