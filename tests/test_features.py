@@ -1,7 +1,8 @@
 """The model-ready features against their references: the fused residual add, the weight offset,
 the casting modes (against Hugging Face's own formulas), out_dtype, the module's options and
 swap_rms_norm. Numeric tests run under the interpreter on CPU (nox -s interpret) and on CUDA
-(nox -s gpu); tolerances come from rmsnorm_suite.cases.
+(nox -s gpu); tolerances come from rmsnorm_suite.cases, inputs, the float64 oracle and the
+relative L2 error from rmsnorm_suite.numerics.
 
 Tolerance rows, by what a result went through (the same rule as rmsnorm_suite/mutants.py):
 * default and "gemma" casting round nothing before the result: the result's own dtype;
@@ -12,6 +13,8 @@ Tolerance rows, by what a result went through (the same rule as rmsnorm_suite/mu
   dresidual get the coarser of h's dtype and their own.
 """
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -19,7 +22,7 @@ from torch import nn
 import rmsnorm_kernel
 from rmsnorm_kernel import launch
 from rmsnorm_kernel.reference import rms_norm_reference
-from rmsnorm_suite import mutants
+from rmsnorm_suite import mutants, numerics
 from rmsnorm_suite.cases import EPS, TOLERANCES
 
 from .conftest import INTERPRET, KERNEL_DEVICES
@@ -38,19 +41,14 @@ def assert_close(actual, expected, tol_dtype):
     torch.testing.assert_close(actual.double(), expected.double(), atol=tol.atol, rtol=tol.rtol)
 
 
-def relative_l2(a, b):
-    return (torch.linalg.vector_norm(a.double() - b.double()) / torch.linalg.vector_norm(b.double())).item()
-
-
 def make(shape, dtype, device, *, seed=0, weight_dtype=None, weight_center=1.0, residual_dtype=None):
-    """x, weight (center + 0.1 N(0, 1)), residual (None unless residual_dtype) from a seeded
-    CPU generator, then cast and moved."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(*shape, generator=g)
-    w = weight_center + 0.1 * torch.randn(shape[-1], generator=g)
-    r = torch.randn(*shape, generator=g)
-    res = r.to(residual_dtype).to(device) if residual_dtype is not None else None
-    return x.to(dtype).to(device), w.to(weight_dtype or dtype).to(device), res
+    """x of any shape, weight (weight_center + 0.1 N(0, 1)) and residual (None unless
+    residual_dtype): numerics.make_inputs' x, weight and dy drawn in fp32 on the CPU (dy as the
+    residual, x's leading dimensions as its rows), then cast and moved."""
+    x, w, r = numerics.make_inputs(math.prod(shape[:-1]), shape[-1], F32, seed=seed)
+    w = w + (weight_center - 1.0)  # make_inputs centres the weight on 1
+    res = r.reshape(shape).to(residual_dtype).to(device) if residual_dtype is not None else None
+    return x.reshape(shape).to(dtype).to(device), w.to(weight_dtype or dtype).to(device), res
 
 
 def grads_of(fn, loss, *tensors):
@@ -385,10 +383,9 @@ def test_llama_rounding_is_hugging_face_and_default_is_more_accurate(device, x_d
     hf = hf_module("llama", 257, w, device)(x).detach()
     llama = rmsnorm_kernel.rms_norm(x, weight=w, eps=EPS, casting="llama")
     default = rmsnorm_kernel.rms_norm(x, weight=w, eps=EPS, out_dtype=llama.dtype)
-    assert relative_l2(llama, hf) < relative_l2(default, hf)
-    xd = x.double()
-    exact = xd * torch.rsqrt(xd.square().mean(-1, keepdim=True) + EPS) * w.double()
-    assert relative_l2(default, exact) < relative_l2(llama, exact)
+    assert numerics.relative_l2(llama, hf) < numerics.relative_l2(default, hf)
+    exact = numerics.oracle(x, w, None, EPS).y
+    assert numerics.relative_l2(default, exact) < numerics.relative_l2(llama, exact)
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
