@@ -278,6 +278,8 @@ def backward_call(lab: Lab, kernel, s: dict, programs: int, warps: int, constexp
 
 
 def round_two_walk(lab: Lab) -> None:
+    """forward_looped over chunk, warps and the walks' L2 hints, and backward_chunked over chunk,
+    warps and programs per SM (rows of 4097-16384 only), beside production."""
     for m, n, dtype in [(16384, 8192, torch.bfloat16), (8192, 16384, torch.bfloat16),
                         (32768, 4096, torch.bfloat16), (4096, 4096, torch.float32)]:  # fmt: skip
         s = lab.shape(m, n, dtype)
