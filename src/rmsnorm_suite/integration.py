@@ -22,6 +22,8 @@ F32, BF16 = torch.float32, torch.bfloat16
 
 @dataclass
 class Result:
+    """One check's outcome: it passed when no property failed."""
+
     figure: str
     failures: list[str] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
@@ -50,7 +52,8 @@ def mismatch(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -
 
 
 def _first_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -300,6 +303,8 @@ def cuda_graph_capture(case: GraphCase, *, seed: int = 0) -> Result:
 
 def cuda_graphs(graph_cases: Sequence[GraphCase] = CUDA_GRAPH_CASES, *, seed: int = 0) -> Result:
     """:func:`cuda_graph_capture` of every case."""
+    if not graph_cases:
+        raise ValueError("graph_cases must hold at least one GraphCase")
     results = {c.name: cuda_graph_capture(c, seed=seed) for c in graph_cases}
     good = sum(r.passed for r in results.values())
     figure = (
