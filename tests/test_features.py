@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 import rmsnorm_kernel
-from rmsnorm_kernel import launch
+from rmsnorm_kernel import host, launch
 from rmsnorm_kernel.reference import rms_norm_reference
 from rmsnorm_suite import mutants, numerics
 from rmsnorm_suite.cases import EPS, TOLERANCES
@@ -507,9 +507,12 @@ def test_common_call_matches_the_general_path(device, shape, dtype, offset, x_gr
         w = w0.detach().clone().requires_grad_(w_grad)
         y = rmsnorm_kernel.rms_norm(x, weight=w, eps=EPS, offset=offset, out_dtype=out_dtype)
         y.backward(dy)
-        results.append((type(y.grad_fn).__name__, y, x.grad, w.grad))
+        results.append((y.grad_fn.name(), y, x.grad, w.grad))
     (plain, y1, dx1, dw1), (general, y2, dx2, dw2) = results
-    assert (plain, general) == ("_PlainFunctionBackward", "_EagerFunctionBackward")
+    # On CUDA the compiled host path's C++ node takes the common call where it is built.
+    compiled = device == "cuda" and host.extension() is not None
+    assert ("PlainNorm" in plain) if compiled else (plain == "_PlainFunctionBackward")
+    assert general == "_EagerFunctionBackward"
     assert torch.equal(y1, y2)
     assert (dx1 is None, dw1 is None) == (not x_grad, not w_grad) == (dx2 is None, dw2 is None)
     assert dx1 is None or torch.equal(dx1, dx2)
