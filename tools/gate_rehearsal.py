@@ -6,7 +6,7 @@
 
 Both build their commits in a temporary git repository from this tree's ``src`` (base: the tree as
 it is), so the checkout's own history is not touched, and run ``rmsnorm-kernel pr-verdict`` from
-this tree (the trusted judge) on the large shapes with few rounds. Verdicts go under
+this tree (the trusted judge) on the shapes of ``--shapes`` (the large ones by default), few rounds. Verdicts go under
 ``outputs/rehearsal/``; the exit status is 0 only when every verdict is as expected.
 
 hostile: head slows the op (an extra fp32 pass over x before every call) and rewrites the gate
@@ -165,7 +165,21 @@ def main() -> int:
     parser.add_argument("what", choices=list(REHEARSALS))
     parser.add_argument("--aa-runs", type=int, default=2, help="A/A runs (aa)")
     parser.add_argument("--extra-rows", type=int, default=20, help="A/B head: extra forward over 1/K rows")
+    parser.add_argument(
+        "--shapes", nargs="+", default=["large"], help="pr-verdict's --shapes (default: large)"
+    )
+    parser.add_argument("--rounds", type=int, default=4, help="pr-verdict's --rounds")
+    parser.add_argument("--samples", type=int, default=50, help="pr-verdict's --samples")
     args = parser.parse_args()
+    ARGS[:] = [
+        "--shapes",
+        *args.shapes,
+        "--rounds",
+        str(args.rounds),
+        "--samples",
+        str(args.samples),
+        "--skip-gpu-tests",
+    ]
     with tempfile.TemporaryDirectory(prefix="rmsnorm-rehearsal-") as tmp:
         repo, base = make_repo(Path(tmp))
         problems = REHEARSALS[args.what](args, repo, base)

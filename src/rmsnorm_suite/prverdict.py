@@ -252,7 +252,10 @@ def run_round(
     """One side's round in a worker process; returns None on success, else what went wrong."""
     spec_path.write_text(json.dumps(spec), encoding="utf-8")
     cmd = [sys.executable, "-I", "-c", BOOTSTRAP, str(trusted), str(op), str(spec_path)]
-    code, out, err = run_bounded(cmd, spec_path.parent, worker_env(), timeout)
+    # Each side builds and loads its op's compiled host path (rmsnorm_kernel/host.py) in a cache
+    # of its own, never one the other side's code wrote.
+    env = {**worker_env(), "TORCH_EXTENSIONS_DIR": str(op.parent / f"{op.name}-torch-extensions")}
+    code, out, err = run_bounded(cmd, spec_path.parent, env, timeout)
     log_path.write_text(out + err, encoding="utf-8")
     if code is None:
         return f"timed out after {timeout:.0f} s"
