@@ -151,14 +151,23 @@ def test_an_unaligned_pointer_never_takes_the_hot_path(compiled_mode, monkeypatc
     assert len(keyed) == 4 and len(kernel.triton_launches) == 2 and len(launcher.seen) == 1
 
 
-def test_cooperative_launches_never_take_the_hot_path(compiled_mode, monkeypatch):
-    """A cooperative grid can be refused for its size, which the raw scalars do not decide."""
-    launcher = launch.Launcher(FakeKernel(), 1, cooperative=True)
+def test_cooperative_launch_takes_the_hot_path_only_for_a_grid_that_ran(compiled_mode, monkeypatch):
+    """A cooperative grid can be refused for its size, which the raw scalars do not decide: the
+    hot path's key holds the grid, and only a grid the driver ran gets there."""
+    kernel = FakeKernel(launch_error=_refuse_above_four)
+    launcher = launch.Launcher(kernel, 1, cooperative=True)
     keyed = _count_keyed_calls(monkeypatch, launcher)
     x = torch.ones(8)
+    with pytest.raises(launch.CooperativeGridRefused):
+        launcher((5, 1, 1), (x, 8), 4, ())
     for _ in range(3):
         launcher((2, 1, 1), (x, 8), 4, ())
-    assert len(keyed) == 3 and not launcher.seen
+    assert len(keyed) == 2 and len(launcher.seen) == 1 and len(kernel.direct) == 2
+    launcher((3, 1, 1), (x, 8), 4, ())  # the same scalars, another grid: keyed again
+    assert len(keyed) == 3 and len(launcher.seen) == 2
+    with pytest.raises(launch.CooperativeGridRefused):  # the refused grid never reaches the hot path
+        launcher((5, 1, 1), (x, 8), 4, ())
+    assert len(keyed) == 4 and len(launcher.seen) == 2
 
 
 def test_the_hot_cache_is_bounded(compiled_mode, monkeypatch):

@@ -282,11 +282,14 @@ class Launcher:
         # pointers are all 16-byte aligned (so their alignment is that of the earlier launch).
         # The key holds the raw scalars and their types rather than Triton's specialisation of
         # them, which takes longer to compute than the C launcher takes to run; a new value of
-        # M costs one pass through _keyed_call. A cooperative launch never takes it (its grid
-        # can be refused, which the raw scalars do not decide), nor one with an unaligned pointer.
+        # M costs one pass through _keyed_call. A cooperative launch's key holds its grid too:
+        # the driver decides by the compiled kernel and the grid's size, so a grid it ran once it
+        # runs again. Never while recording, nor with an unaligned pointer.
         fast_key = None
-        if not self.options and _recorded is None and not functools.reduce(operator.or_, pointers) & 15:
+        if _recorded is None and not functools.reduce(operator.or_, pointers) & 15:
             fast_key = (device, num_warps, constexprs, *map(_dtype, tensors), *scalars, *map(type, scalars))
+            if self.options:
+                fast_key += grid
             entry = self.seen.get(fast_key)
             # torch.cuda.current_device() less its lazy-initialisation check (CUDA is initialised
             # once a CUDA tensor exists).
@@ -297,7 +300,7 @@ class Launcher:
 
     def _keyed_call(self, grid, args, num_warps, constexprs, pointers, device, fast_key) -> None:
         """A launch by Triton's specialisation key: a launch on a device other than the current
-        one, or the first with these scalars, or a cooperative one, or one with an unaligned
+        one, or the first with these scalars (and grid, if cooperative), or one with an unaligned
         pointer. ``fast_key``, where not None, is where the hot path will find it next time."""
         tensors, scalars = args[: self.pointers], args[self.pointers :]
         key = _launch_key(device, num_warps, constexprs, tensors, pointers, scalars)
