@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import shutil
 import struct
+import sysconfig
+from pathlib import Path
 
 import pytest
 import torch
@@ -57,6 +59,10 @@ def test_compiled_mode_raises_when_it_cannot_build(monkeypatch):
 
 
 @pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler here: the extension cannot build")
+@pytest.mark.skipif(
+    not Path(sysconfig.get_paths()["include"], "Python.h").is_file(),
+    reason="no Python headers here: the extension cannot build",
+)
 @pytest.mark.skipif(kernels.INTERPRET, reason="built once by the CPU tests; the interpreter never uses it")
 def test_extension_builds_and_loads(monkeypatch):
     """The C++ source compiles against this torch and Triton (CPU machines included: the GPU is
