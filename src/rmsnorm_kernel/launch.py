@@ -1,7 +1,9 @@
 """Launchers: validate arguments, allocate outputs, pick a cached launch configuration, launch.
 
-Everything a user can get wrong is checked in ``validate`` before any kernel runs, and raises a
-``TypeError``/``ValueError`` that names the argument. The launchers below it assume valid input.
+What the kernels accept is declared once, at the top: ``normalized_size`` and ``validate`` check
+everything a user can get wrong before any kernel runs and raise a ``TypeError``/``ValueError``
+that names the argument; ``takes_fast_path``, the common call's few cheap tests, accepts a subset
+of what they accept. The launchers below them assume valid input.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import functools
 import math
 import numbers
 import operator
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -20,7 +23,12 @@ from rmsnorm_kernel import kernels
 
 Tensor = torch.Tensor
 
+# What the kernels run: these dtypes (x, weight, residual; out_dtype and residual_dtype name
+# one of them), these casting modes, on CUDA tensors or, under the Triton interpreter, on any
+# (``x.is_cuda or kernels.INTERPRET``). The weight has the normalized shape, the residual x's
+# shape; both are on x's device.
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_SUPPORTED = frozenset(SUPPORTED_DTYPES)  # the same, for the fast path's membership tests
 CASTING_MODES = {"default": kernels.CAST_FP32, "gemma": kernels.CAST_FP32, "llama": kernels.CAST_LLAMA}
 
 # Widest row held in registers as one tile. Wider rows are walked twice (kernels.py describes the
@@ -64,6 +72,31 @@ class UnsupportedInput(ValueError):
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+def normalized_size(x: Tensor, normalized_shape, weight: Tensor | None) -> tuple[int, tuple[int, ...]]:
+    """(N, the normalized shape as a tuple of ints), N the product of its dims. normalized_shape
+    None means the weight's shape, else x's last dim. Raises TypeError/ValueError naming it."""
+    if normalized_shape is None:
+        if weight is not None:
+            normalized_shape = tuple(weight.shape)
+        elif isinstance(x, torch.Tensor) and x.dim() >= 1:
+            normalized_shape = (x.shape[-1],)
+        else:
+            normalized_shape = ()
+    if isinstance(normalized_shape, int):
+        normalized_shape = (normalized_shape,)
+    if not isinstance(normalized_shape, Sequence) or not all(
+        isinstance(d, int) and not isinstance(d, bool) for d in normalized_shape
+    ):
+        raise TypeError(f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}")
+    shape = tuple(int(d) for d in normalized_shape)
+    if isinstance(x, torch.Tensor) and tuple(x.shape[x.dim() - len(shape) :]) != shape or len(shape) == 0:
+        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"normalized_shape {shape} must be non-empty and match the trailing dims of x {got}")
+    if weight is not None and isinstance(weight, torch.Tensor) and tuple(weight.shape) != shape:
+        raise ValueError(f"weight must have shape normalized_shape {shape}, got {tuple(weight.shape)}")
+    return math.prod(shape), shape
 
 
 def validate(
@@ -118,7 +151,7 @@ def validate(
         raise ValueError(f"offset must be finite, got {offset!r}")
     if offset != 0.0 and weight is None:
         raise ValueError("offset needs a weight: y = x * r * (offset + weight)")
-    if casting not in CASTING_MODES:
+    if not isinstance(casting, str) or casting not in CASTING_MODES:
         raise ValueError(f"casting must be one of {sorted(CASTING_MODES)}, got {casting!r}")
     if x.dim() == 0:
         raise ValueError("x must have at least one dimension")
@@ -131,11 +164,70 @@ def validate(
                 f"{name} has dtype {_dtype_name(t.dtype)}; the kernels run float32, float16 and bfloat16 "
                 "(pass allow_fallback=True to run the reference instead)"
             )
-    if x.device.type != "cuda" and not kernels.INTERPRET:
+    if not (x.is_cuda or kernels.INTERPRET):
         raise UnsupportedInput(
             f"x is on {x.device}; the kernels run on CUDA, or on CPU under TRITON_INTERPRET=1 "
             "(pass allow_fallback=True to run the reference instead)"
         )
+
+
+def takes_fast_path(
+    x: Tensor,
+    normalized_shape,
+    weight: Tensor | None,
+    eps,
+    residual: Tensor | None,
+    residual_dtype: torch.dtype | None,
+    offset,
+    casting,
+    out_dtype: torch.dtype | None,
+) -> bool:
+    """Whether ``rms_norm`` (same arguments) takes its fast path, which skips ``normalized_size``
+    and ``validate``: their rules in the cheapest form, exact types only (no bool, numpy scalar
+    or other sequence), so it accepts a subset of what they accept (tests/test_validation.py
+    checks this), plus the conditions that only choose the route. Inline tests, no calls but
+    torch's: the common call's host time is a few microseconds."""
+    # Route: not while tracing (torch.compile sees the general path; tested first, so that
+    # tracing reads nothing below), no residual, no out_dtype.
+    if (
+        torch.compiler.is_compiling()
+        or residual is not None
+        or residual_dtype is not None
+        or out_dtype is not None
+        or type(x) is not Tensor
+    ):
+        return False
+    shape = x.shape
+    n = shape[-1] if shape else 0
+    ns = normalized_shape
+    if ns is not None:  # normalized_size: an int or a 1-tuple (nn.RMSNorm's form) of the last dim
+        if type(ns) is tuple and len(ns) == 1:
+            ns = ns[0]
+        if type(ns) is not int or ns != n:
+            return False
+    return (
+        n >= 1
+        and x.dtype in _SUPPORTED
+        and (eps is None or type(eps) is float)
+        and type(offset) is float
+        and -math.inf < offset < math.inf
+        and type(casting) is str
+        and casting in CASTING_MODES
+        and (x.is_cuda or kernels.INTERPRET)
+        and (
+            (weight is None and offset == 0.0)
+            or (
+                isinstance(weight, Tensor)
+                and weight.shape == (n,)
+                and weight.dtype in _SUPPORTED
+                and weight.device == x.device
+                and weight.is_contiguous()  # route
+            )
+        )
+        # Route: contiguous x, no functorch transform (those take torch ops).
+        and x.is_contiguous()
+        and not torch._C._are_functorch_transforms_active()
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,7 +10,6 @@ depends on values). Autograd is registered on the forward op, so the op composes
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Mapping, Sequence
 
@@ -215,7 +214,10 @@ def _backward_composite(
     """The backward of the kernels (reference.py's formula) in differentiable torch ops, for a
     backward that builds a graph (``create_graph=True``: second derivatives). r is recomputed
     from xh, since the kernels' saved r carries no graph. Computes in fp32 (float64 for float64
-    input), as the kernels do; Llama's casting rounds x * r before the dw product, as they do."""
+    input), as the kernels do; Llama's casting rounds x * r before the dw product, as they do.
+    reference.rms_norm_backward_reference is the same formula, kept apart because it differs in
+    more than options: it groups dx as r * u - x * r^3 * mean(u * x) (other fp32 roundings), and
+    has no dh, no Llama rounding, no dx_dtype and no skipping of dw."""
     n = xh.shape[-1]
     cdt = torch.float64 if xh.dtype == torch.float64 else torch.float32
     xf, dyf = xh.to(cdt), dy.to(cdt)
@@ -317,6 +319,8 @@ class _PlainFunction(torch.autograd.Function):
         need_x, need_w = ctx.needs_input_grad[:2]
         eps, offset, casting = ctx.options[:3]
         need_dw = need_w and weight is not None
+        # The choice of _grads, restated rather than shared through a helper: a helper would add
+        # a Python call to the common call's backward, whose host time shows at small shapes.
         if torch.is_grad_enabled():  # create_graph=True: a backward that can be differentiated
             dx, dw = _backward_composite(dy, None, x, weight, eps, offset, casting, need_dw, x.dtype)
         else:
@@ -354,7 +358,6 @@ def _apply_plain(x: Tensor, weight: Tensor | None, options: tuple) -> Tensor:
 # torch's default eps (eps=None): the epsilon of the opmath type, float32 for every dtype the
 # kernels run (fp16 and bf16 compute in fp32), float64's for float64 input.
 _DEFAULT_EPS = torch.finfo(torch.float32).eps
-_KERNEL_DTYPES = frozenset(launch.SUPPORTED_DTYPES)
 # Memory formats torch's rms_norm keeps for its output (any other layout gives a contiguous one).
 _KEPT_FORMATS = {4: torch.channels_last, 5: torch.channels_last_3d}
 
@@ -362,29 +365,6 @@ _KEPT_FORMATS = {4: torch.channels_last, 5: torch.channels_last_3d}
 def default_eps(dtype: torch.dtype) -> float:
     """torch's eps for ``eps=None``: ``finfo(opmath type).eps``."""
     return torch.finfo(torch.float64).eps if dtype == torch.float64 else _DEFAULT_EPS
-
-
-def _normalized_size(x: Tensor, normalized_shape, weight: Tensor | None) -> tuple[int, tuple[int, ...]]:
-    if normalized_shape is None:
-        if weight is not None:
-            normalized_shape = tuple(weight.shape)
-        elif isinstance(x, torch.Tensor) and x.dim() >= 1:
-            normalized_shape = (x.shape[-1],)
-        else:
-            normalized_shape = ()
-    if isinstance(normalized_shape, int):
-        normalized_shape = (normalized_shape,)
-    if not isinstance(normalized_shape, Sequence) or not all(
-        isinstance(d, int) and not isinstance(d, bool) for d in normalized_shape
-    ):
-        raise TypeError(f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}")
-    shape = tuple(int(d) for d in normalized_shape)
-    if isinstance(x, torch.Tensor) and tuple(x.shape[x.dim() - len(shape) :]) != shape or len(shape) == 0:
-        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ValueError(f"normalized_shape {shape} must be non-empty and match the trailing dims of x {got}")
-    if weight is not None and isinstance(weight, torch.Tensor) and tuple(weight.shape) != shape:
-        raise ValueError(f"weight must have shape normalized_shape {shape}, got {tuple(weight.shape)}")
-    return math.prod(shape), shape
 
 
 def _keep_format(out: Tensor, x: Tensor) -> Tensor:
@@ -434,64 +414,31 @@ def rms_norm(
     """
     # Fast path for the common call: contiguous x, a contiguous 1-D weight or none,
     # normalized_shape unset or the last dim, no residual, no out_dtype. The host cost of a call
-    # at small shapes exceeds the kernel's time, so the checks of _normalized_size and
-    # launch.validate are made here in a few cheap tests that accept valid, runnable input only;
+    # at small shapes exceeds the kernel's time, so launch.takes_fast_path makes the checks of
+    # normalized_size and validate in a few cheap tests that accept valid, runnable input only;
     # anything else (every invalid input included) takes the general path below, which raises
-    # the errors. Never while tracing (torch.compile sees the general path) nor under functorch
-    # transforms.
-    if (
-        not torch.compiler.is_compiling()
-        and residual is None
-        and residual_dtype is None
-        and out_dtype is None
-        and type(x) is Tensor
+    # the errors.
+    if launch.takes_fast_path(
+        x, normalized_shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype
     ):
         x_dtype = x.dtype
-        x_shape = x.shape
-        n = x_shape[-1] if x_shape else 0
-        ns = normalized_shape
-        if type(ns) is tuple and len(ns) == 1:  # torch.nn.RMSNorm keeps it as a tuple
-            ns = ns[0]
         e = _DEFAULT_EPS if eps is None else eps
-        if (
-            n >= 1
-            and (ns is None or (type(ns) is int and ns == n))
-            and x_dtype in _KERNEL_DTYPES
-            and type(e) is float
-            and type(offset) is float
-            and -math.inf < offset < math.inf
-            and type(casting) is str
-            and casting in launch.CASTING_MODES
-            and (x.is_cuda or kernels.INTERPRET)
-            and x.is_contiguous()
-            and (
-                (weight is None and offset == 0.0)
-                or (
-                    isinstance(weight, Tensor)
-                    and weight.shape == (n,)
-                    and weight.dtype in _KERNEL_DTYPES
-                    and weight.device == x.device
-                    and weight.is_contiguous()
-                )
-            )
-            and not torch._C._are_functorch_transforms_active()
-        ):
-            options = (
-                e,
-                offset,
-                launch.CASTING_MODES[casting],
-                default_out_dtype(x_dtype, weight, casting),
-                x_dtype,
-            )
-            if x.is_cuda and (ext := host.extension()) is not None:
-                y = ext.rms_norm(x, weight, e, offset, options[2], host.SCALAR_TYPES[options[3]])
-                if y is not None:  # None: a functorch wrapper, which the Python path unwraps
-                    return y
-            if torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)):
-                return _apply_plain(x, weight, options)
-            return _run_forward(x, weight, None, *options, want_rstd=False)[0]
+        options = (
+            e,
+            offset,
+            launch.CASTING_MODES[casting],
+            default_out_dtype(x_dtype, weight, casting),
+            x_dtype,
+        )
+        if x.is_cuda and (ext := host.extension()) is not None:
+            y = ext.rms_norm(x, weight, e, offset, options[2], host.SCALAR_TYPES[options[3]])
+            if y is not None:  # None: a functorch wrapper, which the Python path unwraps
+                return y
+        if torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)):
+            return _apply_plain(x, weight, options)
+        return _run_forward(x, weight, None, *options, want_rstd=False)[0]
 
-    n, shape = _normalized_size(x, normalized_shape, weight)
+    n, shape = launch.normalized_size(x, normalized_shape, weight)
     if eps is None:
         eps = default_eps(x.dtype) if isinstance(x, torch.Tensor) else _DEFAULT_EPS
     transformed = torch._C._are_functorch_transforms_active()
