@@ -1,5 +1,5 @@
 """The fast path's predicate against the validator it is derived from (issue 27): every call that
-``launch.takes_fast_path`` accepts is one that ``launch.normalized_size`` and ``launch.validate``
+``ops._takes_fast_path`` accepts is one that ``ops._normalized_size`` and ``ops.validate``
 accept, and gives bitwise the same result (y, its dtype and strides, and the gradients) as the
 general path. The rest of the predicate only chooses the route: each of those conditions alone
 sends a valid call to the general path.
@@ -69,7 +69,7 @@ class Call(NamedTuple):
         return x, w, g
 
     def arguments(self, device) -> dict:
-        """rms_norm's arguments by name, positional order (takes_fast_path's too)."""
+        """rms_norm's arguments by name, positional order (_takes_fast_path's too)."""
         x, w, _ = self.build(device)
         values = (x, self.normalized_shape, w, self.eps, None, None, self.offset, self.casting, None)
         return dict(zip(ARGUMENTS, values))
@@ -187,13 +187,13 @@ OFF_PATH: dict[str, Callable[[dict], dict]] = {
 
 
 def general_path_accepts(call: dict) -> tuple[int, tuple[int, ...]]:
-    """What rms_norm's general path checks before it runs the kernels: normalized_size, then
+    """What rms_norm's general path checks before it runs the kernels: _normalized_size, then
     validate with eps=None made explicit; (N, normalized shape), or their exception."""
     x, weight, eps = call["x"], call["weight"], call["eps"]
-    n, shape = launch.normalized_size(x, call["normalized_shape"], weight)
+    n, shape = ops._normalized_size(x, call["normalized_shape"], weight)
     if eps is None:
         eps = ops.default_eps(x.dtype)
-    launch.validate(
+    ops.validate(
         x,
         weight,
         call["residual"],
@@ -211,7 +211,7 @@ def check_agreement(call: dict) -> bool:
     """Where the predicate takes ``call`` (on a kernel device), the general path's checks pass
     and normalise over x's last dim alone with the eps the fast path takes; the predicate never
     raises. Returns whether it took the call."""
-    if not launch.takes_fast_path(*call.values()):
+    if not ops._takes_fast_path(*call.values()):
         return False
     x = call["x"]
     n, shape = general_path_accepts(call)  # raises where the predicate took invalid input
@@ -244,7 +244,7 @@ def test_each_change_alone_agrees_with_the_validator(monkeypatch, off):
 @given(base=fast_calls(max_n=8), offs=st.lists(st.sampled_from(tuple(OFF_PATH)), max_size=2, unique=True))
 def test_fast_path_accepts_only_what_the_validator_accepts(base, offs):
     """On a kernel device (the CPU, with the interpreter's device rule on for the call), every
-    call the predicate takes passes normalized_size and validate as the general path calls them
+    call the predicate takes passes _normalized_size and validate as the general path calls them
     (``check_agreement``): calls it takes, with up to two changes of OFF_PATH."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(kernels, "INTERPRET", True)
@@ -282,7 +282,7 @@ COMMON = {
 def test_common_calls_take_the_fast_path(monkeypatch, changes):
     monkeypatch.setattr(kernels, "INTERPRET", True)
     call = _common(**changes)
-    assert launch.takes_fast_path(*call.values())
+    assert ops._takes_fast_path(*call.values())
 
 
 # Valid calls, each one change from an accepted one, that the fast path leaves to the general
@@ -305,7 +305,7 @@ def test_valid_calls_the_fast_path_leaves(monkeypatch, changes):
     monkeypatch.setattr(kernels, "INTERPRET", True)
     call = _common(**changes)
     general_path_accepts(call)
-    assert not launch.takes_fast_path(*call.values())
+    assert not ops._takes_fast_path(*call.values())
 
 
 @pytest.mark.parametrize("active", ["_are_functorch_transforms_active", "is_compiling"])
@@ -314,15 +314,15 @@ def test_functorch_transforms_and_tracing_leave_the_fast_path(monkeypatch, activ
     (torch.compile: the custom op), an otherwise accepted call takes the general path."""
     monkeypatch.setattr(kernels, "INTERPRET", True)
     call = _common()
-    assert launch.takes_fast_path(*call.values())
+    assert ops._takes_fast_path(*call.values())
     monkeypatch.setattr(torch._C if active.startswith("_") else torch.compiler, active, lambda: True)
-    assert not launch.takes_fast_path(*call.values())
+    assert not ops._takes_fast_path(*call.values())
 
 
 def test_devices_the_kernels_do_not_run_leave_the_fast_path(monkeypatch):
     monkeypatch.setattr(kernels, "INTERPRET", False)
     call = _common()
-    assert not launch.takes_fast_path(*call.values())
+    assert not ops._takes_fast_path(*call.values())
     with pytest.raises(launch.UnsupportedInput):
         general_path_accepts(call)
 
@@ -374,10 +374,10 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 def test_fast_path_gives_the_general_paths_bits(device, call):
     """Each call of the strategy takes the fast path and gives bitwise what the general path
     gives with the predicate switched off: y (and its dtype, shape and strides), dx and dw."""
-    assert launch.takes_fast_path(*call.arguments(device).values())
+    assert ops._takes_fast_path(*call.arguments(device).values())
     fast = _run(call, device)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(launch, "takes_fast_path", lambda *args: False)
+        patch.setattr(ops, "_takes_fast_path", lambda *args: False)
         general = _run(call, device)
     assert fast.keys() == general.keys()
     for what, a in fast.items():

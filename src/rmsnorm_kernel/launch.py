@@ -1,9 +1,8 @@
-"""Launchers: validate arguments, allocate outputs, pick a cached launch configuration, launch.
+"""Launchers: allocate outputs, pick a cached launch configuration, launch.
 
-What the kernels accept is declared once, at the top: ``normalized_size`` and ``validate`` check
-everything a user can get wrong before any kernel runs and raise a ``TypeError``/``ValueError``
-that names the argument; ``takes_fast_path``, the common call's few cheap tests, accepts a subset
-of what they accept. The launchers below them assume valid input.
+What the kernels run is declared at the top (dtypes, casting modes); ``ops.validate`` checks
+everything a user can get wrong against it before any kernel runs, so the launchers assume valid
+input.
 """
 
 from __future__ import annotations
@@ -11,9 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import numbers
 import operator
-from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -23,12 +20,9 @@ from rmsnorm_kernel import kernels
 
 Tensor = torch.Tensor
 
-# What the kernels run: these dtypes (x, weight, residual; out_dtype and residual_dtype name
-# one of them), these casting modes, on CUDA tensors or, under the Triton interpreter, on any
-# (``x.is_cuda or kernels.INTERPRET``). The weight has the normalized shape, the residual x's
-# shape; both are on x's device.
+# What the kernels run: these dtypes (x, weight, residual; out_dtype and residual_dtype name one
+# of them) and casting modes. ops.validate holds the rest of the rules (devices, shapes).
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_SUPPORTED = frozenset(SUPPORTED_DTYPES)  # the same, for the fast path's membership tests
 CASTING_MODES = {"default": kernels.CAST_FP32, "gemma": kernels.CAST_FP32, "llama": kernels.CAST_LLAMA}
 
 # Widest row held in registers as one tile. Wider rows are walked twice (kernels.py describes the
@@ -68,166 +62,6 @@ WIDE_LOOKAHEAD = 1
 class UnsupportedInput(ValueError):
     """Valid input that the kernels do not run (fp64, CPU tensors without the interpreter).
     ``rms_norm(..., allow_fallback=True)`` routes such input to the reference instead."""
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def normalized_size(x: Tensor, normalized_shape, weight: Tensor | None) -> tuple[int, tuple[int, ...]]:
-    """(N, the normalized shape as a tuple of ints), N the product of its dims. normalized_shape
-    None means the weight's shape, else x's last dim. Raises TypeError/ValueError naming it."""
-    if normalized_shape is None:
-        if weight is not None:
-            normalized_shape = tuple(weight.shape)
-        elif isinstance(x, torch.Tensor) and x.dim() >= 1:
-            normalized_shape = (x.shape[-1],)
-        else:
-            normalized_shape = ()
-    if isinstance(normalized_shape, int):
-        normalized_shape = (normalized_shape,)
-    if not isinstance(normalized_shape, Sequence) or not all(
-        isinstance(d, int) and not isinstance(d, bool) for d in normalized_shape
-    ):
-        raise TypeError(f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}")
-    shape = tuple(int(d) for d in normalized_shape)
-    if isinstance(x, torch.Tensor) and tuple(x.shape[x.dim() - len(shape) :]) != shape or len(shape) == 0:
-        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ValueError(f"normalized_shape {shape} must be non-empty and match the trailing dims of x {got}")
-    if weight is not None and isinstance(weight, torch.Tensor) and tuple(weight.shape) != shape:
-        raise ValueError(f"weight must have shape normalized_shape {shape}, got {tuple(weight.shape)}")
-    return math.prod(shape), shape
-
-
-def validate(
-    x: Tensor,
-    weight: Tensor | None,
-    residual: Tensor | None,
-    eps: float,
-    offset: float,
-    casting: str,
-    out_dtype: torch.dtype | None,
-    residual_dtype: torch.dtype | None,
-    n: int,
-) -> None:
-    """Raise TypeError/ValueError for invalid arguments, UnsupportedInput for valid ones the
-    kernels do not run. ``n`` is the normalised size (product of normalized_shape)."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if not x.dtype.is_floating_point:
-        raise TypeError(f"x must be float32, float16 or bfloat16, got {_dtype_name(x.dtype)}")
-    if weight is not None:
-        if not isinstance(weight, torch.Tensor):
-            raise TypeError(f"weight must be a torch.Tensor or None, got {type(weight).__name__}")
-        if not weight.dtype.is_floating_point:
-            raise TypeError(f"weight must be float32, float16 or bfloat16, got {_dtype_name(weight.dtype)}")
-        if weight.numel() != n:
-            raise ValueError(
-                f"weight must have {n} elements (the normalized shape), got shape {tuple(weight.shape)}"
-            )
-        if weight.device != x.device:
-            raise ValueError(f"weight must be on x's device {x.device}, got {weight.device}")
-    if residual is not None:
-        if not isinstance(residual, torch.Tensor):
-            raise TypeError(f"residual must be a torch.Tensor or None, got {type(residual).__name__}")
-        if not residual.dtype.is_floating_point:
-            raise TypeError(f"residual must be a float tensor, got {_dtype_name(residual.dtype)}")
-        if residual.shape != x.shape:
-            raise ValueError(f"residual must have x's shape {tuple(x.shape)}, got {tuple(residual.shape)}")
-        if residual.device != x.device:
-            raise ValueError(f"residual must be on x's device {x.device}, got {residual.device}")
-    elif residual_dtype is not None:
-        raise ValueError("residual_dtype is only meaningful with a residual")
-    for name, value in (("out_dtype", out_dtype), ("residual_dtype", residual_dtype)):
-        if value is not None and value not in SUPPORTED_DTYPES:
-            raise TypeError(f"{name} must be float32, float16, bfloat16 or None, got {value}")
-    # Any real eps, as torch takes it (0 and negative values included; numpy scalars too).
-    if isinstance(eps, bool) or not isinstance(eps, (numbers.Real, torch.SymFloat, torch.SymInt)):
-        raise TypeError(f"eps must be a real number or None, got {type(eps).__name__}")
-    if isinstance(offset, bool) or not isinstance(offset, (numbers.Real, torch.SymFloat, torch.SymInt)):
-        raise TypeError(f"offset must be a real number, got {type(offset).__name__}")
-    # (A traced offset may be symbolic, which math.isfinite cannot take: eager calls check it.)
-    if not torch.compiler.is_compiling() and not math.isfinite(offset):
-        raise ValueError(f"offset must be finite, got {offset!r}")
-    if offset != 0.0 and weight is None:
-        raise ValueError("offset needs a weight: y = x * r * (offset + weight)")
-    if not isinstance(casting, str) or casting not in CASTING_MODES:
-        raise ValueError(f"casting must be one of {sorted(CASTING_MODES)}, got {casting!r}")
-    if x.dim() == 0:
-        raise ValueError("x must have at least one dimension")
-    if n == 0:
-        raise ValueError("the normalized size N must be at least 1, got 0")
-    # Valid, but possibly not runnable by the kernels.
-    for name, t in (("x", x), ("weight", weight), ("residual", residual)):
-        if t is not None and t.dtype not in SUPPORTED_DTYPES:
-            raise UnsupportedInput(
-                f"{name} has dtype {_dtype_name(t.dtype)}; the kernels run float32, float16 and bfloat16 "
-                "(pass allow_fallback=True to run the reference instead)"
-            )
-    if not (x.is_cuda or kernels.INTERPRET):
-        raise UnsupportedInput(
-            f"x is on {x.device}; the kernels run on CUDA, or on CPU under TRITON_INTERPRET=1 "
-            "(pass allow_fallback=True to run the reference instead)"
-        )
-
-
-def takes_fast_path(
-    x: Tensor,
-    normalized_shape,
-    weight: Tensor | None,
-    eps,
-    residual: Tensor | None,
-    residual_dtype: torch.dtype | None,
-    offset,
-    casting,
-    out_dtype: torch.dtype | None,
-) -> bool:
-    """Whether ``rms_norm`` (same arguments) takes its fast path, which skips ``normalized_size``
-    and ``validate``: their rules in the cheapest form, exact types only (no bool, numpy scalar
-    or other sequence), so it accepts a subset of what they accept (tests/test_validation.py
-    checks this), plus the conditions that only choose the route. Inline tests, no calls but
-    torch's: the common call's host time is a few microseconds."""
-    # Route: not while tracing (torch.compile sees the general path; tested first, so that
-    # tracing reads nothing below), no residual, no out_dtype.
-    if (
-        torch.compiler.is_compiling()
-        or residual is not None
-        or residual_dtype is not None
-        or out_dtype is not None
-        or type(x) is not Tensor
-    ):
-        return False
-    shape = x.shape
-    n = shape[-1] if shape else 0
-    ns = normalized_shape
-    if ns is not None:  # normalized_size: an int or a 1-tuple (nn.RMSNorm's form) of the last dim
-        if type(ns) is tuple and len(ns) == 1:
-            ns = ns[0]
-        if type(ns) is not int or ns != n:
-            return False
-    return (
-        n >= 1
-        and x.dtype in _SUPPORTED
-        and (eps is None or type(eps) is float)
-        and type(offset) is float
-        and -math.inf < offset < math.inf
-        and type(casting) is str
-        and casting in CASTING_MODES
-        and (x.is_cuda or kernels.INTERPRET)
-        and (
-            (weight is None and offset == 0.0)
-            or (
-                isinstance(weight, Tensor)
-                and weight.shape == (n,)
-                and weight.dtype in _SUPPORTED
-                and weight.device == x.device
-                and weight.is_contiguous()  # route
-            )
-        )
-        # Route: contiguous x, no functorch transform (those take torch ops).
-        and x.is_contiguous()
-        and not torch._C._are_functorch_transforms_active()
-    )
 
 
 # ---------------------------------------------------------------------------------------------

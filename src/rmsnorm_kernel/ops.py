@@ -10,6 +10,8 @@ depends on values). Autograd is registered on the forward op, so the op composes
 
 from __future__ import annotations
 
+import math
+import numbers
 import warnings
 from collections.abc import Mapping, Sequence
 
@@ -351,6 +353,179 @@ def _apply_plain(x: Tensor, weight: Tensor | None, options: tuple) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------------------
+# Validation: what rms_norm accepts, and the fast path's share of it
+# ---------------------------------------------------------------------------------------------
+
+# The rules, written once: the dtypes and casting modes the kernels run (launch.SUPPORTED_DTYPES,
+# launch.CASTING_MODES); CUDA tensors, or any under the Triton interpreter (``x.is_cuda or
+# kernels.INTERPRET``); a weight of the normalized shape and a residual of x's shape, both on
+# x's device. _normalized_size and validate check every argument against them and raise a
+# TypeError/ValueError naming it (launch.UnsupportedInput for valid input the kernels do not
+# run); _takes_fast_path, the common call's few cheap tests, accepts a subset of what they accept.
+_SUPPORTED = frozenset(launch.SUPPORTED_DTYPES)  # for the fast path's membership tests
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _normalized_size(x: Tensor, normalized_shape, weight: Tensor | None) -> tuple[int, tuple[int, ...]]:
+    """(N, the normalized shape as a tuple of ints), N the product of its dims. normalized_shape
+    None means the weight's shape, else x's last dim. Raises TypeError/ValueError naming it."""
+    if normalized_shape is None:
+        if weight is not None:
+            normalized_shape = tuple(weight.shape)
+        elif isinstance(x, torch.Tensor) and x.dim() >= 1:
+            normalized_shape = (x.shape[-1],)
+        else:
+            normalized_shape = ()
+    if isinstance(normalized_shape, int):
+        normalized_shape = (normalized_shape,)
+    if not isinstance(normalized_shape, Sequence) or not all(
+        isinstance(d, int) and not isinstance(d, bool) for d in normalized_shape
+    ):
+        raise TypeError(f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}")
+    shape = tuple(int(d) for d in normalized_shape)
+    if isinstance(x, torch.Tensor) and tuple(x.shape[x.dim() - len(shape) :]) != shape or len(shape) == 0:
+        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"normalized_shape {shape} must be non-empty and match the trailing dims of x {got}")
+    if weight is not None and isinstance(weight, torch.Tensor) and tuple(weight.shape) != shape:
+        raise ValueError(f"weight must have shape normalized_shape {shape}, got {tuple(weight.shape)}")
+    return math.prod(shape), shape
+
+
+def validate(
+    x: Tensor,
+    weight: Tensor | None,
+    residual: Tensor | None,
+    eps: float,
+    offset: float,
+    casting: str,
+    out_dtype: torch.dtype | None,
+    residual_dtype: torch.dtype | None,
+    n: int,
+) -> None:
+    """Raise TypeError/ValueError for invalid arguments, launch.UnsupportedInput for valid ones the
+    kernels do not run. ``n`` is the normalised size (product of normalized_shape)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"x must be float32, float16 or bfloat16, got {_dtype_name(x.dtype)}")
+    if weight is not None:
+        if not isinstance(weight, torch.Tensor):
+            raise TypeError(f"weight must be a torch.Tensor or None, got {type(weight).__name__}")
+        if not weight.dtype.is_floating_point:
+            raise TypeError(f"weight must be float32, float16 or bfloat16, got {_dtype_name(weight.dtype)}")
+        if weight.numel() != n:
+            raise ValueError(
+                f"weight must have {n} elements (the normalized shape), got shape {tuple(weight.shape)}"
+            )
+        if weight.device != x.device:
+            raise ValueError(f"weight must be on x's device {x.device}, got {weight.device}")
+    if residual is not None:
+        if not isinstance(residual, torch.Tensor):
+            raise TypeError(f"residual must be a torch.Tensor or None, got {type(residual).__name__}")
+        if not residual.dtype.is_floating_point:
+            raise TypeError(f"residual must be a float tensor, got {_dtype_name(residual.dtype)}")
+        if residual.shape != x.shape:
+            raise ValueError(f"residual must have x's shape {tuple(x.shape)}, got {tuple(residual.shape)}")
+        if residual.device != x.device:
+            raise ValueError(f"residual must be on x's device {x.device}, got {residual.device}")
+    elif residual_dtype is not None:
+        raise ValueError("residual_dtype is only meaningful with a residual")
+    for name, value in (("out_dtype", out_dtype), ("residual_dtype", residual_dtype)):
+        if value is not None and value not in launch.SUPPORTED_DTYPES:
+            raise TypeError(f"{name} must be float32, float16, bfloat16 or None, got {value}")
+    # Any real eps, as torch takes it (0 and negative values included; numpy scalars too).
+    if isinstance(eps, bool) or not isinstance(eps, (numbers.Real, torch.SymFloat, torch.SymInt)):
+        raise TypeError(f"eps must be a real number or None, got {type(eps).__name__}")
+    if isinstance(offset, bool) or not isinstance(offset, (numbers.Real, torch.SymFloat, torch.SymInt)):
+        raise TypeError(f"offset must be a real number, got {type(offset).__name__}")
+    # (A traced offset may be symbolic, which math.isfinite cannot take: eager calls check it.)
+    if not torch.compiler.is_compiling() and not math.isfinite(offset):
+        raise ValueError(f"offset must be finite, got {offset!r}")
+    if offset != 0.0 and weight is None:
+        raise ValueError("offset needs a weight: y = x * r * (offset + weight)")
+    if not isinstance(casting, str) or casting not in launch.CASTING_MODES:
+        raise ValueError(f"casting must be one of {sorted(launch.CASTING_MODES)}, got {casting!r}")
+    if x.dim() == 0:
+        raise ValueError("x must have at least one dimension")
+    if n == 0:
+        raise ValueError("the normalized size N must be at least 1, got 0")
+    # Valid, but possibly not runnable by the kernels.
+    for name, t in (("x", x), ("weight", weight), ("residual", residual)):
+        if t is not None and t.dtype not in launch.SUPPORTED_DTYPES:
+            raise launch.UnsupportedInput(
+                f"{name} has dtype {_dtype_name(t.dtype)}; the kernels run float32, float16 and bfloat16 "
+                "(pass allow_fallback=True to run the reference instead)"
+            )
+    if not (x.is_cuda or kernels.INTERPRET):
+        raise launch.UnsupportedInput(
+            f"x is on {x.device}; the kernels run on CUDA, or on CPU under TRITON_INTERPRET=1 "
+            "(pass allow_fallback=True to run the reference instead)"
+        )
+
+
+def _takes_fast_path(
+    x: Tensor,
+    normalized_shape,
+    weight: Tensor | None,
+    eps,
+    residual: Tensor | None,
+    residual_dtype: torch.dtype | None,
+    offset,
+    casting,
+    out_dtype: torch.dtype | None,
+) -> bool:
+    """Whether ``rms_norm`` (same arguments) takes its fast path, which skips ``_normalized_size``
+    and ``validate``: their rules in the cheapest form, exact types only (no bool, numpy scalar
+    or other sequence), so it accepts a subset of what they accept (tests/test_validation.py
+    checks this), plus the conditions that only choose the route. Inline tests, no calls but
+    torch's: the common call's host time is a few microseconds."""
+    # Route: not while tracing (torch.compile sees the general path; tested first, so that
+    # tracing reads nothing below), no residual, no out_dtype.
+    if (
+        torch.compiler.is_compiling()
+        or residual is not None
+        or residual_dtype is not None
+        or out_dtype is not None
+        or type(x) is not Tensor
+    ):
+        return False
+    shape = x.shape
+    n = shape[-1] if shape else 0
+    ns = normalized_shape
+    if ns is not None:  # _normalized_size: an int or a 1-tuple (nn.RMSNorm's form) of the last dim
+        if type(ns) is tuple and len(ns) == 1:
+            ns = ns[0]
+        if type(ns) is not int or ns != n:
+            return False
+    return (
+        n >= 1
+        and x.dtype in _SUPPORTED
+        and (eps is None or type(eps) is float)
+        and type(offset) is float
+        and -math.inf < offset < math.inf
+        and type(casting) is str
+        and casting in launch.CASTING_MODES
+        and (x.is_cuda or kernels.INTERPRET)
+        and (
+            (weight is None and offset == 0.0)
+            or (
+                isinstance(weight, Tensor)
+                and weight.shape == (n,)
+                and weight.dtype in _SUPPORTED
+                and weight.device == x.device
+                and weight.is_contiguous()  # route
+            )
+        )
+        # Route: contiguous x, no functorch transform (those take torch ops).
+        and x.is_contiguous()
+        and not torch._C._are_functorch_transforms_active()
+    )
+
+
+# ---------------------------------------------------------------------------------------------
 # Public function
 # ---------------------------------------------------------------------------------------------
 
@@ -414,11 +589,11 @@ def rms_norm(
     """
     # Fast path for the common call: contiguous x, a contiguous 1-D weight or none,
     # normalized_shape unset or the last dim, no residual, no out_dtype. The host cost of a call
-    # at small shapes exceeds the kernel's time, so launch.takes_fast_path makes the checks of
-    # normalized_size and validate in a few cheap tests that accept valid, runnable input only;
+    # at small shapes exceeds the kernel's time, so _takes_fast_path makes the checks of
+    # _normalized_size and validate in a few cheap tests that accept valid, runnable input only;
     # anything else (every invalid input included) takes the general path below, which raises
     # the errors.
-    if launch.takes_fast_path(
+    if _takes_fast_path(
         x, normalized_shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype
     ):
         x_dtype = x.dtype
@@ -438,12 +613,12 @@ def rms_norm(
             return _apply_plain(x, weight, options)
         return _run_forward(x, weight, None, *options, want_rstd=False)[0]
 
-    n, shape = launch.normalized_size(x, normalized_shape, weight)
+    n, shape = _normalized_size(x, normalized_shape, weight)
     if eps is None:
         eps = default_eps(x.dtype) if isinstance(x, torch.Tensor) else _DEFAULT_EPS
     transformed = torch._C._are_functorch_transforms_active()
     try:
-        launch.validate(x, weight, residual, eps, offset, casting, out_dtype, residual_dtype, n)
+        validate(x, weight, residual, eps, offset, casting, out_dtype, residual_dtype, n)
         unsupported = False
     except launch.UnsupportedInput:
         if not (allow_fallback or transformed):
