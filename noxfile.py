@@ -227,6 +227,7 @@ PYTHON_HOST_TESTS = (
     "tests/test_features.py",
     "tests/test_kernels.py",
     "tests/test_launch.py",
+    "tests/test_validation.py",
 )
 
 
