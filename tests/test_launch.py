@@ -557,3 +557,27 @@ def test_plan_constexprs_fill_the_kernels_parameters_by_name(make, kernel, expec
     assert len(plan.constexprs) == len(names)
     by_name = dict(zip(names, plan.constexprs))
     assert {k: by_name[k] for k in expected} == expected
+
+
+def test_record_takes_the_keyed_path_and_keeps_what_ran(compiled_mode, monkeypatch):
+    """Inside launch.record() every launch goes through the specialisation key (the hot path is
+    skipped, so each launch's compiled kernel is known) and is recorded once it ran; a refused
+    cooperative launch is not recorded. Outside it, nothing is."""
+    kernel = FakeKernel()
+    launcher = launch.Launcher(kernel, 1)
+    refusing = launch.Launcher(FakeKernel(launch_error=_refuse_above_four), 1, cooperative=True)
+    keyed = _count_keyed_calls(monkeypatch, launcher)
+    x = torch.ones(8)
+    launcher((1, 1, 1), (x, 8), 4, ())  # now in the hot cache
+    with launch.record() as recording:
+        launcher((1, 1, 1), (x, 8), 4, ())
+        with pytest.raises(launch.CooperativeGridRefused):
+            refusing((5, 1, 1), (x, 8), 4, ())
+        scratch = launch._scratch(3, dtype=torch.float32, device=x.device, zero=True)
+    launcher((1, 1, 1), (x, 8), 4, ())
+    assert len(keyed) == 2  # the first launch and the recorded one; the last took the hot path
+    ((who, key, grid, args, constexprs),) = recording.launches
+    assert who is launcher and grid == (1, 1, 1) and args == (x, 8) and constexprs == ()
+    assert key in launcher.kernels and launcher.kernels[key].function == 77
+    assert len(recording.scratch) == 1 and recording.scratch[0][0] is scratch and recording.scratch[0][1]
+    assert torch.equal(scratch, torch.zeros(3)) and launch._recorded is None
