@@ -30,7 +30,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "outputs" / "rehearsal"
-ARGS = ["--shapes", "large", "--rounds", "4", "--samples", "50", "--skip-gpu-tests"]
 
 HOSTILE_OP = """
 _rms_norm = rms_norm
@@ -95,12 +94,21 @@ def commit_on(repo: Path, base: str, edits: dict[str, str], message: str) -> str
     return git(repo, "rev-parse", "HEAD")
 
 
-def pr_verdict(repo: Path, base: str, head: str, name: str) -> dict:
+def pr_verdict(args, repo: Path, base: str, head: str, name: str) -> dict:
     out = OUT / name
     shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, "-m", "rmsnorm_suite", "pr-verdict", "--repo", str(repo), "--base", base]
     t0 = time.time()
-    done = subprocess.run([*cmd, "--head", head, "--out", str(out), *ARGS], cwd=ROOT)
+    run = [
+        "--shapes",
+        *args.shapes,
+        "--rounds",
+        str(args.rounds),
+        "--samples",
+        str(args.samples),
+        "--skip-gpu-tests",
+    ]
+    done = subprocess.run([*cmd, "--head", head, "--out", str(out), *run], cwd=ROOT)
     data = json.loads((out / "verdict.json").read_text()) if (out / "verdict.json").is_file() else {}
     data["exit"], data["wall_s"] = done.returncode, round(time.time() - t0)
     print(f"== {name}: exit {done.returncode}, {data['wall_s']} s: {data.get('summary')}", flush=True)
@@ -126,14 +134,14 @@ def hostile(args, repo: Path, base: str) -> list[str]:
         },
         "hostile: slower op; gate, thresholds and harness rewritten to pass",
     )
-    data = pr_verdict(repo, base, head, "hostile")
+    data = pr_verdict(args, repo, base, head, "hostile")
     return [] if data.get("status") == "regression" else [f"hostile head: {data.get('summary')}"]
 
 
 def aa(args, repo: Path, base: str) -> list[str]:
     problems = []
     for k in range(args.aa_runs):
-        data = pr_verdict(repo, base, base, f"aa-{k}")
+        data = pr_verdict(args, repo, base, base, f"aa-{k}")
         if data.get("status") != "pass":
             problems.append(f"A/A {k}: {data.get('summary')}")
     return problems
@@ -145,7 +153,7 @@ def ab(args, repo: Path, base: str) -> list[str]:
     head = commit_on(
         repo, base, {"src/rmsnorm_kernel/__init__.py": op}, f"a forward over 1/{args.extra_rows} more rows"
     )
-    data = pr_verdict(repo, base, head, "ab-extra-rows")
+    data = pr_verdict(args, repo, base, head, "ab-extra-rows")
     forward = [
         r
         for r in data.get("rows", [])
@@ -171,15 +179,6 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=4, help="pr-verdict's --rounds")
     parser.add_argument("--samples", type=int, default=50, help="pr-verdict's --samples")
     args = parser.parse_args()
-    ARGS[:] = [
-        "--shapes",
-        *args.shapes,
-        "--rounds",
-        str(args.rounds),
-        "--samples",
-        str(args.samples),
-        "--skip-gpu-tests",
-    ]
     with tempfile.TemporaryDirectory(prefix="rmsnorm-rehearsal-") as tmp:
         repo, base = make_repo(Path(tmp))
         problems = REHEARSALS[args.what](args, repo, base)
