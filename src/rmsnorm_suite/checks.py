@@ -321,25 +321,10 @@ def _compare(
     baseline = relative_l2(ref, oracle)
     cond = conditioning(envelope, oracle)
     limit = oracle_limit(dtype, baseline, ref.numel(), cond)
-    result = CaseResult(
-        name=name,
-        kind=kind,
-        m=case.m,
-        n=case.n,
-        dtype=dtype_name(case.dtype),
-        max_abs=math.nan,
-        max_rel=math.nan,
-        atol=tol.atol,
-        rtol=tol.rtol,
-        oracle_error=math.nan,
-        baseline_error=baseline,
-        passed=False,
-        check=check,
-        oracle_limit=limit,
-        weight_dtype=dtype_name(case.wdtype),
-        seed=case.seed,
+    result = _unjudged(
+        case, name=name, kind=kind, check=check, tol=tol, baseline_error=baseline, oracle_limit=limit,
         extra={"conditioning": cond},
-    )
+    )  # fmt: skip
     what = _CHECKED.get(kind, kind)
     if not isinstance(value, torch.Tensor):
         result.reason = f"{what} is {type(value).__name__}, expected a tensor"
@@ -388,8 +373,8 @@ def _compare(
     return result
 
 
-def _failed(case: Case, *, name: str, kind: str, check: str, reason: str) -> CaseResult:
-    """A result for a check that could not compare (the implementation raised, inputs changed)."""
+def _unjudged(case: Case, *, name: str, kind: str, check: str, tol: Tolerance, **fields) -> CaseResult:
+    """A failing result with no figures yet: ``_compare`` fills it in, ``_failed`` keeps it."""
     return CaseResult(
         name=name,
         kind=kind,
@@ -398,16 +383,21 @@ def _failed(case: Case, *, name: str, kind: str, check: str, reason: str) -> Cas
         dtype=dtype_name(case.dtype),
         max_abs=math.nan,
         max_rel=math.nan,
-        atol=cases.TOLERANCES[case.wdtype if kind == "gamma" else case.dtype].atol,
-        rtol=cases.TOLERANCES[case.wdtype if kind == "gamma" else case.dtype].rtol,
+        atol=tol.atol,
+        rtol=tol.rtol,
         oracle_error=math.nan,
-        baseline_error=math.nan,
         passed=False,
-        reason=reason,
         check=check,
         weight_dtype=dtype_name(case.wdtype),
         seed=case.seed,
+        **fields,
     )
+
+
+def _failed(case: Case, *, name: str, kind: str, check: str, reason: str) -> CaseResult:
+    """A result for a check that could not compare (the implementation raised, inputs changed)."""
+    tol = cases.TOLERANCES[case.wdtype if kind == "gamma" else case.dtype]
+    return _unjudged(case, name=name, kind=kind, check=check, tol=tol, baseline_error=math.nan, reason=reason)
 
 
 def _run_and_judge(
