@@ -72,6 +72,11 @@ def test_extension_builds_and_loads(monkeypatch):
     ext = host.extension()
     assert ext is not None
     assert all(isinstance(v, int) and v >= 0 for v in (*ext.counts(), *ext.plans()))
+    # the operator it registers: its schema, an Autograd kernel and a CUDA kernel, nothing else
+    op = torch.ops.rmsnorm_kernel_host.rms_norm.default
+    assert [a.name for a in op._schema.arguments] == ["x", "weight", "eps", "offset", "casting", "out_dtype"]
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    assert has(op.name(), "Autograd") and has(op.name(), "CUDA") and not has(op.name(), "CPU")
 
 
 class _Compiled:
@@ -277,3 +282,54 @@ def test_unaligned_input_gets_its_own_plan(ext, monkeypatch):
     _python_path(monkeypatch)
     for t, g in zip((aligned, unaligned, aligned, unaligned), got):
         assert torch.equal(g, rms_norm(t, 1024, w, 1e-5))
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_operator_node_behaves_as_torchs_own(ext):
+    """The operator's backward node is built as torch's generated ones are: its name, its edges,
+    the saved-tensor rules (a second backward raises, retain_graph keeps them, saved-tensor hooks
+    pack them), only the wanted gradients, the profiler's record of the op, inference mode."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(64, 1024, device="cuda", generator=g, dtype=torch.bfloat16).requires_grad_()
+    w = (1 + 0.1 * torch.randn(1024, device="cuda", generator=g)).to(torch.bfloat16).requires_grad_()
+    dy = torch.randn(64, 1024, device="cuda", generator=g, dtype=torch.bfloat16)
+
+    y = rms_norm(x, 1024, w, 1e-6)
+    assert y.grad_fn.name() == "RmsNormBackward"
+    assert [type(f).__name__ for f, _ in y.grad_fn.next_functions] == ["AccumulateGrad", "AccumulateGrad"]
+    y.backward(dy, retain_graph=True)
+    dx, dw = x.grad.clone(), w.grad.clone()
+    y.backward(dy)  # retained: the same gradients again, accumulated
+    assert torch.equal(x.grad, dx + dx) and torch.equal(w.grad, dw + dw)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        y.backward(dy)
+
+    # only what is asked for: no dw for a grad wrt x alone
+    x.grad = w.grad = None
+    (gx,) = torch.autograd.grad(rms_norm(x, 1024, w, 1e-6), x, dy)
+    assert torch.equal(gx, dx) and w.grad is None
+
+    # saved-tensor hooks see x, the weight and r, and the backward runs on what they unpack
+    packed = []
+
+    def pack(t):
+        packed.append(t.shape)
+        return t.cpu()
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t.cuda()):
+        y = rms_norm(x, 1024, w, 1e-6)
+    assert sorted(packed) == sorted([x.shape, w.shape, x.shape[:-1]])
+    y.backward(dy)
+    assert torch.equal(x.grad, dx) and torch.equal(w.grad, dw)
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        rms_norm(x, 1024, w, 1e-6).backward(dy)
+    names = {e.key for e in prof.key_averages()}
+    assert {"rmsnorm_kernel_host::rms_norm", "RmsNormBackward"} <= names
+
+    with torch.inference_mode():
+        y = rms_norm(x, 1024, w, 1e-6)
+    assert y.grad_fn is None and torch.equal(y, rms_norm(x.detach(), 1024, w.detach(), 1e-6))
+    direct = torch.ops.rmsnorm_kernel_host.rms_norm(x.detach(), w.detach(), 1e-6, 0.0, 0, torch.bfloat16)
+    assert torch.equal(direct, y)

@@ -1,5 +1,6 @@
-"""The compiled host path: builds and loads ``csrc/host.cpp`` (an autograd node and launcher in
-C++ for the common eager call on CUDA) and turns recorded Python launches into its plans.
+"""The compiled host path: builds and loads ``csrc/host.cpp`` (the operator
+``torch.ops.rmsnorm_kernel_host.rms_norm``, with an Autograd kernel and a launcher in C++, for the
+common eager call on CUDA) and turns recorded Python launches into its plans.
 
 ``RMSNORM_KERNEL_HOST`` chooses: ``auto`` (the default: the compiled path where it builds, else
 the Python path with one log line saying why), ``compiled`` (an error where it cannot build) or
@@ -12,6 +13,7 @@ chooses them, and the C++ side replays what a recorded Python call launched.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import logging
@@ -215,25 +217,19 @@ def _scalar_code(dtype: torch.dtype) -> int:
 def _plan_forward(x, weight, eps, offset, casting, out_dtype, want_rstd, record):
     from rmsnorm_kernel.ops import _run_forward
 
-    dtype = DTYPES[out_dtype]
-    if not record:
-        y, rstd, _ = _run_forward(x, weight, None, eps, offset, casting, dtype, x.dtype, want_rstd)
-        return y, rstd, False
-    with launch.record() as recording:
-        y, rstd, _ = _run_forward(x, weight, None, eps, offset, casting, dtype, x.dtype, want_rstd)
-    return y, rstd, plan(recording, [x, weight, y, rstd])
+    with launch.record() if record else contextlib.nullcontext() as recording:
+        y, rstd, _ = _run_forward(
+            x, weight, None, eps, offset, casting, DTYPES[out_dtype], x.dtype, want_rstd
+        )
+    return y, rstd, plan(recording, [x, weight, y, rstd]) if record else None
 
 
 def _plan_backward(dy, x, weight, rstd, offset, casting, need_dw, dx_dtype, record):
     from rmsnorm_kernel.ops import _run_backward
 
-    dtype = DTYPES[dx_dtype]
-    if not record:
-        dx, dw = _run_backward(dy, None, x, weight, rstd, offset, casting, need_dw, dtype)
-        return dx, dw, False
-    with launch.record() as recording:
-        dx, dw = _run_backward(dy, None, x, weight, rstd, offset, casting, need_dw, dtype)
-    return dx, dw, plan(recording, [dy, x, weight, rstd, dx, dw])
+    with launch.record() if record else contextlib.nullcontext() as recording:
+        dx, dw = _run_backward(dy, None, x, weight, rstd, offset, casting, need_dw, DTYPES[dx_dtype])
+    return dx, dw, plan(recording, [dy, x, weight, rstd, dx, dw]) if record else None
 
 
 def _composite_backward(dy, x, weight, eps, offset, casting, need_dw):

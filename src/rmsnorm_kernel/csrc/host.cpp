@@ -1,8 +1,9 @@
 // The compiled host path of the common call (no residual, contiguous x, a contiguous 1-D weight
-// or none, on CUDA): an autograd node in C++ whose forward and backward launch the compiled
-// Triton kernels through the driver, so an eager call does not enter Python between its entry
-// and its launches. host.py builds and loads this file; launch.py stays the one place that
-// chooses kernels and launch parameters.
+// or none, on CUDA): an operator registered with torch's dispatcher (rmsnorm_kernel_host::rms_norm,
+// a CUDA kernel and an Autograd kernel) whose forward and backward launch the compiled Triton
+// kernels through the driver, so an eager call does not enter Python between its entry and its
+// launches. host.py builds and loads this file; launch.py stays the one place that chooses kernels
+// and launch parameters.
 //
 // How: a call looks its launch plan up by everything the plan depends on (device, dtypes, M, N,
 // eps, offset, casting, which outputs, 16-byte alignment of the pointers). The first call of a
@@ -14,8 +15,13 @@
 // Triton's own C launcher packs them. Same kernels, same parameters: bitwise the same results.
 
 #include <torch/extension.h>
-#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/SmallVector.h>
 
 #include <dlfcn.h>
 
@@ -30,7 +36,7 @@
 
 namespace py = pybind11;
 using torch::Tensor;
-using torch::autograd::AutogradContext;
+using torch::autograd::SavedVariable;
 using torch::autograd::variable_list;
 
 namespace {
@@ -93,9 +99,9 @@ struct Plan {
 
 using PlanPtr = std::shared_ptr<const Plan>;
 
-// Fixed slots of a forward plan (scratch slots follow) and of a backward plan.
-enum ForwardSlot { F_X, F_W, F_Y, F_RSTD, F_SLOTS };
-enum BackwardSlot { B_DY, B_X, B_W, B_RSTD, B_DX, B_DW, B_SLOTS };
+// A plan's fixed slots, in host.py's order (its planners list them so); scratch slots follow.
+// Forward: x, w, y, r. Backward: dy, x, w, r, dx, dw.
+constexpr int32_t FORWARD_SLOTS = 4, BACKWARD_SLOTS = 6;
 
 using Key = std::array<int64_t, 14>;
 
@@ -148,7 +154,7 @@ py::object* plan_forward_fn = nullptr;
 py::object* plan_backward_fn = nullptr;
 py::object* composite_backward_fn = nullptr;
 
-PlanPtr parse_plan(const py::handle& obj) {
+PlanPtr parse_plan(const py::handle& obj, int32_t fixed_slots) {
   if (obj.is_none()) return nullptr;
   auto plan = std::make_shared<Plan>();
   auto t = obj.cast<py::tuple>();
@@ -170,7 +176,9 @@ PlanPtr parse_plan(const py::handle& obj) {
       auto pt = p.cast<py::tuple>();
       uint32_t size = pt[1].cast<uint32_t>();
       TORCH_CHECK(size == 1 || size == 2 || size == 4 || size == 8, "host path: parameter size ", size);
-      launch.params.push_back({pt[0].cast<int32_t>(), size, pt[2].cast<uint64_t>()});
+      const int32_t slot = pt[0].cast<int32_t>();
+      TORCH_CHECK(slot < fixed_slots + static_cast<int32_t>(plan->scratch.size()), "host path: slot ", slot);
+      launch.params.push_back({slot, size, pt[2].cast<uint64_t>()});
     }
     plan->launches.push_back(std::move(launch));
   }
@@ -187,14 +195,17 @@ int64_t bits_of(double v) {
   return b;
 }
 
-// Allocates the plan's scratch into slots[first...] and issues its launches on the current
-// stream of `device`.
-void run_plan(const Plan& plan, std::vector<void*>& slots, size_t first, const at::TensorOptions& opts,
-              std::vector<Tensor>& keep) {
-  for (size_t i = 0; i < plan.scratch.size(); ++i) {
-    const Scratch& s = plan.scratch[i];
+// Fixed slots, then the plan's scratch buffers: no heap allocation for the usual few.
+using Slots = c10::SmallVector<void*, 12>;
+
+// Allocates the plan's scratch after the fixed slots and issues its launches on the current
+// stream of `opts`' device. The scratch tensors die on return: the caching allocator orders their
+// reuse on this stream after the launches.
+void run_plan(const Plan& plan, Slots& slots, const at::TensorOptions& opts) {
+  c10::SmallVector<Tensor, 4> keep;
+  for (const Scratch& s : plan.scratch) {
     Tensor t = s.zero ? at::zeros({s.numel}, opts.dtype(s.dtype)) : at::empty({s.numel}, opts.dtype(s.dtype));
-    slots[first + i] = t.data_ptr();
+    slots.push_back(t.data_ptr());
     keep.push_back(std::move(t));
   }
   const c10::Device device = opts.device();
@@ -276,6 +287,25 @@ Key forward_key(const Tensor& x, const Tensor& w, int64_t m, int64_t n, double e
           0};
 }
 
+// Where the plan cache does not serve a call, the Python path runs it: `record` says whether it
+// also records its launches as the key's plan (a key seen for the first time), and `finish`
+// stores what it recorded. M = 0 launches nothing and is never planned.
+struct Lookup {
+  PlanPtr plan;
+  bool record = false;
+};
+
+Lookup lookup(PlanCache& cache, const Key& key, int64_t m) {
+  Lookup found;
+  if (m == 0) return found;
+  found.record = !cache.find(key, &found.plan);
+  return found;
+}
+
+void finish(PlanCache& cache, const Key& key, const Lookup& found, const py::tuple& out, int32_t fixed_slots) {
+  if (found.record) cache.put(key, parse_plan(out[2], fixed_slots));
+}
+
 // y in out_dtype with x's shape, and r (fp32, x's shape less the last dim; undefined without
 // want_rstd). x is contiguous on CUDA, w contiguous 1-D of N elements or undefined.
 std::pair<Tensor, Tensor> run_forward(const Tensor& x, const Tensor& w, double eps, double offset,
@@ -284,28 +314,21 @@ std::pair<Tensor, Tensor> run_forward(const Tensor& x, const Tensor& w, double e
   const int64_t m = x.numel() / n;
   const c10::DeviceGuard guard(x.device());
   const Key key = forward_key(x, w, m, n, eps, offset, casting, out_dtype, want_rstd);
-  PlanPtr plan;
-  if (m == 0 || !forward_plans.find(key, &plan) || plan == nullptr) {
-    // The Python path: it runs this call (recording its launches where the key is new).
+  const Lookup found = lookup(forward_plans, key, m);
+  if (found.plan == nullptr) {
     py::gil_scoped_acquire gil;
     py::object w_obj = w.defined() ? py::cast(w) : py::none();
     py::tuple out = (*plan_forward_fn)(x, w_obj, eps, offset, casting, static_cast<int64_t>(out_dtype),
-                                       want_rstd, m != 0 && !forward_plans.find(key, &plan));
-    if (out[2].ptr() != Py_False) forward_plans.put(key, parse_plan(out[2]));
-    Tensor y = out[0].cast<Tensor>();
-    Tensor rstd = out[1].is_none() ? Tensor() : out[1].cast<Tensor>();
-    return {y, rstd};
+                                       want_rstd, found.record);
+    finish(forward_plans, key, found, out, FORWARD_SLOTS);
+    return {out[0].cast<Tensor>(), out[1].is_none() ? Tensor() : out[1].cast<Tensor>()};
   }
   const at::TensorOptions opts = x.options();
   Tensor y = at::empty(x.sizes(), opts.dtype(out_dtype));
   Tensor rstd = want_rstd ? at::empty(x.sizes().slice(0, x.dim() - 1), opts.dtype(at::kFloat)) : Tensor();
-  std::vector<void*> slots(F_SLOTS + plan->scratch.size());
-  slots[F_X] = x.data_ptr();
-  slots[F_W] = w.defined() ? w.data_ptr() : nullptr;
-  slots[F_Y] = y.data_ptr();
-  slots[F_RSTD] = want_rstd ? rstd.data_ptr() : nullptr;
-  std::vector<Tensor> keep;
-  run_plan(*plan, slots, F_SLOTS, opts, keep);
+  Slots slots = {x.data_ptr(), w.defined() ? w.data_ptr() : nullptr, y.data_ptr(),
+                 want_rstd ? rstd.data_ptr() : nullptr};
+  run_plan(*found.plan, slots, opts);
   forward_calls.fetch_add(1, std::memory_order_relaxed);
   return {y, rstd};
 }
@@ -338,79 +361,138 @@ std::pair<Tensor, Tensor> run_backward(const Tensor& dy_in, const Tensor& x, con
   const bool compute_dw = need_dw && w.defined();
   const c10::DeviceGuard guard(x.device());
   const Key key = backward_key(dy, x, w, rstd, m, n, offset, casting, compute_dw, dx_dtype);
-  PlanPtr plan;
-  if (m == 0 || !backward_plans.find(key, &plan) || plan == nullptr) {
+  const Lookup found = lookup(backward_plans, key, m);
+  if (found.plan == nullptr) {
     py::gil_scoped_acquire gil;
     py::object w_obj = w.defined() ? py::cast(w) : py::none();
     py::tuple out = (*plan_backward_fn)(dy, x, w_obj, rstd, offset, casting, compute_dw,
-                                        static_cast<int64_t>(dx_dtype),
-                                        m != 0 && !backward_plans.find(key, &plan));
-    if (out[2].ptr() != Py_False) backward_plans.put(key, parse_plan(out[2]));
-    Tensor dx = out[0].cast<Tensor>();
-    Tensor dw = out[1].is_none() ? Tensor() : out[1].cast<Tensor>();
-    return {dx, dw};
+                                        static_cast<int64_t>(dx_dtype), found.record);
+    finish(backward_plans, key, found, out, BACKWARD_SLOTS);
+    return {out[0].cast<Tensor>(), out[1].is_none() ? Tensor() : out[1].cast<Tensor>()};
   }
   const at::TensorOptions opts = x.options();
   Tensor dx = at::empty(x.sizes(), opts.dtype(dx_dtype));
   Tensor dw = compute_dw ? at::empty({n}, opts.dtype(w.scalar_type())) : Tensor();
-  std::vector<void*> slots(B_SLOTS + plan->scratch.size());
-  slots[B_DY] = dy.data_ptr();
-  slots[B_X] = x.data_ptr();
-  slots[B_W] = w.defined() ? w.data_ptr() : nullptr;
-  slots[B_RSTD] = rstd.data_ptr();
-  slots[B_DX] = dx.data_ptr();
-  slots[B_DW] = compute_dw ? dw.data_ptr() : nullptr;
-  std::vector<Tensor> keep;
-  run_plan(*plan, slots, B_SLOTS, opts, keep);
+  Slots slots = {dy.data_ptr(),   x.data_ptr(), w.defined() ? w.data_ptr() : nullptr, rstd.data_ptr(),
+                 dx.data_ptr(), compute_dw ? dw.data_ptr() : nullptr};
+  run_plan(*found.plan, slots, opts);
   backward_calls.fetch_add(1, std::memory_order_relaxed);
   return {dx, dw};
 }
 
 // ---------------------------------------------------------------------------------------------
-// Autograd
+// The operator: its backward node, its Autograd and CUDA kernels, its registration
 // ---------------------------------------------------------------------------------------------
 
-struct PlainNorm : public torch::autograd::Function<PlainNorm> {
-  // The weight is an optional: an undefined Tensor is no autograd input.
-  static Tensor forward(AutogradContext* ctx, const Tensor& x, const std::optional<Tensor>& weight, double eps,
-                        double offset, int64_t casting, int64_t out_dtype) {
-    const Tensor w = weight.has_value() ? *weight : Tensor();
-    auto [y, rstd] = run_forward(x, w, eps, offset, casting, static_cast<at::ScalarType>(out_dtype), true);
-    ctx->save_for_backward({x, w, rstd});
-    ctx->saved_data["eps"] = eps;
-    ctx->saved_data["offset"] = offset;
-    ctx->saved_data["casting"] = casting;
-    return y;
+// The backward node, as torch's own are built: saved variables and plain fields, no context
+// object. The gradient wrt x is edge 0, wrt the weight edge 1 (invalid without a weight).
+struct RmsNormBackward : public torch::autograd::Node {
+  SavedVariable x_, w_, rstd_;
+  double eps_ = 0.0, offset_ = 0.0;
+  int64_t casting_ = 0;
+
+  std::string name() const override { return "RmsNormBackward"; }
+
+  void release_variables() override {
+    x_.reset_data();
+    w_.reset_data();
+    rstd_.reset_data();
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const Tensor &x = saved[0], &w = saved[1], &rstd = saved[2];
-    const bool need_x = ctx->needs_input_grad(0);
-    const bool need_dw = w.defined() && ctx->needs_input_grad(1);
-    const double eps = ctx->saved_data["eps"].toDouble();
-    const double offset = ctx->saved_data["offset"].toDouble();
-    const int64_t casting = ctx->saved_data["casting"].toInt();
+  variable_list apply(variable_list&& grads) override {
+    const Tensor x = x_.unpack(), w = w_.unpack(), rstd = rstd_.unpack();
+    const bool need_x = task_should_compute_output(0);
+    const bool need_dw = w.defined() && task_should_compute_output(1);
     const Tensor& dy = grads[0];
     Tensor dx, dw;
-    if (!dy.defined()) {
-      // no gradient reached y
+    if (!dy.defined() || !(need_x || need_dw)) {
+      // no gradient reached y, or none is wanted
     } else if (at::GradMode::is_enabled()) {
       // create_graph=True: the differentiable torch formula (ops._backward_composite).
       py::gil_scoped_acquire gil;
       py::object w_obj = w.defined() ? py::cast(w) : py::none();
-      py::tuple out = (*composite_backward_fn)(dy, x, w_obj, eps, offset, casting, need_dw);
+      py::tuple out = (*composite_backward_fn)(dy, x, w_obj, eps_, offset_, casting_, need_dw);
       dx = out[0].cast<Tensor>();
       dw = out[1].is_none() ? Tensor() : out[1].cast<Tensor>();
     } else {
-      std::tie(dx, dw) = run_backward(dy, x, w, rstd, offset, casting, need_dw, x.scalar_type());
+      std::tie(dx, dw) = run_backward(dy, x, w, rstd, offset_, casting_, need_dw, x.scalar_type());
     }
-    return {need_x ? dx : Tensor(), need_dw ? dw : Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
+    return {need_x ? dx : Tensor(), need_dw ? dw : Tensor()};
   }
 };
 
-// Python's entry: y, with autograd where grad mode is on and x or w requires grad. None where
-// this path does not apply (a functorch wrapper): the caller takes the Python path.
+// Nodes are owned by std::shared_ptr in some torch releases and by c10::intrusive_ptr in later
+// ones; an edge's pointer type says which.
+using NodePtr = decltype(torch::autograd::Edge::function);
+
+template <typename T, typename Ptr>
+struct NodeMaker;
+
+template <typename T>
+struct NodeMaker<T, std::shared_ptr<torch::autograd::Node>> {
+  static std::shared_ptr<T> make() { return std::make_shared<T>(); }
+};
+
+template <typename T>
+struct NodeMaker<T, c10::intrusive_ptr<torch::autograd::Node>> {
+  static c10::intrusive_ptr<T> make() { return c10::make_intrusive<T>(); }
+};
+
+// Below autograd (no grad wanted, inference mode): y only, r not stored.
+Tensor rms_norm_cuda(const Tensor& x, const std::optional<Tensor>& weight, double eps, double offset,
+                     int64_t casting, at::ScalarType out_dtype) {
+  const Tensor w = weight.has_value() ? *weight : Tensor();
+  return run_forward(x, w, eps, offset, casting, out_dtype, false).first;
+}
+
+// The Autograd kernel, shaped like torch's generated ones: a node where x or the weight needs a
+// gradient, the forward below autograd, then y's history and the saved variables.
+Tensor rms_norm_autograd(const Tensor& x, const std::optional<Tensor>& weight, double eps, double offset,
+                         int64_t casting, at::ScalarType out_dtype) {
+  const Tensor w = weight.has_value() ? *weight : Tensor();
+  decltype(NodeMaker<RmsNormBackward, NodePtr>::make()) grad_fn;
+  if (torch::autograd::compute_requires_grad(x, w)) {
+    grad_fn = NodeMaker<RmsNormBackward, NodePtr>::make();
+    grad_fn->set_next_edges(torch::autograd::collect_next_edges(x, w));
+  }
+  Tensor y, rstd;
+  {
+    at::AutoDispatchBelowADInplaceOrView below;
+    std::tie(y, rstd) = run_forward(x, w, eps, offset, casting, out_dtype, grad_fn != nullptr);
+  }
+  if (grad_fn) {
+    torch::autograd::set_history(y, grad_fn);
+    grad_fn->x_ = SavedVariable(x, false);
+    grad_fn->w_ = SavedVariable(w, false);
+    grad_fn->rstd_ = SavedVariable(rstd, false);
+    grad_fn->eps_ = eps;
+    grad_fn->offset_ = offset;
+    grad_fn->casting_ = casting;
+  }
+  return y;
+}
+
+// The operator's namespace: torch.ops.rmsnorm_kernel_host.rms_norm. One build per process (its
+// name hashes this source), so the namespace is registered once.
+TORCH_LIBRARY(rmsnorm_kernel_host, m) {
+  m.def("rms_norm(Tensor x, Tensor? weight, float eps, float offset, int casting, ScalarType out_dtype) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(rmsnorm_kernel_host, CUDA, m) { m.impl("rms_norm", TORCH_FN(rms_norm_cuda)); }
+
+TORCH_LIBRARY_IMPL(rmsnorm_kernel_host, Autograd, m) { m.impl("rms_norm", TORCH_FN(rms_norm_autograd)); }
+
+using Signature = Tensor(const Tensor&, const std::optional<Tensor>&, double, double, int64_t, at::ScalarType);
+
+const c10::TypedOperatorHandle<Signature>& rms_norm_op() {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("rmsnorm_kernel_host::rms_norm", "").typed<Signature>();
+  return op;
+}
+
+// Python's entry: the operator's result through the dispatcher (which picks the Autograd kernel
+// where x or the weight requires grad). None where this path does not apply (a functorch
+// wrapper): the caller takes the Python path.
 py::object rms_norm(const Tensor& x, const std::optional<Tensor>& weight, double eps, double offset,
                     int64_t casting, int64_t out_dtype) {
   constexpr auto functorch =
@@ -422,10 +504,7 @@ py::object rms_norm(const Tensor& x, const std::optional<Tensor>& weight, double
                                w.device() == x.device()),
               "host path: weight must be contiguous, 1-D, of x's last dim, on x's device");
   if (x.key_set().has_any(functorch) || (w.defined() && w.key_set().has_any(functorch))) return py::none();
-  if (at::GradMode::is_enabled() && (x.requires_grad() || (w.defined() && w.requires_grad()))) {
-    return py::cast(PlainNorm::apply(x, weight, eps, offset, casting, out_dtype));
-  }
-  return py::cast(run_forward(x, w, eps, offset, casting, static_cast<at::ScalarType>(out_dtype), false).first);
+  return py::cast(rms_norm_op().call(x, weight, eps, offset, casting, static_cast<at::ScalarType>(out_dtype)));
 }
 
 }  // namespace
