@@ -237,12 +237,8 @@ class Launcher:
             # another one (a model spread over GPUs in one process).
             with torch.cuda.device(device):
                 self._launch(key, grid, args, pointers, scalars, device, num_warps, constexprs)
-            if _recorded is not None:
-                _recorded.launches.append((self, key, grid, args, constexprs))
             return
         self._launch(key, grid, args, pointers, scalars, device, num_warps, constexprs)
-        if _recorded is not None:
-            _recorded.launches.append((self, key, grid, args, constexprs))
         if fast_key is not None:
             if len(self.seen) >= SEEN_LAUNCHES:
                 self.seen.clear()
@@ -267,7 +263,7 @@ class Launcher:
     def _launch(self, key, grid, args, pointers, scalars, device, num_warps, constexprs) -> None:
         """The launch of ``__call__`` (with the key it computed), under the right current device.
         A cooperative grid the driver refuses is remembered per specialisation and raised as
-        CooperativeGridRefused (nothing ran)."""
+        CooperativeGridRefused (nothing ran). Inside ``record()``, a launch that ran is recorded."""
         try:
             self._launch_or_compile(key, grid, args, pointers, scalars, device, num_warps, constexprs)
         except RuntimeError as exc:
@@ -276,6 +272,8 @@ class Launcher:
             programs = grid[0] * grid[1] * grid[2]
             self.refused[key] = min(programs, self.refused.get(key, programs))
             raise CooperativeGridRefused(f"{self.kernel.__name__}: {exc}") from exc
+        if _recorded is not None:
+            _recorded.launches.append((self, key, grid, args, constexprs))
 
     def _launch_or_compile(self, key, grid, args, pointers, scalars, device, num_warps, constexprs) -> None:
         entry = self.compiled.get(key)
