@@ -289,6 +289,17 @@ def test_backward_tile_prefetch_where_measured(n, prefetch):
     assert constexprs[-1] is prefetch
 
 
+# Tile forward warps by (N, few rows): 4 at N = 4096 with at most EVEN_MAX_ROWS rows, where a
+# launch's latency is its time, 2 with more (tools/kernel_lab.py launch and reorder2).
+FORWARD_TILE_WARPS = [(257, False, 4), (1024, True, 4), (2048, False, 4), (4096, True, 4), (4096, False, 2)]
+
+
+@pytest.mark.parametrize(("n", "few_rows", "warps"), FORWARD_TILE_WARPS)
+def test_forward_tile_warps(n, few_rows, warps):
+    plan = launch._forward_tile_plan(n, True, False, 0, few_rows, True)
+    assert plan.num_warps == launch.forward_config(n, few_rows).warps == warps
+
+
 # Two-walk forward launches by row width: (N, warps, chunk, y's store hint, walks unrolled).
 # Up to TWO_WALK_MAX 16 warps and 8192-wide chunks; beyond it 32 warps, 16384-wide chunks, y's
 # stores hinted to leave L2 first, and the walks unrolled up to four chunks (65536 is four full

@@ -14,8 +14,8 @@ Rounds and the constants they tune (what each decided, with its figures: docs/pe
   small      the tile backward with fewer programs than rows at small M (FEW_ROW_BLOCKS)
   prefetch   the tile backward over rows, warps, programs per SM and PREFETCH (BACKWARD_TILE)
   reorder2   the tile forward at N = 4096 with 2 and 4 warps (FORWARD_TILE)
-  launch     the tile forward at launch-bound shapes over rows and warps (the launch is chosen by
-             N alone: nothing beat it by more than 0.1 µs)
+  launch     the tile forward at launch-bound shapes over rows and warps (FORWARD_TILE's
+             few_warps: a program alone on its SM wants more warps)
   even       forward_tile with and without masks, 1 to 32768 rows of 4096 (EVEN_MAX_ROWS)
   reduce     reduce_columns alone over production's scratch and the wide backward's (_reduce_plan)
 Timing: medians with the L2 flushed before each call until a round switches to CUDA-graph replays
@@ -350,8 +350,8 @@ def round_reorder2(lab: Lab) -> None:
 
 def round_launch(lab: Lab) -> None:
     """The tile forward at the launch-bound shapes over rows per program and warps, beside
-    production and the peers: production picks its launch by N alone, tuned on large M, and a
-    program alone on its SM may want more warps. CUDA-graph timing."""
+    production and the peers: production picks its launch by N, tuned on large M, and a program
+    alone on its SM wants more warps (FORWARD_TILE's few_warps). CUDA-graph timing."""
     lab.time_with_graphs()
     for m, n, dtype in [(1, 4096, torch.bfloat16), (256, 4096, torch.bfloat16), (128, 257, torch.float32),
                         (128, 257, torch.float16)]:  # fmt: skip
@@ -383,7 +383,7 @@ def round_even(lab: Lab) -> None:
             if not lab.smoke:
                 lab.production(s, backward=False)
                 peers(lab, s)
-            rows, warps = launch.forward_config(n)[1:]
+            rows, warps = launch.forward_config(n, m <= launch.EVEN_MAX_ROWS)[1:]
             evens = (False, True) if s["m"] % rows == 0 else (False,)
             for even, w in itertools.product(evens, sorted({warps, 4, 8} if m <= 1024 else {warps})):
                 lab.run("fwd", s, f"tile EVEN={even} rows{rows} w{w}", tile_forward(s, rows, w, even))

@@ -343,6 +343,7 @@ class ForwardTile(NamedTuple):
 
     rows: int  # rows per program
     warps: int
+    few_warps: int  # warps with at most EVEN_MAX_ROWS rows, where a launch's latency is its time
 
 
 class BackwardTile(NamedTuple):
@@ -358,9 +359,9 @@ class BackwardTile(NamedTuple):
 # blocks per program, where each program's fixed cost outweighs the parallelism; prefetch only
 # where measured. Measured: docs/performance-notes.md, Tile tables.
 FORWARD_TILE = {
-    1024: ForwardTile(rows=2, warps=4),
-    2048: ForwardTile(rows=1, warps=4),
-    4096: ForwardTile(rows=1, warps=2),
+    1024: ForwardTile(rows=2, warps=4, few_warps=4),
+    2048: ForwardTile(rows=1, warps=4, few_warps=4),
+    4096: ForwardTile(rows=1, warps=2, few_warps=4),
 }
 # Launches of at most this many rows, with N the tile width and one row per program, run the tile
 # forward without masks (forward_tile's EVEN). Measured: docs/performance-notes.md, EVEN_MAX_ROWS.
@@ -388,13 +389,14 @@ class BackwardConfig(NamedTuple):
 
 
 @functools.cache
-def forward_config(n: int) -> ForwardConfig:
-    """BLOCK_N, rows per program and warps of the forward tile path."""
+def forward_config(n: int, few_rows: bool = False) -> ForwardConfig:
+    """BLOCK_N, rows per program and warps of the forward tile path (``few_rows``: at most
+    EVEN_MAX_ROWS rows)."""
     block_n = triton.next_power_of_2(n)
     tile = FORWARD_TILE.get(block_n)
     if tile is None:  # narrow rows: about 1024 elements per program
-        tile = ForwardTile(rows=max(1, 1024 // block_n), warps=4)
-    return ForwardConfig(block_n, tile.rows, tile.warps)
+        tile = ForwardTile(rows=max(1, 1024 // block_n), warps=4, few_warps=4)
+    return ForwardConfig(block_n, tile.rows, tile.few_warps if few_rows else tile.warps)
 
 
 @functools.cache
@@ -444,7 +446,7 @@ def _forward_tile_plan(
     n: int, has_weight: bool, has_residual: bool, casting: int, few_rows: bool, store_rstd: bool
 ) -> ForwardTilePlan:
     """forward_tile's plan; ``few_rows``: at most EVEN_MAX_ROWS rows."""
-    block_n, rows, num_warps = forward_config(n)
+    block_n, rows, num_warps = forward_config(n, few_rows)
     even = few_rows and n == block_n and rows == 1
     constexprs = (has_weight, has_residual, casting, block_n, rows, even, store_rstd)
     return ForwardTilePlan(rows, num_warps, constexprs)
