@@ -332,6 +332,32 @@ def test_a_failing_provider_is_recorded_not_fatal(cpu_run):
     )
 
 
+def test_table_counts_the_blocks_a_provider_was_slower_than_the_kernel(cpu_run):
+    """Block i of each provider ran in the same turn: the table pairs them and counts the blocks
+    in which the provider's median was above the kernel's."""
+    case, mode = TINY[0].name, "forward"
+    rows = cpu_run.index()
+    kernel = dataclasses.replace(
+        rows["native", case, mode],
+        provider="kernel",
+        whole=dataclasses.replace(rows["native", case, mode].whole, block_medians_ms=(2.0, 2.0, 2.0)),
+    )
+    eager = rows["eager", case, mode]
+    eager = dataclasses.replace(
+        eager, whole=dataclasses.replace(eager.whole, block_medians_ms=(1.0, 3.0, 2.5))
+    )
+    run = dataclasses.replace(cpu_run, results=(kernel, eager))
+    lines = bench.format_table(run).splitlines()
+    assert "slower in" in lines[2]
+    kernel_line, eager_line = lines[4], lines[5]
+    assert kernel_line.split()[2] == "kernel" and eager_line.split()[2] == "eager"
+    assert kernel_line.split()[-3] == "-"  # the last three columns: slower in, gpu us, gpu copy%
+    assert eager_line.split()[-3] == "2/3"
+    # rows of different block counts are not paired
+    short = dataclasses.replace(eager, whole=dataclasses.replace(eager.whole, block_medians_ms=(9.0,)))
+    assert bench._slower_blocks(short.whole, kernel.whole) == "-"
+
+
 def test_results_file_round_trip_and_table(cpu_run, tmp_path):
     path = results.write(cpu_run, tmp_path)
     assert path.name.startswith("bench-") and path.name.endswith("-ffffffffff.json")

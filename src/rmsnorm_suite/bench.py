@@ -895,9 +895,20 @@ def run(args: argparse.Namespace) -> int:
     return 1 if any(r.provider == "kernel" for r in failed) else 0
 
 
+def _slower_blocks(t: results.Timing, kernel: results.Timing) -> str:
+    """ "k/n": in k of the n blocks both rows ran, ``t``'s block median exceeded the kernel's."""
+    pairs = list(zip(t.block_medians_ms, kernel.block_medians_ms))
+    if not pairs or len(t.block_medians_ms) != len(kernel.block_medians_ms):
+        return "-"
+    return f"{sum(mine > theirs for mine, theirs in pairs)}/{len(pairs)}"
+
+
 def format_table(result: results.Run) -> str:
     """One line per (shape, mode, provider): median, the block medians, TB/s, fraction of the copy
-    ceiling, errors, and the time relative to this kernel (>1: slower than the kernel); the
+    ceiling, errors, the time relative to this kernel (>1: slower than the kernel) and in how many
+    blocks it was slower than the kernel (providers take turns within a block, so block i of one
+    row and of another ran side by side: where whole calls are noisy, the count says more than
+    one median); the
     failed rows' errors below."""
     from rmsnorm_suite import console  # here, not at the top: the worker needs none of its configs
 
@@ -908,27 +919,28 @@ def format_table(result: results.Run) -> str:
         "",
     ]
     headers = ["shape", "mode", "provider", "median us", "blocks us", "TB/s", "copy%", "err", "vs kernel"]
-    headers += ["gpu us", "gpu copy%"]
+    headers += ["slower in", "gpu us", "gpu copy%"]
     rows, failures = [], []
     index = result.index()
     for r in result.results:
         t = r.whole
         if not r.ok or t.median_ms is None:
-            rows.append([r.shape, r.mode, r.provider, "FAILED"] + ["-"] * 7)
+            rows.append([r.shape, r.mode, r.provider, "FAILED"] + ["-"] * 8)
             failures.append(f"  {r.shape} {r.mode} {r.provider}: {str(r.error)[:80]}")
             continue
         blocks = "/".join(f"{b * 1e3:.1f}" for b in t.block_medians_ms)
         errs = " ".join(f"{k}={v:.1e}" for k, v in r.errors.items())
         kernel = index.get(("kernel_residual" if r.residual else "kernel", r.shape, r.mode))
         vs = f"{t.median_ms / kernel.whole.median_ms:.2f}x" if kernel and kernel.whole.median_ms else "-"
+        slower = _slower_blocks(t, kernel.whole) if kernel and kernel is not r else "-"
         gpu = ["-", "-"]
         if r.device.median_ms:
             gpu = [f"{r.device.median_ms * 1e3:.1f}", f"{100 * r.device.fraction_of_copy:.1f}%"]
         rows.append(
             [r.shape, r.mode, r.provider, f"{t.median_ms * 1e3:.1f}", blocks, f"{t.tbs:.2f}"]
-            + [f"{100 * t.fraction_of_copy:.1f}%", errs, vs, *gpu]
+            + [f"{100 * t.fraction_of_copy:.1f}%", errs, vs, slower, *gpu]
         )
-    lines.append(console.format_table(headers, rows, right=range(3, 11)))
+    lines.append(console.format_table(headers, rows, right=range(3, 12)))
     if failures:
         lines += ["", "failed:", *failures]
     copies = {name: c for name, c in result.same_bytes_copy.items() if c.median_ms}
