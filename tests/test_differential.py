@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import example, given, settings
+from torch.autograd import forward_ad as fwAD
 
 import rmsnorm_kernel
 from rmsnorm_kernel import kernels, ops
@@ -272,6 +273,40 @@ def test_func_grad(device):
     want = torch.func.grad(loss(F.rms_norm), argnums=(0, 1))(x, w)
     assert_close(got[0], want[0], F32, what="func.grad dx")
     assert_close(got[1], want[1], F32, what="func.grad dw")
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("dtype", [F32, BF16])
+@pytest.mark.parametrize("dual", ["x", "weight", "residual", "all"])
+def test_forward_mode_ad_tangents(device, dtype, dual):
+    """Dual tensors (torch.autograd.forward_ad): y and h carry torch's tangents. The kernels
+    compute none, and a dual input once came back with tangent None and no error. Compared as
+    gradients are: with torch's forward AD of the same composition in float64."""
+    torch.manual_seed(0)
+    x, w, r = randn(4, 64, dtype=dtype, device=device), randn(64, dtype=dtype, device=device), None
+    tx, tw, tr = randn(4, 64, dtype=dtype, device=device), randn(64, dtype=dtype, device=device), None
+    if dual in ("residual", "all"):
+        r, tr = randn(4, 64, dtype=dtype, device=device), randn(4, 64, dtype=dtype, device=device)
+    duals = {"x": (tx,), "weight": (tw,), "residual": (tr,), "all": (tx, tw, tr)}[dual]
+
+    def make(t, tangent, double=False):
+        t = t.double() if double and t is not None else t
+        if t is None or tangent is None or not any(tangent is d for d in duals):
+            return t
+        return fwAD.make_dual(t, tangent.double() if double else tangent)
+
+    with fwAD.dual_level():
+        out = rmsnorm_kernel.rms_norm(make(x, tx), 64, make(w, tw), 1e-6, residual=make(r, tr))
+        x64, w64, r64 = make(x, tx, True), make(w, tw, True), make(r, tr, True)
+        h64 = x64 if r is None else x64 + r64
+        want = {"y": fwAD.unpack_dual(F.rms_norm(h64, (64,), w64, 1e-6)), "h": fwAD.unpack_dual(h64)}
+        got = {"y": fwAD.unpack_dual(out[0] if r is not None else out)}
+        if r is not None:
+            got["h"] = fwAD.unpack_dual(out[1])
+    for name, (primal, tangent) in got.items():
+        assert tangent is not None, f"{name} has no tangent"
+        assert_close(primal, want[name].primal, dtype, what=name)
+        assert_close(tangent, want[name].tangent, dtype, what=f"tangent of {name}")
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)

@@ -77,6 +77,15 @@ def test_extension_builds_and_loads(monkeypatch):
     assert [a.name for a in op._schema.arguments] == ["x", "weight", "eps", "offset", "casting", "out_dtype"]
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     assert has(op.name(), "Autograd") and has(op.name(), "CUDA") and not has(op.name(), "CPU")
+    # its Autograd kernel refuses a dual tensor (it would compute no tangent) before any work,
+    # which the CPU can check: the refusal comes before the CUDA kernel would be needed
+    x, w = torch.ones(2, 8), torch.ones(8)
+    with torch.autograd.forward_ad.dual_level():
+        for dual_x, dual_w in [(True, False), (False, True)]:
+            xd = torch.autograd.forward_ad.make_dual(x, torch.ones_like(x)) if dual_x else x
+            wd = torch.autograd.forward_ad.make_dual(w, torch.ones_like(w)) if dual_w else w
+            with pytest.raises(RuntimeError, match="forward-mode AD"):
+                op(xd, wd, 1e-6, 0.0, 0, torch.float32)
 
 
 class _Compiled:

@@ -319,6 +319,17 @@ def test_functorch_transforms_and_tracing_leave_the_fast_path(monkeypatch, activ
     assert not ops._takes_fast_path(*call.values())
 
 
+def test_forward_mode_ad_leaves_the_fast_path(monkeypatch):
+    """Inside a forward-mode AD level (dual tensors: torch ops serve, the kernels compute no
+    tangent) an otherwise accepted call takes the general path."""
+    monkeypatch.setattr(kernels, "INTERPRET", True)
+    call = _common()
+    assert ops._takes_fast_path(*call.values())
+    with torch.autograd.forward_ad.dual_level():
+        assert not ops._takes_fast_path(*call.values())
+    assert ops._takes_fast_path(*call.values())
+
+
 def test_devices_the_kernels_do_not_run_leave_the_fast_path(monkeypatch):
     monkeypatch.setattr(kernels, "INTERPRET", False)
     call = _common()

@@ -16,6 +16,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 
 import torch
+from torch.autograd import forward_ad
 
 from rmsnorm_kernel import host, kernels, launch
 from rmsnorm_kernel.reference import default_out_dtype, rms_norm_reference
@@ -519,10 +520,20 @@ def _takes_fast_path(
                 and weight.is_contiguous()  # route
             )
         )
-        # Route: contiguous x, no functorch transform (those take torch ops).
+        # Route: contiguous x, no functorch transform and no forward-mode AD level (those take
+        # torch ops).
         and x.is_contiguous()
         and not torch._C._are_functorch_transforms_active()
+        and forward_ad._current_level < 0
     )
+
+
+def _has_tangent(*tensors) -> bool:
+    """Whether forward-mode AD is on (inside ``forward_ad.dual_level()``) and one of ``tensors``
+    carries a tangent there: the kernels compute none, so such calls take torch ops."""
+    if forward_ad._current_level < 0:
+        return False
+    return any(isinstance(t, Tensor) and forward_ad.unpack_dual(t).tangent is not None for t in tensors)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -580,8 +591,9 @@ def rms_norm(
     multiply; the output then takes the promoted dtype of input and weight). ``out_dtype``
     overrides the output dtype.
 
-    Second derivatives (``create_graph=True``) and functorch transforms (``torch.func.grad``,
-    ``vmap``) run the same formula in differentiable torch ops instead of the kernels.
+    Second derivatives (``create_graph=True``), functorch transforms (``torch.func.grad``,
+    ``vmap``) and forward-mode AD (dual tensors of ``torch.autograd.forward_ad``) run the same
+    formula in differentiable torch ops instead of the kernels.
 
     fp64 inputs and CPU tensors (without ``TRITON_INTERPRET=1``) raise ``UnsupportedInput``
     (a ValueError) unless ``allow_fallback=True``, which runs the reference instead, counts it in
@@ -616,7 +628,7 @@ def rms_norm(
     n, shape = _normalized_size(x, normalized_shape, weight)
     if eps is None:
         eps = default_eps(x.dtype) if isinstance(x, torch.Tensor) else _DEFAULT_EPS
-    transformed = torch._C._are_functorch_transforms_active()
+    transformed = torch._C._are_functorch_transforms_active() or _has_tangent(x, weight, residual)
     try:
         validate(x, weight, residual, eps, offset, casting, out_dtype, residual_dtype, n)
         unsupported = False
@@ -634,7 +646,7 @@ def rms_norm(
             )
         else:
             out_dtype = x.dtype
-    if transformed:  # vmap, grad, jvp, ...: torch ops, which functorch knows how to transform
+    if transformed:  # vmap, grad, jvp, dual tensors: torch ops, which autograd knows how to transform
         return _composite(x, shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype)
     if unsupported:
         return _fallback(x, shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype)

@@ -450,6 +450,11 @@ Tensor rms_norm_cuda(const Tensor& x, const std::optional<Tensor>& weight, doubl
 Tensor rms_norm_autograd(const Tensor& x, const std::optional<Tensor>& weight, double eps, double offset,
                          int64_t casting, at::ScalarType out_dtype) {
   const Tensor w = weight.has_value() ? *weight : Tensor();
+  // The kernels compute no tangent: a dual tensor would get a y without one. rms_norm sends such
+  // calls to torch ops before they reach this operator; a direct call is refused.
+  TORCH_CHECK(!x._fw_grad(0).defined() && !(w.defined() && w._fw_grad(0).defined()),
+              "rmsnorm_kernel_host::rms_norm: forward-mode AD (a dual tensor) is not supported here; "
+              "rmsnorm_kernel.rms_norm runs it in torch ops");
   decltype(NodeMaker<RmsNormBackward, NodePtr>::make()) grad_fn;
   if (torch::autograd::compute_requires_grad(x, w)) {
     grad_fn = NodeMaker<RmsNormBackward, NodePtr>::make();
