@@ -22,7 +22,7 @@ import rmsnorm_kernel
 from rmsnorm_kernel import kernels, ops
 from rmsnorm_kernel.launch import UnsupportedInput
 
-from .conftest import HAS_CUDA, KERNEL_DEVICES, requires_interpret
+from .conftest import HAS_CUDA, KERNEL_DEVICES, requires_cuda, requires_interpret
 from .differential_strategies import (
     Case,
     Layout,
@@ -307,6 +307,47 @@ def test_forward_mode_ad_tangents(device, dtype, dual):
         assert tangent is not None, f"{name} has no tangent"
         assert_close(primal, want[name].primal, dtype, what=name)
         assert_close(tangent, want[name].tangent, dtype, what=f"tangent of {name}")
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [F16, BF16])
+@pytest.mark.parametrize("residual", [False, True])
+def test_cuda_autocast_matches_torch(dtype, residual):
+    """Under CUDA autocast torch runs rms_norm in float32 (its float32 op list): y is float32 for
+    fp16 and bf16 input. Torch under the same autocast is the reference, by the rule at the top."""
+    torch.manual_seed(0)
+    x = randn(4, 64, dtype=dtype, device="cuda", requires_grad=True)
+    w = randn(64, dtype=dtype, device="cuda", requires_grad=True)
+    r = randn(4, 64, dtype=dtype, device="cuda", requires_grad=True) if residual else None
+    with torch.autocast("cuda", dtype=dtype):
+        check_against_torch(x, (64,), w, 1e-6, residual=r, grad_y=randn(4, 64, device="cuda"))
+        with torch.no_grad():  # the fast path's forward
+            check_against_torch(x, (64,), w, 1e-6, residual=r)
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("residual", [False, True])
+def test_autocast_float32_rule(monkeypatch, device, residual):
+    """Where autocast runs rms_norm in float32 (CUDA: test_cuda_autocast_matches_torch), the
+    default casting gives y in float32, h in its own dtype, and gradients in the inputs' dtypes,
+    equal to torch's float32 rms_norm of the same values; llama and gemma castings, which follow
+    model modules, are unchanged. Here the rule is forced, so the interpreter can check it."""
+    monkeypatch.setattr(ops, "_autocast_float32", lambda x: True)
+    monkeypatch.setattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+    torch.manual_seed(0)
+    x = randn(4, 64, dtype=BF16, device=device, requires_grad=True)
+    w = randn(64, dtype=BF16, device=device, requires_grad=True)
+    r = randn(4, 64, dtype=BF16, device=device) if residual else None
+    out = rmsnorm_kernel.rms_norm(x, 64, w, 1e-6, residual=r)
+    y, h = out if residual else (out, None)
+    hx = (x.detach().float() + r.float()).to(BF16) if residual else x.detach()
+    assert y.dtype == F32 and (h is None or h.dtype == BF16)
+    assert_close(y, F.rms_norm(hx.float(), (64,), w.detach().float(), 1e-6), F32, what="y")
+    y.backward(torch.ones_like(y))
+    assert x.grad.dtype == BF16 and w.grad.dtype == BF16
+    for casting, dtype in [("llama", BF16), ("gemma", BF16)]:
+        assert rmsnorm_kernel.rms_norm(x, 64, w, 1e-6, casting=casting).dtype == dtype
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)

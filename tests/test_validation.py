@@ -330,6 +330,16 @@ def test_forward_mode_ad_leaves_the_fast_path(monkeypatch):
     assert ops._takes_fast_path(*call.values())
 
 
+def test_autocast_leaves_the_fast_path(monkeypatch):
+    """Under autocast (which may make y float32: ops._autocast_float32) an otherwise accepted call
+    takes the general path."""
+    monkeypatch.setattr(kernels, "INTERPRET", True)
+    call = _common()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not ops._takes_fast_path(*call.values())
+    assert ops._takes_fast_path(*call.values())
+
+
 def test_devices_the_kernels_do_not_run_leave_the_fast_path(monkeypatch):
     monkeypatch.setattr(kernels, "INTERPRET", False)
     call = _common()

@@ -364,6 +364,7 @@ def _apply_plain(x: Tensor, weight: Tensor | None, options: tuple) -> Tensor:
 # TypeError/ValueError naming it (launch.UnsupportedInput for valid input the kernels do not
 # run); _takes_fast_path, the common call's few cheap tests, accepts a subset of what they accept.
 _SUPPORTED = frozenset(launch.SUPPORTED_DTYPES)  # for the fast path's membership tests
+_HALF = (torch.float16, torch.bfloat16)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -521,11 +522,18 @@ def _takes_fast_path(
             )
         )
         # Route: contiguous x, no functorch transform and no forward-mode AD level (those take
-        # torch ops).
+        # torch ops), no autocast (which may change the output dtype: _autocast_float32).
         and x.is_contiguous()
         and not torch._C._are_functorch_transforms_active()
         and forward_ad._current_level < 0
+        and not torch._C._is_any_autocast_enabled()
     )
+
+
+def _autocast_float32(x: Tensor) -> bool:
+    """Whether torch's autocast runs ``F.rms_norm`` on x in float32: CUDA's autocast lists rms_norm
+    among its float32 ops (fp16 and bf16 inputs cast to float32, y float32); CPU's does not."""
+    return x.is_cuda and torch.is_autocast_enabled("cuda")
 
 
 def _has_tangent(*tensors) -> bool:
@@ -593,7 +601,8 @@ def rms_norm(
 
     Second derivatives (``create_graph=True``), functorch transforms (``torch.func.grad``,
     ``vmap``) and forward-mode AD (dual tensors of ``torch.autograd.forward_ad``) run the same
-    formula in differentiable torch ops instead of the kernels.
+    formula in differentiable torch ops instead of the kernels. Under CUDA autocast the default
+    casting gives y in float32 for fp16 and bf16 input, as ``F.rms_norm`` does there.
 
     fp64 inputs and CPU tensors (without ``TRITON_INTERPRET=1``) raise ``UnsupportedInput``
     (a ValueError) unless ``allow_fallback=True``, which runs the reference instead, counts it in
@@ -644,6 +653,11 @@ def rms_norm(
             out_dtype = default_out_dtype(
                 residual_dtype if residual is not None else x.dtype, weight, casting
             )
+        elif casting == "default" and x.dtype in _HALF and _autocast_float32(x):
+            # torch's semantics under autocast; the kernels compute in fp32 anyway, so the inputs
+            # need no cast, and the gradients come back in their dtypes, as through autocast's
+            # casts. The other castings follow model modules, whose ops autocast leaves as they are.
+            out_dtype = torch.float32
         else:
             out_dtype = x.dtype
     if transformed:  # vmap, grad, jvp, dual tensors: torch ops, which autograd knows how to transform
