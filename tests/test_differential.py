@@ -454,6 +454,33 @@ BAD_INPUT = [
         "normalized_shape",
         True,
     ),
+    # torch takes a jagged nested tensor; the kernels read strided memory, so it is refused by name
+    (
+        "nested (jagged) x",
+        lambda: (
+            torch.nested.nested_tensor([torch.randn(2, 4), torch.randn(3, 4)], layout=torch.jagged),
+            (4,),
+            None,
+        ),
+        TypeError,
+        "x must be a dense tensor",
+        False,
+    ),
+    ("sparse x", lambda: (torch.randn(2, 4).to_sparse(), (4,), None), TypeError, "x must be a dense", True),
+    (
+        "sparse CSR x",
+        lambda: (torch.randn(2, 4).to_sparse_csr(), (4,), None),
+        TypeError,
+        "x must be a dense",
+        True,
+    ),
+    (
+        "sparse weight",
+        lambda: (torch.randn(2, 4), (4,), torch.randn(4).to_sparse()),
+        TypeError,
+        "weight must be a dense",
+        True,
+    ),
 ]
 
 
@@ -480,8 +507,9 @@ def test_bad_input_rejected_before_launch(case, make, error, name, torch_rejects
         lambda: torch.randn(2, 5),
         lambda: torch.randn(2, 4, device="meta"),
         lambda: torch.ones(2, 4, dtype=torch.int8),
+        lambda: torch.randn(2, 4).to_sparse(),
     ],
-    ids=["shape", "device", "dtype"],
+    ids=["shape", "device", "dtype", "sparse"],
 )
 def test_bad_residual_rejected_before_launch(residual):
     before = dict(ops.CALLS)

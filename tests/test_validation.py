@@ -124,6 +124,11 @@ OFF_PATH: dict[str, Callable[[dict], dict]] = {
     "x a list": lambda c: {"x": c["x"].tolist()},
     "x a numpy array": lambda c: {"x": c["x"].float().numpy()},
     "x a float": lambda c: {"x": 1.0},
+    "x sparse": lambda c: {"x": c["x"].to_sparse()},
+    "x sparse CSR": lambda c: {"x": c["x"].reshape(-1, _n(c)).to_sparse_csr()},
+    "x nested": lambda c: {
+        "x": torch.nested.nested_tensor([torch.randn(2, _n(c)), torch.randn(1, _n(c))], layout=torch.jagged)
+    },
     "shape N+1": lambda c: {"normalized_shape": _n(c) + 1},
     "shape (N+1,)": lambda c: {"normalized_shape": (_n(c) + 1,)},
     "shape [N]": lambda c: {"normalized_shape": [_n(c)]},
@@ -150,6 +155,7 @@ OFF_PATH: dict[str, Callable[[dict], dict]] = {
     "weight (1, N)": lambda c: {"weight": torch.randn(1, _n(c))},
     "weight 0-dim": lambda c: {"weight": torch.randn(())},
     "weight a list": lambda c: {"weight": [1.0] * _n(c)},
+    "weight sparse": lambda c: {"weight": _weight(c).to_sparse()},
     "no weight, an offset": lambda c: {"weight": None, "offset": 1.0},
     "eps int": lambda c: {"eps": 0},
     "eps True": lambda c: {"eps": True},

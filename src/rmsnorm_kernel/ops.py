@@ -396,6 +396,14 @@ def _normalized_size(x: Tensor, normalized_shape, weight: Tensor | None) -> tupl
     return math.prod(shape), shape
 
 
+def _check_dense(t: Tensor, name: str) -> None:
+    """The kernels read strided memory: a nested (torch.jagged, which F.rms_norm takes) or sparse
+    tensor is refused by name."""
+    if t.is_nested or t.layout != torch.strided:
+        got = "a nested tensor" if t.is_nested else f"layout {t.layout}"
+        raise TypeError(f"{name} must be a dense tensor (layout torch.strided), got {got}")
+
+
 def validate(
     x: Tensor,
     weight: Tensor | None,
@@ -411,11 +419,13 @@ def validate(
     kernels do not run. ``n`` is the normalised size (product of normalized_shape)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    _check_dense(x, "x")
     if not x.dtype.is_floating_point:
         raise TypeError(f"x must be float32, float16 or bfloat16, got {_dtype_name(x.dtype)}")
     if weight is not None:
         if not isinstance(weight, torch.Tensor):
             raise TypeError(f"weight must be a torch.Tensor or None, got {type(weight).__name__}")
+        _check_dense(weight, "weight")
         if not weight.dtype.is_floating_point:
             raise TypeError(f"weight must be float32, float16 or bfloat16, got {_dtype_name(weight.dtype)}")
         if weight.numel() != n:
@@ -427,6 +437,7 @@ def validate(
     if residual is not None:
         if not isinstance(residual, torch.Tensor):
             raise TypeError(f"residual must be a torch.Tensor or None, got {type(residual).__name__}")
+        _check_dense(residual, "residual")
         if not residual.dtype.is_floating_point:
             raise TypeError(f"residual must be a float tensor, got {_dtype_name(residual.dtype)}")
         if residual.shape != x.shape:
@@ -494,40 +505,43 @@ def _takes_fast_path(
         or type(x) is not Tensor
     ):
         return False
-    shape = x.shape
-    n = shape[-1] if shape else 0
-    ns = normalized_shape
-    if ns is not None:  # _normalized_size: an int or a 1-tuple (nn.RMSNorm's form) of the last dim
-        if type(ns) is tuple and len(ns) == 1:
-            ns = ns[0]
-        if type(ns) is not int or ns != n:
-            return False
-    return (
-        n >= 1
-        and x.dtype in _SUPPORTED
-        and (eps is None or type(eps) is float)
-        and type(offset) is float
-        and -math.inf < offset < math.inf
-        and type(casting) is str
-        and casting in launch.CASTING_MODES
-        and (x.is_cuda or kernels.INTERPRET)
-        and (
-            (weight is None and offset == 0.0)
-            or (
-                isinstance(weight, Tensor)
-                and weight.shape == (n,)
-                and weight.dtype in _SUPPORTED
-                and weight.device == x.device
-                and weight.is_contiguous()  # route
+    try:  # sizes or strides a tensor lacks (nested, sparse) raise: validate names that tensor
+        shape = x.shape
+        n = shape[-1] if shape else 0
+        ns = normalized_shape
+        if ns is not None:  # _normalized_size: an int or a 1-tuple (nn.RMSNorm's form) of the last dim
+            if type(ns) is tuple and len(ns) == 1:
+                ns = ns[0]
+            if type(ns) is not int or ns != n:
+                return False
+        return (
+            n >= 1
+            and x.dtype in _SUPPORTED
+            and (eps is None or type(eps) is float)
+            and type(offset) is float
+            and -math.inf < offset < math.inf
+            and type(casting) is str
+            and casting in launch.CASTING_MODES
+            and (x.is_cuda or kernels.INTERPRET)
+            and (
+                (weight is None and offset == 0.0)
+                or (
+                    isinstance(weight, Tensor)
+                    and weight.shape == (n,)
+                    and weight.dtype in _SUPPORTED
+                    and weight.device == x.device
+                    and weight.is_contiguous()  # route
+                )
             )
+            # Route: contiguous x, no functorch transform and no forward-mode AD level (those take
+            # torch ops), no autocast (which may change the output dtype: _autocast_float32).
+            and x.is_contiguous()
+            and not torch._C._are_functorch_transforms_active()
+            and forward_ad._current_level < 0
+            and not torch._C._is_any_autocast_enabled()
         )
-        # Route: contiguous x, no functorch transform and no forward-mode AD level (those take
-        # torch ops), no autocast (which may change the output dtype: _autocast_float32).
-        and x.is_contiguous()
-        and not torch._C._are_functorch_transforms_active()
-        and forward_ad._current_level < 0
-        and not torch._C._is_any_autocast_enabled()
-    )
+    except RuntimeError:
+        return False
 
 
 def _autocast_float32(x: Tensor) -> bool:
