@@ -287,17 +287,21 @@ def test_forward_mode_ad_tangents(device, dtype, dual):
     tx, tw, tr = randn(4, 64, dtype=dtype, device=device), randn(64, dtype=dtype, device=device), None
     if dual in ("residual", "all"):
         r, tr = randn(4, 64, dtype=dtype, device=device), randn(4, 64, dtype=dtype, device=device)
-    duals = {"x": (tx,), "weight": (tw,), "residual": (tr,), "all": (tx, tw, tr)}[dual]
+    duals = {"x", "weight", "residual"} if dual == "all" else {dual}
 
-    def make(t, tangent, double=False):
-        t = t.double() if double and t is not None else t
-        if t is None or tangent is None or not any(tangent is d for d in duals):
-            return t
-        return fwAD.make_dual(t, tangent.double() if double else tangent)
+    def make(name, t, tangent, double=False):
+        """t, with its tangent where ``name`` is dual (float64 for the oracle)."""
+        if t is None:
+            return None
+        if double:
+            t, tangent = t.double(), tangent.double()
+        return fwAD.make_dual(t, tangent) if name in duals else t
 
     with fwAD.dual_level():
-        out = rmsnorm_kernel.rms_norm(make(x, tx), 64, make(w, tw), 1e-6, residual=make(r, tr))
-        x64, w64, r64 = make(x, tx, True), make(w, tw, True), make(r, tr, True)
+        out = rmsnorm_kernel.rms_norm(
+            make("x", x, tx), 64, make("weight", w, tw), 1e-6, residual=make("residual", r, tr)
+        )
+        x64, w64, r64 = make("x", x, tx, True), make("weight", w, tw, True), make("residual", r, tr, True)
         h64 = x64 if r is None else x64 + r64
         want = {"y": fwAD.unpack_dual(F.rms_norm(h64, (64,), w64, 1e-6)), "h": fwAD.unpack_dual(h64)}
         got = {"y": fwAD.unpack_dual(out[0] if r is not None else out)}
