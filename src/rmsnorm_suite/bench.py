@@ -897,10 +897,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _slower_blocks(t: results.Timing, kernel: results.Timing) -> str:
     """ "k/n": in k of the n blocks both rows ran, ``t``'s block median exceeded the kernel's."""
-    pairs = list(zip(t.block_medians_ms, kernel.block_medians_ms))
-    if not pairs or len(t.block_medians_ms) != len(kernel.block_medians_ms):
+    mine, theirs = t.block_medians_ms, kernel.block_medians_ms
+    if not mine or len(mine) != len(theirs):
         return "-"
-    return f"{sum(mine > theirs for mine, theirs in pairs)}/{len(pairs)}"
+    return f"{sum(a > b for a, b in zip(mine, theirs))}/{len(mine)}"
 
 
 def format_table(result: results.Run) -> str:
