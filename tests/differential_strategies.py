@@ -312,7 +312,8 @@ def run_torch(x, normalized_shape, weight, eps, residual=None, residual_dtype=No
         y = F.rms_norm(inp.float(), normalized_shape, offset + weight.float(), eps).to(inp.dtype)
     else:
         y = F.rms_norm(inp, normalized_shape, weight, eps)
-    return (y.to(x.dtype) if h is not None else y), h
+    # With a residual, y in x's dtype (the contract), unless CUDA autocast made torch's y float32.
+    return (y.to(x.dtype) if h is not None and y.dtype == h.dtype else y), h
 
 
 def run_oracle(

@@ -318,8 +318,9 @@ def test_forward_mode_ad_tangents(device, dtype, dual):
 @pytest.mark.parametrize("dtype", [F16, BF16])
 @pytest.mark.parametrize("residual", [False, True])
 def test_cuda_autocast_matches_torch(dtype, residual):
-    """Under CUDA autocast torch runs rms_norm in float32 (its float32 op list): y is float32 for
-    fp16 and bf16 input. Torch under the same autocast is the reference, by the rule at the top."""
+    """Under CUDA autocast, y's dtype and values are torch's under the same autocast: float32 for
+    fp16 and bf16 input where this torch lists rms_norm among autocast's float32 ops, x's dtype
+    where it does not (2.11). By the rule at the top."""
     torch.manual_seed(0)
     x = randn(4, 64, dtype=dtype, device="cuda", requires_grad=True)
     w = randn(64, dtype=dtype, device="cuda", requires_grad=True)

@@ -544,10 +544,15 @@ def _takes_fast_path(
         return False
 
 
+# Whether this torch's CUDA autocast has a rule for rms_norm: later releases list it among their
+# float32 ops (fp16 and bf16 inputs cast to float32, y float32); 2.11 does not (y keeps x's
+# dtype). CPU autocast has none. Read from the dispatcher, so the answer is the installed torch's.
+_CUDA_AUTOCAST_RMS_NORM = torch._C._dispatch_has_kernel_for_dispatch_key("aten::rms_norm", "AutocastCUDA")
+
+
 def _autocast_float32(x: Tensor) -> bool:
-    """Whether torch's autocast runs ``F.rms_norm`` on x in float32: CUDA's autocast lists rms_norm
-    among its float32 ops (fp16 and bf16 inputs cast to float32, y float32); CPU's does not."""
-    return x.is_cuda and torch.is_autocast_enabled("cuda")
+    """Whether torch's autocast runs ``F.rms_norm`` on x in float32 (_CUDA_AUTOCAST_RMS_NORM)."""
+    return _CUDA_AUTOCAST_RMS_NORM and x.is_cuda and torch.is_autocast_enabled("cuda")
 
 
 def _has_tangent(*tensors) -> bool:
@@ -616,7 +621,8 @@ def rms_norm(
     Second derivatives (``create_graph=True``), functorch transforms (``torch.func.grad``,
     ``vmap``) and forward-mode AD (dual tensors of ``torch.autograd.forward_ad``) run the same
     formula in differentiable torch ops instead of the kernels. Under CUDA autocast the default
-    casting gives y in float32 for fp16 and bf16 input, as ``F.rms_norm`` does there.
+    casting gives y the dtype ``F.rms_norm`` gives there (float32 for fp16 and bf16 input where
+    this torch's autocast lists rms_norm among its float32 ops).
 
     fp64 inputs and CPU tensors (without ``TRITON_INTERPRET=1``) raise ``UnsupportedInput``
     (a ValueError) unless ``allow_fallback=True``, which runs the reference instead, counts it in
