@@ -1,9 +1,14 @@
 """Shared markers for the suite: where a test can run, and why it skips elsewhere."""
 
 import os
+import shutil
+import sysconfig
+from pathlib import Path
 
 import pytest
 import torch
+
+from rmsnorm_kernel import host
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 HAS_CUDA = torch.cuda.is_available()
@@ -18,6 +23,25 @@ KERNEL_DEVICES = [
     pytest.param("cpu", marks=[pytest.mark.interpret, requires_interpret], id="interpret"),
     pytest.param("cuda", marks=[pytest.mark.gpu, requires_cuda], id="cuda"),
 ]
+
+
+@pytest.fixture(scope="module")
+def built_extension():
+    """The compiled host path's extension, built here or loaded from the build cache (CPU machines
+    too: the GPU is only needed to launch), for tests of what it registers and decides; host's
+    state is restored, so other tests keep the path they had. Skips where it cannot build."""
+    if shutil.which("c++") is None:
+        pytest.skip("no C++ compiler here: the extension cannot build")
+    if not Path(sysconfig.get_paths()["include"], "Python.h").is_file():
+        pytest.skip("no Python headers here: the extension cannot build")
+    if INTERPRET:
+        pytest.skip("built once by the CPU tests; the interpreter never uses it")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(host.ENV, "compiled")
+        patch.setattr(host, "_extension", host._UNSET)
+        patch.setattr(host, "entry", host.entry)
+        return host.extension()
+
 
 # Reports a test hands to the end of the run (the mutant catalogue's table): printed by
 # pytest_terminal_summary after the results, not among the progress dots.

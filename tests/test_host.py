@@ -8,15 +8,12 @@ does under ``auto``) and compare both paths on the H200.
 
 from __future__ import annotations
 
-import shutil
 import struct
-import sysconfig
-from pathlib import Path
 
 import pytest
 import torch
 
-from rmsnorm_kernel import host, kernels, launch, ops, rms_norm
+from rmsnorm_kernel import host, launch, ops, rms_norm
 from tests.conftest import requires_cuda
 
 
@@ -58,18 +55,10 @@ def test_compiled_mode_raises_when_it_cannot_build(monkeypatch):
         host.extension()
 
 
-@pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler here: the extension cannot build")
-@pytest.mark.skipif(
-    not Path(sysconfig.get_paths()["include"], "Python.h").is_file(),
-    reason="no Python headers here: the extension cannot build",
-)
-@pytest.mark.skipif(kernels.INTERPRET, reason="built once by the CPU tests; the interpreter never uses it")
-def test_extension_builds_and_loads(monkeypatch):
+def test_extension_builds_and_loads(built_extension):
     """The C++ source compiles against this torch and Triton (CPU machines included: the GPU is
     only needed to launch)."""
-    monkeypatch.setenv(host.ENV, "compiled")
-    monkeypatch.setattr(host, "_extension", host._UNSET)
-    ext = host.extension()
+    ext = built_extension
     assert ext is not None
     assert all(isinstance(v, int) and v >= 0 for v in (*ext.counts(), *ext.plans()))
     # the operator it registers: its schema, an Autograd kernel and a CUDA kernel, nothing else
@@ -185,7 +174,8 @@ def ext():
 
 
 def _python_path(monkeypatch):
-    monkeypatch.setattr(host, "extension", lambda: None)
+    monkeypatch.setattr(host, "_extension", None)
+    monkeypatch.setattr(host, "entry", None)
 
 
 # (M-shape, N, x dtype, weight dtype or None, offset, casting)
@@ -342,3 +332,21 @@ def test_operator_node_behaves_as_torchs_own(ext):
     assert y.grad_fn is None and torch.equal(y, rms_norm(x.detach(), 1024, w.detach(), 1e-6))
     direct = torch.ops.rmsnorm_kernel_host.rms_norm(x.detach(), w.detach(), 1e-6, 0.0, 0, torch.bfloat16)
     assert torch.equal(direct, y)
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_common_call_skips_the_python_predicate(ext, monkeypatch):
+    """Once the extension is loaded, the common call (with or without grad) is its common_call's:
+    ops._takes_fast_path never runs, and y and the gradients are torch's."""
+    monkeypatch.setattr(ops, "_takes_fast_path", lambda *a: pytest.fail("the Python predicate ran"))
+    assert host.entry is not None
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(8, 96, device="cuda", generator=g, requires_grad=True)
+    w = torch.randn(96, device="cuda", generator=g, requires_grad=True)
+    for _ in range(2):  # the first call of a key records its plan, the second replays it
+        y = rms_norm(x, 96, w, 1e-6)
+        torch.testing.assert_close(y, torch.nn.functional.rms_norm(x, (96,), w, 1e-6))
+        assert type(y.grad_fn).__name__ == "RmsNormBackward"
+    with torch.no_grad():
+        torch.testing.assert_close(rms_norm(x, (96,), w), torch.nn.functional.rms_norm(x, (96,), w))

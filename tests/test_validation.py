@@ -411,3 +411,61 @@ def test_fast_path_gives_the_general_paths_bits(device, call):
         b = general[what]
         assert (a.dtype, a.shape, a.stride()) == (b.dtype, b.shape, b.stride()), what
         assert torch.equal(_bits(a), _bits(b)), f"{what} differs between the fast and the general path"
+
+
+# The compiled host path's predicate (csrc/host.cpp, fast_path_mode) makes the same tests in C++:
+# it takes exactly the calls _takes_fast_path takes. Its extension builds on CPU machines too.
+
+
+def _same_route(ext, call: dict) -> bool:
+    took = ops._takes_fast_path(*call.values())
+    assert ext.takes_fast_path(*call.values()) == took, f"C++ {'leaves' if took else 'takes'} {call}"
+    return took
+
+
+@pytest.mark.parametrize("off", OFF_PATH)
+def test_compiled_predicate_each_change_alone(monkeypatch, built_extension, off):
+    monkeypatch.setattr(kernels, "INTERPRET", True)
+    for base in BASES:
+        call = base.arguments("cpu")
+        assert _same_route(built_extension, call)
+        call.update(OFF_PATH[off](call))
+        _same_route(built_extension, call)
+
+
+@settings(PROFILE)
+@given(base=fast_calls(max_n=8), offs=st.lists(st.sampled_from(tuple(OFF_PATH)), max_size=2, unique=True))
+def test_compiled_predicate_takes_what_python_takes(built_extension, base, offs):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(kernels, "INTERPRET", True)
+        accepted = base.arguments("cpu")
+        assert _same_route(built_extension, accepted)
+        call = dict(accepted)
+        for off in offs:
+            call.update(OFF_PATH[off](accepted))
+        _same_route(built_extension, call)
+
+
+@pytest.mark.parametrize("changes", [*COMMON.values(), *GENERAL_ONLY.values()], ids=[*COMMON, *GENERAL_ONLY])
+def test_compiled_predicate_on_common_and_general_calls(monkeypatch, built_extension, changes):
+    monkeypatch.setattr(kernels, "INTERPRET", True)
+    _same_route(built_extension, _common(**changes))
+
+
+def test_compiled_predicate_under_transforms_autocast_and_dual_tensors(monkeypatch, built_extension):
+    """vmap and autocast send a call to the general path on both; forward-mode AD on the tensors'
+    tangents in C++ (a dual tensor leaves, a plain one inside a level stays), on the level in
+    Python (anything inside a level leaves)."""
+    monkeypatch.setattr(kernels, "INTERPRET", True)
+    call = _common()
+    takes = built_extension.takes_fast_path
+    assert takes(*call.values())
+    in_vmap = torch.func.vmap(lambda x: torch.tensor(takes(*{**call, "x": x}.values())))(call["x"])
+    assert not in_vmap.any()
+    with torch.autocast("cpu"):
+        assert not takes(*call.values())
+    with torch.autograd.forward_ad.dual_level():
+        assert takes(*call.values())
+        for name in ("x", "weight"):
+            dual = torch.autograd.forward_ad.make_dual(call[name], torch.ones_like(call[name]))
+            assert not takes(*{**call, name: dual}.values())

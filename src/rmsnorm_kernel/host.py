@@ -42,6 +42,9 @@ _FLOAT_FORMATS = {"fp32": ("<f", "<I", 4), "f32": ("<f", "<I", 4), "fp64": ("<d"
 
 _UNSET = object()
 _extension = _UNSET
+# The loaded extension's common_call (rms_norm's first step), None until it loads or where the
+# Python path serves: rms_norm reads this attribute on every call.
+entry = None
 
 
 def mode() -> str:
@@ -78,7 +81,22 @@ def _load():
         )
         return None
     ext.set_callbacks(_plan_forward, _plan_backward, _composite_backward)
+    ext.set_casting_modes([(name, code, name == "llama") for name, code in launch.CASTING_MODES.items()])
+    global entry
+    entry = ext.common_call
     return ext
+
+
+@contextlib.contextmanager
+def python_path():
+    """Calls inside take the Python host path (the tests and tools/host_paths.py compare them)."""
+    global _extension, entry
+    saved = _extension, entry
+    _extension, entry = None, None
+    try:
+        yield
+    finally:
+        _extension, entry = saved
 
 
 def _build():

@@ -19,6 +19,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/SmallVector.h>
@@ -26,7 +27,10 @@
 #include <dlfcn.h>
 
 #include <array>
+#include <cmath>
 #include <cstring>
+#include <limits>
+#include <string>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -495,27 +499,142 @@ const c10::TypedOperatorHandle<Signature>& rms_norm_op() {
   return op;
 }
 
-// Python's entry: the operator's result through the dispatcher (which picks the Autograd kernel
-// where x or the weight requires grad). None where this path does not apply (a functorch
-// wrapper): the caller takes the Python path.
-py::object rms_norm(const Tensor& x, const std::optional<Tensor>& weight, double eps, double offset,
-                    int64_t casting, int64_t out_dtype) {
+// The operator's result through the dispatcher (which picks the Autograd kernel where x or the
+// weight requires grad). None where this path does not apply (a functorch wrapper): the caller
+// takes the Python path.
+py::object call_op(const Tensor& x, const std::optional<Tensor>& weight, double eps, double offset,
+                   int64_t casting, at::ScalarType out_dtype) {
   constexpr auto functorch =
       c10::DispatchKeySet({c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::FuncTorchBatched});
+  if (x.key_set().has_any(functorch) || (weight.has_value() && weight->key_set().has_any(functorch))) {
+    return py::none();
+  }
+  return py::cast(rms_norm_op().call(x, weight, eps, offset, casting, out_dtype));
+}
+
+// The Python path's entry to this operator, with the arguments already checked.
+py::object rms_norm(const Tensor& x, const std::optional<Tensor>& weight, double eps, double offset,
+                    int64_t casting, int64_t out_dtype) {
   const Tensor w = weight.has_value() ? *weight : Tensor();
   TORCH_CHECK(x.is_cuda() && x.is_contiguous() && x.dim() >= 1 && x.size(-1) >= 1,
               "host path: x must be a contiguous CUDA tensor with a nonempty last dim");
   TORCH_CHECK(!w.defined() || (w.dim() == 1 && w.is_contiguous() && w.size(0) == x.size(-1) &&
                                w.device() == x.device()),
               "host path: weight must be contiguous, 1-D, of x's last dim, on x's device");
-  if (x.key_set().has_any(functorch) || (w.defined() && w.key_set().has_any(functorch))) return py::none();
-  return py::cast(rms_norm_op().call(x, weight, eps, offset, casting, static_cast<at::ScalarType>(out_dtype)));
+  return call_op(x, weight, eps, offset, casting, static_cast<at::ScalarType>(out_dtype));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The common call's entry: ops._takes_fast_path's tests in C++
+// ---------------------------------------------------------------------------------------------
+
+// The casting modes by name (launch.CASTING_MODES), and whether the output takes the promoted
+// dtype of x and the weight (reference.default_out_dtype: llama's). Set once at load.
+struct CastingMode {
+  std::string name;
+  int64_t code;
+  bool promotes;
+};
+std::vector<CastingMode> casting_modes;
+
+bool kernel_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kHalf || t == at::kBFloat16; }
+
+// Not sparse, not nested: what has sizes and strides the kernels can read.
+bool dense(const Tensor& t) { return t.layout() == at::kStrided && !t.is_nested(); }
+
+// ops._takes_fast_path's tests, on the same exact types and in the same order, less the
+// Python-only "not tracing" (the caller's). Forward-mode AD differs in one way: a dual level
+// with no tangent on x or the weight is taken here (the kernels' y is then torch's, which has
+// no tangent either), where the Python predicate leaves every call inside a level.
+// tests/test_host.py checks that both take the same calls. Returns the mode, or nullptr.
+const CastingMode* fast_path_mode(PyObject* x, PyObject* ns, PyObject* weight, PyObject* eps, PyObject* residual,
+                                  PyObject* residual_dtype, PyObject* offset, PyObject* casting,
+                                  PyObject* out_dtype, bool any_device) {
+  if (residual != Py_None || residual_dtype != Py_None || out_dtype != Py_None ||
+      Py_TYPE(x) != reinterpret_cast<PyTypeObject*>(THPVariableClass)) {
+    return nullptr;
+  }
+  const Tensor& xt = THPVariable_Unpack(x);
+  if (!dense(xt)) return nullptr;
+  const int64_t n = xt.dim() > 0 ? xt.size(-1) : 0;
+  if (ns != Py_None) {  // an int or a 1-tuple of the last dim
+    PyObject* v = ns;
+    if (PyTuple_CheckExact(v) && PyTuple_GET_SIZE(v) == 1) v = PyTuple_GET_ITEM(v, 0);
+    int overflow = 0;
+    if (!PyLong_CheckExact(v) || PyLong_AsLongLongAndOverflow(v, &overflow) != n || overflow) return nullptr;
+  }
+  if (n < 1 || !kernel_dtype(xt.scalar_type())) return nullptr;
+  if ((eps != Py_None && !PyFloat_CheckExact(eps)) || !PyFloat_CheckExact(offset)) return nullptr;
+  const double off = PyFloat_AS_DOUBLE(offset);
+  if (!std::isfinite(off) || !PyUnicode_CheckExact(casting)) return nullptr;
+  Py_ssize_t size = 0;
+  const char* name = PyUnicode_AsUTF8AndSize(casting, &size);
+  if (name == nullptr) {  // not encodable (a lone surrogate): no mode's name
+    PyErr_Clear();
+    return nullptr;
+  }
+  const CastingMode* mode = nullptr;
+  for (const auto& m : casting_modes) {
+    if (static_cast<Py_ssize_t>(m.name.size()) == size && std::memcmp(m.name.data(), name, size) == 0) mode = &m;
+  }
+  if (mode == nullptr || !(xt.is_cuda() || any_device)) return nullptr;
+  const Tensor* w = nullptr;
+  if (weight == Py_None) {
+    if (off != 0.0) return nullptr;
+  } else {
+    if (!THPVariable_Check(weight)) return nullptr;
+    w = &THPVariable_Unpack(weight);
+    if (!dense(*w) || w->dim() != 1 || w->size(0) != n || !kernel_dtype(w->scalar_type()) ||
+        w->device() != xt.device() || !w->is_contiguous()) {
+      return nullptr;
+    }
+  }
+  // Route: contiguous x, no functorch transform, no tangent, no autocast.
+  // (functorch includes its front-mode key while its layer stack is not empty)
+  if (!xt.is_contiguous() || c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode)) {
+    return nullptr;
+  }
+  if (xt._fw_grad(0).defined() || (w != nullptr && w->_fw_grad(0).defined())) return nullptr;
+  if (!c10::impl::tls_local_dispatch_key_set().excluded_.isSupersetOf(c10::autocast_dispatch_keyset)) return nullptr;
+  return mode;
+}
+
+// rms_norm's first step on the compiled path: the common call's result, or None (the call is
+// not the fast path's, or a functorch wrapper): then rms_norm goes on in Python.
+py::object common_call(py::handle x, py::handle ns, py::handle weight, py::handle eps, py::handle residual,
+                       py::handle residual_dtype, py::handle offset, py::handle casting, py::handle out_dtype) {
+  const CastingMode* mode = fast_path_mode(x.ptr(), ns.ptr(), weight.ptr(), eps.ptr(), residual.ptr(),
+                                           residual_dtype.ptr(), offset.ptr(), casting.ptr(), out_dtype.ptr(), false);
+  if (mode == nullptr) return py::none();
+  const Tensor& xt = THPVariable_Unpack(x.ptr());
+  std::optional<Tensor> w;
+  at::ScalarType out = xt.scalar_type();
+  if (!weight.is_none()) {
+    w = THPVariable_Unpack(weight.ptr());
+    if (mode->promotes) out = at::promote_types(out, w->scalar_type());
+  }
+  // eps None: torch's default, the epsilon of the opmath type (float32 for the kernels' dtypes)
+  const double e = eps.is_none() ? std::numeric_limits<float>::epsilon() : PyFloat_AS_DOUBLE(eps.ptr());
+  return call_op(xt, w, e, PyFloat_AS_DOUBLE(offset.ptr()), mode->code, out);
 }
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "the common call through the compiled host path");
+  m.def("common_call", &common_call, "rms_norm's fast path: its result, or None");
+  m.def(
+      "takes_fast_path",
+      [](py::handle x, py::handle ns, py::handle weight, py::handle eps, py::handle residual,
+         py::handle residual_dtype, py::handle offset, py::handle casting, py::handle out_dtype) {
+        return fast_path_mode(x.ptr(), ns.ptr(), weight.ptr(), eps.ptr(), residual.ptr(), residual_dtype.ptr(),
+                              offset.ptr(), casting.ptr(), out_dtype.ptr(), true) != nullptr;
+      },
+      "common_call's predicate on any device (the tests compare it with ops._takes_fast_path)");
+  m.def("set_casting_modes", [](const std::vector<std::tuple<std::string, int64_t, bool>>& modes) {
+    casting_modes.clear();
+    for (const auto& [name, code, promotes] : modes) casting_modes.push_back({name, code, promotes});
+  });
   m.def("set_callbacks", [](py::object plan_forward, py::object plan_backward, py::object composite) {
     plan_forward_fn = new py::object(std::move(plan_forward));
     plan_backward_fn = new py::object(std::move(plan_backward));
