@@ -351,11 +351,28 @@ def test_table_counts_the_blocks_a_provider_was_slower_than_the_kernel(cpu_run):
     assert "slower in" in lines[2]
     kernel_line, eager_line = lines[4], lines[5]
     assert kernel_line.split()[2] == "kernel" and eager_line.split()[2] == "eager"
-    assert kernel_line.split()[-3] == "-"  # the last three columns: slower in, gpu us, gpu copy%
-    assert eager_line.split()[-3] == "2/3"
+    # the last four columns: slower in, ratio 90%, gpu us, gpu copy%
+    assert kernel_line.split()[-4:-2] == ["-", "-"]
+    assert eager_line.split()[-4] == "2/3"
+    low, high = map(float, eager_line.split()[-3].split("-"))
+    assert low < 1 < high  # ratios 0.5, 1.5 and 1.25: not decided
     # rows of different block counts are not paired
     short = dataclasses.replace(eager, whole=dataclasses.replace(eager.whole, block_medians_ms=(9.0,)))
     assert bench._slower_blocks(short.whole, kernel.whole) == "-"
+    assert bench._ratio_interval(short.whole, kernel.whole) == "-"
+
+
+def test_ratio_interval_decides_a_steady_difference(cpu_run):
+    """Twice the kernel's time in every block, with some spread: the interval lies above 1; half
+    of it, below 1."""
+    t = cpu_run.results[0].whole
+    kernel = dataclasses.replace(t, block_medians_ms=(2.0, 2.1, 1.9, 2.0))
+    slower = dataclasses.replace(t, block_medians_ms=(3.9, 4.3, 3.7, 4.1))
+    faster = dataclasses.replace(t, block_medians_ms=(1.0, 1.1, 0.9, 1.0))
+    low, high = map(float, bench._ratio_interval(slower, kernel).split("-"))
+    assert 1 < low < 2 < high
+    low, high = map(float, bench._ratio_interval(faster, kernel).split("-"))
+    assert low < 0.5 < high < 1
 
 
 def test_results_file_round_trip_and_table(cpu_run, tmp_path):

@@ -903,13 +903,26 @@ def _slower_blocks(t: results.Timing, kernel: results.Timing) -> str:
     return f"{sum(a > b for a, b in zip(mine, theirs))}/{len(mine)}"
 
 
+def _ratio_interval(t: results.Timing, kernel: results.Timing, alpha: float = 0.05) -> str:
+    """ "low-high": the two-sided (1 - 2 alpha) interval of t's time over the kernel's, from the
+    paired block medians (gate.ratio_estimate, as the gate judges rounds). Above 1 throughout: t is
+    slower in this run beyond its noise; below 1 throughout: faster."""
+    from rmsnorm_suite import gate
+
+    mine, theirs = t.block_medians_ms, kernel.block_medians_ms
+    if len(mine) < 2 or len(mine) != len(theirs):
+        return "-"
+    est = gate.ratio_estimate(theirs, mine, alpha, paired=True)
+    return f"{est.low:.2f}-{est.high:.2f}"
+
+
 def format_table(result: results.Run) -> str:
     """One line per (shape, mode, provider): median, the block medians, TB/s, fraction of the copy
-    ceiling, errors, the time relative to this kernel (>1: slower than the kernel) and in how many
-    blocks it was slower than the kernel (providers take turns within a block, so block i of one
-    row and of another ran side by side: where whole calls are noisy, the count says more than
-    one median); the
-    failed rows' errors below."""
+    ceiling, errors, the time relative to this kernel (>1: slower than the kernel), in how many
+    blocks it was slower than the kernel and the 90% interval of that ratio over the blocks
+    (providers take turns within a block, so block i of one row and of another ran side by side:
+    where whole calls are noisy, the pairs say more than one median); the failed rows' errors
+    below."""
     from rmsnorm_suite import console  # here, not at the top: the worker needs none of its configs
 
     machine = result.machine
@@ -919,28 +932,30 @@ def format_table(result: results.Run) -> str:
         "",
     ]
     headers = ["shape", "mode", "provider", "median us", "blocks us", "TB/s", "copy%", "err", "vs kernel"]
-    headers += ["slower in", "gpu us", "gpu copy%"]
+    headers += ["slower in", "ratio 90%", "gpu us", "gpu copy%"]
     rows, failures = [], []
     index = result.index()
     for r in result.results:
         t = r.whole
         if not r.ok or t.median_ms is None:
-            rows.append([r.shape, r.mode, r.provider, "FAILED"] + ["-"] * 8)
+            rows.append([r.shape, r.mode, r.provider, "FAILED"] + ["-"] * 9)
             failures.append(f"  {r.shape} {r.mode} {r.provider}: {str(r.error)[:80]}")
             continue
         blocks = "/".join(f"{b * 1e3:.1f}" for b in t.block_medians_ms)
         errs = " ".join(f"{k}={v:.1e}" for k, v in r.errors.items())
         kernel = index.get(("kernel_residual" if r.residual else "kernel", r.shape, r.mode))
         vs = f"{t.median_ms / kernel.whole.median_ms:.2f}x" if kernel and kernel.whole.median_ms else "-"
-        slower = _slower_blocks(t, kernel.whole) if kernel and kernel is not r else "-"
+        paired = kernel and kernel is not r
+        slower = _slower_blocks(t, kernel.whole) if paired else "-"
+        interval = _ratio_interval(t, kernel.whole) if paired else "-"
         gpu = ["-", "-"]
         if r.device.median_ms:
             gpu = [f"{r.device.median_ms * 1e3:.1f}", f"{100 * r.device.fraction_of_copy:.1f}%"]
         rows.append(
             [r.shape, r.mode, r.provider, f"{t.median_ms * 1e3:.1f}", blocks, f"{t.tbs:.2f}"]
-            + [f"{100 * t.fraction_of_copy:.1f}%", errs, vs, slower, *gpu]
+            + [f"{100 * t.fraction_of_copy:.1f}%", errs, vs, slower, interval, *gpu]
         )
-    lines.append(console.format_table(headers, rows, right=range(3, 12)))
+    lines.append(console.format_table(headers, rows, right=range(3, 13)))
     if failures:
         lines += ["", "failed:", *failures]
     copies = {name: c for name, c in result.same_bytes_copy.items() if c.median_ms}
