@@ -19,7 +19,7 @@ from hypothesis import example, given, settings
 from torch.autograd import forward_ad as fwAD
 
 import rmsnorm_kernel
-from rmsnorm_kernel import kernels, ops
+from rmsnorm_kernel import host, kernels, ops
 from rmsnorm_kernel.launch import UnsupportedInput
 
 from .conftest import HAS_CUDA, KERNEL_DEVICES, requires_cuda, requires_interpret
@@ -337,9 +337,11 @@ def test_autocast_float32_rule(monkeypatch, device, residual):
     """Where autocast runs rms_norm in float32 (CUDA: test_cuda_autocast_matches_torch), the
     default casting gives y in float32, h in its own dtype, and gradients in the inputs' dtypes,
     equal to torch's float32 rms_norm of the same values; llama and gemma castings, which follow
-    model modules, are unchanged. Here the rule is forced, so the interpreter can check it."""
+    model modules, are unchanged. Here the rule is forced, so the interpreter can check it (and
+    the compiled host path's entry, which reads autocast's state itself, is off)."""
     monkeypatch.setattr(ops, "_autocast_float32", lambda x: True)
     monkeypatch.setattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+    monkeypatch.setattr(host, "entry", None)
     torch.manual_seed(0)
     x = randn(4, 64, dtype=BF16, device=device, requires_grad=True)
     w = randn(64, dtype=BF16, device=device, requires_grad=True)
