@@ -289,15 +289,28 @@ def test_backward_tile_prefetch_where_measured(n, prefetch):
     assert constexprs[-1] is prefetch
 
 
-# Tile forward warps by (N, few rows): 4 at N = 4096 with at most EVEN_MAX_ROWS rows, where a
-# launch's latency is its time, 2 with more (tools/kernel_lab.py launch and reorder2).
-FORWARD_TILE_WARPS = [(257, False, 4), (1024, True, 4), (2048, False, 4), (4096, True, 4), (4096, False, 2)]
+# Tile forward (rows per program, warps) by (N, few rows): at N = 4096 4 warps with at most
+# EVEN_MAX_ROWS rows, where a launch's latency is its time, 2 with more (tools/kernel_lab.py
+# launch and reorder2); at the narrow widths fewer warps and, at 128, more rows per program with
+# many rows (tools/kernel_lab.py narrow); 256 keeps the narrow default.
+FORWARD_TILE_LAUNCH = [
+    (128, True, 8, 4),
+    (128, False, 16, 4),
+    (256, False, 4, 4),
+    (257, True, 2, 4),
+    (257, False, 2, 1),
+    (1024, True, 1, 4),
+    (1024, False, 1, 1),
+    (2048, False, 1, 4),
+    (4096, True, 1, 4),
+    (4096, False, 1, 2),
+]
 
 
-@pytest.mark.parametrize(("n", "few_rows", "warps"), FORWARD_TILE_WARPS)
-def test_forward_tile_warps(n, few_rows, warps):
+@pytest.mark.parametrize(("n", "few_rows", "rows", "warps"), FORWARD_TILE_LAUNCH)
+def test_forward_tile_launch(n, few_rows, rows, warps):
     plan = launch._forward_tile_plan(n, True, False, 0, few_rows, True)
-    assert plan.num_warps == launch.forward_config(n, few_rows).warps == warps
+    assert (plan.rows, plan.num_warps) == tuple(launch.forward_config(n, few_rows)[1:]) == (rows, warps)
 
 
 # Two-walk forward launches by row width: (N, warps, chunk, y's store hint, walks unrolled).

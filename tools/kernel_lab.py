@@ -16,6 +16,8 @@ Rounds and the constants they tune (what each decided, with its figures: docs/pe
   reorder2   the tile forward at N = 4096 with 2 and 4 warps (FORWARD_TILE)
   launch     the tile forward at launch-bound shapes over rows and warps (FORWARD_TILE's
              few_warps: a program alone on its SM wants more warps)
+  narrow     the tile forward at N = 128-1024 over rows and warps, from 128 to 262144 rows
+             (FORWARD_TILE's entries below 2048)
   even       forward_tile with and without masks, 1 to 32768 rows of 4096 (EVEN_MAX_ROWS)
   reduce     reduce_columns alone over production's scratch and the wide backward's (_reduce_plan)
 Timing: medians with the L2 flushed before each call until a round switches to CUDA-graph replays
@@ -365,6 +367,30 @@ def round_launch(lab: Lab) -> None:
             lab.run("fwd", s, f"tile rows {rows} w{warps}", tile_forward(s, rows, warps))
 
 
+def round_narrow(lab: Lab) -> None:
+    """The tile forward at the narrow widths over rows per program and warps, few rows to many,
+    beside production and the peers. CUDA-graph timing."""
+    lab.time_with_graphs()
+    bf16, fp32 = torch.bfloat16, torch.float32
+    plan = [
+        (128, bf16, (256, 4096, 65536, 262144), (4, 8, 16, 32), (1, 2, 4)),
+        (256, bf16, (256, 4096, 65536), (2, 4, 8, 16), (1, 2, 4)),
+        (512, bf16, (256, 4096, 65536), (1, 2, 4, 8), (1, 2, 4)),
+        (257, fp32, (128, 4096, 16384), (1, 2, 4, 8), (1, 2, 4)),
+        (1024, bf16, (256, 4096, 65536), (1, 2, 4), (1, 2, 4)),
+    ]
+    if lab.smoke:
+        plan = [(128, fp32, (3,), (4,), (1,))]
+    for n, dtype, ms, rows_list, warps_list in plan:
+        for m in ms:
+            s = lab.shape(m, n, dtype)
+            if not lab.smoke:
+                lab.production(s, backward=False)
+                peers(lab, s)
+            for rows, warps in itertools.product(rows_list, warps_list):
+                lab.run("fwd", s, f"tile rows {rows} w{warps}", tile_forward(s, rows, warps))
+
+
 def round_even(lab: Lab) -> None:
     """Production's forward (forward_tile without masks, EVEN, for launches of at most
     EVEN_MAX_ROWS rows with N the tile width) beside the same kernel with its masks and without
@@ -463,6 +489,7 @@ ROUNDS = {
     "prefetch": round_prefetch,
     "reorder2": round_reorder2,
     "launch": round_launch,
+    "narrow": round_narrow,
     "even": round_even,
     "reduce": round_reduce,
 }

@@ -343,7 +343,8 @@ class ForwardTile(NamedTuple):
 
     rows: int  # rows per program
     warps: int
-    few_warps: int  # warps with at most EVEN_MAX_ROWS rows, where a launch's latency is its time
+    few_rows: int  # rows per program with at most EVEN_MAX_ROWS rows, where a launch's latency is its time
+    few_warps: int  # warps there
 
 
 class BackwardTile(NamedTuple):
@@ -359,9 +360,11 @@ class BackwardTile(NamedTuple):
 # blocks per program, where each program's fixed cost outweighs the parallelism; prefetch only
 # where measured. Measured: docs/performance-notes.md, Tile tables.
 FORWARD_TILE = {
-    1024: ForwardTile(rows=2, warps=4, few_warps=4),
-    2048: ForwardTile(rows=1, warps=4, few_warps=4),
-    4096: ForwardTile(rows=1, warps=2, few_warps=4),
+    128: ForwardTile(rows=16, warps=4, few_rows=8, few_warps=4),
+    512: ForwardTile(rows=2, warps=1, few_rows=2, few_warps=4),
+    1024: ForwardTile(rows=1, warps=1, few_rows=1, few_warps=4),
+    2048: ForwardTile(rows=1, warps=4, few_rows=1, few_warps=4),
+    4096: ForwardTile(rows=1, warps=2, few_rows=1, few_warps=4),
 }
 # Launches of at most this many rows, with N the tile width and one row per program, run the tile
 # forward without masks (forward_tile's EVEN). Measured: docs/performance-notes.md, EVEN_MAX_ROWS.
@@ -395,8 +398,11 @@ def forward_config(n: int, few_rows: bool = False) -> ForwardConfig:
     block_n = triton.next_power_of_2(n)
     tile = FORWARD_TILE.get(block_n)
     if tile is None:  # narrow rows: about 1024 elements per program
-        tile = ForwardTile(rows=max(1, 1024 // block_n), warps=4, few_warps=4)
-    return ForwardConfig(block_n, tile.rows, tile.few_warps if few_rows else tile.warps)
+        rows = max(1, 1024 // block_n)
+        tile = ForwardTile(rows=rows, warps=4, few_rows=rows, few_warps=4)
+    if few_rows:
+        return ForwardConfig(block_n, tile.few_rows, tile.few_warps)
+    return ForwardConfig(block_n, tile.rows, tile.warps)
 
 
 @functools.cache
