@@ -371,7 +371,8 @@ TILE_FORWARD_EVEN = [
     (256, 4096, True),
     (257, 4096, False),  # more rows: masked (faster at large M)
     (17, 2048, True),
-    (17, 1024, False),  # two rows per program
+    (17, 1024, True),
+    (17, 512, False),  # two rows per program
     (17, 4000, False),  # N short of the tile width
     (1, 257, False),
 ]
