@@ -595,3 +595,17 @@ def test_second_derivatives_match_torch(device, case):
 def test_module_matches_torch(device, case):
     """RMSNorm (its weight any layout, through functional_call) as F.rms_norm, as nn.RMSNorm is."""
     check_case(case, device, run=run_module)
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("residual", [False, True])
+def test_rows_of_no_elements_match_torch(device, residual):
+    """A normalized shape of no elements (N = 0), which F.rms_norm takes: torch's empty y (its
+    shape and dtype) and empty gradients, with no launch; trailing dims (3, 0) too."""
+    torch.manual_seed(0)
+    for lead, shape in (((4,), (0,)), ((2,), (3, 0))):
+        x = randn(*lead, *shape, dtype=BF16, device=device, requires_grad=True)
+        w = randn(*shape, dtype=BF16, device=device, requires_grad=True)
+        r = randn(*lead, *shape, dtype=BF16, device=device, requires_grad=True) if residual else None
+        check_against_torch(x, shape, w, 1e-6, residual=r, grad_y=randn(*lead, *shape, device=device))
+        check_against_torch(x, shape, None, None, residual=r, grad_y=randn(*lead, *shape, device=device))

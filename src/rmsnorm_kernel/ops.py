@@ -463,8 +463,6 @@ def validate(
         raise ValueError(f"casting must be one of {sorted(launch.CASTING_MODES)}, got {casting!r}")
     if x.dim() == 0:
         raise ValueError("x must have at least one dimension")
-    if n == 0:
-        raise ValueError("the normalized size N must be at least 1, got 0")
     # Valid, but possibly not runnable by the kernels.
     for name, t in (("x", x), ("weight", weight), ("residual", residual)):
         if t is not None and t.dtype not in launch.SUPPORTED_DTYPES:
@@ -685,7 +683,9 @@ def rms_norm(
             out_dtype = torch.float32
         else:
             out_dtype = x.dtype
-    if transformed:  # vmap, grad, jvp, dual tensors: torch ops, which autograd knows how to transform
+    # vmap, grad, jvp, dual tensors: torch ops, which autograd knows how to transform; rows of no
+    # elements (N = 0, which torch takes: an empty y) launch nothing either.
+    if transformed or (n == 0 and not unsupported):
         return _composite(x, shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype)
     if unsupported:
         return _fallback(x, shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype)
@@ -729,7 +729,7 @@ def _composite(x, shape, weight, eps, residual, residual_dtype, offset, casting,
     else:
         inp = x
     lead = inp.shape[: inp.dim() - k]
-    flat = inp.reshape(*lead, -1)
+    flat = inp.reshape(*lead, math.prod(shape))
     w = weight.reshape(-1) if weight is not None else None
     y = rms_norm_reference(flat, w, eps, offset=offset, casting=casting, out_dtype=out_dtype).view(inp.shape)
     return (y, h) if residual is not None else y
