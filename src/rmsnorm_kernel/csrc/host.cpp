@@ -2,8 +2,9 @@
 // or none, on CUDA): an operator registered with torch's dispatcher (rmsnorm_kernel_host::rms_norm,
 // a CUDA kernel and an Autograd kernel) whose forward and backward launch the compiled Triton
 // kernels through the driver, so an eager call does not enter Python between its entry and its
-// launches. host.py builds and loads this file; launch.py stays the one place that chooses kernels
-// and launch parameters.
+// launches. Its Python entry, common_call, is rms_norm's first step once loaded: the fast path's
+// checks (ops._takes_fast_path's, here in C++), then the operator. host.py builds and loads this
+// file; launch.py stays the one place that chooses kernels and launch parameters.
 //
 // How: a call looks its launch plan up by everything the plan depends on (device, dtypes, M, N,
 // eps, offset, casting, which outputs, 16-byte alignment of the pointers). The first call of a
@@ -546,7 +547,7 @@ bool dense(const Tensor& t) { return t.layout() == at::kStrided && !t.is_nested(
 // Python-only "not tracing" (the caller's). Forward-mode AD differs in one way: a dual level
 // with no tangent on x or the weight is taken here (the kernels' y is then torch's, which has
 // no tangent either), where the Python predicate leaves every call inside a level.
-// tests/test_host.py checks that both take the same calls. Returns the mode, or nullptr.
+// tests/test_validation.py checks that both take the same calls. Returns the mode, or nullptr.
 const CastingMode* fast_path_mode(PyObject* x, PyObject* ns, PyObject* weight, PyObject* eps, PyObject* residual,
                                   PyObject* residual_dtype, PyObject* offset, PyObject* casting,
                                   PyObject* out_dtype, bool any_device) {
