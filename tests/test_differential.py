@@ -609,3 +609,24 @@ def test_rows_of_no_elements_match_torch(device, residual):
         r = randn(*lead, *shape, dtype=BF16, device=device, requires_grad=True) if residual else None
         check_against_torch(x, shape, w, 1e-6, residual=r, grad_y=randn(*lead, *shape, device=device))
         check_against_torch(x, shape, None, None, residual=r, grad_y=randn(*lead, *shape, device=device))
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_tensor_eps_as_torch_reads_it(device):
+    """F.rms_norm takes a 0-dim tensor without grad for eps (float, integer or bool): the same
+    numbers here. A 1-dim one or one that requires grad, which torch refuses, is refused by name."""
+    torch.manual_seed(0)
+    x = randn(4, 64, device=device, requires_grad=True)
+    w = randn(64, device=device, requires_grad=True)
+    for eps in (
+        torch.tensor(0.5),
+        torch.tensor(2),
+        torch.tensor(0.25, dtype=torch.float64),
+        torch.tensor(True),
+    ):
+        check_against_torch(x, (64,), w, eps, grad_y=randn(4, 64, device=device))
+    for eps in (torch.tensor([0.5]), torch.tensor(0.5, requires_grad=True)):
+        with pytest.raises(TypeError, match="eps"):
+            F.rms_norm(x, (64,), w, eps)
+        with pytest.raises(TypeError, match="eps"):
+            rmsnorm_kernel.rms_norm(x, (64,), w, eps)

@@ -658,6 +658,8 @@ def rms_norm(
         return _run_forward(x, weight, None, *options, want_rstd=False)[0]
 
     n, shape = _normalized_size(x, normalized_shape, weight)
+    if isinstance(eps, Tensor) and eps.dim() == 0 and not eps.requires_grad and not eps.is_complex():
+        eps = float(eps)  # as torch's argument parser reads a 0-dim tensor given for a float
     if eps is None:
         eps = default_eps(x.dtype) if isinstance(x, torch.Tensor) else _DEFAULT_EPS
     transformed = torch._C._are_functorch_transforms_active() or _has_tangent(x, weight, residual)
