@@ -1,11 +1,18 @@
 """Both host paths beside torch's F.rms_norm, at the shapes where host time shows (CUDA).
 
     python tools/host_paths.py [--reps 100] [--blocks 7]
+    python tools/host_paths.py --pieces
 
 Per shape and provider (native, this op on the compiled host path, this op on the Python host
 path): the whole-call time of a forward and of a forward+backward (median over blocks of
 back-to-back calls, a synchronise per block: host or GPU, whichever is longer) and the host
 time of one call (median of calls issued to an idle GPU: the time until the call returns).
+
+--pieces: where a no-grad forward's host time goes at the launch-bound shapes, per call in a
+tight loop (4000 calls a block, the median of 9 blocks, the better of two rounds): rms_norm;
+the compiled path's C++ entry called directly; rms_norm with the Python predicate in front of
+the same extension (the route before the entry); the predicate alone; the operator through
+torch.ops; F.rms_norm; x.clone().
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from rmsnorm_kernel import host, rms_norm
+from rmsnorm_kernel import host, ops, rms_norm
 
 SHAPES = [(1, 4096, torch.bfloat16), (256, 4096, torch.bfloat16), (128, 257, torch.float32),
           (4096, 4096, torch.bfloat16), (2048, 65536, torch.bfloat16)]  # fmt: skip
@@ -50,13 +57,59 @@ def host_time(fn, reps: int) -> float:
     return statistics.median(out)
 
 
+def pieces() -> None:
+    ext, entry = host.extension(), host.entry
+    op = torch.ops.rmsnorm_kernel_host.rms_norm.default
+
+    def per_call(fn, reps=4000, blocks=9):
+        for _ in range(200):
+            fn()
+        torch.cuda.synchronize()
+        out = []
+        for _ in range(blocks):
+            start = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            out.append((time.perf_counter() - start) / reps * 1e6)
+            torch.cuda.synchronize()
+        return statistics.median(out)
+
+    def predicate_route(x, n, w):
+        with host.python_path():
+            host._extension = ext  # restored on exit
+            return per_call(lambda: rms_norm(x, n, w, 1e-6))
+
+    for m, n, dtype in [(128, 257, torch.float32), (1, 4096, torch.bfloat16)]:
+        x = torch.randn(m, n, device="cuda", dtype=dtype)
+        w = torch.randn(n, device="cuda", dtype=dtype)
+        call = (x, n, w, 1e-6, None, None, 0.0, "default", None)
+        fns = {
+            "rms_norm": lambda: per_call(lambda: rms_norm(x, n, w, 1e-6)),
+            "C++ entry": lambda: per_call(lambda: entry(*call)),
+            "predicate route": lambda: predicate_route(x, n, w),
+            "predicate": lambda: per_call(lambda: ops._takes_fast_path(*call)),
+            "torch.ops": lambda: per_call(lambda: op(x, w, 1e-6, 0.0, 0, dtype)),
+            "F.rms_norm": lambda: per_call(lambda: F.rms_norm(x, (n,), w, 1e-6)),
+            "x.clone": lambda: per_call(x.clone),
+        }
+        best = {name: min(f() for _ in range(2)) for name, f in fns.items()}
+        name = f"{m}x{n} {str(dtype).removeprefix('torch.')}"
+        print(f"{name:<18}" + "  ".join(f"{k} {v:.2f}" for k, v in best.items()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=100)
     parser.add_argument("--blocks", type=int, default=7)
+    parser.add_argument(
+        "--pieces", action="store_true", help="the no-grad forward's host time, piece by piece"
+    )
     args = parser.parse_args()
     if host.extension() is None:
         raise SystemExit(f"the compiled host path is not available here ({host.ENV}={host.mode()})")
+    if args.pieces:
+        pieces()
+        return
     print(f"{'shape':<22}{'provider':<10}{'fwd us':>9}{'fwd+bwd us':>12}{'host fwd':>10}{'host fwd+bwd':>14}")
     for m, n, dtype in SHAPES:
         x = torch.randn(m, n, device="cuda", dtype=dtype)
