@@ -9,7 +9,8 @@ back-to-back calls, a synchronise per block: host or GPU, whichever is longer) a
 time of one call (median of calls issued to an idle GPU: the time until the call returns).
 
 --pieces: where a no-grad forward's host time goes at the launch-bound shapes, per call in a
-tight loop (4000 calls a block, the median of 9 blocks, the better of two rounds): rms_norm;
+tight loop (4000 calls a block, the median of 9 blocks, the better of two rounds that take the
+pieces in turn): rms_norm;
 the compiled path's C++ entry called directly; rms_norm with the Python predicate in front of
 the same extension (the route before the entry); the predicate alone; the operator through
 torch.ops; F.rms_norm; x.clone().
@@ -92,7 +93,8 @@ def pieces() -> None:
             "F.rms_norm": lambda: per_call(lambda: F.rms_norm(x, (n,), w, 1e-6)),
             "x.clone": lambda: per_call(x.clone),
         }
-        best = {name: min(f() for _ in range(2)) for name, f in fns.items()}
+        rounds = [{name: f() for name, f in fns.items()} for _ in range(2)]  # pieces in turn
+        best = {name: min(r[name] for r in rounds) for name in fns}
         name = f"{m}x{n} {str(dtype).removeprefix('torch.')}"
         print(f"{name:<18}" + "  ".join(f"{k} {v:.2f}" for k, v in best.items()))
 
