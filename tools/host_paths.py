@@ -33,8 +33,11 @@ SHAPES = [(1, 4096, torch.bfloat16), (256, 4096, torch.bfloat16), (128, 257, tor
 PROVIDERS = ("native", "compiled", "python")
 
 
-def whole_call(fn, reps: int, blocks: int) -> float:
-    for _ in range(10):
+def back_to_back(fn, reps: int, blocks: int, warmup: int = 10, drain: bool = True) -> float:
+    """µs per call: the median over blocks of ``reps`` back-to-back calls. ``drain``: a block's
+    time includes the synchronise that ends it (the whole call: host or GPU, whichever is longer);
+    else it stops when the last call returns (the host's time), and the synchronise follows."""
+    for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     out = []
@@ -42,8 +45,10 @@ def whole_call(fn, reps: int, blocks: int) -> float:
         start = time.perf_counter()
         for _ in range(reps):
             fn()
-        torch.cuda.synchronize()
+        if drain:
+            torch.cuda.synchronize()
         out.append((time.perf_counter() - start) / reps * 1e6)
+        torch.cuda.synchronize()
     return statistics.median(out)
 
 
@@ -62,18 +67,8 @@ def pieces() -> None:
     ext, entry = host.extension(), host.entry
     op = torch.ops.rmsnorm_kernel_host.rms_norm.default
 
-    def per_call(fn, reps=4000, blocks=9):
-        for _ in range(200):
-            fn()
-        torch.cuda.synchronize()
-        out = []
-        for _ in range(blocks):
-            start = time.perf_counter()
-            for _ in range(reps):
-                fn()
-            out.append((time.perf_counter() - start) / reps * 1e6)
-            torch.cuda.synchronize()
-        return statistics.median(out)
+    def per_call(fn):
+        return back_to_back(fn, 4000, 9, warmup=200, drain=False)
 
     def predicate_route(x, n, w):
         with host.python_path():
@@ -134,7 +129,7 @@ def main() -> None:
                 f(xg, wg).backward(dy)
 
             with path:
-                row = (whole_call(fwd, args.reps, args.blocks), whole_call(fwd_bwd, args.reps, args.blocks),
+                row = (back_to_back(fwd, args.reps, args.blocks), back_to_back(fwd_bwd, args.reps, args.blocks),
                        host_time(fwd, 5 * args.reps), host_time(fwd_bwd, 5 * args.reps))  # fmt: skip
             name = f"{m}x{n} {str(dtype).removeprefix('torch.')}"
             print(
