@@ -336,6 +336,22 @@ def test_operator_node_behaves_as_torchs_own(ext):
 
 @requires_cuda
 @pytest.mark.gpu
+def test_first_call_loads_the_entry_and_takes_it(ext, monkeypatch):
+    """A process's first common call runs the Python predicate, which loads the extension; that
+    call already takes the compiled path (its node is the C++ one), and later calls start at the
+    entry it set."""
+    monkeypatch.setattr(host, "_extension", host._UNSET)
+    monkeypatch.setattr(host, "entry", None)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(8, 96, device="cuda", generator=g, requires_grad=True)
+    w = torch.randn(96, device="cuda", generator=g, requires_grad=True)
+    y = rms_norm(x, 96, w, 1e-6)
+    assert host.entry is not None and y.grad_fn.name() == "RmsNormBackward"
+    torch.testing.assert_close(y, torch.nn.functional.rms_norm(x, (96,), w, 1e-6))
+
+
+@requires_cuda
+@pytest.mark.gpu
 def test_common_call_skips_the_python_predicate(ext, monkeypatch):
     """Once the extension is loaded, the common call (with or without grad) is its common_call's:
     ops._takes_fast_path never runs, and y and the gradients are torch's."""

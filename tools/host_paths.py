@@ -11,9 +11,9 @@ time of one call (median of calls issued to an idle GPU: the time until the call
 --pieces: where a no-grad forward's host time goes at the launch-bound shapes, per call in a
 tight loop (4000 calls a block, the median of 9 blocks, the better of two rounds that take the
 pieces in turn): rms_norm;
-the compiled path's C++ entry called directly; rms_norm with the Python predicate in front of
-the same extension (the route before the entry); the predicate alone; the operator through
-torch.ops; F.rms_norm; x.clone().
+the compiled path's C++ entry called directly; rms_norm on the Python predicate's route (the
+route before the entry: the predicate, then the entry, whose checks repeat it); the predicate
+alone; the operator through torch.ops; F.rms_norm; x.clone().
 """
 
 from __future__ import annotations

@@ -649,8 +649,10 @@ def rms_norm(
             default_out_dtype(x_dtype, weight, casting),
             x_dtype,
         )
-        if x.is_cuda and (ext := host.extension()) is not None:
-            y = ext.rms_norm(x, weight, e, offset, options[2], host.SCALAR_TYPES[options[3]])
+        if x.is_cuda and (ext := host.extension()) is not None:  # loads it on first use
+            y = ext.common_call(
+                x, normalized_shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype
+            )
             if y is not None:  # None: a functorch wrapper, which the Python path unwraps
                 return y
         if torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)):

@@ -513,18 +513,6 @@ py::object call_op(const Tensor& x, const std::optional<Tensor>& weight, double 
   return py::cast(rms_norm_op().call(x, weight, eps, offset, casting, out_dtype));
 }
 
-// The Python path's entry to this operator, with the arguments already checked.
-py::object rms_norm(const Tensor& x, const std::optional<Tensor>& weight, double eps, double offset,
-                    int64_t casting, int64_t out_dtype) {
-  const Tensor w = weight.has_value() ? *weight : Tensor();
-  TORCH_CHECK(x.is_cuda() && x.is_contiguous() && x.dim() >= 1 && x.size(-1) >= 1,
-              "host path: x must be a contiguous CUDA tensor with a nonempty last dim");
-  TORCH_CHECK(!w.defined() || (w.dim() == 1 && w.is_contiguous() && w.size(0) == x.size(-1) &&
-                               w.device() == x.device()),
-              "host path: weight must be contiguous, 1-D, of x's last dim, on x's device");
-  return call_op(x, weight, eps, offset, casting, static_cast<at::ScalarType>(out_dtype));
-}
-
 // ---------------------------------------------------------------------------------------------
 // The common call's entry: ops._takes_fast_path's tests in C++
 // ---------------------------------------------------------------------------------------------
@@ -622,7 +610,6 @@ py::object common_call(py::handle x, py::handle ns, py::handle weight, py::handl
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("rms_norm", &rms_norm, "the common call through the compiled host path");
   m.def("common_call", &common_call, "rms_norm's fast path: its result, or None");
   m.def(
       "takes_fast_path",
