@@ -630,3 +630,25 @@ def test_tensor_eps_as_torch_reads_it(device):
             F.rms_norm(x, (64,), w, eps)
         with pytest.raises(TypeError, match="eps"):
             rmsnorm_kernel.rms_norm(x, (64,), w, eps)
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_argument_forms_as_torch_parses_them(device):
+    """What torch's argument parser reads as ints in normalized_shape (NumPy integers, a 0-dim
+    NumPy integer array, an integer tensor of one element) and as a float for eps (a bool, a
+    NumPy bool or integer): the same numbers here. The elements it refuses (a bool, a float, a
+    float or bool tensor, a tensor or array of two elements) are refused by name."""
+    torch.manual_seed(0)
+    x = randn(4, 64, device=device, requires_grad=True)
+    w = randn(64, device=device, requires_grad=True)
+    for ns in ([np.int64(64)], (np.int32(64),), [np.uint8(64)], [np.array(64)], [torch.tensor(64)],
+               [torch.tensor([[64]], dtype=torch.int32)]):  # fmt: skip
+        check_against_torch(x, ns, w, 1e-6, grad_y=randn(4, 64, device=device))
+    for eps in (True, False, np.True_, np.int64(0)):
+        check_against_torch(x, (64,), w, eps, grad_y=randn(4, 64, device=device))
+    for ns in ([True], [64.0], [torch.tensor(64.0)], [np.True_], [torch.tensor(True)], [torch.tensor([64, 64])],
+               [np.array([64])]):  # fmt: skip
+        with pytest.raises((TypeError, RuntimeError)):
+            F.rms_norm(x, ns, w)
+        with pytest.raises(TypeError, match="normalized_shape"):
+            rmsnorm_kernel.rms_norm(x, ns, w)

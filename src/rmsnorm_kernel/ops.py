@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 import warnings
 from collections.abc import Mapping, Sequence
 
@@ -371,6 +372,23 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def _dim(d) -> int | None:
+    """One normalized_shape element as torch's argument parser reads it: an int or anything with
+    __index__ (NumPy integers), or an integer tensor of one element; None for what torch refuses
+    (a bool, a float, a float or bool tensor)."""
+    if isinstance(d, torch.SymInt):  # a traced size
+        return d
+    if isinstance(d, bool):
+        return None
+    if isinstance(d, Tensor):
+        integer = not (d.dtype.is_floating_point or d.dtype.is_complex or d.dtype == torch.bool)
+        return int(d.item()) if integer and d.numel() == 1 else None
+    try:
+        return operator.index(d)
+    except TypeError:
+        return None
+
+
 def _normalized_size(x: Tensor, normalized_shape, weight: Tensor | None) -> tuple[int, tuple[int, ...]]:
     """(N, the normalized shape as a tuple of ints), N the product of its dims. normalized_shape
     None means the weight's shape, else x's last dim. Raises TypeError/ValueError naming it."""
@@ -383,11 +401,10 @@ def _normalized_size(x: Tensor, normalized_shape, weight: Tensor | None) -> tupl
             normalized_shape = ()
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
-    if not isinstance(normalized_shape, Sequence) or not all(
-        isinstance(d, int) and not isinstance(d, bool) for d in normalized_shape
-    ):
+    dims = [_dim(d) for d in normalized_shape] if isinstance(normalized_shape, Sequence) else [None]
+    if any(d is None for d in dims):
         raise TypeError(f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}")
-    shape = tuple(int(d) for d in normalized_shape)
+    shape = tuple(dims)
     if isinstance(x, torch.Tensor) and tuple(x.shape[x.dim() - len(shape) :]) != shape or len(shape) == 0:
         got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
         raise ValueError(f"normalized_shape {shape} must be non-empty and match the trailing dims of x {got}")
@@ -402,6 +419,11 @@ def _check_dense(t: Tensor, name: str) -> None:
     if t.is_nested or t.layout != torch.strided:
         got = "a nested tensor" if t.is_nested else f"layout {t.layout}"
         raise TypeError(f"{name} must be a dense tensor (layout torch.strided), got {got}")
+
+
+def _numpy_scalar(v) -> bool:
+    """A NumPy scalar with a float value (np.bool_ is not a numbers.Real; torch reads it as one)."""
+    return type(v).__module__ == "numpy" and hasattr(v, "__float__")
 
 
 def validate(
@@ -449,8 +471,8 @@ def validate(
     for name, value in (("out_dtype", out_dtype), ("residual_dtype", residual_dtype)):
         if value is not None and value not in launch.SUPPORTED_DTYPES:
             raise TypeError(f"{name} must be float32, float16, bfloat16 or None, got {value}")
-    # Any real eps, as torch takes it (0 and negative values included; numpy scalars too).
-    if isinstance(eps, bool) or not isinstance(eps, (numbers.Real, torch.SymFloat, torch.SymInt)):
+    # Any real eps, as torch takes it (0 and negative values, bools and NumPy scalars included).
+    if not (isinstance(eps, (numbers.Real, torch.SymFloat, torch.SymInt)) or _numpy_scalar(eps)):
         raise TypeError(f"eps must be a real number or None, got {type(eps).__name__}")
     if isinstance(offset, bool) or not isinstance(offset, (numbers.Real, torch.SymFloat, torch.SymInt)):
         raise TypeError(f"offset must be a real number, got {type(offset).__name__}")
