@@ -16,7 +16,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import example, given, settings
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.autograd import forward_ad as fwAD
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import rmsnorm_kernel
 from rmsnorm_kernel import host, kernels, ops
@@ -630,6 +632,47 @@ def test_tensor_eps_as_torch_reads_it(device):
             F.rms_norm(x, (64,), w, eps)
         with pytest.raises(TypeError, match="eps"):
             rmsnorm_kernel.rms_norm(x, (64,), w, eps)
+
+
+class _Seen(TorchDispatchMode):
+    """A Python dispatch mode that lists the ops it sees and runs them."""
+
+    def __init__(self):
+        super().__init__()
+        self.funcs = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.funcs.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_dispatch_modes_and_fake_tensors_see_the_op(device):
+    """F.rms_norm runs under FakeTensorMode and shows its ops to a dispatch mode. Here: fake
+    inputs give fake outputs of torch's shapes and dtypes (the custom op's fake kernel, no
+    launch), with gradients; a mode sees the custom op's forward and backward, and the numbers
+    and gradients are those of the same call without it."""
+    with FakeTensorMode():
+        x = torch.randn(3, 4, 64, dtype=BF16, device=device, requires_grad=True)
+        w = torch.randn(64, device=device, requires_grad=True)
+        r = torch.randn(3, 4, 64, dtype=BF16, device=device)
+        y, y_t = rmsnorm_kernel.rms_norm(x, (64,), w, 1e-6), F.rms_norm(x, (64,), w, 1e-6)
+        assert isinstance(y, FakeTensor) and (y.shape, y.dtype) == (y_t.shape, y_t.dtype)
+        y.sum().backward()
+        assert isinstance(w.grad, FakeTensor) and w.grad.shape == w.shape
+        y, h = rmsnorm_kernel.rms_norm(x, (64,), w, 1e-6, residual=r)
+        assert (y.shape, y.dtype, h.shape, h.dtype) == (x.shape, BF16, x.shape, BF16)
+    torch.manual_seed(0)
+    x = randn(4, 64, device=device, requires_grad=True)
+    w = randn(64, device=device, requires_grad=True)
+    dy = randn(4, 64, device=device)
+    y = rmsnorm_kernel.rms_norm(x, (64,), w, 1e-6)
+    dx, dw = torch.autograd.grad(y, (x, w), dy)
+    with _Seen() as mode:
+        y_m = rmsnorm_kernel.rms_norm(x, (64,), w, 1e-6)
+        dx_m, dw_m = torch.autograd.grad(y_m, (x, w), dy)
+    assert {"rmsnorm_kernel.forward.default", "rmsnorm_kernel.backward.default"} <= set(mode.funcs)
+    assert torch.equal(y_m, y) and torch.equal(dx_m, dx) and torch.equal(dw_m, dw)
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)

@@ -20,6 +20,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import rmsnorm_kernel
 from rmsnorm_kernel import kernels, launch, ops
@@ -417,6 +419,11 @@ def test_fast_path_gives_the_general_paths_bits(device, call):
 # it takes exactly the calls _takes_fast_path takes. Its extension builds on CPU machines too.
 
 
+class _Mode(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
 def _same_route(ext, call: dict) -> bool:
     took = ops._takes_fast_path(*call.values())
     assert ext.takes_fast_path(*call.values()) == took, f"C++ {'leaves' if took else 'takes'} {call}"
@@ -464,6 +471,12 @@ def test_compiled_predicate_under_transforms_autocast_and_dual_tensors(monkeypat
     assert not in_vmap.any()
     with torch.autocast("cpu"):
         assert not takes(*call.values())
+    with _Mode():  # a Python dispatch mode: both leave, for the custom op
+        assert not takes(*call.values()) and not ops._takes_fast_path(*call.values())
+    with FakeTensorMode(allow_non_fake_inputs=True) as fake:
+        fake_weight = fake.from_tensor(call["weight"])
+    _same_route(built_extension, {**call, "weight": fake_weight})
+    assert not takes(*{**call, "weight": fake_weight}.values())
     with torch.autograd.forward_ad.dual_level():
         assert takes(*call.values())
         for name in ("x", "weight"):

@@ -551,14 +551,17 @@ def _takes_fast_path(
                     and weight.dtype in _SUPPORTED
                     and weight.device == x.device
                     and weight.is_contiguous()  # route
+                    and not torch._C._dispatch_keys(weight).has(_PYTHON_KEY)  # route
                 )
             )
             # Route: contiguous x, no functorch transform and no forward-mode AD level (those take
-            # torch ops), no autocast (which may change the output dtype: _autocast_float32).
+            # torch ops), no autocast (which may change the output dtype: _autocast_float32), no
+            # Python dispatch mode (the custom op: _seen_by_python_dispatch).
             and x.is_contiguous()
             and not torch._C._are_functorch_transforms_active()
             and forward_ad._current_level < 0
             and not torch._C._is_any_autocast_enabled()
+            and not torch._C._dispatch_tls_is_dispatch_key_included(_PYTHON_KEY)
         )
     except RuntimeError:
         return False
@@ -581,6 +584,23 @@ def _has_tangent(*tensors) -> bool:
     if forward_ad._current_level < 0:
         return False
     return any(isinstance(t, Tensor) and forward_ad.unpack_dual(t).tangent is not None for t in tensors)
+
+
+_PYTHON_KEY = torch._C.DispatchKey.Python
+
+
+def _seen_by_python_dispatch(*tensors) -> bool:
+    """Whether a Python dispatch mode is active (FakeTensorMode, FlopCounterMode, a logging mode)
+    or one of ``tensors`` is a tensor subclass with __torch_dispatch__ (FakeTensor, DTensor):
+    such calls go through the custom op, which the mode or subclass sees and handles (a fake
+    tensor gets the op's fake kernel), as ``F.rms_norm``'s ops are seen there. The kernels'
+    own launches are invisible to them."""
+    if torch._C._dispatch_tls_is_dispatch_key_included(_PYTHON_KEY):
+        return True
+    return any(
+        isinstance(t, Tensor) and type(t) is not Tensor and torch._C._dispatch_keys(t).has(_PYTHON_KEY)
+        for t in tensors
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -722,7 +742,7 @@ def rms_norm(
     else:
         x_in, res_in = x, residual
     options = (eps, offset, launch.CASTING_MODES[casting], out_dtype, residual_dtype or x.dtype)
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or _seen_by_python_dispatch(x, weight, residual):
         y, _rstd, h = forward_op(x_in, weight, res_in, *options)
     elif torch.is_grad_enabled() and (
         x.requires_grad

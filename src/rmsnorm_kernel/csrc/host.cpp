@@ -574,13 +574,15 @@ const CastingMode* fast_path_mode(PyObject* x, PyObject* ns, PyObject* weight, P
     if (!THPVariable_Check(weight)) return nullptr;
     w = &THPVariable_Unpack(weight);
     if (!dense(*w) || w->dim() != 1 || w->size(0) != n || !kernel_dtype(w->scalar_type()) ||
-        w->device() != xt.device() || !w->is_contiguous()) {
+        w->device() != xt.device() || !w->is_contiguous() || w->key_set().has(c10::DispatchKey::Python)) {
       return nullptr;
     }
   }
-  // Route: contiguous x, no functorch transform, no tangent, no autocast.
-  // (functorch includes its front-mode key while its layer stack is not empty)
-  if (!xt.is_contiguous() || c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode)) {
+  // Route: contiguous x, no functorch transform, no tangent, no autocast, no Python dispatch mode.
+  // (functorch includes its front-mode key while its layer stack is not empty; a dispatch mode
+  // includes the Python key)
+  if (!xt.is_contiguous() || c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode) ||
+      c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::Python)) {
     return nullptr;
   }
   if (xt._fw_grad(0).defined() || (w != nullptr && w->_fw_grad(0).defined())) return nullptr;
