@@ -186,8 +186,13 @@ def test_eps_none_matches_torch_bf16(device, dtype):
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
-@pytest.mark.parametrize("eps", [np.float32(1e-5), np.float64(1e-3)], ids=["float32", "float64"])
+@pytest.mark.parametrize(
+    "eps",
+    [np.float32(1e-5), np.float64(1e-3), np.True_, True],
+    ids=["float32", "float64", "numpy-bool", "bool"],
+)
 def test_numpy_eps(device, eps):
+    """NumPy scalars and bools for eps, which torch reads as floats: the function and the module."""
     torch.manual_seed(0)
     x = randn(4, 32, device=device, requires_grad=True)
     w = randn(32, device=device, requires_grad=True)

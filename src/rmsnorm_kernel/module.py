@@ -23,7 +23,7 @@ from torch import nn
 
 from rmsnorm_kernel import kernels
 from rmsnorm_kernel.launch import CASTING_MODES, SUPPORTED_DTYPES
-from rmsnorm_kernel.ops import _composite, default_eps, rms_norm
+from rmsnorm_kernel.ops import _composite, _numpy_scalar, default_eps, rms_norm
 from rmsnorm_kernel.reference import default_out_dtype
 
 logger = logging.getLogger(__name__)
@@ -34,10 +34,11 @@ OUT_DTYPE_RULES = ("input", "promoted")
 
 
 def _check_eps(eps) -> float | None:
-    """eps as torch takes it: None (torch's default) or any real number; stored as a float."""
+    """eps as torch takes it: None (torch's default) or any real number (bools and NumPy scalars
+    too, as rms_norm reads them); stored as a float, which keeps rms_norm's fast path."""
     if eps is None:
         return None
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+    if not (isinstance(eps, numbers.Real) or _numpy_scalar(eps)):
         raise TypeError(f"eps must be a real number or None, got {type(eps).__name__}")
     return float(eps)
 
