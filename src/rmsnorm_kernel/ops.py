@@ -366,6 +366,10 @@ def _apply_plain(x: Tensor, weight: Tensor | None, options: tuple) -> Tensor:
 # run); _takes_fast_path, the common call's few cheap tests, accepts a subset of what they accept.
 _SUPPORTED = frozenset(launch.SUPPORTED_DTYPES)  # for the fast path's membership tests
 _HALF = (torch.float16, torch.bfloat16)
+# The dispatch key of Python dispatch modes and __torch_dispatch__ subclasses (_seen_by_python_dispatch),
+# and the types that never carry it (a Parameter made from a subclass instance has that type).
+_PYTHON_KEY = torch._C.DispatchKey.Python
+_PLAIN = (Tensor, torch.nn.Parameter)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -551,7 +555,7 @@ def _takes_fast_path(
                     and weight.dtype in _SUPPORTED
                     and weight.device == x.device
                     and weight.is_contiguous()  # route
-                    and not torch._C._dispatch_keys(weight).has(_PYTHON_KEY)  # route
+                    and (type(weight) in _PLAIN or not torch._C._dispatch_keys(weight).has(_PYTHON_KEY))
                 )
             )
             # Route: contiguous x, no functorch transform and no forward-mode AD level (those take
@@ -586,9 +590,6 @@ def _has_tangent(*tensors) -> bool:
     return any(isinstance(t, Tensor) and forward_ad.unpack_dual(t).tangent is not None for t in tensors)
 
 
-_PYTHON_KEY = torch._C.DispatchKey.Python
-
-
 def _seen_by_python_dispatch(*tensors) -> bool:
     """Whether a Python dispatch mode is active (FakeTensorMode, FlopCounterMode, a logging mode)
     or one of ``tensors`` is a tensor subclass with __torch_dispatch__ (FakeTensor, DTensor):
@@ -598,7 +599,7 @@ def _seen_by_python_dispatch(*tensors) -> bool:
     if torch._C._dispatch_tls_is_dispatch_key_included(_PYTHON_KEY):
         return True
     return any(
-        isinstance(t, Tensor) and type(t) is not Tensor and torch._C._dispatch_keys(t).has(_PYTHON_KEY)
+        isinstance(t, Tensor) and type(t) not in _PLAIN and torch._C._dispatch_keys(t).has(_PYTHON_KEY)
         for t in tensors
     )
 
