@@ -85,14 +85,14 @@ def holder(norm: nn.Module) -> nn.Module:
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("eps", [0, 0.0, -1e-6, 1, 1e-5, np.float32(1e-5), np.float64(1e-6)])
+@pytest.mark.parametrize("eps", [0, 0.0, -1e-6, 1, 1e-5, np.float32(1e-5), np.float64(1e-6), True, np.True_])
 def test_rmsnorm_takes_any_real_eps_as_torch_does(eps):
     torch.nn.RMSNorm(8, eps=eps)  # torch takes it
     assert RMSNorm(8, eps=eps).eps == float(eps) and type(RMSNorm(8, eps=eps).eps) is float
     assert RMSNorm(8).eps is None and LastDimRMSNorm().eps is None
 
 
-@pytest.mark.parametrize("eps", ["1e-6", True, torch.tensor(1e-6), [1e-6], 1j])
+@pytest.mark.parametrize("eps", ["1e-6", torch.tensor(1e-6), [1e-6], 1j])
 def test_rmsnorm_rejects_a_non_real_eps_at_construction(eps):
     with pytest.raises(TypeError, match="eps"):
         RMSNorm(8, eps=eps)
