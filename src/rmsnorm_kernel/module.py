@@ -23,7 +23,7 @@ from torch import nn
 
 from rmsnorm_kernel import kernels
 from rmsnorm_kernel.launch import CASTING_MODES, SUPPORTED_DTYPES
-from rmsnorm_kernel.ops import _composite, _numpy_scalar, default_eps, rms_norm
+from rmsnorm_kernel.ops import _composite, _real_number, default_eps, rms_norm
 from rmsnorm_kernel.reference import default_out_dtype
 
 logger = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ def _check_eps(eps) -> float | None:
     too, as rms_norm reads them); stored as a float, which keeps rms_norm's fast path."""
     if eps is None:
         return None
-    if not (isinstance(eps, numbers.Real) or _numpy_scalar(eps)):
+    if not _real_number(eps):
         raise TypeError(f"eps must be a real number or None, got {type(eps).__name__}")
     return float(eps)
 

@@ -425,9 +425,10 @@ def _check_dense(t: Tensor, name: str) -> None:
         raise TypeError(f"{name} must be a dense tensor (layout torch.strided), got {got}")
 
 
-def _numpy_scalar(v) -> bool:
-    """A NumPy scalar with a float value (np.bool_ is not a numbers.Real; torch reads it as one)."""
-    return type(v).__module__ == "numpy" and hasattr(v, "__float__")
+def _real_number(v) -> bool:
+    """Whether torch's argument parser reads ``v`` as a float: a real number (bools included) or a
+    NumPy scalar (np.bool_ is not a numbers.Real). rms_norm's eps and RMSNorm's share this rule."""
+    return isinstance(v, numbers.Real) or (type(v).__module__ == "numpy" and hasattr(v, "__float__"))
 
 
 def validate(
@@ -476,7 +477,7 @@ def validate(
         if value is not None and value not in launch.SUPPORTED_DTYPES:
             raise TypeError(f"{name} must be float32, float16, bfloat16 or None, got {value}")
     # Any real eps, as torch takes it (0 and negative values, bools and NumPy scalars included).
-    if not (isinstance(eps, (numbers.Real, torch.SymFloat, torch.SymInt)) or _numpy_scalar(eps)):
+    if not (_real_number(eps) or isinstance(eps, (torch.SymFloat, torch.SymInt))):
         raise TypeError(f"eps must be a real number or None, got {type(eps).__name__}")
     if isinstance(offset, bool) or not isinstance(offset, (numbers.Real, torch.SymFloat, torch.SymInt)):
         raise TypeError(f"offset must be a real number, got {type(offset).__name__}")
