@@ -167,6 +167,32 @@ def test_stage_op_takes_the_op_alone(repo, tmp_path, commit, staged):
         git(repo, "worktree", "remove", "--force", str(tree))
 
 
+def test_stage_op_takes_the_compiled_host_path_sources(tmp_path):
+    """The split layout's csrc/ comes along (plain files only), so that the worker builds and
+    times the compiled host path; a link or a nested folder in it does not."""
+    package = tmp_path / "tree" / "src" / "rmsnorm_kernel"
+    (package / "csrc" / "nested").mkdir(parents=True)
+    (tmp_path / "tree" / "src" / "rmsnorm_suite").mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "csrc" / "host.cpp").write_text("// the host path")
+    (package / "csrc" / "nested" / "more.cpp").write_text("")
+    (tmp_path / "secret.txt").write_text("not the op's")
+    (package / "csrc" / "link.cpp").symlink_to(tmp_path / "secret.txt")
+    path = prverdict.stage_op(tmp_path / "tree", tmp_path / "path")
+    staged = path / "rmsnorm_kernel"
+    assert sorted(p.name for p in staged.iterdir()) == ["__init__.py", "csrc"]
+    assert [p.name for p in (staged / "csrc").iterdir()] == ["host.cpp"]
+    assert (staged / "csrc" / "host.cpp").read_text() == "// the host path"
+
+
+def test_the_staged_op_finds_its_host_source(tmp_path):
+    """This checkout's op, staged as pr-verdict stages it: host.py's SOURCE is there to build."""
+    root = Path(__file__).resolve().parents[1]
+    path = prverdict.stage_op(root, tmp_path / "path")
+    source = path / "rmsnorm_kernel" / "csrc" / "host.cpp"
+    assert source.read_bytes() == (root / "src" / "rmsnorm_kernel" / "csrc" / "host.cpp").read_bytes()
+
+
 def test_worker_refuses_a_suite_from_elsewhere(repo, tmp_path):
     """Run as pr-verdict runs it, but told to expect the suite somewhere it is not."""
     repo, shas = repo

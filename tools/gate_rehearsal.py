@@ -3,6 +3,7 @@
     PYTHONPATH=src python tools/gate_rehearsal.py hostile    # a hostile head must get REGRESSION
     PYTHONPATH=src python tools/gate_rehearsal.py aa         # A/A runs (head = base) must pass
     PYTHONPATH=src python tools/gate_rehearsal.py ab         # a ~5% slower forward must be flagged
+    PYTHONPATH=src python tools/gate_rehearsal.py host --shapes small   # losing the C++ host path
 
 Both build their commits in a temporary git repository from this tree's ``src`` (base: the tree as
 it is), so the checkout's own history is not touched, and run ``rmsnorm-kernel pr-verdict`` from
@@ -13,7 +14,10 @@ hostile: head slows the op (an extra fp32 pass over x before every call) and rew
 (every verdict a pass), the thresholds (factors of 1000) and the harness (constant timings).
 aa: ``--aa-runs`` A/A runs. ab: one A/B run whose head adds a forward over 1/``--extra-rows`` of
 the rows to every call (about 5% more forward bytes, plus a launch); every large device forward
-row must be flagged. Each run prints its wall time and every latency row's ratio and interval.
+row must be flagged. host: head never builds the compiled host path (the Python host path serves
+every call, same kernels); every whole-call forward row of ``--shapes`` must be flagged, and no
+device row (the GPU work is the same). Each run prints its wall time and every latency row's ratio
+and interval.
 """
 
 from __future__ import annotations
@@ -46,6 +50,12 @@ _rms_norm = rms_norm
 def rms_norm(x, *args, **kwargs):  # rehearsal: an extra forward over 1/{k} of the rows
     _rms_norm(x.detach()[: max(1, x.shape[0] // {k})], *args, **kwargs)
     return _rms_norm(x, *args, **kwargs)
+"""
+PYTHON_HOST = """
+
+
+def mode():  # rehearsal: the compiled host path lost, the Python host path serves every call
+    return "python"
 """
 HOSTILE_GATE = """
 
@@ -165,7 +175,22 @@ def ab(args, repo: Path, base: str) -> list[str]:
     return problems
 
 
-REHEARSALS = {"hostile": hostile, "aa": aa, "ab": ab}
+def host(args, repo: Path, base: str) -> list[str]:
+    head = commit_on(repo, base, {"src/rmsnorm_kernel/host.py": PYTHON_HOST}, "the Python host path only")
+    data = pr_verdict(args, repo, base, head, "host-python")
+    rows = [r for r in data.get("rows", []) if r["kind"] == "latency"]
+    forward = [r for r in rows if r["check"].startswith("latency ") and r["check"].endswith(" forward")]
+    missed = [r["check"] for r in forward if r["verdict"] != "regression"]
+    device = [r["check"] for r in rows if r["check"].startswith("device ") and r["verdict"] == "regression"]
+    problems = []
+    if not forward or missed:
+        problems.append(f"host: whole-call forward rows not flagged: {missed or 'none judged'}")
+    if device:
+        problems.append(f"host: device rows flagged, though the GPU work is the same: {device}")
+    return problems
+
+
+REHEARSALS = {"hostile": hostile, "aa": aa, "ab": ab, "host": host}
 
 
 def main() -> int:

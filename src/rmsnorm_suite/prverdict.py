@@ -199,8 +199,10 @@ def stage_trusted_suite(dest: Path) -> Path:
 def stage_op(tree: Path, dest: Path) -> Path:
     """A copy of a checkout's op under ``dest``; returns ``dest``. Where the suite has its own
     package (``src/rmsnorm_suite``), ``src/rmsnorm_kernel`` is the op alone and its modules are
-    copied; in older commits the suite lived in the same package, and only OP_MODULES are, so
-    that only the trusted suite can be imported. Plain files only: no folders, no links."""
+    copied, with the compiled host path's sources (``csrc/``: without them the op falls back to
+    the Python host path and the verdict would time a path its users do not take); in older
+    commits the suite lived in the same package, and only OP_MODULES are, so that only the
+    trusted suite can be imported. Plain files only: no nested folders, no links."""
     package = tree / OP_PACKAGE
     if not (package / "__init__.py").is_file():
         raise ValueError(f"{tree.name}: no {OP_PACKAGE}/__init__.py in this commit")
@@ -211,6 +213,12 @@ def stage_op(tree: Path, dest: Path) -> Path:
         source = package / f"{name}.py"
         if source.is_file() and not source.is_symlink():
             shutil.copyfile(source, dest / "rmsnorm_kernel" / source.name)
+    csrc = package / "csrc"
+    if split and csrc.is_dir() and not csrc.is_symlink():
+        (dest / "rmsnorm_kernel" / "csrc").mkdir()
+        for source in sorted(csrc.iterdir()):
+            if source.is_file() and not source.is_symlink():
+                shutil.copyfile(source, dest / "rmsnorm_kernel" / "csrc" / source.name)
     return dest
 
 
