@@ -2,8 +2,8 @@
 
 asv's own timers measure host wall time; these benchmarks instead report the figures of the
 project's harness (:mod:`rmsnorm_suite.bench`: CUDA events around whole calls, L2 flushed before
-each sample, three blocks of samples, the median; and the GPU time alone from CUDA-graph
-replays) as ``track_`` values, so that the asv history,
+each sample, three blocks of samples, the median; the GPU time alone from CUDA-graph
+replays; and the host's time per call) as ``track_`` values, so that the asv history,
 the gate, pytest-benchmark's extra info and docs/performance.md all show the same numbers.
 
 Only figures where larger is worse are tracked (times and errors): asv's Regressions page flags
@@ -37,7 +37,7 @@ PROVIDERS = [name for name, p in bench.PROVIDERS.items() if not p.residual]  # p
 def _tracked(row: results.Row) -> dict:
     """What the track_ methods report of one row, keyed as they read it."""
     out = {"status": row.status, "error": row.error, "errors": dict(row.errors)}
-    for prefix, t in (("", row.whole), ("device_", row.device)):
+    for prefix, t in (("", row.whole), ("device_", row.device), ("host_", row.host)):
         out[f"{prefix}median_ms"] = t.median_ms
         out[f"{prefix}min_ms"] = min(t.samples_ms) if t.samples_ms else None
         out[f"{prefix}max_ms"] = max(t.samples_ms) if t.samples_ms else None
@@ -109,6 +109,12 @@ class _Suite:
         return self.row["device_max_ms"]
 
     track_gpu_max_ms.unit = "ms"
+
+    def track_host_median_ms(self, cache, shape, provider):
+        """Host time alone: the host clock around the whole calls (None: a run from before it)."""
+        return self.row["host_median_ms"]
+
+    track_host_median_ms.unit = "ms"
 
 
 class Forward(_Suite):

@@ -9,6 +9,7 @@ import importlib
 import json
 import os
 import statistics
+import sys
 import time
 
 import pytest
@@ -223,6 +224,12 @@ def test_run_records_every_sample_and_summary(cpu_run):
             assert row.device_error is None and 1 <= row.device_reps <= bench.DEVICE_MAX_REPS
             assert len(device.samples_ms) == 18 and len(device.block_medians_ms) == 3
             assert device.median_ms == statistics.median(device.samples_ms)
+            # host clock samples: one per whole-call sample, one median per block, no bandwidth
+            host = row.host
+            assert len(host.samples_ms) == 18 and len(host.block_medians_ms) == 3
+            assert host.median_ms == statistics.median(host.samples_ms) and host.tbs is None
+            blocks = [host.samples_ms[k * 6 : (k + 1) * 6] for k in range(3)]
+            assert list(host.block_medians_ms) == [statistics.median(b) for b in blocks]
             assert device.fraction_of_copy == pytest.approx(device.tbs / cpu_run.copy.tbs)
 
 
@@ -332,6 +339,29 @@ def test_a_failing_provider_is_recorded_not_fatal(cpu_run):
     )
 
 
+def test_host_samples_are_the_host_clock_around_each_timed_call(fake_cuda):
+    """time_cuda's host_ms: one figure per timed sample (none for the warm-up), each the host's time
+    in the call; a call that spends 2 ms on the host reads at least 2 ms."""
+    host = []
+    bench.time_cuda(lambda: time.sleep(0.002), samples=4, min_warmup=1, warmup_ms=0.0, host_ms=host)
+    assert len(host) == 4 and all(2.0 <= h < 200 for h in host), host
+
+
+def test_op_host_path_reads_whether_the_entry_loaded(monkeypatch):
+    """ "compiled" once the op's C++ entry is set, "python" before or without it, None for an op
+    without the choice; a run with the kernel records it under machine."""
+    import types
+
+    host = types.ModuleType("rmsnorm_kernel.host")
+    monkeypatch.setitem(sys.modules, "rmsnorm_kernel.host", host)
+    host.entry = None
+    assert bench.op_host_path() == "python"
+    host.entry = object()
+    assert bench.op_host_path() == "compiled"
+    monkeypatch.delitem(sys.modules, "rmsnorm_kernel.host")
+    assert bench.op_host_path() is None
+
+
 def test_table_counts_the_blocks_a_provider_was_slower_than_the_kernel(cpu_run):
     """Block i of each provider ran in the same turn: the table pairs them and counts the blocks
     in which the provider's median was above the kernel's."""
@@ -351,10 +381,11 @@ def test_table_counts_the_blocks_a_provider_was_slower_than_the_kernel(cpu_run):
     assert "slower in" in lines[2]
     kernel_line, eager_line = lines[4], lines[5]
     assert kernel_line.split()[2] == "kernel" and eager_line.split()[2] == "eager"
-    # the last four columns: slower in, ratio 90%, gpu us, gpu copy%
-    assert kernel_line.split()[-4:-2] == ["-", "-"]
-    assert eager_line.split()[-4] == "2/3"
-    low, high = map(float, eager_line.split()[-3].split("-"))
+    # the last five columns: slower in, ratio 90%, gpu us, gpu copy%, host us
+    assert kernel_line.split()[-5:-3] == ["-", "-"]
+    assert eager_line.split()[-5] == "2/3"
+    assert eager_line.split()[-1] == f"{eager.host.median_ms * 1e3:.1f}"
+    low, high = map(float, eager_line.split()[-4].split("-"))
     assert low < 1 < high  # ratios 0.5, 1.5 and 1.25: not decided
     # rows of different block counts are not paired
     short = dataclasses.replace(eager, whole=dataclasses.replace(eager.whole, block_medians_ms=(9.0,)))
@@ -442,7 +473,7 @@ def test_bandwidth_plot(cpu_run, tmp_path):
         series = plots.bandwidth_series(cpu_run, "forward", dtype="bfloat16", timing=timing)
         for provider, points in series.items():
             expected = sorted(
-                (r.n, r.timing(device).tbs)
+                (r.n, r.timing(timing).tbs)
                 for (p, _, mode), r in rows.items()
                 if p == provider and mode == "forward" and r.dtype == "bfloat16" and r.group == "large"
             )
@@ -547,10 +578,18 @@ def test_harness_on_the_gpu():
         # graph replays: captured, GPU time no longer than the whole call, physical bandwidth
         assert row.device_error is None and len(device.samples_ms) == 75
         assert 0 < device.median_ms <= whole.median_ms * 1.05 and device.fraction_of_copy < 1.5
+        # the host clock around the same calls: one figure per sample, under a millisecond a call
+        assert len(row.host.samples_ms) == 75 and 0 < row.host.median_ms < 1.0
         if row.provider == "kernel":
             ceiling = ROOT_THRESHOLDS.numerics[row.dtype].ceiling
             assert all(value <= ceiling[q] for q, value in row.errors.items()), row.errors
     assert gate.judge(run, run, ROOT_THRESHOLDS).status == "pass"
+    # the host path the op's calls took, as RMSNORM_KERNEL_HOST forced it (nox -s gpu forces each)
+    forced = os.environ.get("RMSNORM_KERNEL_HOST")
+    if forced in ("compiled", "python"):
+        assert run.machine["op_host_path"] == forced
+    else:
+        assert run.machine["op_host_path"] in ("compiled", "python")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -626,6 +665,8 @@ def test_asv_suite_records_a_saved_results_file(cpu_run, tmp_path, monkeypatch):
     forward.setup(cache, "8x64-float32", "kernel")
     assert forward.track_median_ms(cache, "8x64-float32", "kernel") == whole.median_ms
     assert forward.track_gpu_median_ms(cache, "8x64-float32", "kernel") == device.median_ms
+    assert row.host.median_ms is not None
+    assert forward.track_host_median_ms(cache, "8x64-float32", "kernel") == row.host.median_ms
     # the spread: the run's fastest and slowest samples, whole call and GPU time alone
     assert forward.track_min_ms(cache, "8x64-float32", "kernel") == min(whole.samples_ms)
     assert forward.track_max_ms(cache, "8x64-float32", "kernel") == max(whole.samples_ms)

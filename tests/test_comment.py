@@ -425,7 +425,8 @@ def test_posting_needs_the_run_title_and_a_repository(tmp_path):
 PAGES = "https://o.github.io/r/"
 # The only history links there can be: the Pages URL, an asv benchmark of bench_rmsnorm, a shape.
 HISTORY = re.compile(
-    re.escape(PAGES) + r"#bench_rmsnorm\.(Forward|ForwardBackward)\.track_(median_ms|gpu_median_ms|error_y|"
+    re.escape(PAGES)
+    + r"#bench_rmsnorm\.(Forward|ForwardBackward)\.track_(median_ms|gpu_median_ms|host_median_ms|error_y|"
     r"error_dx|error_dw)\?p-shape='[0-9]+x[0-9]+-(float32|float16|bfloat16)'"
 )
 
@@ -465,6 +466,9 @@ def test_each_flagged_row_links_its_benchmark_history_at_its_shape(tmp_path):
 def test_history_url_maps_every_check_the_gate_writes():
     assert pvc.history_url("latency 1x4096-float16 forward_backward", PAGES) == (
         f"{PAGES}#bench_rmsnorm.ForwardBackward.track_median_ms?p-shape='1x4096-float16'"
+    )
+    assert pvc.history_url("host 128x257-float32 forward", PAGES) == (
+        f"{PAGES}#bench_rmsnorm.Forward.track_host_median_ms?p-shape='128x257-float32'"
     )
     assert pvc.history_url("error y 8192x16384-bfloat16", PAGES).endswith(
         "Forward.track_error_y?p-shape='8192x16384-bfloat16'"

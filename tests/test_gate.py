@@ -104,6 +104,11 @@ def device_ms(shape: cases.BenchShape, mode: str) -> float:
     return cases.bytes_moved(shape, mode) / 3.8e12 * 1e3 + 0.002
 
 
+def host_ms(shape: cases.BenchShape, mode: str) -> float:
+    """A plausible host time: 8 us a forward, 60 us a forward+backward."""
+    return 0.008 if mode == "forward" else 0.060
+
+
 def make_run(
     seed: int,
     *,
@@ -112,16 +117,17 @@ def make_run(
     n: int = SAMPLES,
     errors=None,
     device_slower: dict | None = None,
+    host_slower: dict | None = None,
     rounds: int = ROUNDS,
 ):
     """A results file as pr-verdict's merge writes it, kernel provider only: every benchmark
     shape and mode, ``rounds`` rounds of ``n`` samples ~ median x (1 + noise N(0, 1)) and their
-    per-round medians; ``slower`` maps (shape, mode) or "*" to a factor (host-inclusive and
-    device samples alike), ``device_slower`` likewise for the device samples alone (applied on
-    top of ``slower``)."""
+    per-round medians; ``slower`` maps (shape, mode) or "*" to a factor (every timing
+    alike), ``device_slower`` likewise for the device samples alone (applied on
+    top of ``slower``) and ``host_slower`` for the host-clock samples alone."""
     rng = random.Random(seed)
     slower = slower or {}
-    device_slower = device_slower or {}
+    device_slower, host_slower = device_slower or {}, host_slower or {}
     rows = []
     for shape in cases.BENCH_SHAPES:
         dtype = cases.dtype_name(shape.dtype)
@@ -135,6 +141,10 @@ def make_run(
             )
             host_rounds = [[center * (1 + noise * rng.gauss(0, 1)) for _ in range(n)] for _ in range(rounds)]
             gpu_rounds = [[gpu * (1 + noise / 2 * rng.gauss(0, 1)) for _ in range(n)] for _ in range(rounds)]
+            host = (
+                host_ms(shape, mode) * factor * host_slower.get((shape.name, mode), host_slower.get("*", 1.0))
+            )
+            clock_rounds = [[host * (1 + noise * rng.gauss(0, 1)) for _ in range(n)] for _ in range(rounds)]
             samples = [v for r in host_rounds for v in r]
             device_samples = [v for r in gpu_rounds for v in r]
             errs = {q: TYPICAL_ERROR[dtype] for q in gate.QUANTITIES[mode]}
@@ -159,6 +169,8 @@ def make_run(
                     "device_block_medians_ms": [gate.median(r) for r in gpu_rounds],
                     "device_reps": 1,
                     "device_error": None,
+                    "host_samples_ms": [v for r in clock_rounds for v in r],
+                    "host_block_medians_ms": [gate.median(r) for r in clock_rounds],
                     "errors": errs,
                 }
             )
@@ -210,6 +222,13 @@ def no_device(run, shape, mode, why):
     return run
 
 
+def no_host(run):
+    """A head timed by a harness from before the host clock: no host samples."""
+    for r in run["results"]:
+        del r["host_samples_ms"], r["host_block_medians_ms"]
+    return run
+
+
 def unpaired(run):
     del run["settings"]["round_indices"]  # a plain benchmark run: its blocks do not pair with base's
     return run
@@ -239,6 +258,10 @@ SCENARIOS = [
     ("6% slower on the GPU at a launch-bound shape, hidden in host time",
      lambda: make_run(7, device_slower={(SMALL, "forward_backward"): 1.06}), "regression",
      [f"device {SMALL} forward_backward"]),
+    ("host work doubled (the compiled host path lost), the GPU work the same",
+     lambda: make_run(23, host_slower={(SMALL, "forward"): 2.0}), "regression", [f"host {SMALL} forward"]),
+    ("host work 10% more: within the factor", lambda: make_run(24, host_slower={"*": 1.10}), "pass", []),
+    ("head timed without the host clock", lambda: no_host(make_run(25)), "error", [f"host {LARGE} forward"]),
     ("graph capture failed in head",
      lambda: no_device(make_run(19), LARGE, "forward", "RuntimeError: operation not permitted when stream is capturing"),
      "error", [f"device {LARGE} forward"]),
@@ -296,8 +319,9 @@ def test_gate_checks_every_shape_and_mode(base_run):
     verdict = gate.judge(base_run, make_run(2), THRESHOLDS)
     latency = [r for r in verdict.rows if r.kind == "latency"]
     numerics = [r for r in verdict.rows if r.kind == "numerics"]
-    assert len(latency) == 2 * len(cases.BENCH_SHAPES) * len(cases.BENCH_MODES)  # host-inclusive, device
-    assert sum(r.check.startswith("device ") for r in latency) == len(latency) // 2
+    assert len(latency) == 3 * len(cases.BENCH_SHAPES) * len(cases.BENCH_MODES)  # whole, device, host
+    assert sum(r.check.startswith("device ") for r in latency) == len(latency) // 3
+    assert sum(r.check.startswith("host ") for r in latency) == len(latency) // 3
     assert len(numerics) == len(cases.BENCH_SHAPES) * 3  # y; dx and dw
     assert all(0.0 <= r.p_value <= 1.0 for r in latency)
 
@@ -373,6 +397,17 @@ def test_verdict_files_shape(tmp_path, base_run):
     assert data["head"]["commit"] == f"{4:040x}"
 
 
+def test_verdict_names_the_host_path_of_each_side(tmp_path, base_run):
+    """A head that lost the compiled host path says so above the table; runs that did not record
+    it add nothing."""
+    head = make_run(2)
+    base = copy.deepcopy(base_run)
+    base["machine"]["op_host_path"], head["machine"]["op_host_path"] = "compiled", "python"
+    md = gate.to_markdown(gate.judge(base, head, THRESHOLDS))
+    assert "The op's host path: base compiled, head python." in md
+    assert "host path" not in gate.to_markdown(gate.judge(base_run, make_run(2), THRESHOLDS))
+
+
 # (scenario, base file content or None for a missing file, head content, exit status)
 CLI_CASES = [
     ("pass", lambda: make_run(1), lambda: make_run(2), 0),
@@ -425,6 +460,10 @@ def test_thresholds_are_as_declared():
     # bound, so it sits under the 5% the project promises to catch
     assert set(THRESHOLDS.device_latency) == {(g, m) for g in cases.GROUPS for m in cases.BENCH_MODES}
     assert all(rule.factor == 1.03 and rule.alpha <= 0.01 for rule in THRESHOLDS.device_latency.values())
+    # host latency: every group and mode declared, tight enough to flag a lost compiled host path
+    # (1.5-2x a forward's host time)
+    assert set(THRESHOLDS.host_latency) == {(g, m) for g in cases.GROUPS for m in cases.BENCH_MODES}
+    assert all(rule.factor <= 1.5 and rule.alpha <= 0.01 for rule in THRESHOLDS.host_latency.values())
     assert THRESHOLDS.min_rounds == 3
     for dtype, factor in cases.ORACLE_ERROR_FACTOR.items():
         assert THRESHOLDS.numerics[cases.dtype_name(dtype)].growth == factor
@@ -515,6 +554,8 @@ def test_merge_rounds_concatenates_samples_and_keeps_the_worst_error():
     # one unit per round
     assert list(row.whole.block_medians_ms) == [gate.median(x["samples_ms"]) for x in mine]
     assert list(row.device.block_medians_ms) == [gate.median(x["device_samples_ms"]) for x in mine]
+    assert list(row.host.block_medians_ms) == [gate.median(x["host_samples_ms"]) for x in mine]
+    assert len(row.host.samples_ms) == 80 and row.host.tbs is None
     assert merged.round_indices == [0, 1]
     assert row.errors["y"] == 1e-7
     assert row.whole.median_ms == pytest.approx(gate.median(row.whole.samples_ms))
@@ -642,8 +683,11 @@ def test_pass_summary_counts_each_kind():
         gate.Row("device a forward", 1.0, 1.0, 1.0, 1.05, "pass", "latency"),
         *verdict_rows("pass", 3, "numerics"),
         gate.Row("gpu tests (head)", None, None, None, None, "pass", "run"),
+        gate.Row("host a forward", 1.0, 1.0, 1.0, 1.25, "pass", "latency"),
     ]
     verdict = gate._verdict(rows, None, None, THRESHOLDS)
-    assert verdict.summary == "PASS: all 7 checks pass (2 latency, 1 device latency, 3 numerics)"
+    assert (
+        verdict.summary == "PASS: all 8 checks pass (2 latency, 1 device latency, 1 host latency, 3 numerics)"
+    )
     verdict = gate._verdict(rows[:2] + rows[3:6], None, None, THRESHOLDS)
     assert verdict.summary == "PASS: all 5 checks pass (2 latency, 3 numerics)"

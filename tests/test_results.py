@@ -24,9 +24,11 @@ def a_run() -> results.Run:
     """A small run by hand: a timed row with GPU time, a failed row, a copy of x."""
     whole = results.timing([1.0, 2.0, 3.0, 4.0], [1.5, 3.5], 4_000_000, 8.0)
     device = results.timing([0.5, 0.6, 0.7], [0.6], 4_000_000, 8.0)
+    host = results.timing([0.05, 0.07, 0.06], [0.06], None, None)
     ok = results.Row(
         "kernel", "4x33-bfloat16", "forward_backward", "ok", 4, 33, "bfloat16", "large",
         bytes=4_000_000, errors={"dx": 1e-3, "dw": float("nan")}, whole=whole, device=device, device_reps=8,
+        host=host,
     )  # fmt: skip
     failed = results.Row(
         "liger", "4x33-bfloat16", "forward", "failed", 4, 33, "bfloat16", "large",
@@ -89,7 +91,10 @@ def test_index_and_rows_of():
         ("liger", "4x33-bfloat16", "forward"),
     }
     assert list(run.rows_of("liger")) == [("4x33-bfloat16", "forward")]
-    assert run.results[0].timing(device=True).median_ms == 0.6 and run.results[0].ok
+    assert run.results[0].timing("device").median_ms == 0.6 and run.results[0].ok
+    assert run.results[0].timing("host").median_ms == 0.06 and run.results[0].timing("whole").median_ms == 2.5
+    with pytest.raises(ValueError, match="kind must be one of"):
+        run.results[0].timing("gpu")
     assert not run.results[1].ok
 
 

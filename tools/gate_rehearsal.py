@@ -15,7 +15,7 @@ hostile: head slows the op (an extra fp32 pass over x before every call) and rew
 aa: ``--aa-runs`` A/A runs. ab: one A/B run whose head adds a forward over 1/``--extra-rows`` of
 the rows to every call (about 5% more forward bytes, plus a launch); every large device forward
 row must be flagged. host: head never builds the compiled host path (the Python host path serves
-every call, same kernels); every whole-call forward row of ``--shapes`` must be flagged, and no
+every call, same kernels); every host-time forward row of ``--shapes`` must be flagged, and no
 device row (the GPU work is the same). Each run prints its wall time and every latency row's ratio
 and interval.
 """
@@ -121,7 +121,9 @@ def pr_verdict(args, repo: Path, base: str, head: str, name: str) -> dict:
     done = subprocess.run([*cmd, "--head", head, "--out", str(out), *run], cwd=ROOT)
     data = json.loads((out / "verdict.json").read_text()) if (out / "verdict.json").is_file() else {}
     data["exit"], data["wall_s"] = done.returncode, round(time.time() - t0)
+    paths = {side: (data.get(side) or {}).get("op_host_path") for side in ("base", "head")}
     print(f"== {name}: exit {done.returncode}, {data['wall_s']} s: {data.get('summary')}", flush=True)
+    print(f"   op host path: base {paths['base']}, head {paths['head']}", flush=True)
     for row in data.get("rows", []):
         if row["kind"] == "latency" and row.get("ratio") is not None:
             print(
@@ -154,6 +156,9 @@ def aa(args, repo: Path, base: str) -> list[str]:
         data = pr_verdict(args, repo, base, base, f"aa-{k}")
         if data.get("status") != "pass":
             problems.append(f"A/A {k}: {data.get('summary')}")
+        paths = [(data.get(side) or {}).get("op_host_path") for side in ("base", "head")]
+        if paths != ["compiled", "compiled"]:
+            problems.append(f"A/A {k}: the compiled host path was not timed on both sides: {paths}")
     return problems
 
 
@@ -179,14 +184,17 @@ def host(args, repo: Path, base: str) -> list[str]:
     head = commit_on(repo, base, {"src/rmsnorm_kernel/host.py": PYTHON_HOST}, "the Python host path only")
     data = pr_verdict(args, repo, base, head, "host-python")
     rows = [r for r in data.get("rows", []) if r["kind"] == "latency"]
-    forward = [r for r in rows if r["check"].startswith("latency ") and r["check"].endswith(" forward")]
+    forward = [r for r in rows if r["check"].startswith("host ") and r["check"].endswith(" forward")]
     missed = [r["check"] for r in forward if r["verdict"] != "regression"]
     device = [r["check"] for r in rows if r["check"].startswith("device ") and r["verdict"] == "regression"]
     problems = []
     if not forward or missed:
-        problems.append(f"host: whole-call forward rows not flagged: {missed or 'none judged'}")
+        problems.append(f"host: host-time forward rows not flagged: {missed or 'none judged'}")
     if device:
         problems.append(f"host: device rows flagged, though the GPU work is the same: {device}")
+    paths = [(data.get(side) or {}).get("op_host_path") for side in ("base", "head")]
+    if paths != ["compiled", "python"]:
+        problems.append(f"host: expected base compiled and head python, got {paths}")
     return problems
 
 

@@ -62,9 +62,10 @@ PAGES_URL = re.compile(r"https://[a-z0-9][a-z0-9-]{0,38}\.github\.io/(?!\.{1,2}/
 SHAPE = re.compile(r"[0-9]+x[0-9]+-(float32|float16|bfloat16)")  # cases.BENCH_SHAPES names
 # A gate row's check name -> the asv benchmark that tracks it (benchmarks/bench_rmsnorm.py):
 # "latency SHAPE MODE" is the whole-call median, "device SHAPE MODE" the GPU-time median,
-# "error Q SHAPE" the error of quantity Q in the class whose mode computes it.
+# "host SHAPE MODE" the host-time median, "error Q SHAPE" the error of quantity Q in the class
+# whose mode computes it.
 ASV_CLASS = {"forward": "Forward", "forward_backward": "ForwardBackward"}
-ASV_TRACK = {"latency": "track_median_ms", "device": "track_gpu_median_ms"}
+ASV_TRACK = {"latency": "track_median_ms", "device": "track_gpu_median_ms", "host": "track_host_median_ms"}
 ASV_ERROR = {"y": "Forward.track_error_y", "dx": "ForwardBackward.track_error_dx",
              "dw": "ForwardBackward.track_error_dw"}  # fmt: skip
 

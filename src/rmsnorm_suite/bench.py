@@ -22,6 +22,14 @@ depend on the kernels alone; the gate judges them with a tight factor. forward+b
 captured as ``torch.autograd.grad`` (fresh gradients, no accumulation). A provider that cannot be
 captured keeps its host-inclusive figures and records why under ``device_error``.
 
+Host time. The whole-call samples above time the GPU as much as the host: where a call's host
+work is shorter than the flush queued before it, the start event waits for the flush and the
+host's work is hidden (docs/performance-notes.md). Waiting for an idle GPU before each sample does
+not help: the interval then carries tens of microseconds of the GPU's start-up, more than the
+call. So the same samples also record the host clock around the call (``time.perf_counter``):
+the time the caller's thread spends issuing it, which is what a compiled host path saves and what
+bounds an eager model whose GPU keeps up. Those samples are the rows' ``host`` timing.
+
 Bandwidth counts the fewest bytes a pass must move (:func:`rmsnorm_suite.cases.bytes_moved`)
 and is also given as a fraction of a device-to-device copy measured in the same run (a 2 GiB
 bf16 copy, bytes read plus written). With the forward mode, each shape also gets a copy of its
@@ -285,9 +293,11 @@ def time_cuda(
     min_warmup: int = 3,
     flush: torch.Tensor | None = None,
     grads: Sequence[torch.Tensor] = (),
+    host_ms: list[float] | None = None,
 ) -> list[float]:
     """Milliseconds of ``samples`` calls, each between two CUDA events, each after
-    ``prepare_sample(grads, flush)`` (outside the interval)."""
+    ``prepare_sample(grads, flush)`` (outside the interval). With ``host_ms``, the host clock
+    around each of the same calls is appended to it (milliseconds)."""
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples!r}")
 
@@ -309,12 +319,17 @@ def time_cuda(
 
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(samples)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(samples)]
+    host = [0.0] * samples
     for i in range(samples):
         prepare_sample(grads, flush)
         starts[i].record()
+        t0 = time.perf_counter()
         call()
+        host[i] = (time.perf_counter() - t0) * 1e3
         ends[i].record()
     torch.cuda.synchronize()
+    if host_ms is not None:
+        host_ms.extend(host)
     return [s.elapsed_time(e) for s, e in zip(starts, ends)]
 
 
@@ -592,6 +607,8 @@ class _Tally:
     device_block_medians_ms: list[float] = field(default_factory=list)
     device_reps: int | None = None
     device_error: str | None = None
+    host_samples_ms: list[float] = field(default_factory=list)
+    host_block_medians_ms: list[float] = field(default_factory=list)
     errors: dict[str, float] = field(default_factory=dict)
 
     def row(self, provider: str, case: Case, mode: str, nbytes: int, residual: bool, copy_tbs) -> results.Row:
@@ -604,6 +621,7 @@ class _Tally:
                 self.device_samples_ms, self.device_block_medians_ms, nbytes, copy_tbs, summarise=ok
             ),
             device_reps=self.device_reps, device_error=self.device_error,
+            host=results.timing(self.host_samples_ms, self.host_block_medians_ms, None, None, summarise=ok),
         )  # fmt: skip
 
 
@@ -647,6 +665,7 @@ def run_benchmarks(
         "eps": eps,
         "seed": seed,
         "timing": "CUDA events around whole calls; L2 flushed before each sample",
+        "host_timing": "time.perf_counter around the same calls",
         "device_timing": (
             f"CUDA graph replays of back-to-back calls (about {DEVICE_TARGET_MS} ms of GPU work each), "
             "per call; L2 flushed before each replay"
@@ -713,6 +732,7 @@ def run_benchmarks(
                         bar.step(f"{case.name} {mode} {name}")
                         if tally.status != "ok":
                             continue
+                        host: list[float] = []
                         try:
                             call, grads = make_call(fns[name], x, w, dy, mode)
                             times = time_cuda(
@@ -721,12 +741,15 @@ def run_benchmarks(
                                 warmup_ms=warmup_ms if block == 0 else warmup_ms / 5,
                                 flush=flush,
                                 grads=grads,
+                                host_ms=host,
                             )
                         except Exception as exc:
                             _fail(tally, exc)
                             continue
                         tally.samples_ms.extend(times)
                         tally.block_medians_ms.append(median(times))
+                        tally.host_samples_ms.extend(host)
+                        tally.host_block_medians_ms.append(median(host))
                         if tally.device_error is None:
                             _time_device(tally, graphs, (name, mode), fns[name], x, w, dy, samples, flush)
             graphs.clear()
@@ -747,9 +770,20 @@ def run_benchmarks(
             torch.cuda.empty_cache()
     finally:
         bar.close()
+    if "kernel" in providers or "kernel_residual" in providers:
+        machine["op_host_path"] = op_host_path()
     return results.Run(
         tuple(rows), results.SCHEMA, created, machine, git, settings, copy, copies, round(time.time() - t0, 1)
     )
+
+
+def op_host_path() -> str | None:
+    """Which host path served this process's calls of the op: "compiled" once the op's C++ entry
+    has loaded, else "python"; None for an op without the choice (rmsnorm_kernel/host.py)."""
+    host = sys.modules.get("rmsnorm_kernel.host")
+    if host is None:
+        return None
+    return "compiled" if getattr(host, "entry", None) is not None else "python"
 
 
 def _residual_bytes(case: Case, mode: str) -> int:
@@ -921,8 +955,8 @@ def format_table(result: results.Run) -> str:
     ceiling, errors, the time relative to this kernel (>1: slower than the kernel), in how many
     blocks it was slower than the kernel and the 90% interval of that ratio over the blocks
     (providers take turns within a block, so block i of one row and of another ran side by side:
-    where whole calls are noisy, the pairs say more than one median); the failed rows' errors
-    below."""
+    where whole calls are noisy, the pairs say more than one median), the GPU time and the host
+    time of a call; the failed rows' errors below."""
     from rmsnorm_suite import console  # here, not at the top: the worker needs none of its configs
 
     machine = result.machine
@@ -932,13 +966,13 @@ def format_table(result: results.Run) -> str:
         "",
     ]
     headers = ["shape", "mode", "provider", "median us", "blocks us", "TB/s", "copy%", "err", "vs kernel"]
-    headers += ["slower in", "ratio 90%", "gpu us", "gpu copy%"]
+    headers += ["slower in", "ratio 90%", "gpu us", "gpu copy%", "host us"]
     rows, failures = [], []
     index = result.index()
     for r in result.results:
         t = r.whole
         if not r.ok or t.median_ms is None:
-            rows.append([r.shape, r.mode, r.provider, "FAILED"] + ["-"] * 9)
+            rows.append([r.shape, r.mode, r.provider, "FAILED"] + ["-"] * 10)
             failures.append(f"  {r.shape} {r.mode} {r.provider}: {str(r.error)[:80]}")
             continue
         blocks = "/".join(f"{b * 1e3:.1f}" for b in t.block_medians_ms)
@@ -951,11 +985,12 @@ def format_table(result: results.Run) -> str:
         gpu = ["-", "-"]
         if r.device.median_ms:
             gpu = [f"{r.device.median_ms * 1e3:.1f}", f"{100 * r.device.fraction_of_copy:.1f}%"]
+        host = f"{r.host.median_ms * 1e3:.1f}" if r.host.median_ms else "-"
         rows.append(
             [r.shape, r.mode, r.provider, f"{t.median_ms * 1e3:.1f}", blocks, f"{t.tbs:.2f}"]
-            + [f"{100 * t.fraction_of_copy:.1f}%", errs, vs, slower, interval, *gpu]
+            + [f"{100 * t.fraction_of_copy:.1f}%", errs, vs, slower, interval, *gpu, host]
         )
-    lines.append(console.format_table(headers, rows, right=range(3, 13)))
+    lines.append(console.format_table(headers, rows, right=range(3, 14)))
     if failures:
         lines += ["", "failed:", *failures]
     copies = {name: c for name, c in result.same_bytes_copy.items() if c.median_ms}

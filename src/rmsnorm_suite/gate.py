@@ -6,10 +6,12 @@ the samples, are the independent units. The head/base ratio is estimated from th
 medians (paired by round where the two runs were interleaved, else Welch), with a one-sided
 (1 - alpha) Student-t lower confidence bound; a regression when that lower bound exceeds the
 group's factor: the gate is confident that head is slower by more than the factor allows.
-Two latencies are judged, each with its own table of factors: host-inclusive latency (whole
-calls: Python, autograd, launches and kernels; ``[latency]``) and device latency (CUDA-graph
+Three latencies are judged, each with its own table of factors: host-inclusive latency (whole
+calls: Python, autograd, launches and kernels; ``[latency]``), device latency (CUDA-graph
 replays: the kernels' GPU time alone; ``[device_latency]``), which does not follow the host's
-speed and so can be held to a tight factor at every shape.
+speed and so can be held to a tight factor at every shape, and host latency (the host clock
+around the whole calls: the caller's time to issue one; ``[host_latency]``), which a call's GPU
+work does not hide.
 
 Numerics, per (shape, quantity): a regression when the head's relative error against the
 float64 oracle exceeds min(ceiling, base error x growth) of the shape's dtype.
@@ -158,6 +160,7 @@ class Thresholds:
     min_samples: int = 20
     source: str = "<thresholds>"
     device_latency: dict[tuple[str, str], LatencyRule] = field(default_factory=dict)  # GPU time only
+    host_latency: dict[tuple[str, str], LatencyRule] = field(default_factory=dict)  # host clock only
     min_rounds: int = 3  # per-round medians per side; fewer cannot bound the ratio usefully
 
 
@@ -187,7 +190,7 @@ def _only(where: str, table: dict[str, Any], allowed: Sequence[str]) -> None:
 def parse_thresholds(data: dict[str, Any], source: str = "<thresholds>") -> Thresholds:
     """Validate a parsed regression.toml; errors name the file and the key."""
     try:
-        _only("top level", data, ["gate", "latency", "device_latency", "numerics"])
+        _only("top level", data, ["gate", "latency", "device_latency", "host_latency", "numerics"])
         gate = _table("gate", data.get("gate", {}))
         _only("gate", gate, ["min_samples", "min_rounds"])
         min_samples = gate.get("min_samples", 20)
@@ -198,6 +201,7 @@ def parse_thresholds(data: dict[str, Any], source: str = "<thresholds>") -> Thre
             raise ValueError(f"gate.min_rounds must be an integer >= 3, got {min_rounds!r}")
         latency = _latency_rules("latency", data.get("latency"))
         device_latency = _latency_rules("device_latency", data.get("device_latency", {}))
+        host_latency = _latency_rules("host_latency", data.get("host_latency", {}))
         numerics: dict[str, NumericRule] = {}
         for dtype, rule in _table("numerics", data.get("numerics")).items():
             where = f"numerics.{dtype}"
@@ -220,6 +224,7 @@ def parse_thresholds(data: dict[str, Any], source: str = "<thresholds>") -> Thre
         min_samples=min_samples,
         source=source,
         device_latency=device_latency,
+        host_latency=host_latency,
         min_rounds=min_rounds,
     )
 
@@ -314,6 +319,7 @@ def _describe(run: Run | None) -> dict[str, Any]:
         "torch": run.machine.get("torch"),
         "triton": run.machine.get("triton"),
         "copy_tbs": run.copy.tbs,
+        "op_host_path": run.machine.get("op_host_path"),
     }
 
 
@@ -379,9 +385,16 @@ def judge(
             continue
         rows.append(_latency_row(name, br, hr, thresholds, paired=paired))
         if thresholds.device_latency:
-            rows.append(_latency_row(name, br, hr, thresholds, device=True, paired=paired))
+            rows.append(_latency_row(name, br, hr, thresholds, "device", paired=paired))
+        if thresholds.host_latency:
+            rows.append(_latency_row(name, br, hr, thresholds, "host", paired=paired))
         rows.extend(_numeric_rows(shape, mode, br, hr, thresholds))
     return _verdict(rows, base, head, thresholds)
+
+
+# A row's timing (results.KINDS) -> its table of factors in regression.toml, and its checks' prefix.
+LATENCY_TABLES = {"whole": "latency", "device": "device_latency", "host": "host_latency"}
+CHECK_PREFIXES = {"whole": "latency", "device": "device", "host": "host"}
 
 
 def _latency_row(
@@ -389,18 +402,19 @@ def _latency_row(
     br: ResultRow,
     hr: ResultRow,
     th: Thresholds,
-    device: bool = False,
+    kind: str = "whole",
     paired: bool = False,
 ) -> Row:
-    """Host-inclusive latency (the rows' ``whole`` timing, [latency]) or, with ``device``, GPU time
-    from graph replays (``device``, [device_latency]); the units are the block (round) medians;
-    ``paired``: the runs' rounds ran side by side (pr-verdict), so round k of base is compared
-    with round k of head."""
-    check = ("device " if device else "latency ") + name
-    table = "device_latency" if device else "latency"
+    """Host-inclusive latency (the rows' ``whole`` timing, [latency]), GPU time from graph replays
+    (``device``, [device_latency]) or the host clock around the whole calls (``host``,
+    [host_latency]); the units are the block (round) medians; ``paired``: the runs' rounds ran
+    side by side (pr-verdict), so round k of base is compared with round k of head."""
+    table = LATENCY_TABLES[kind]
+    check = f"{CHECK_PREFIXES[kind]} {name}"
+    device = kind == "device"
     group, mode = hr.group, hr.mode
-    rule = (th.device_latency if device else th.latency).get((group, mode))
-    bt, ht = br.timing(device), hr.timing(device)
+    rule = getattr(th, table).get((group, mode))
+    bt, ht = br.timing(kind), hr.timing(kind)
     bs, hs = bt.samples_ms, ht.samples_ms
     bm, hm = (median(bs) if bs else None), (median(hs) if hs else None)
     if rule is None:
@@ -483,11 +497,13 @@ def _verdict(rows: list[Row], base, head, th: Thresholds) -> Verdict:
             summary += f", and {len(regressions) - 4} more"
     else:
         n_dev = sum(r.kind == "latency" and r.check.startswith("device ") for r in rows)
-        n_lat = sum(r.kind == "latency" for r in rows) - n_dev
+        n_host = sum(r.kind == "latency" and r.check.startswith("host ") for r in rows)
+        n_lat = sum(r.kind == "latency" for r in rows) - n_dev - n_host
         n_num = sum(r.kind == "numerics" for r in rows)
         status = "pass"
         device = f"{n_dev} device latency, " if n_dev else ""
-        summary = f"all {judged} checks pass ({n_lat} latency, {device}{n_num} numerics)"
+        host = f"{n_host} host latency, " if n_host else ""
+        summary = f"all {judged} checks pass ({n_lat} latency, {device}{host}{n_num} numerics)"
     return Verdict(status, f"{status.upper()}: {summary}", rows, _describe(base), _describe(head), th.source)
 
 
@@ -538,7 +554,8 @@ def to_markdown(verdict: Verdict) -> str:
         "column gives the estimate, its (1 - 2 alpha) interval, whose low end is that bound, the "
         't-test p for "head slower" and the number of rounds. '
         "`latency` rows time whole calls (host work included); `device` rows time CUDA-graph "
-        "replays (the kernels' GPU time alone).",
+        "replays (the kernels' GPU time alone); `host` rows time the host's work of the same calls."
+        + _host_paths(b, h),
         "",
         "| check | base | head | ratio | threshold | verdict |",
         "|---|---|---|---|---|---|",
@@ -552,6 +569,13 @@ def to_markdown(verdict: Verdict) -> str:
         cells = [_cell(r, "base"), _cell(r, "head"), _cell(r, "ratio"), _cell(r, "threshold")]
         lines.append(f"| {r.check} | " + " | ".join(cells) + f" | {mark}{note} |")
     return "\n".join(lines) + "\n"
+
+
+def _host_paths(b: Mapping[str, Any], h: Mapping[str, Any]) -> str:
+    """The host path each side's calls took (bench.op_host_path), where a run recorded it."""
+    if not (b.get("op_host_path") or h.get("op_host_path")):
+        return ""
+    return f" The op's host path: base {b.get('op_host_path') or '?'}, head {h.get('op_host_path') or '?'}."
 
 
 def _escape(text: str) -> str:

@@ -71,16 +71,17 @@ def bandwidth_series(
     """provider -> [(N, TB/s)] sorted by N, for the successful rows of one mode and dtype in
     ``groups`` (one shape per N, as ``_curves`` keeps), timed as ``timing`` says (a key of
     TIMINGS)."""
-    device = TIMINGS[timing][0]
+    if timing not in TIMINGS:
+        raise ValueError(f"timing must be one of {list(TIMINGS)}, got {timing!r}")
     return _curves(
-        (r.provider, r.m, r.n, r.timing(device).tbs)
+        (r.provider, r.m, r.n, r.timing(timing).tbs)
         for r in _as_run(run).results
         if r.mode == mode
         and r.dtype == dtype
         and r.group in groups
         and not r.residual
         and r.ok
-        and r.timing(device).tbs is not None
+        and r.timing(timing).tbs is not None
     )
 
 
@@ -224,6 +225,7 @@ def performance_markdown(run: Run | Mapping[str, Any], png: str | None = None) -
 
 def _table(run: Run, device: bool) -> list[str]:
     """Rows of one table: the whole-call figures, or with ``device`` the GPU-only ones."""
+    kind = "device" if device else "whole"
     rows = run.index()
     headers = ["shape", "mode", "kernel µs", "kernel TB/s", "of copy", "copy of x µs", "best peer", "peer µs"]
     headers.append("peer/kernel")
@@ -239,10 +241,10 @@ def _table(run: Run, device: bool) -> list[str]:
             and p != "kernel"
             and not r.residual  # the fused residual pass is a different operation
             and r.ok
-            and r.timing(device).median_ms
+            and r.timing(kind).median_ms
         ]
-        best = min(peers, key=lambda r: r.timing(device).median_ms) if peers else None
-        k = kernel.timing(device) if kernel is not None else None
+        best = min(peers, key=lambda r: r.timing(kind).median_ms) if peers else None
+        k = kernel.timing(kind) if kernel is not None else None
         kernel_ok = kernel is not None and kernel.ok and k.median_ms
         if not kernel_ok:
             k_cells = ["failed" if kernel and not kernel.ok else "-", "-", "-"]
@@ -254,7 +256,7 @@ def _table(run: Run, device: bool) -> list[str]:
         if best is None:
             p_cells = ["-", "-", "-"]
         else:
-            best_ms = best.timing(device).median_ms
+            best_ms = best.timing(kind).median_ms
             ratio = f"{best_ms / k.median_ms:.2f}" if kernel_ok else "-"
             p_cells = [best.provider, f"{best_ms * 1e3:.1f}", ratio]
         table.append([shape, mode.replace("_", "+"), *k_cells, *p_cells])

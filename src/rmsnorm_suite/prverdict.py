@@ -92,8 +92,8 @@ def round_order(k: int) -> tuple[str, str]:
 def merge_rounds(
     runs: Sequence[results.Run | Mapping[str, Any]], label: str, commit: str | None
 ) -> results.Run:
-    """One run from several rounds of one side: samples concatenated, one median per round (host
-    and device: the gate's units), the largest error seen, failed when any round failed."""
+    """One run from several rounds of one side: samples concatenated, one median per round (whole
+    call, device and host: the gate's units), the largest error seen, failed when any round failed."""
     if not runs:
         raise ValueError(f"no rounds to merge for {label}")
     runs = [results.as_run(run) for run in runs]
@@ -108,6 +108,11 @@ def merge_rounds(
                 continue
             into.samples.extend(row.whole.samples_ms)
             into.medians.append(bench.median(row.whole.samples_ms))
+            if row.host.samples_ms:
+                into.host_samples.extend(row.host.samples_ms)
+                into.host_medians.append(bench.median(row.host.samples_ms))
+            else:  # rounds are paired by position: a round without host samples voids them all
+                into.host_missing = True
             if row.device_error or not row.device.samples_ms:
                 into.device_error = (
                     into.device_error or f"round {k}: {row.device_error or 'no device samples'}"
@@ -145,6 +150,9 @@ class _Merged:
     device_samples: list[float] = field(default_factory=list)
     device_medians: list[float] = field(default_factory=list)
     device_error: str | None = None
+    host_samples: list[float] = field(default_factory=list)
+    host_medians: list[float] = field(default_factory=list)
+    host_missing: bool = False
     errors: dict[str, float] = field(default_factory=dict)
 
     def row(self, copy_tbs: float | None) -> results.Row:
@@ -157,6 +165,11 @@ class _Merged:
             whole=results.timing(self.samples, self.medians, nbytes, copy_tbs, summarise=ok),
             device=results.timing(self.device_samples, self.device_medians, nbytes, copy_tbs, summarise=ok),
             device_error=self.device_error,
+            host=(
+                results.Timing()
+                if self.host_missing
+                else results.timing(self.host_samples, self.host_medians, None, None, summarise=ok)
+            ),
         )
 
 

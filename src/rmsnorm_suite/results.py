@@ -6,9 +6,11 @@ keys, no ``residual``, no ``same_bytes_copy``) load with those figures absent. `
 every field it reads and raises a ValueError naming the file and the field
 (``results[3].samples_ms[0]``); keys it does not know are ignored.
 
-A row holds two :class:`Timing` records with the same fields: ``whole`` (CUDA events around whole
-calls, host work included; the file's unprefixed keys) and ``device`` (CUDA-graph replays, the
-GPU time alone; the ``device_`` keys). The gate reads results through this module, which imports
+A row holds three :class:`Timing` records with the same fields: ``whole`` (CUDA events around
+whole calls, host work included; the file's unprefixed keys), ``device`` (CUDA-graph replays, the
+GPU time alone; the ``device_`` keys) and ``host`` (the host clock around the same calls as
+``whole``: the time the caller's thread spends issuing a call; the ``host_`` keys, absent from
+files written before it). The gate reads results through this module, which imports
 the standard library only: judging a file needs neither torch nor the op.
 """
 
@@ -26,6 +28,7 @@ SCHEMA = 1  # the version this module writes and the newest it reads
 STATUSES = ("ok", "failed")
 
 Key = tuple[str, str, str]  # (provider, shape, mode)
+KINDS = ("whole", "device", "host")  # a row's timings (Row.timing)
 
 
 def bandwidth_tbs(nbytes: int, ms: float) -> float:
@@ -92,6 +95,7 @@ class Row:
     device: Timing = Timing()
     device_reps: int | None = None  # calls per graph replay
     device_error: str | None = None  # why there is no GPU-only timing
+    host: Timing = Timing()  # the host clock around the ``whole`` calls (no bandwidth)
 
     @property
     def ok(self) -> bool:
@@ -101,8 +105,11 @@ class Row:
     def key(self) -> Key:
         return (self.provider, self.shape, self.mode)
 
-    def timing(self, device: bool) -> Timing:
-        return self.device if device else self.whole
+    def timing(self, kind: str) -> Timing:
+        """One of KINDS: ``whole``, ``device`` or ``host``."""
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {list(KINDS)}, got {kind!r}")
+        return getattr(self, kind)
 
 
 @dataclass(frozen=True)
@@ -199,7 +206,7 @@ class Run:
 
 
 def _row_json(r: Row) -> dict[str, Any]:
-    w, d = r.whole, r.device
+    w, d, h = r.whole, r.device, r.host
     return {
         "provider": r.provider, "shape": r.shape, "m": r.m, "n": r.n, "dtype": r.dtype,
         "group": r.group, "mode": r.mode, "residual": r.residual, "bytes": r.bytes,
@@ -209,6 +216,8 @@ def _row_json(r: Row) -> dict[str, Any]:
         "device_reps": r.device_reps, "device_error": r.device_error, "errors": dict(r.errors),
         "median_ms": w.median_ms, "tbs": w.tbs, "fraction_of_copy": w.fraction_of_copy,
         "device_median_ms": d.median_ms, "device_tbs": d.tbs, "device_fraction_of_copy": d.fraction_of_copy,
+        "host_samples_ms": list(h.samples_ms), "host_block_medians_ms": list(h.block_medians_ms),
+        "host_median_ms": h.median_ms,
     }  # fmt: skip
 
 
@@ -335,6 +344,7 @@ def _read_row(value: Any, where: str) -> Row:
         device=_read_timing(r, "device_"),
         device_reps=r.get("device_reps", _int, None),
         device_error=r.get("device_error", _str, None),
+        host=_read_timing(r, "host_"),
     )
 
 
