@@ -336,6 +336,10 @@ BEHAVIOURS = {
     "draws random numbers": (lambda: RandomDrawingRMSNorm(HIDDEN, eps=EPS), (0.0, "llama", None)),
     "torch.nn.RMSNorm": (lambda: nn.RMSNorm(HIDDEN, eps=EPS), (0.0, "default", None)),
     "torch.nn.RMSNorm, eps=None": (lambda: nn.RMSNorm(HIDDEN), (0.0, "default", None)),
+    "torch.nn.RMSNorm, eps=True (torch reads 1.0)": (
+        lambda: nn.RMSNorm(HIDDEN, eps=True),
+        (0.0, "default", None),
+    ),
     "torch.nn.RMSNorm, 2-D": (lambda: nn.RMSNorm((4, HIDDEN // 4), eps=EPS), (0.0, "default", None)),
     "torch.nn.RMSNorm, no weight": (
         lambda: nn.RMSNorm(HIDDEN, eps=EPS, elementwise_affine=False),

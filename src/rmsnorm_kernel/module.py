@@ -251,7 +251,7 @@ def _structure(module: nn.Module) -> tuple[nn.Parameter | None, tuple[int, ...] 
         eps = module.eps
         if eps is None:  # torch's default; the explicit value too, for an op that resolves None otherwise
             return weight, tuple(module.normalized_shape), [None, default_eps(torch.float32)]
-        if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        if not _real_number(eps):  # what F.rms_norm reads as a float (bools too), as RMSNorm takes
             raise _Refused(f"its eps is a {type(eps).__name__}, not a real number")
         return weight, tuple(module.normalized_shape), [float(eps)]
     if weight is not None and weight.dim() != 1:
