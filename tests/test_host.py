@@ -55,6 +55,35 @@ def test_compiled_mode_raises_when_it_cannot_build(monkeypatch):
         host.extension()
 
 
+def test_loaded_extension_gets_the_reference_output_dtype_rule(monkeypatch):
+    """The C++ side learns which casting modes promote the output (bf16 x, fp32 weight gives
+    fp32) from reference.default_out_dtype's rule, not a list of its own."""
+    from rmsnorm_kernel import reference
+
+    class Ext:
+        common_call = object()
+
+        def set_callbacks(self, *callbacks):
+            pass
+
+        def set_casting_modes(self, modes):
+            self.modes = modes
+
+    ext = Ext()
+    monkeypatch.setenv(host.ENV, "compiled")
+    monkeypatch.setattr(host, "_extension", host._UNSET)
+    monkeypatch.setattr(host, "entry", None)
+    monkeypatch.setattr(host, "_build", lambda: ext)
+    assert host.extension() is ext and host.entry is ext.common_call
+    weight = torch.ones(4, dtype=torch.float32)
+    promotes = {
+        name: reference.default_out_dtype(torch.bfloat16, weight, name) != torch.bfloat16
+        for name in launch.CASTING_MODES
+    }
+    assert ext.modes == [(name, code, promotes[name]) for name, code in launch.CASTING_MODES.items()]
+    assert any(promotes.values()) and not all(promotes.values())
+
+
 def test_extension_builds_and_loads(built_extension):
     """The C++ source compiles against this torch and Triton (CPU machines included: the GPU is
     only needed to launch)."""

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from rmsnorm_kernel import launch
+from rmsnorm_kernel import launch, reference
 
 logger = logging.getLogger("rmsnorm_kernel")
 
@@ -81,7 +81,8 @@ def _load():
         )
         return None
     ext.set_callbacks(_plan_forward, _plan_backward, _composite_backward)
-    ext.set_casting_modes([(name, code, name == "llama") for name, code in launch.CASTING_MODES.items()])
+    promoting = reference.PROMOTING_CASTINGS  # the output dtype rule of reference.default_out_dtype
+    ext.set_casting_modes([(name, code, name in promoting) for name, code in launch.CASTING_MODES.items()])
     global entry
     entry = ext.common_call
     return ext

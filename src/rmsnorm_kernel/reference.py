@@ -57,11 +57,15 @@ def rms_norm_reference(
     return normalized.to(out_dtype)
 
 
+# The casting modes whose output takes the promoted dtype of x and the weight (default_out_dtype).
+PROMOTING_CASTINGS = ("llama",)
+
+
 def default_out_dtype(x_dtype: torch.dtype, weight: Tensor | None, casting: str) -> torch.dtype:
     """Llama multiplies a weight of its own dtype by activations of the input dtype, so the
     output takes the promoted dtype (fp32 weight x bf16 activations gives fp32). The other modes
     return the input's dtype."""
-    if casting == "llama" and weight is not None:
+    if casting in PROMOTING_CASTINGS and weight is not None:
         return torch.promote_types(x_dtype, weight.dtype)
     return x_dtype
 
