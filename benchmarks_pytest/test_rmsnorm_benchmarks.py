@@ -2,7 +2,8 @@
 
 pytest-benchmark times with a host clock, so each timed call ends with ``torch.cuda.synchronize()``
 and the L2 is flushed in the untimed setup: its figures are host latencies (launch, kernel, sync).
-The harness's own CUDA-event median of the same call goes into ``extra_info`` beside them.
+The harness's own CUDA-event median of the same call, its GPU time alone and its host time go
+into ``extra_info`` beside them.
 
     nox -s bench                                   # runs and autosaves (.benchmarks/)
     nox -s bench -- --benchmark-compare --benchmark-compare-fail=median:5%
@@ -53,7 +54,8 @@ def test_rmsnorm(benchmark, flush, built, shape, provider, mode):
         built[provider] = bench.get_provider(provider).build(cases.EPS)
     x, w, dy = bench.make_inputs(case)
     call, grads = bench.make_call(built[provider], x, w, dy, mode)
-    cuda_ms = bench.median(bench.time_cuda(call, samples=ROUNDS, flush=flush, grads=grads))
+    host: list[float] = []
+    cuda_ms = bench.median(bench.time_cuda(call, samples=ROUNDS, flush=flush, grads=grads, host_ms=host))
     graph_call, _ = bench.make_call(
         built[provider], x, w, dy, mode, graph=True
     )  # alive while the graph replays
@@ -76,6 +78,7 @@ def test_rmsnorm(benchmark, flush, built, shape, provider, mode):
         provider=provider,
         cuda_event_median_ms=cuda_ms,
         gpu_only_median_ms=gpu_ms,
+        host_median_ms=bench.median(host),
         tbs=bench.bandwidth_tbs(case.nbytes[mode], cuda_ms),
         bytes=case.nbytes[mode],
     )
