@@ -563,6 +563,16 @@ def test_merge_rounds_concatenates_samples_and_keeps_the_worst_error():
     assert merged.git.commit == "abc" and merged.settings["rounds"] == 2
 
 
+def test_merge_rounds_drops_host_time_when_a_round_lacks_it():
+    """Rounds pair by position, so one round without host samples leaves the side with none (the
+    gate then cannot judge its host rows) rather than host medians shifted against the others."""
+    rounds = [one_round(24, 0), no_host(one_round(25, 1)), one_round(26, 2)]
+    row = prverdict.merge_rounds(rounds, "head", None).rows_of("kernel")[FP32, "forward"]
+    assert row.host == results.Timing() and len(row.whole.block_medians_ms) == 3
+    full = prverdict.merge_rounds([one_round(24, 0), one_round(26, 1)], "head", None)
+    assert len(full.rows_of("kernel")[FP32, "forward"].host.block_medians_ms) == 2
+
+
 def test_merge_rounds_marks_a_failure_in_any_round():
     rounds = [one_round(22, 0), fail(one_round(23, 1), LARGE, "forward")]
     rows = prverdict.merge_rounds(rounds, "base", None).rows_of("kernel")

@@ -121,9 +121,9 @@ def pr_verdict(args, repo: Path, base: str, head: str, name: str) -> dict:
     done = subprocess.run([*cmd, "--head", head, "--out", str(out), *run], cwd=ROOT)
     data = json.loads((out / "verdict.json").read_text()) if (out / "verdict.json").is_file() else {}
     data["exit"], data["wall_s"] = done.returncode, round(time.time() - t0)
-    paths = {side: (data.get(side) or {}).get("op_host_path") for side in ("base", "head")}
+    base_path, head_path = host_paths(data)
     print(f"== {name}: exit {done.returncode}, {data['wall_s']} s: {data.get('summary')}", flush=True)
-    print(f"   op host path: base {paths['base']}, head {paths['head']}", flush=True)
+    print(f"   op host path: base {base_path}, head {head_path}", flush=True)
     for row in data.get("rows", []):
         if row["kind"] == "latency" and row.get("ratio") is not None:
             print(
@@ -131,6 +131,11 @@ def pr_verdict(args, repo: Path, base: str, head: str, name: str) -> dict:
                 f" p={row['p_value']:.2g} > {row['threshold']} : {row['verdict']}"
             )
     return data
+
+
+def host_paths(data: dict) -> list:
+    """[base, head]: the host path each side's op took, as the verdict records it."""
+    return [(data.get(side) or {}).get("op_host_path") for side in ("base", "head")]
 
 
 def hostile(args, repo: Path, base: str) -> list[str]:
@@ -156,7 +161,7 @@ def aa(args, repo: Path, base: str) -> list[str]:
         data = pr_verdict(args, repo, base, base, f"aa-{k}")
         if data.get("status") != "pass":
             problems.append(f"A/A {k}: {data.get('summary')}")
-        paths = [(data.get(side) or {}).get("op_host_path") for side in ("base", "head")]
+        paths = host_paths(data)
         if paths != ["compiled", "compiled"]:
             problems.append(f"A/A {k}: the compiled host path was not timed on both sides: {paths}")
     return problems
@@ -192,7 +197,7 @@ def host(args, repo: Path, base: str) -> list[str]:
         problems.append(f"host: host-time forward rows not flagged: {missed or 'none judged'}")
     if device:
         problems.append(f"host: device rows flagged, though the GPU work is the same: {device}")
-    paths = [(data.get(side) or {}).get("op_host_path") for side in ("base", "head")]
+    paths = host_paths(data)
     if paths != ["compiled", "python"]:
         problems.append(f"host: expected base compiled and head python, got {paths}")
     return problems

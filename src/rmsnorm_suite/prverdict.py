@@ -111,8 +111,6 @@ def merge_rounds(
             if row.host.samples_ms:
                 into.host_samples.extend(row.host.samples_ms)
                 into.host_medians.append(bench.median(row.host.samples_ms))
-            else:  # rounds are paired by position: a round without host samples voids them all
-                into.host_missing = True
             if row.device_error or not row.device.samples_ms:
                 into.device_error = (
                     into.device_error or f"round {k}: {row.device_error or 'no device samples'}"
@@ -152,7 +150,6 @@ class _Merged:
     device_error: str | None = None
     host_samples: list[float] = field(default_factory=list)
     host_medians: list[float] = field(default_factory=list)
-    host_missing: bool = False
     errors: dict[str, float] = field(default_factory=dict)
 
     def row(self, copy_tbs: float | None) -> results.Row:
@@ -165,10 +162,11 @@ class _Merged:
             whole=results.timing(self.samples, self.medians, nbytes, copy_tbs, summarise=ok),
             device=results.timing(self.device_samples, self.device_medians, nbytes, copy_tbs, summarise=ok),
             device_error=self.device_error,
+            # rounds pair by position: a round without host samples voids the others'
             host=(
-                results.Timing()
-                if self.host_missing
-                else results.timing(self.host_samples, self.host_medians, None, None, summarise=ok)
+                results.timing(self.host_samples, self.host_medians, None, None, summarise=ok)
+                if len(self.host_medians) == len(self.medians)
+                else results.Timing()
             ),
         )
 
