@@ -30,12 +30,26 @@ def built_extension():
     """The compiled host path's extension, built here or loaded from the build cache (CPU machines
     too: the GPU is only needed to launch), for tests of what it registers and decides; host's
     state is restored, so other tests keep the path they had. Skips where it cannot build."""
+    if INTERPRET:
+        pytest.skip("built once by the CPU tests; the interpreter never uses it")
+    return _extension_here()
+
+
+@pytest.fixture(scope="module")
+def interpreted_extension():
+    """The extension under TRITON_INTERPRET=1, for its operators called directly on CPU tensors:
+    their C++ autograd runs, and every forward and backward they ask for runs the Python path
+    (the interpreter's launches are never planned). rms_norm itself never takes it on CPU."""
+    if not INTERPRET:
+        pytest.skip("calls the operators on CPU tensors: needs TRITON_INTERPRET=1 (nox -s interpret)")
+    return _extension_here()
+
+
+def _extension_here():
     if shutil.which("c++") is None:
         pytest.skip("no C++ compiler here: the extension cannot build")
     if not Path(sysconfig.get_paths()["include"], "Python.h").is_file():
         pytest.skip("no Python headers here: the extension cannot build")
-    if INTERPRET:
-        pytest.skip("built once by the CPU tests; the interpreter never uses it")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(host.ENV, "compiled")
         patch.setattr(host, "_extension", host._UNSET)

@@ -8,6 +8,7 @@ does under ``auto``) and compare both paths on the H200.
 
 from __future__ import annotations
 
+import itertools
 import struct
 
 import pytest
@@ -93,8 +94,20 @@ def test_extension_builds_and_loads(built_extension):
     # the operator it registers: its schema, an Autograd kernel and a CUDA kernel, nothing else
     op = torch.ops.rmsnorm_kernel_host.rms_norm.default
     assert [a.name for a in op._schema.arguments] == ["x", "weight", "eps", "offset", "casting", "out_dtype"]
+    residual_op = torch.ops.rmsnorm_kernel_host.rms_norm_residual.default
+    assert [a.name for a in residual_op._schema.arguments] == [
+        "x",
+        "residual",
+        "weight",
+        "eps",
+        "offset",
+        "casting",
+        "out_dtype",
+        "residual_dtype",
+    ]
     has = torch._C._dispatch_has_kernel_for_dispatch_key
-    assert has(op.name(), "Autograd") and has(op.name(), "CUDA") and not has(op.name(), "CPU")
+    for name in (op.name(), residual_op.name()):
+        assert has(name, "Autograd") and has(name, "CUDA") and not has(name, "CPU")
     # its Autograd kernel refuses a dual tensor (it would compute no tangent) before any work,
     # which the CPU can check: the refusal comes before the CUDA kernel would be needed
     x, w = torch.ones(2, 8), torch.ones(8)
@@ -168,6 +181,7 @@ def test_plan_refuses_what_it_cannot_replay():
     sig = {"X": "*fp32", "Y": "*fp32"}
     assert host.plan(_recording(_Compiled(sig), (x, stray)), [x, None, y, None]) is None  # no slot's pointer
     assert host.plan(_recording(_Compiled(sig), (x, y)), [x, x, y, None]) is None  # two slots, one address
+    assert host.plan(launch.Recording([], []), [x, None, y, None]) is None  # nothing recorded (interpreter)
     clustered = _Compiled(sig, num_ctas=2)
     assert host.plan(_recording(clustered, (x, y)), [x, None, y, None]) is None
     scratchy = _Compiled(sig, global_scratch_size=64)
@@ -395,3 +409,159 @@ def test_common_call_skips_the_python_predicate(ext, monkeypatch):
         assert y.grad_fn.name() == "RmsNormBackward"
     with torch.no_grad():
         torch.testing.assert_close(rms_norm(x, (96,), w), torch.nn.functional.rms_norm(x, (96,), w))
+
+
+# ---------------------------------------------------------------------------------------------
+# The residual call: rmsnorm_kernel_host::rms_norm_residual
+# ---------------------------------------------------------------------------------------------
+
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+# Which outputs the loss reads: y, h or both (the node gets dy, dh or both; "h" needs no kernel).
+USES = ("y", "h", "both")
+
+
+def _residual_run(x, r, w, residual_dtype, offset, casting, use, direct_ext=None):
+    """y, h and the gradients (x, residual, weight) of one residual call with a seeded loss over
+    ``use``; through the operator directly where ``direct_ext`` is given, else rms_norm."""
+    if direct_ext is None:
+        y, h = rms_norm(
+            x, x.shape[-1], w, 1e-6, residual=r, residual_dtype=residual_dtype, offset=offset, casting=casting
+        )
+    else:
+        direct_ext.clear_plans()
+        h_dtype = residual_dtype or x.dtype
+        out = h_dtype if casting == "llama" else x.dtype  # ops.rms_norm's rule
+        if casting == "llama" and w is not None:
+            out = torch.promote_types(out, w.dtype)
+        op = torch.ops.rmsnorm_kernel_host.rms_norm_residual
+        y, h = op(x, r, w, 1e-6, offset, launch.CASTING_MODES[casting], out, h_dtype)
+    if use is None:
+        return [y, h]
+    g = torch.Generator(device=x.device).manual_seed(5)
+    outputs = {"y": [y], "h": [h], "both": [y, h]}[use]
+    grads = [torch.randn(t.shape, device=x.device, generator=g).to(t.dtype) for t in outputs]
+    torch.autograd.backward(outputs, grads)
+    return [y, h, x.grad, r.grad] + ([w.grad] if w is not None else [])
+
+
+def _residual_inputs(lead, n, dtype, res_dtype, wdtype, grad, device="cuda", seed=0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(*lead, n, device=device, generator=g).to(dtype).requires_grad_(grad)
+    r = torch.randn(*lead, n, device=device, generator=g).to(res_dtype).requires_grad_(grad)
+    w = None
+    if wdtype is not None:
+        w = (1 + 0.1 * torch.randn(n, device=device, generator=g)).to(wdtype).requires_grad_(grad)
+    return x, r, w
+
+
+def _assert_same(got_list, want_list):
+    for got, want in zip(got_list, want_list, strict=True):
+        if want is None or got is None:  # a gradient neither path computes (dw when only h is used)
+            assert got is want
+            continue
+        assert got.dtype == want.dtype and got.shape == want.shape and got.stride() == want.stride()
+        assert torch.equal(got, want)
+
+
+@pytest.mark.interpret
+def test_residual_operator_autograd_matches_python_path(interpreted_extension):
+    """The residual operator's C++ node against the Python path's autograd.Function, bitwise, on
+    the interpreter: dy, dh or both arriving; x, residual, h and weight dtypes that differ (the
+    gradient reaching h is computed in x's and the residual's promoted dtype, then cast to each);
+    both castings; with and without a weight."""
+    ext = interpreted_extension
+    for (xd, rd), hd, casting, wd, use in itertools.product(
+        [(F32, F32), (BF16, F32), (F16, BF16)], [None, F32, BF16], ["default", "llama"], [None, BF16], USES
+    ):
+        args = (hd, 0.0, casting, use)
+        direct = _residual_run(*_residual_inputs((3,), 40, xd, rd, wd, True, "cpu"), *args, direct_ext=ext)
+        with host.python_path():
+            python = _residual_run(*_residual_inputs((3,), 40, xd, rd, wd, True, "cpu"), *args)
+        _assert_same(direct, python)
+        assert direct[0].grad_fn.name() == "RmsNormResidualBackward"
+
+
+# (M-shape, N, x dtype, residual dtype, residual_dtype, weight dtype or None, offset, casting)
+RESIDUAL_CASES = [
+    ((256,), 4096, BF16, BF16, None, BF16, 0.0, "default"),
+    ((128,), 257, F32, F32, None, F32, 0.0, "default"),
+    ((4, 33), 1024, F16, F32, F32, F32, 0.0, "llama"),
+    ((2, 3, 5), 64, BF16, BF16, F32, None, 0.0, "default"),
+    ((), 4096, F32, BF16, None, F32, 1.0, "gemma"),  # 1-D x
+    ((64,), 12288, BF16, BF16, F32, BF16, 0.0, "default"),  # two-walk
+    ((16,), 65536, BF16, BF16, None, BF16, 1.0, "gemma"),  # wide: looped forward, wide backward
+]
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("use", [None, *USES], ids=["forward", *USES])
+@pytest.mark.parametrize(
+    "case", RESIDUAL_CASES, ids=lambda c: f"{'x'.join(map(str, c[0])) or '1d'}x{c[1]}-{c[2]}-{c[3]}-{c[7]}"
+)
+def test_residual_bitwise_equal_to_python_path(ext, monkeypatch, case, use):
+    """rms_norm with a residual takes the compiled path (its plans replayed) and gives what the
+    Python path gives, bitwise: y, h, and the gradients wrt x, the residual and the weight."""
+    lead, n, xd, rd, hd, wd, offset, casting = case
+    host.clear_plans()
+    before = host.counts()
+    compiled = []
+    for _ in range(3):  # the first records the plans, the others replay them
+        x, r, w = _residual_inputs(lead, n, xd, rd, wd, use is not None)
+        compiled.append(_residual_run(x, r, w, hd, offset, casting, use))
+    after = host.counts()
+    assert after[0] - before[0] == 2, "the compiled path did not replay the forward"
+    kernel_backward = use in ("y", "both")  # dh alone passes straight to x and the residual
+    assert after[1] - before[1] == (2 if kernel_backward else 0), "the backward's replays"
+    assert compiled[0][0].grad_fn is None or compiled[0][0].grad_fn.name() == "RmsNormResidualBackward"
+    _python_path(monkeypatch)
+    x, r, w = _residual_inputs(lead, n, xd, rd, wd, use is not None)
+    python = _residual_run(x, r, w, hd, offset, casting, use)
+    for c in compiled:
+        _assert_same(c, python)
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_residual_node_keeps_torchs_saved_tensor_rules(ext, monkeypatch):
+    """h, saved as an output of the node, refuses a backward after an in-place change on both
+    paths; a second backward raises; create_graph gives the Python path's second derivatives."""
+
+    def rules():
+        x, r, w = _residual_inputs((8,), 512, F32, F32, F32, True, seed=2)
+        y, h = rms_norm(x, 512, w, 1e-6, residual=r)
+        h.add_(1.0)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.sum().backward()
+        y, h = rms_norm(x, 512, w, 1e-6, residual=r)
+        (y.sum() + h.sum()).backward()
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            y.sum().backward()
+
+    def second():
+        x, r, w = _residual_inputs((8,), 512, F32, F32, F32, True, seed=3)
+        y, h = rms_norm(x, 512, w, 1e-6, residual=r)
+        assert (y.grad_fn.name() == "RmsNormResidualBackward") == (host.entry is not None)
+        gx, gr = torch.autograd.grad((y * y).sum() + h.sum(), (x, r), create_graph=True)
+        (gxx,) = torch.autograd.grad((gx * gr).sum(), x)
+        return [gx.detach(), gr.detach(), gxx]
+
+    rules()
+    compiled = second()
+    _python_path(monkeypatch)
+    rules()
+    _assert_same(compiled, second())
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_first_residual_call_loads_the_entry_and_takes_it(ext, monkeypatch):
+    """A process whose first call carries a residual loads the compiled path there (the fast
+    path, which loads it for the common call, leaves residual calls) and that call takes it."""
+    monkeypatch.setattr(host, "_extension", host._UNSET)
+    monkeypatch.setattr(host, "entry", None)
+    x, r, w = _residual_inputs((8,), 96, F32, F32, F32, True, seed=4)
+    y, h = rms_norm(x, 96, w, 1e-6, residual=r)
+    assert host.entry is not None and y.grad_fn.name() == "RmsNormResidualBackward"
+    torch.testing.assert_close(y, torch.nn.functional.rms_norm(x + r, (96,), w, 1e-6))
+    assert torch.equal(h, x + r)

@@ -482,3 +482,74 @@ def test_compiled_predicate_under_transforms_autocast_and_dual_tensors(monkeypat
         for name in ("x", "weight"):
             dual = torch.autograd.forward_ad.make_dual(call[name], torch.ones_like(call[name]))
             assert not takes(*{**call, name: dual}.values())
+
+
+# The compiled path's route for a call with a residual (csrc/host.cpp, residual_path_mode) has no
+# Python counterpart: on the Python host path every residual call takes the general path. Every
+# call it takes must be one the general path's checks accept, normalised over x's last dim.
+
+RESIDUAL_OFF_PATH: dict[str, Callable[[dict], dict]] = {
+    "residual int32": lambda c: {"residual": c["residual"].int()},
+    "residual bool": lambda c: {"residual": c["residual"].bool()},
+    "residual strided": lambda c: {
+        "residual": torch.randn(*c["x"].shape[:-1], 2 * _n(c))[..., ::2].to(c["residual"].dtype)
+    },
+    "residual column-major": lambda c: {"residual": _transposed(c["residual"])},
+    "residual on meta": lambda c: {"residual": c["residual"].to("meta")},
+    "residual a Parameter": lambda c: {"residual": torch.nn.Parameter(c["residual"], requires_grad=False)},
+    "residual (N,)": lambda c: {"residual": torch.randn(_n(c))},
+    "residual a row more": lambda c: {"residual": torch.randn(1, *c["x"].shape)},
+    "residual sparse": lambda c: {"residual": c["residual"].to_sparse()},
+    "residual a numpy array": lambda c: {"residual": c["residual"].float().numpy()},
+    "residual_dtype float16": lambda c: {"residual_dtype": torch.float16},
+    "residual_dtype int32": lambda c: {"residual_dtype": torch.int32},
+    "residual_dtype a str": lambda c: {"residual_dtype": "float32"},
+}
+
+
+def _with_residual(base: Call, dtype: torch.dtype) -> dict:
+    call = base.arguments("cpu")
+    call["residual"] = torch.randn(call["x"].shape).to(dtype)
+    return call
+
+
+def _residual_route(ext, call: dict) -> bool:
+    """Whether the C++ residual route takes ``call``; where it does, the general path's checks
+    pass and normalise over x's last dim alone."""
+    if not ext.takes_residual_path(*call.values()):
+        return False
+    n, shape = general_path_accepts(call)  # raises where the route took invalid input
+    assert (n, shape) == (call["x"].shape[-1], (call["x"].shape[-1],))
+    return True
+
+
+@pytest.mark.parametrize("off", [*OFF_PATH, *RESIDUAL_OFF_PATH])
+def test_compiled_residual_route_takes_only_valid_calls(monkeypatch, built_extension, off):
+    monkeypatch.setattr(kernels, "INTERPRET", True)
+    change = OFF_PATH.get(off) or RESIDUAL_OFF_PATH[off]
+    for base in BASES:
+        for dtype in (F32, torch.bfloat16):
+            call = _with_residual(base, dtype)
+            assert _residual_route(built_extension, call), f"{base} with a {dtype} residual is off the route"
+            call.update(change(call))
+            _residual_route(built_extension, call)
+
+
+def test_compiled_residual_route_under_modes_and_dual_tensors(monkeypatch, built_extension):
+    """Autocast, a Python dispatch mode, a fake residual and a dual residual send a residual call to
+    the general path, as they send the common call."""
+    monkeypatch.setattr(kernels, "INTERPRET", True)
+    call = _with_residual(BASES[0], F32)
+    takes = built_extension.takes_residual_path
+    assert takes(*call.values())
+    with torch.autocast("cpu"):
+        assert not takes(*call.values())
+    with _Mode():
+        assert not takes(*call.values())
+    with FakeTensorMode(allow_non_fake_inputs=True) as fake:
+        fake_residual = fake.from_tensor(call["residual"])
+    assert not takes(*{**call, "residual": fake_residual}.values())
+    with torch.autograd.forward_ad.dual_level():
+        assert takes(*call.values())
+        dual = torch.autograd.forward_ad.make_dual(call["residual"], torch.ones_like(call["residual"]))
+        assert not takes(*{**call, "residual": dual}.values())

@@ -1,6 +1,7 @@
-"""The compiled host path: builds and loads ``csrc/host.cpp`` (the operator
-``torch.ops.rmsnorm_kernel_host.rms_norm``, with an Autograd kernel and a launcher in C++, for the
-common eager call on CUDA) and turns recorded Python launches into its plans.
+"""The compiled host path: builds and loads ``csrc/host.cpp`` (the operators
+``torch.ops.rmsnorm_kernel_host.rms_norm`` and ``.rms_norm_residual``, with Autograd kernels and a
+launcher in C++, for the common eager call on CUDA, with or without a residual) and turns
+recorded Python launches into their plans.
 
 ``RMSNORM_KERNEL_HOST`` chooses: ``auto`` (the default: the compiled path where it builds, else
 the Python path with one log line saying why), ``compiled`` (an error where it cannot build) or
@@ -61,6 +62,18 @@ def extension():
     if _extension is _UNSET:
         _extension = _load()
     return _extension
+
+
+def unloaded() -> bool:
+    """Whether no call has tried to load the extension yet."""
+    return _extension is _UNSET
+
+
+def entry_after_load():
+    """``entry`` once the extension has been loaded (or its load tried): None where the Python
+    path serves."""
+    extension()
+    return entry
 
 
 def _load():
@@ -160,8 +173,11 @@ def plan(recording: launch.Recording, slots: list[torch.Tensor | None]) -> tuple
     shared bytes, cooperative, pdl, params), a param (slot, bytes, bits) with slot -1 for a
     constant. ``slots`` are the call's fixed slots (None where absent); the scratch buffers the
     launches use follow them. None where the launches cannot be replayed from the key alone:
-    a pointer that is no slot's start, two slots at one address, or a launch this Triton runs
-    with more than a function, grid and parameters."""
+    a pointer that is no slot's start, two slots at one address, a launch this Triton runs
+    with more than a function, grid and parameters, or no launch recorded (the interpreter's
+    launches are not: a call there always runs the Python path)."""
+    if not recording.launches:
+        return None
     where: dict[int, int] = {}
     for i, t in enumerate(slots):
         if t is None:
@@ -233,25 +249,25 @@ def _scalar_code(dtype: torch.dtype) -> int:
 # composite formula. The op's functions are imported here: ops imports this module.
 
 
-def _plan_forward(x, weight, eps, offset, casting, out_dtype, want_rstd, record):
+def _plan_forward(x, weight, residual, eps, offset, casting, out_dtype, h_dtype, want_rstd, record):
     from rmsnorm_kernel.ops import _run_forward
 
     with launch.record() if record else contextlib.nullcontext() as recording:
-        y, rstd, _ = _run_forward(
-            x, weight, None, eps, offset, casting, DTYPES[out_dtype], x.dtype, want_rstd
+        y, rstd, h = _run_forward(
+            x, weight, residual, eps, offset, casting, DTYPES[out_dtype], DTYPES[h_dtype], want_rstd
         )
-    return y, rstd, plan(recording, [x, weight, y, rstd]) if record else None
+    return y, rstd, h, plan(recording, [x, weight, y, rstd, residual, h]) if record else None
 
 
-def _plan_backward(dy, x, weight, rstd, offset, casting, need_dw, dx_dtype, record):
+def _plan_backward(dy, dh, xh, weight, rstd, offset, casting, need_dw, dx_dtype, record):
     from rmsnorm_kernel.ops import _run_backward
 
     with launch.record() if record else contextlib.nullcontext() as recording:
-        dx, dw = _run_backward(dy, None, x, weight, rstd, offset, casting, need_dw, DTYPES[dx_dtype])
-    return dx, dw, plan(recording, [dy, x, weight, rstd, dx, dw]) if record else None
+        dx, dw = _run_backward(dy, dh, xh, weight, rstd, offset, casting, need_dw, DTYPES[dx_dtype])
+    return dx, dw, plan(recording, [dy, xh, weight, rstd, dx, dw, dh]) if record else None
 
 
-def _composite_backward(dy, x, weight, eps, offset, casting, need_dw):
+def _composite_backward(dy, dh, xh, weight, eps, offset, casting, need_dw, dx_dtype):
     from rmsnorm_kernel.ops import _backward_composite
 
-    return _backward_composite(dy, None, x, weight, eps, offset, casting, need_dw, x.dtype)
+    return _backward_composite(dy, dh, xh, weight, eps, offset, casting, need_dw, DTYPES[dx_dtype])

@@ -1,9 +1,10 @@
-// The compiled host path of the common call (no residual, contiguous x, a contiguous 1-D weight
-// or none, on CUDA): an operator registered with torch's dispatcher (rmsnorm_kernel_host::rms_norm,
-// a CUDA kernel and an Autograd kernel) whose forward and backward launch the compiled Triton
-// kernels through the driver, so an eager call does not enter Python between its entry and its
-// launches. Its Python entry, common_call, is rms_norm's first step once loaded: the fast path's
-// checks (ops._takes_fast_path's, here in C++), then the operator. host.py builds and loads this
+// The compiled host path of the common call (contiguous x, a contiguous 1-D weight or none, on
+// CUDA; with or without a contiguous residual of x's shape): operators registered with torch's
+// dispatcher (rmsnorm_kernel_host::rms_norm and ::rms_norm_residual, each a CUDA kernel and an
+// Autograd kernel) whose forward and backward launch the compiled Triton kernels through the
+// driver, so an eager call does not enter Python between its entry and its launches. Its Python
+// entry, common_call, is rms_norm's first step once loaded: the fast path's checks
+// (ops._takes_fast_path's, here in C++; with a residual, a superset of them), then the operator. host.py builds and loads this
 // file; launch.py stays the one place that chooses kernels and launch parameters.
 //
 // How: a call looks its launch plan up by everything the plan depends on (device, dtypes, M, N,
@@ -21,6 +22,7 @@
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/Dtype.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/SmallVector.h>
@@ -105,8 +107,8 @@ struct Plan {
 using PlanPtr = std::shared_ptr<const Plan>;
 
 // A plan's fixed slots, in host.py's order (its planners list them so); scratch slots follow.
-// Forward: x, w, y, r. Backward: dy, x, w, r, dx, dw.
-constexpr int32_t FORWARD_SLOTS = 4, BACKWARD_SLOTS = 6;
+// Forward: x, w, y, r, residual, h. Backward: dy, x (h with a residual), w, r, dx, dw, dh.
+constexpr int32_t FORWARD_SLOTS = 6, BACKWARD_SLOTS = 7;
 
 using Key = std::array<int64_t, 14>;
 
@@ -274,8 +276,15 @@ void run_plan(const Plan& plan, Slots& slots, const at::TensorOptions& opts) {
 // Forward and backward
 // ---------------------------------------------------------------------------------------------
 
-Key forward_key(const Tensor& x, const Tensor& w, int64_t m, int64_t n, double eps, double offset,
-                int64_t casting, at::ScalarType out_dtype, bool want_rstd) {
+// A residual's part of a key (0 without one): its dtype, h's and its alignment.
+int64_t residual_bits(const Tensor& res, at::ScalarType h_dtype) {
+  if (!res.defined()) return 0;
+  return 1 | static_cast<int64_t>(aligned(res)) << 1 | static_cast<int64_t>(res.scalar_type()) << 2 |
+         static_cast<int64_t>(h_dtype) << 10;
+}
+
+Key forward_key(const Tensor& x, const Tensor& w, const Tensor& res, int64_t m, int64_t n, double eps,
+                double offset, int64_t casting, at::ScalarType out_dtype, at::ScalarType h_dtype, bool want_rstd) {
   return {0,
           x.get_device(),
           static_cast<int64_t>(x.scalar_type()),
@@ -289,7 +298,7 @@ Key forward_key(const Tensor& x, const Tensor& w, int64_t m, int64_t n, double e
           want_rstd,
           aligned(x),
           w.defined() ? aligned(w) : 0,
-          0};
+          residual_bits(res, h_dtype)};
 }
 
 // Where the plan cache does not serve a call, the Python path runs it: `record` says whether it
@@ -307,39 +316,51 @@ Lookup lookup(PlanCache& cache, const Key& key, int64_t m) {
   return found;
 }
 
+// `out` is a planner's result: the call's outputs, then the plan (or None).
 void finish(PlanCache& cache, const Key& key, const Lookup& found, const py::tuple& out, int32_t fixed_slots) {
-  if (found.record) cache.put(key, parse_plan(out[2], fixed_slots));
+  if (found.record) cache.put(key, parse_plan(out[out.size() - 1], fixed_slots));
 }
 
-// y in out_dtype with x's shape, and r (fp32, x's shape less the last dim; undefined without
-// want_rstd). x is contiguous on CUDA, w contiguous 1-D of N elements or undefined.
-std::pair<Tensor, Tensor> run_forward(const Tensor& x, const Tensor& w, double eps, double offset,
-                                      int64_t casting, at::ScalarType out_dtype, bool want_rstd) {
+Tensor tensor_or_undefined(const py::handle& obj) { return obj.is_none() ? Tensor() : obj.cast<Tensor>(); }
+
+py::object object_or_none(const Tensor& t) { return t.defined() ? py::cast(t) : py::none(); }
+
+// y in out_dtype with x's shape; r (fp32, x's shape less the last dim; undefined without
+// want_rstd); h = x + residual in h_dtype (undefined without a residual). x is contiguous on
+// CUDA, w contiguous 1-D of N elements or undefined, res contiguous in x's shape or undefined.
+std::tuple<Tensor, Tensor, Tensor> run_forward(const Tensor& x, const Tensor& w, const Tensor& res, double eps,
+                                               double offset, int64_t casting, at::ScalarType out_dtype,
+                                               at::ScalarType h_dtype, bool want_rstd) {
   const int64_t n = x.size(-1);
   const int64_t m = x.numel() / n;
   const c10::DeviceGuard guard(x.device());
-  const Key key = forward_key(x, w, m, n, eps, offset, casting, out_dtype, want_rstd);
+  const Key key = forward_key(x, w, res, m, n, eps, offset, casting, out_dtype, h_dtype, want_rstd);
   const Lookup found = lookup(forward_plans, key, m);
   if (found.plan == nullptr) {
     py::gil_scoped_acquire gil;
-    py::object w_obj = w.defined() ? py::cast(w) : py::none();
-    py::tuple out = (*plan_forward_fn)(x, w_obj, eps, offset, casting, static_cast<int64_t>(out_dtype),
+    py::tuple out = (*plan_forward_fn)(x, object_or_none(w), object_or_none(res), eps, offset, casting,
+                                       static_cast<int64_t>(out_dtype), static_cast<int64_t>(h_dtype),
                                        want_rstd, found.record);
     finish(forward_plans, key, found, out, FORWARD_SLOTS);
-    return {out[0].cast<Tensor>(), out[1].is_none() ? Tensor() : out[1].cast<Tensor>()};
+    return {out[0].cast<Tensor>(), tensor_or_undefined(out[1]), tensor_or_undefined(out[2])};
   }
   const at::TensorOptions opts = x.options();
   Tensor y = at::empty(x.sizes(), opts.dtype(out_dtype));
   Tensor rstd = want_rstd ? at::empty(x.sizes().slice(0, x.dim() - 1), opts.dtype(at::kFloat)) : Tensor();
-  Slots slots = {x.data_ptr(), w.defined() ? w.data_ptr() : nullptr, y.data_ptr(),
-                 want_rstd ? rstd.data_ptr() : nullptr};
+  Tensor h = res.defined() ? at::empty(x.sizes(), opts.dtype(h_dtype)) : Tensor();
+  Slots slots = {x.data_ptr(),
+                 w.defined() ? w.data_ptr() : nullptr,
+                 y.data_ptr(),
+                 want_rstd ? rstd.data_ptr() : nullptr,
+                 res.defined() ? res.data_ptr() : nullptr,
+                 res.defined() ? h.data_ptr() : nullptr};
   run_plan(*found.plan, slots, opts);
   forward_calls.fetch_add(1, std::memory_order_relaxed);
-  return {y, rstd};
+  return {y, rstd, h};
 }
 
-Key backward_key(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, int64_t m,
-                 int64_t n, double offset, int64_t casting, bool need_dw, at::ScalarType dx_dtype) {
+Key backward_key(const Tensor& dy, const Tensor& dh, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                 int64_t m, int64_t n, double offset, int64_t casting, bool need_dw, at::ScalarType dx_dtype) {
   return {1,
           x.get_device(),
           static_cast<int64_t>(dy.scalar_type()),
@@ -353,33 +374,40 @@ Key backward_key(const Tensor& dy, const Tensor& x, const Tensor& w, const Tenso
           need_dw,
           aligned(dy) | aligned(x) << 1 | aligned(rstd) << 2,
           w.defined() ? aligned(w) : 0,
-          0};
+          dh.defined() ? 1 | aligned(dh) << 1 | static_cast<int64_t>(dh.scalar_type()) << 2 : 0};
 }
 
-// dx (x's shape, dx_dtype) and dw (N, the weight's dtype; undefined unless need_dw).
-std::pair<Tensor, Tensor> run_backward(const Tensor& dy_in, const Tensor& x, const Tensor& w,
+Tensor contiguous(const Tensor& t) { return !t.defined() || t.is_contiguous() ? t : t.contiguous(); }
+
+// dx (x's shape, dx_dtype; with dh, the gradient reaching h added) and dw (N, the weight's dtype;
+// undefined unless need_dw). x is h where the forward had a residual.
+std::pair<Tensor, Tensor> run_backward(const Tensor& dy_in, const Tensor& dh_in, const Tensor& x, const Tensor& w,
                                        const Tensor& rstd, double offset, int64_t casting, bool need_dw,
                                        at::ScalarType dx_dtype) {
-  const Tensor dy = dy_in.is_contiguous() ? dy_in : dy_in.contiguous();
+  const Tensor dy = contiguous(dy_in), dh = contiguous(dh_in);
   const int64_t n = x.size(-1);
   const int64_t m = x.numel() / n;
   const bool compute_dw = need_dw && w.defined();
   const c10::DeviceGuard guard(x.device());
-  const Key key = backward_key(dy, x, w, rstd, m, n, offset, casting, compute_dw, dx_dtype);
+  const Key key = backward_key(dy, dh, x, w, rstd, m, n, offset, casting, compute_dw, dx_dtype);
   const Lookup found = lookup(backward_plans, key, m);
   if (found.plan == nullptr) {
     py::gil_scoped_acquire gil;
-    py::object w_obj = w.defined() ? py::cast(w) : py::none();
-    py::tuple out = (*plan_backward_fn)(dy, x, w_obj, rstd, offset, casting, compute_dw,
-                                        static_cast<int64_t>(dx_dtype), found.record);
+    py::tuple out = (*plan_backward_fn)(dy, object_or_none(dh), x, object_or_none(w), rstd, offset, casting,
+                                        compute_dw, static_cast<int64_t>(dx_dtype), found.record);
     finish(backward_plans, key, found, out, BACKWARD_SLOTS);
-    return {out[0].cast<Tensor>(), out[1].is_none() ? Tensor() : out[1].cast<Tensor>()};
+    return {out[0].cast<Tensor>(), tensor_or_undefined(out[1])};
   }
   const at::TensorOptions opts = x.options();
   Tensor dx = at::empty(x.sizes(), opts.dtype(dx_dtype));
   Tensor dw = compute_dw ? at::empty({n}, opts.dtype(w.scalar_type())) : Tensor();
-  Slots slots = {dy.data_ptr(),   x.data_ptr(), w.defined() ? w.data_ptr() : nullptr, rstd.data_ptr(),
-                 dx.data_ptr(), compute_dw ? dw.data_ptr() : nullptr};
+  Slots slots = {dy.data_ptr(),
+                 x.data_ptr(),
+                 w.defined() ? w.data_ptr() : nullptr,
+                 rstd.data_ptr(),
+                 dx.data_ptr(),
+                 compute_dw ? dw.data_ptr() : nullptr,
+                 dh.defined() ? dh.data_ptr() : nullptr};
   run_plan(*found.plan, slots, opts);
   backward_calls.fetch_add(1, std::memory_order_relaxed);
   return {dx, dw};
@@ -388,6 +416,16 @@ std::pair<Tensor, Tensor> run_backward(const Tensor& dy_in, const Tensor& x, con
 // ---------------------------------------------------------------------------------------------
 // The operator: its backward node, its Autograd and CUDA kernels, its registration
 // ---------------------------------------------------------------------------------------------
+
+// create_graph=True: the differentiable torch formula (ops._backward_composite), (dx, dw).
+std::pair<Tensor, Tensor> composite_backward(const Tensor& dy, const Tensor& dh, const Tensor& x, const Tensor& w,
+                                             double eps, double offset, int64_t casting, bool need_dw,
+                                             at::ScalarType dx_dtype) {
+  py::gil_scoped_acquire gil;
+  py::tuple out = (*composite_backward_fn)(dy, object_or_none(dh), x, object_or_none(w), eps, offset, casting,
+                                           need_dw, static_cast<int64_t>(dx_dtype));
+  return {out[0].cast<Tensor>(), tensor_or_undefined(out[1])};
+}
 
 // The backward node, as torch's own are built: saved variables and plain fields, no context
 // object. The gradient wrt x is edge 0, wrt the weight edge 1 (invalid without a weight).
@@ -413,14 +451,9 @@ struct RmsNormBackward : public torch::autograd::Node {
     if (!dy.defined() || !(need_x || need_dw)) {
       // no gradient reached y, or none is wanted
     } else if (at::GradMode::is_enabled()) {
-      // create_graph=True: the differentiable torch formula (ops._backward_composite).
-      py::gil_scoped_acquire gil;
-      py::object w_obj = w.defined() ? py::cast(w) : py::none();
-      py::tuple out = (*composite_backward_fn)(dy, x, w_obj, eps_, offset_, casting_, need_dw);
-      dx = out[0].cast<Tensor>();
-      dw = out[1].is_none() ? Tensor() : out[1].cast<Tensor>();
+      std::tie(dx, dw) = composite_backward(dy, Tensor(), x, w, eps_, offset_, casting_, need_dw, x.scalar_type());
     } else {
-      std::tie(dx, dw) = run_backward(dy, x, w, rstd, offset_, casting_, need_dw, x.scalar_type());
+      std::tie(dx, dw) = run_backward(dy, Tensor(), x, w, rstd, offset_, casting_, need_dw, x.scalar_type());
     }
     return {need_x ? dx : Tensor(), need_dw ? dw : Tensor()};
   }
@@ -447,7 +480,7 @@ struct NodeMaker<T, c10::intrusive_ptr<torch::autograd::Node>> {
 Tensor rms_norm_cuda(const Tensor& x, const std::optional<Tensor>& weight, double eps, double offset,
                      int64_t casting, at::ScalarType out_dtype) {
   const Tensor w = weight.has_value() ? *weight : Tensor();
-  return run_forward(x, w, eps, offset, casting, out_dtype, false).first;
+  return std::get<0>(run_forward(x, w, Tensor(), eps, offset, casting, out_dtype, out_dtype, false));
 }
 
 // The Autograd kernel, shaped like torch's generated ones: a node where x or the weight needs a
@@ -468,7 +501,8 @@ Tensor rms_norm_autograd(const Tensor& x, const std::optional<Tensor>& weight, d
   Tensor y, rstd;
   {
     at::AutoDispatchBelowADInplaceOrView below;
-    std::tie(y, rstd) = run_forward(x, w, eps, offset, casting, out_dtype, grad_fn != nullptr);
+    std::tie(y, rstd, std::ignore) =
+        run_forward(x, w, Tensor(), eps, offset, casting, out_dtype, out_dtype, grad_fn != nullptr);
   }
   if (grad_fn) {
     torch::autograd::set_history(y, grad_fn);
@@ -482,15 +516,113 @@ Tensor rms_norm_autograd(const Tensor& x, const std::optional<Tensor>& weight, d
   return y;
 }
 
+// The residual call's backward node: h = x + residual was normalised and returned, so both y's
+// and h's gradients arrive (either may be undefined). The gradient reaching h is dy's through the
+// normalisation plus dh, computed in the promoted dtype of x and the residual (ops._grads's
+// rule) and handed to both. Edges: x 0, the weight 1, the residual 2.
+struct RmsNormResidualBackward : public torch::autograd::Node {
+  SavedVariable h_, w_, rstd_;
+  double eps_ = 0.0, offset_ = 0.0;
+  int64_t casting_ = 0;
+  at::ScalarType x_dtype_ = at::kFloat, res_dtype_ = at::kFloat;
+
+  std::string name() const override { return "RmsNormResidualBackward"; }
+
+  void release_variables() override {
+    h_.reset_data();
+    w_.reset_data();
+    rstd_.reset_data();
+  }
+
+  variable_list apply(variable_list&& grads) override {
+    const Tensor h = h_.unpack(getptr()), w = w_.unpack(), rstd = rstd_.unpack();
+    const bool need_x = task_should_compute_output(0);
+    bool need_dw = w.defined() && task_should_compute_output(1);
+    const bool need_res = task_should_compute_output(2);
+    const Tensor& dy = grads[0];
+    const Tensor& dh = grads[1];
+    if (!(need_x || need_dw || need_res) || (!dy.defined() && !dh.defined())) {
+      return {Tensor(), Tensor(), Tensor()};
+    }
+    const at::ScalarType dx_dtype = at::promote_types(x_dtype_, res_dtype_);
+    Tensor dxh, dw;
+    if (!dy.defined()) {  // only h was used downstream: its gradient passes straight through
+      dxh = dh.to(dx_dtype);
+      need_dw = false;
+    } else if (at::GradMode::is_enabled()) {
+      std::tie(dxh, dw) = composite_backward(dy, dh, h, w, eps_, offset_, casting_, need_dw, dx_dtype);
+    } else {
+      std::tie(dxh, dw) = run_backward(dy, dh, h, w, rstd, offset_, casting_, need_dw, dx_dtype);
+    }
+    Tensor dx = need_x ? (dx_dtype == x_dtype_ ? dxh : dxh.to(x_dtype_)) : Tensor();
+    Tensor dres = need_res ? (dx_dtype == res_dtype_ ? dxh : dxh.to(res_dtype_)) : Tensor();
+    return {dx, need_dw ? dw : Tensor(), dres};
+  }
+};
+
+std::tuple<Tensor, Tensor> rms_norm_residual_cuda(const Tensor& x, const Tensor& residual,
+                                                  const std::optional<Tensor>& weight, double eps, double offset,
+                                                  int64_t casting, at::ScalarType out_dtype,
+                                                  at::ScalarType residual_dtype) {
+  const Tensor w = weight.has_value() ? *weight : Tensor();
+  auto [y, rstd, h] = run_forward(x, w, residual, eps, offset, casting, out_dtype, residual_dtype, false);
+  return {y, h};
+}
+
+// As rms_norm_autograd, with y and h as the node's outputs 0 and 1 and h saved in place of x.
+std::tuple<Tensor, Tensor> rms_norm_residual_autograd(const Tensor& x, const Tensor& residual,
+                                                      const std::optional<Tensor>& weight, double eps,
+                                                      double offset, int64_t casting, at::ScalarType out_dtype,
+                                                      at::ScalarType residual_dtype) {
+  const Tensor w = weight.has_value() ? *weight : Tensor();
+  TORCH_CHECK(!x._fw_grad(0).defined() && !residual._fw_grad(0).defined() &&
+                  !(w.defined() && w._fw_grad(0).defined()),
+              "rmsnorm_kernel_host::rms_norm_residual: forward-mode AD (a dual tensor) is not supported here; "
+              "rmsnorm_kernel.rms_norm runs it in torch ops");
+  decltype(NodeMaker<RmsNormResidualBackward, NodePtr>::make()) grad_fn;
+  if (torch::autograd::compute_requires_grad(x, w, residual)) {
+    grad_fn = NodeMaker<RmsNormResidualBackward, NodePtr>::make();
+    grad_fn->set_next_edges(torch::autograd::collect_next_edges(x, w, residual));
+  }
+  Tensor y, rstd, h;
+  {
+    at::AutoDispatchBelowADInplaceOrView below;
+    std::tie(y, rstd, h) =
+        run_forward(x, w, residual, eps, offset, casting, out_dtype, residual_dtype, grad_fn != nullptr);
+  }
+  if (grad_fn) {
+    torch::autograd::set_history(y, grad_fn);
+    torch::autograd::set_history(h, grad_fn);
+    grad_fn->h_ = SavedVariable(h, true);  // an output of the node: saved without a cycle
+    grad_fn->w_ = SavedVariable(w, false);
+    grad_fn->rstd_ = SavedVariable(rstd, false);
+    grad_fn->eps_ = eps;
+    grad_fn->offset_ = offset;
+    grad_fn->casting_ = casting;
+    grad_fn->x_dtype_ = x.scalar_type();
+    grad_fn->res_dtype_ = residual.scalar_type();
+  }
+  return {y, h};
+}
+
 // The operator's namespace: torch.ops.rmsnorm_kernel_host.rms_norm. One build per process (its
 // name hashes this source), so the namespace is registered once.
 TORCH_LIBRARY(rmsnorm_kernel_host, m) {
   m.def("rms_norm(Tensor x, Tensor? weight, float eps, float offset, int casting, ScalarType out_dtype) -> Tensor");
+  m.def(
+      "rms_norm_residual(Tensor x, Tensor residual, Tensor? weight, float eps, float offset, int casting, "
+      "ScalarType out_dtype, ScalarType residual_dtype) -> (Tensor, Tensor)");
 }
 
-TORCH_LIBRARY_IMPL(rmsnorm_kernel_host, CUDA, m) { m.impl("rms_norm", TORCH_FN(rms_norm_cuda)); }
+TORCH_LIBRARY_IMPL(rmsnorm_kernel_host, CUDA, m) {
+  m.impl("rms_norm", TORCH_FN(rms_norm_cuda));
+  m.impl("rms_norm_residual", TORCH_FN(rms_norm_residual_cuda));
+}
 
-TORCH_LIBRARY_IMPL(rmsnorm_kernel_host, Autograd, m) { m.impl("rms_norm", TORCH_FN(rms_norm_autograd)); }
+TORCH_LIBRARY_IMPL(rmsnorm_kernel_host, Autograd, m) {
+  m.impl("rms_norm", TORCH_FN(rms_norm_autograd));
+  m.impl("rms_norm_residual", TORCH_FN(rms_norm_residual_autograd));
+}
 
 using Signature = Tensor(const Tensor&, const std::optional<Tensor>&, double, double, int64_t, at::ScalarType);
 
@@ -500,17 +632,39 @@ const c10::TypedOperatorHandle<Signature>& rms_norm_op() {
   return op;
 }
 
+using ResidualSignature = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const std::optional<Tensor>&,
+                                                      double, double, int64_t, at::ScalarType, at::ScalarType);
+
+const c10::TypedOperatorHandle<ResidualSignature>& rms_norm_residual_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("rmsnorm_kernel_host::rms_norm_residual", "")
+                             .typed<ResidualSignature>();
+  return op;
+}
+
+bool in_functorch(const Tensor& t) {
+  constexpr auto functorch =
+      c10::DispatchKeySet({c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::FuncTorchBatched});
+  return t.defined() && t.key_set().has_any(functorch);
+}
+
 // The operator's result through the dispatcher (which picks the Autograd kernel where x or the
 // weight requires grad). None where this path does not apply (a functorch wrapper): the caller
 // takes the Python path.
 py::object call_op(const Tensor& x, const std::optional<Tensor>& weight, double eps, double offset,
                    int64_t casting, at::ScalarType out_dtype) {
-  constexpr auto functorch =
-      c10::DispatchKeySet({c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::FuncTorchBatched});
-  if (x.key_set().has_any(functorch) || (weight.has_value() && weight->key_set().has_any(functorch))) {
+  if (in_functorch(x) || (weight.has_value() && in_functorch(*weight))) return py::none();
+  return py::cast(rms_norm_op().call(x, weight, eps, offset, casting, out_dtype));
+}
+
+// The same with a residual: (y, h), or None.
+py::object call_residual_op(const Tensor& x, const Tensor& residual, const std::optional<Tensor>& weight, double eps,
+                            double offset, int64_t casting, at::ScalarType out_dtype, at::ScalarType residual_dtype) {
+  if (in_functorch(x) || in_functorch(residual) || (weight.has_value() && in_functorch(*weight))) {
     return py::none();
   }
-  return py::cast(rms_norm_op().call(x, weight, eps, offset, casting, out_dtype));
+  auto [y, h] = rms_norm_residual_op().call(x, residual, weight, eps, offset, casting, out_dtype, residual_dtype);
+  return py::make_tuple(y, h);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -590,23 +744,62 @@ const CastingMode* fast_path_mode(PyObject* x, PyObject* ns, PyObject* weight, P
   return mode;
 }
 
+// The residual call's route: fast_path_mode's tests on the rest of the call, a residual the
+// kernels read as it is (x's exact type, shape and device, contiguous, a kernel dtype, no
+// tangent, no Python dispatch), and residual_dtype None or a kernel dtype, which it stores in
+// *h_dtype (None: x's dtype). ops.validate accepts every call it takes (tests/test_validation.py).
+const CastingMode* residual_path_mode(PyObject* x, PyObject* ns, PyObject* weight, PyObject* eps, PyObject* residual,
+                                      PyObject* residual_dtype, PyObject* offset, PyObject* casting,
+                                      PyObject* out_dtype, bool any_device, at::ScalarType* h_dtype) {
+  if (Py_TYPE(residual) != reinterpret_cast<PyTypeObject*>(THPVariableClass)) return nullptr;
+  const CastingMode* mode =
+      fast_path_mode(x, ns, weight, eps, Py_None, Py_None, offset, casting, out_dtype, any_device);
+  if (mode == nullptr) return nullptr;
+  const Tensor& xt = THPVariable_Unpack(x);
+  const Tensor& rt = THPVariable_Unpack(residual);
+  if (!dense(rt) || !kernel_dtype(rt.scalar_type()) || rt.sizes() != xt.sizes() || rt.device() != xt.device() ||
+      !rt.is_contiguous() || rt.key_set().has(c10::DispatchKey::Python) || rt._fw_grad(0).defined()) {
+    return nullptr;
+  }
+  at::ScalarType h = xt.scalar_type();
+  if (residual_dtype != Py_None) {
+    if (!THPDtype_Check(residual_dtype)) return nullptr;
+    h = reinterpret_cast<THPDtype*>(residual_dtype)->scalar_type;
+    if (!kernel_dtype(h)) return nullptr;
+  }
+  *h_dtype = h;
+  return mode;
+}
+
 // rms_norm's first step on the compiled path: the common call's result, or None (the call is
 // not the fast path's, or a functorch wrapper): then rms_norm goes on in Python.
 py::object common_call(py::handle x, py::handle ns, py::handle weight, py::handle eps, py::handle residual,
                        py::handle residual_dtype, py::handle offset, py::handle casting, py::handle out_dtype) {
-  const CastingMode* mode = fast_path_mode(x.ptr(), ns.ptr(), weight.ptr(), eps.ptr(), residual.ptr(),
-                                           residual_dtype.ptr(), offset.ptr(), casting.ptr(), out_dtype.ptr(), false);
+  const bool has_residual = !residual.is_none();
+  at::ScalarType h_dtype = at::kFloat;
+  const CastingMode* mode =
+      has_residual ? residual_path_mode(x.ptr(), ns.ptr(), weight.ptr(), eps.ptr(), residual.ptr(),
+                                        residual_dtype.ptr(), offset.ptr(), casting.ptr(), out_dtype.ptr(), false,
+                                        &h_dtype)
+                   : fast_path_mode(x.ptr(), ns.ptr(), weight.ptr(), eps.ptr(), residual.ptr(), residual_dtype.ptr(),
+                                    offset.ptr(), casting.ptr(), out_dtype.ptr(), false);
   if (mode == nullptr) return py::none();
   const Tensor& xt = THPVariable_Unpack(x.ptr());
   std::optional<Tensor> w;
-  at::ScalarType out = xt.scalar_type();
+  // y's dtype (ops.rms_norm's rule): x's, or with a promoting casting (llama) the normalised
+  // input's (h's with a residual) promoted with the weight's.
+  at::ScalarType out = has_residual && mode->promotes ? h_dtype : xt.scalar_type();
   if (!weight.is_none()) {
     w = THPVariable_Unpack(weight.ptr());
     if (mode->promotes) out = at::promote_types(out, w->scalar_type());
   }
   // eps None: torch's default, the epsilon of the opmath type (float32 for the kernels' dtypes)
   const double e = eps.is_none() ? std::numeric_limits<float>::epsilon() : PyFloat_AS_DOUBLE(eps.ptr());
-  return call_op(xt, w, e, PyFloat_AS_DOUBLE(offset.ptr()), mode->code, out);
+  const double off = PyFloat_AS_DOUBLE(offset.ptr());
+  if (has_residual) {
+    return call_residual_op(xt, THPVariable_Unpack(residual.ptr()), w, e, off, mode->code, out, h_dtype);
+  }
+  return call_op(xt, w, e, off, mode->code, out);
 }
 
 }  // namespace
@@ -621,6 +814,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                               offset.ptr(), casting.ptr(), out_dtype.ptr(), true) != nullptr;
       },
       "common_call's predicate on any device (the tests compare it with ops._takes_fast_path)");
+  m.def(
+      "takes_residual_path",
+      [](py::handle x, py::handle ns, py::handle weight, py::handle eps, py::handle residual,
+         py::handle residual_dtype, py::handle offset, py::handle casting, py::handle out_dtype) {
+        at::ScalarType h_dtype;
+        return residual_path_mode(x.ptr(), ns.ptr(), weight.ptr(), eps.ptr(), residual.ptr(), residual_dtype.ptr(),
+                                  offset.ptr(), casting.ptr(), out_dtype.ptr(), true, &h_dtype) != nullptr;
+      },
+      "common_call's predicate for a call with a residual, on any device (the tests check it against "
+      "ops.validate)");
   m.def("set_casting_modes", [](const std::vector<std::tuple<std::string, int64_t, bool>>& modes) {
     casting_modes.clear();
     for (const auto& [name, code, promotes] : modes) casting_modes.push_back({name, code, promotes});
