@@ -4,8 +4,9 @@
 // Autograd kernel) whose forward and backward launch the compiled Triton kernels through the
 // driver, so an eager call does not enter Python between its entry and its launches. Its Python
 // entry, common_call, is rms_norm's first step once loaded: the fast path's checks
-// (ops._takes_fast_path's, here in C++; with a residual, a superset of them), then the operator. host.py builds and loads this
-// file; launch.py stays the one place that chooses kernels and launch parameters.
+// (ops._takes_fast_path's, here in C++; with a residual, the same tests and the residual's), then
+// the operator. host.py builds and loads this file; launch.py stays the one place that chooses
+// kernels and launch parameters.
 //
 // How: a call looks its launch plan up by everything the plan depends on (device, dtypes, M, N,
 // eps, offset, casting, which outputs, 16-byte alignment of the pointers). The first call of a
