@@ -326,14 +326,15 @@ class WeightlessRMSNorm(nn.Module):
 
 
 # name: (module, what the swap must have made of it: None where it must be refused, else
-# (offset, casting, out_dtype)).
+# (offset, casting, out_dtype)). Only a torch.nn.RMSNorm gets out_dtype None (F.rms_norm's rule,
+# autocast's included); a look-alike keeps the rule its forward follows.
 BEHAVIOURS = {
-    "(1 + w) without Gemma in the name": (lambda: ZeroCenteredNorm(HIDDEN, eps=EPS), (1.0, "gemma", None)),
-    "Gemma in the name, plain w": (lambda: Gemma3nLikeRMSNorm(HIDDEN, eps=EPS), (0.0, "default", None)),
-    "Llama": (lambda: LlamaLikeRMSNorm(HIDDEN, eps=EPS), (0.0, "llama", None)),
-    "cast at the end": (lambda: CastAtEndRMSNorm(HIDDEN, eps=EPS), (0.0, "default", None)),
-    "two eps attributes": (lambda: TwoEpsRMSNorm(HIDDEN), (0.0, "llama", None)),
-    "draws random numbers": (lambda: RandomDrawingRMSNorm(HIDDEN, eps=EPS), (0.0, "llama", None)),
+    "(1 + w) without Gemma in the name": (lambda: ZeroCenteredNorm(HIDDEN, eps=EPS), (1.0, "gemma", "input")),
+    "Gemma in the name, plain w": (lambda: Gemma3nLikeRMSNorm(HIDDEN, eps=EPS), (0.0, "default", "input")),
+    "Llama": (lambda: LlamaLikeRMSNorm(HIDDEN, eps=EPS), (0.0, "llama", "promoted")),
+    "cast at the end": (lambda: CastAtEndRMSNorm(HIDDEN, eps=EPS), (0.0, "default", "input")),
+    "two eps attributes": (lambda: TwoEpsRMSNorm(HIDDEN), (0.0, "llama", "promoted")),
+    "draws random numbers": (lambda: RandomDrawingRMSNorm(HIDDEN, eps=EPS), (0.0, "llama", "promoted")),
     "torch.nn.RMSNorm": (lambda: nn.RMSNorm(HIDDEN, eps=EPS), (0.0, "default", None)),
     "torch.nn.RMSNorm, eps=None": (lambda: nn.RMSNorm(HIDDEN), (0.0, "default", None)),
     "torch.nn.RMSNorm, eps=True (torch reads 1.0)": (
@@ -570,3 +571,42 @@ def test_transformers_rms_norm_class(module_name, class_name, dtype, device):
         x = inputs((3, 5, HIDDEN), x_dtype, device)
         with torch.no_grad():
             assert_matches(model.norm(x), norm(x), x_dtype, f"{class_name}, {dtype} weight, {x_dtype} x")
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_swapped_modules_keep_their_output_dtype_under_autocast(device, monkeypatch):
+    """Under CUDA autocast, torch releases that list rms_norm run F.rms_norm in float32, which
+    rms_norm follows where out_dtype is None; a look-alike's dtype comes from its own code, which
+    autocast leaves as it is. The swap keeps each: a torch.nn.RMSNorm follows rms_norm's rule, a
+    look-alike, RMSNorm(out_dtype="input") and LastDimRMSNorm keep x's dtype. Torch's rule is
+    forced on (ops._autocast_float32), so this runs with any torch, on any device."""
+    from rmsnorm_kernel import ops
+
+    def forced(x):
+        return True
+
+    monkeypatch.setattr(ops, "_autocast_float32", forced)
+    monkeypatch.setattr(module, "_autocast_float32", forced)
+    x = inputs((3, 5, HIDDEN), BF16, device)
+    r = inputs((3, 5, HIDDEN), BF16, device, seed=2)
+    swapped = {}
+    for name, make in [
+        ("cast at the end", lambda: CastAtEndRMSNorm(HIDDEN, eps=EPS)),
+        ("weightless", lambda: WeightlessRMSNorm(eps=EPS)),
+        ("torch.nn.RMSNorm", lambda: nn.RMSNorm(HIDDEN, eps=EPS)),
+    ]:
+        model = holder(perturbed(make()).to(device=device, dtype=BF16))
+        assert swap_rms_norm(model) == ["norm"]
+        swapped[name] = model.norm
+    made = {
+        "input": RMSNorm(HIDDEN, out_dtype="input").to(device=device, dtype=BF16),
+        "none": RMSNorm(HIDDEN),
+    }
+    made["none"] = made["none"].to(device=device, dtype=BF16)
+    with torch.no_grad(), torch.autocast(device_type=device, dtype=BF16):
+        assert swapped["cast at the end"](x).dtype == BF16
+        assert swapped["weightless"](x).dtype == BF16
+        assert swapped["torch.nn.RMSNorm"](x).dtype == F32  # rms_norm's (forced) autocast rule
+        assert made["input"](x).dtype == BF16 and made["input"](x, r)[0].dtype == BF16
+        assert made["none"](x).dtype == F32
+        assert swapped["weightless"](x, r)[0].dtype == BF16

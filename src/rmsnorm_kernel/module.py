@@ -23,7 +23,7 @@ from torch import nn
 
 from rmsnorm_kernel import kernels
 from rmsnorm_kernel.launch import CASTING_MODES, SUPPORTED_DTYPES
-from rmsnorm_kernel.ops import _composite, _real_number, default_eps, rms_norm
+from rmsnorm_kernel.ops import _autocast_float32, _composite, _real_number, default_eps, rms_norm
 from rmsnorm_kernel.reference import default_out_dtype
 
 logger = logging.getLogger(__name__)
@@ -101,8 +101,10 @@ class RMSNorm(nn.RMSNorm):
                 out_dtype = x.dtype
             else:
                 out_dtype = torch.promote_types(x.dtype, weight.dtype)
-            # The casting mode's own dtype: pass None, which keeps rms_norm's fast path.
-            if residual is None and out_dtype == default_out_dtype(x.dtype, weight, self.casting):
+            # The casting mode's own dtype: pass None, which keeps rms_norm's fast path (with a
+            # residual too: h then has x's dtype). Not under CUDA autocast, where None would give
+            # F.rms_norm's dtype there (float32 in torch releases that list rms_norm).
+            if out_dtype == default_out_dtype(x.dtype, weight, self.casting) and not _autocast_float32(x):
                 out_dtype = None
         return rms_norm(
             x,
@@ -136,7 +138,9 @@ class LastDimRMSNorm(nn.Module):
         self.eps = _check_eps(eps)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        return rms_norm(x, None, None, self.eps, residual=residual)
+        # x's dtype under CUDA autocast too, where rms_norm's own rule would follow F.rms_norm's
+        out_dtype = x.dtype if isinstance(x, torch.Tensor) and _autocast_float32(x) else None
+        return rms_norm(x, None, None, self.eps, residual=residual, out_dtype=out_dtype)
 
     def extra_repr(self) -> str:
         return f"eps={self.eps}"
@@ -324,8 +328,9 @@ def _out_dtype_rules(probes, outputs, weight) -> list[str]:
     return rules
 
 
-def _candidates(weight, eps_values, rules) -> list[_Candidate]:
-    """Settings to try, in order of preference where two fit equally well."""
+def _candidates(weight, eps_values, rules, follows_torch: bool) -> list[_Candidate]:
+    """Settings to try, in order of preference where two fit equally well. ``follows_torch``: the
+    module is a torch.nn.RMSNorm, whose forward is F.rms_norm."""
     forms = (
         [(0.0, "default"), (0.0, "llama"), (1.0, "gemma"), (1.0, "llama")]
         if weight is not None
@@ -333,9 +338,11 @@ def _candidates(weight, eps_values, rules) -> list[_Candidate]:
     )
     out = []
     for offset, casting in forms:
-        # The casting mode's own output dtype where it fits (None), else the rule that does.
+        # The casting mode's own output dtype where it fits, else the rule that does. Only a
+        # torch.nn.RMSNorm gets None, which follows F.rms_norm under CUDA autocast as well; any
+        # other module's dtype comes from its own code, which autocast leaves as it is.
         own = "promoted" if casting == "llama" else "input"
-        out_dtype = None if own in rules else rules[0]
+        out_dtype = (None if follows_torch else own) if own in rules else rules[0]
         out.extend(_Candidate(offset, casting, eps, out_dtype) for eps in eps_values)
     return out
 
@@ -434,7 +441,7 @@ def _decide(module: nn.Module, structure, device) -> nn.Module:
         got = ", ".join(f"{_dtype_name(y.dtype)} for {_dtype_name(x.dtype)}" for x, y in zip(probes, outputs))
         raise _Refused(f"its output dtype ({got}) is neither the input's nor the promoted dtype")
     scored = []
-    for candidate in _candidates(weight, eps_values, rules):
+    for candidate in _candidates(weight, eps_values, rules, isinstance(module, nn.RMSNorm)):
         error = max(
             _error_ratio(_reference(x, weight, normalized_shape, candidate), y, x.dtype)
             for x, y in zip(probes, outputs)
