@@ -929,11 +929,20 @@ def run(args: argparse.Namespace) -> int:
     return 1 if any(r.provider == "kernel" for r in failed) else 0
 
 
-def _slower_blocks(t: results.Timing, kernel: results.Timing) -> str:
-    """ "k/n": in k of the n blocks both rows ran, ``t``'s block median exceeded the kernel's."""
+def _paired_blocks(t: results.Timing, kernel: results.Timing) -> tuple[tuple, tuple] | None:
+    """The two rows' block medians, block i beside block i; None unless both ran every block."""
     mine, theirs = t.block_medians_ms, kernel.block_medians_ms
     if not mine or len(mine) != len(theirs):
+        return None
+    return tuple(mine), tuple(theirs)
+
+
+def _slower_blocks(t: results.Timing, kernel: results.Timing) -> str:
+    """ "k/n": in k of the n blocks both rows ran, ``t``'s block median exceeded the kernel's."""
+    pairs = _paired_blocks(t, kernel)
+    if pairs is None:
         return "-"
+    mine, theirs = pairs
     return f"{sum(a > b for a, b in zip(mine, theirs))}/{len(mine)}"
 
 
@@ -943,9 +952,10 @@ def _ratio_interval(t: results.Timing, kernel: results.Timing, alpha: float = 0.
     slower in this run beyond its noise; below 1 throughout: faster."""
     from rmsnorm_suite import gate
 
-    mine, theirs = t.block_medians_ms, kernel.block_medians_ms
-    if len(mine) < 2 or len(mine) != len(theirs):
+    pairs = _paired_blocks(t, kernel)
+    if pairs is None or len(pairs[0]) < 2:
         return "-"
+    mine, theirs = pairs
     est = gate.ratio_estimate(theirs, mine, alpha, paired=True)
     return f"{est.low:.2f}-{est.high:.2f}"
 
