@@ -416,7 +416,8 @@ def test_common_call_skips_the_python_predicate(ext, monkeypatch):
 # ---------------------------------------------------------------------------------------------
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
-# Which outputs the loss reads: y, h or both (the node gets dy, dh or both; "h" needs no kernel).
+# Which outputs the loss reads: y, h or both (the node gets dy, dh or both; "h" needs no kernel);
+# "sums": y.sum() + h.sum(), whose gradients arrive expanded (stride 0).
 USES = ("y", "h", "both")
 
 
@@ -438,9 +439,12 @@ def _residual_run(x, r, w, residual_dtype, offset, casting, use, direct_ext=None
     if use is None:
         return [y, h]
     g = torch.Generator(device=x.device).manual_seed(5)
-    outputs = {"y": [y], "h": [h], "both": [y, h]}[use]
-    grads = [torch.randn(t.shape, device=x.device, generator=g).to(t.dtype) for t in outputs]
-    torch.autograd.backward(outputs, grads)
+    if use == "sums":
+        (y.sum() + h.sum()).backward()
+    else:
+        outputs = {"y": [y], "h": [h], "both": [y, h]}[use]
+        grads = [torch.randn(t.shape, device=x.device, generator=g).to(t.dtype) for t in outputs]
+        torch.autograd.backward(outputs, grads)
     return [y, h, x.grad, r.grad] + ([w.grad] if w is not None else [])
 
 
@@ -471,7 +475,11 @@ def test_residual_operator_autograd_matches_python_path(interpreted_extension):
     both castings; with and without a weight."""
     ext = interpreted_extension
     for (xd, rd), hd, casting, wd, use in itertools.product(
-        [(F32, F32), (BF16, F32), (F16, BF16)], [None, F32, BF16], ["default", "llama"], [None, BF16], USES
+        [(F32, F32), (BF16, F32), (F16, BF16)],
+        [None, F32, BF16],
+        ["default", "llama"],
+        [None, BF16],
+        (*USES, "sums"),
     ):
         args = (hd, 0.0, casting, use)
         direct = _residual_run(*_residual_inputs((3,), 40, xd, rd, wd, True, "cpu"), *args, direct_ext=ext)
