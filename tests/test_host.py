@@ -573,3 +573,32 @@ def test_first_residual_call_loads_the_entry_and_takes_it(ext, monkeypatch):
     assert host.entry is not None and y.grad_fn.name() == "RmsNormResidualBackward"
     torch.testing.assert_close(y, torch.nn.functional.rms_norm(x + r, (96,), w, 1e-6))
     assert torch.equal(h, x + r)
+
+
+def _plain_run(xd, wd, casting, direct_ext=None):
+    """y, dx, dw, and dx with its graph and a second derivative, of one common call on CPU tensors
+    (the interpreter); through the operator directly where ``direct_ext`` is given."""
+    x, _, w = _residual_inputs((3,), 40, xd, xd, wd, True, "cpu", seed=7)
+    if direct_ext is not None:
+        direct_ext.clear_plans()
+        out = torch.promote_types(xd, wd) if casting == "llama" and wd is not None else xd
+        y = torch.ops.rmsnorm_kernel_host.rms_norm(x, w, 1e-6, 0.0, launch.CASTING_MODES[casting], out)
+    else:
+        with host.python_path():
+            y = rms_norm(x, 40, w, 1e-6, casting=casting)
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(8)).to(y.dtype)
+    (gx,) = torch.autograd.grad(y, x, dy, create_graph=True)
+    (gxx,) = torch.autograd.grad(gx.float().square().sum(), x)
+    y.backward(dy)
+    return [y, x.grad, w.grad if w is not None else None, gx, gxx]
+
+
+@pytest.mark.interpret
+def test_operator_autograd_matches_python_path(interpreted_extension):
+    """The common call's operator (RmsNormBackward) against the Python path on the interpreter,
+    bitwise: y, dx and dw over dtypes, castings, weight or none, and a second derivative
+    (create_graph=True takes the composite formula through the node's callback)."""
+    for xd, wd, casting in itertools.product([F32, BF16, F16], [None, F32, BF16], ["default", "llama"]):
+        got = _plain_run(xd, wd, casting, interpreted_extension)
+        assert got[0].grad_fn.name() == "RmsNormBackward"
+        _assert_same(got, _plain_run(xd, wd, casting))
