@@ -678,7 +678,13 @@ def rms_norm(
     # the errors. Once the compiled host path has loaded, its common_call makes the same tests
     # in C++ and runs the call (and a call with a contiguous residual of x's shape, which the
     # Python fast path leaves); where it returns None, the call goes on here.
-    if (entry := host.entry) is not None and not torch.compiler.is_compiling():
+    entry = host.entry
+    if entry is None and residual is not None and host.unloaded() and isinstance(x, Tensor) and x.is_cuda:
+        # The fast path below loads the compiled host path on a process's first common call; a
+        # process whose calls all carry a residual loads it here, once.
+        if not torch.compiler.is_compiling():
+            entry = host.entry_after_load()
+    if entry is not None and not torch.compiler.is_compiling():
         y = entry(x, normalized_shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype)
         if y is not None:
             return y
@@ -703,15 +709,6 @@ def rms_norm(
         if torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)):
             return _apply_plain(x, weight, options)
         return _run_forward(x, weight, None, *options, want_rstd=False)[0]
-    elif residual is not None and host.unloaded() and isinstance(x, Tensor) and x.is_cuda:
-        # The fast path loads the compiled host path on a process's first common call; a process
-        # whose calls all carry a residual loads it here, once, and its entry takes this call.
-        if not torch.compiler.is_compiling() and (entry := host.entry_after_load()) is not None:
-            out = entry(
-                x, normalized_shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype
-            )
-            if out is not None:
-                return out
 
     n, shape = _normalized_size(x, normalized_shape, weight)
     if isinstance(eps, Tensor) and eps.dim() == 0 and not eps.requires_grad and not eps.is_complex():

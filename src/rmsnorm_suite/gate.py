@@ -496,8 +496,8 @@ def _verdict(rows: list[Row], base, head, th: Thresholds) -> Verdict:
         if len(regressions) > 4:
             summary += f", and {len(regressions) - 4} more"
     else:
-        n_dev = sum(r.kind == "latency" and r.check.startswith("device ") for r in rows)
-        n_host = sum(r.kind == "latency" and r.check.startswith("host ") for r in rows)
+        n_dev = sum(r.kind == "latency" and r.check.startswith(CHECK_PREFIXES["device"] + " ") for r in rows)
+        n_host = sum(r.kind == "latency" and r.check.startswith(CHECK_PREFIXES["host"] + " ") for r in rows)
         n_lat = sum(r.kind == "latency" for r in rows) - n_dev - n_host
         n_num = sum(r.kind == "numerics" for r in rows)
         status = "pass"

@@ -219,18 +219,19 @@ def stage_op(tree: Path, dest: Path) -> Path:
         raise ValueError(f"{tree.name}: no {OP_PACKAGE}/__init__.py in this commit")
     split = (tree / "src" / "rmsnorm_suite").is_dir()
     names = sorted(p.stem for p in package.glob("*.py")) if split else OP_MODULES
-    (dest / "rmsnorm_kernel").mkdir(parents=True)
-    for name in names:
-        source = package / f"{name}.py"
-        if source.is_file() and not source.is_symlink():
-            shutil.copyfile(source, dest / "rmsnorm_kernel" / source.name)
+    _copy_plain_files([package / f"{name}.py" for name in names], dest / "rmsnorm_kernel")
     csrc = package / "csrc"
     if split and csrc.is_dir() and not csrc.is_symlink():
-        (dest / "rmsnorm_kernel" / "csrc").mkdir()
-        for source in sorted(csrc.iterdir()):
-            if source.is_file() and not source.is_symlink():
-                shutil.copyfile(source, dest / "rmsnorm_kernel" / "csrc" / source.name)
+        _copy_plain_files(sorted(csrc.iterdir()), dest / "rmsnorm_kernel" / "csrc")
     return dest
+
+
+def _copy_plain_files(sources: Sequence[Path], to: Path) -> None:
+    """Copies the plain files among ``sources`` (no links, no folders) into a new folder ``to``."""
+    to.mkdir(parents=True)
+    for source in sources:
+        if source.is_file() and not source.is_symlink():
+            shutil.copyfile(source, to / source.name)
 
 
 def _tail(text: str, lines: int = 15) -> str:
