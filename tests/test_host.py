@@ -602,3 +602,124 @@ def test_operator_autograd_matches_python_path(interpreted_extension):
         got = _plain_run(xd, wd, casting, interpreted_extension)
         assert got[0].grad_fn.name() == "RmsNormBackward"
         _assert_same(got, _plain_run(xd, wd, casting))
+
+
+def _fake_inputs(mode, xd, rd, wd):
+    """x, residual and weight (requiring grad) as fake tensors of ``mode`` (CPU, 3 x 40)."""
+    x, r, w = _residual_inputs((3,), 40, xd, rd, wd, False, "cpu", seed=9)
+    return [mode.from_tensor(t).requires_grad_() if t is not None else None for t in (x, r, w)]
+
+
+@pytest.mark.interpret
+def test_operators_take_meta_and_fake_tensors(interpreted_extension):
+    """Called directly, both operators take meta tensors (their Meta kernels) and fake tensors
+    that require grad (the Autograd kernel hands the forward to the fake mode; the backward is
+    the composite's torch ops). Outputs match the custom op's fake kernel in shape, dtype and
+    strides; gradients have their inputs' shapes and dtypes, as the real run's do."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    ops_ = torch.ops.rmsnorm_kernel_host
+    for xd, rd, wd, casting in [
+        (F32, F32, F32, "default"),
+        (BF16, F32, F16, "llama"),
+        (F16, F16, None, "gemma"),
+    ]:
+        code = launch.CASTING_MODES[casting]
+        out = torch.promote_types(xd, wd) if casting == "llama" and wd is not None else xd
+        x, r, w = (
+            t.to("meta") if t is not None else None
+            for t in _residual_inputs((2, 3), 40, xd, rd, wd, False, "cpu")
+        )
+        want = ops._forward_fake(x, w, r, 1e-6, 0.0, code, out, rd)
+        y = ops_.rms_norm(x, w, 1e-6, 0.0, code, out)
+        y2, h = ops_.rms_norm_residual(x, r, w, 1e-6, 0.0, code, out, rd)
+        for got, ref in ((y, want[0]), (y2, want[0]), (h, want[2])):
+            assert got.is_meta
+            assert (got.shape, got.dtype, got.stride()) == (ref.shape, ref.dtype, ref.stride())
+
+        with FakeTensorMode() as mode:
+            x, r, w = _fake_inputs(mode, xd, rd, wd)
+            y = ops_.rms_norm(x, w, 1e-6, 0.0, code, out)
+            y2, h = ops_.rms_norm_residual(x, r, w, 1e-6, 0.0, code, out, rd)
+            assert y.grad_fn.name() == "RmsNormBackward" and y2.grad_fn.name() == "RmsNormResidualBackward"
+            leaves = [t for t in (x, r, w) if t is not None]
+            outputs = [y, y2, h]
+            grads = torch.autograd.grad(outputs, leaves, [torch.ones_like(o) for o in outputs])
+        for leaf, grad in zip(leaves, grads, strict=True):
+            assert isinstance(grad, FakeTensor) and (grad.shape, grad.dtype) == (leaf.shape, leaf.dtype)
+
+
+@pytest.mark.gpu
+def test_operators_pass_opcheck_and_compile(ext):
+    """torch.library.opcheck of both operators (schema, autograd registration, fake tensors, AOT
+    dispatch); each called directly inside torch.compile(fullgraph=True) and under a dispatch
+    mode (which sees it): outputs as the eager call's, bitwise; their backward (the composite
+    formula) within the dtype's tolerance of the kernels'."""
+    from rmsnorm_suite import cases
+
+    ops_ = torch.ops.rmsnorm_kernel_host
+    for xd in (F32, BF16):
+        x, r, w = _residual_inputs((4, 8), 256, xd, xd, xd, True)
+        code = launch.CASTING_MODES["default"]
+        for op, args in ((ops_.rms_norm, (x, w, 1e-6, 0.0, code, xd)),
+                         (ops_.rms_norm_residual, (x, r, w, 1e-6, 0.0, code, xd, xd))):  # fmt: skip
+            result = torch.library.opcheck(op, args, raise_exception=False)
+            assert all(v == "SUCCESS" for v in result.values()), result
+            leaves = [t for t in args[:3] if isinstance(t, torch.Tensor)]
+            eager = op(*args)
+            compiled = torch.compile(op, fullgraph=True)(*args)
+            eager, compiled = (o if isinstance(o, tuple) else (o,) for o in (eager, compiled))
+            for e, c in zip(eager, compiled, strict=True):
+                assert torch.equal(e, c)
+            with _SeesOperators(answer=False) as mode:
+                moded = op(*args)
+            moded = moded if isinstance(moded, tuple) else (moded,)
+            assert str(op.default) in mode.seen
+            for e, c in zip(eager, moded, strict=True):
+                assert torch.equal(e, c)
+            want = torch.autograd.grad(sum(o.float().sum() for o in eager), leaves)
+            tol = cases.TOLERANCES[xd]
+            for other in (compiled, moded):  # both backwards: the composite formula
+                got = torch.autograd.grad(sum(o.float().sum() for o in other), leaves)
+                for g_, w_ in zip(got, want, strict=True):
+                    torch.testing.assert_close(g_, w_, atol=tol.atol, rtol=tol.rtol)
+
+
+class _SeesOperators(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the operators it sees; answers ours itself (empty results) where ``answer``."""
+
+    def __init__(self, answer):
+        super().__init__()
+        self.answer, self.seen = answer, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen.append(str(func))
+        if self.answer and func.namespace == "rmsnorm_kernel_host":
+            return ops_meta_like(func, args)
+        return func(*args, **(kwargs or {}))
+
+
+def ops_meta_like(func, args):
+    x, out = args[0], [a for a in args if isinstance(a, torch.dtype)]
+    y = torch.empty_like(x, dtype=out[0])
+    return (y, torch.empty_like(x, dtype=out[1])) if len(out) == 2 else y
+
+
+@pytest.mark.interpret
+def test_dispatch_mode_sees_the_operators(interpreted_extension):
+    """A Python dispatch mode sees both operators when they are called directly (their Autograd
+    kernel hands the call under a mode to the dispatcher), with grad and without, and the node
+    still records the history."""
+    ops_ = torch.ops.rmsnorm_kernel_host
+    code = launch.CASTING_MODES["default"]
+    for grad in (False, True):
+        x, r, w = _residual_inputs((3,), 40, F32, F32, F32, grad, "cpu", seed=3)
+        with _SeesOperators(answer=True) as mode:
+            y = ops_.rms_norm(x, w, 1e-6, 0.0, code, F32)
+            y2, h = ops_.rms_norm_residual(x, r, w, 1e-6, 0.0, code, F32, F32)
+        ours = [op for op in mode.seen if op.startswith("rmsnorm_kernel_host.")]
+        assert ours == [
+            "rmsnorm_kernel_host.rms_norm.default",
+            "rmsnorm_kernel_host.rms_norm_residual.default",
+        ]
+        assert (y.grad_fn is not None, y2.grad_fn is not None, h.grad_fn is not None) == (grad, grad, grad)

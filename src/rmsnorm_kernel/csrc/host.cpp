@@ -26,6 +26,7 @@
 #include <torch/csrc/Dtype.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/SmallVector.h>
 
 #include <dlfcn.h>
@@ -418,6 +419,22 @@ std::pair<Tensor, Tensor> run_backward(const Tensor& dy_in, const Tensor& dh_in,
 // The operator: its backward node, its Autograd and CUDA kernels, its registration
 // ---------------------------------------------------------------------------------------------
 
+// Calls this path must hand to the dispatcher: under a Python dispatch mode, or with a meta tensor
+// or one behind the Python key (a fake tensor, a subclass), whose data it cannot read. Their
+// forward goes below autograd through the dispatcher (the mode's or subclass's handler, or the
+// Meta kernel); r is not computed, so their backward is the composite's torch ops.
+bool without_data(const Tensor& t) {
+  return t.defined() && (t.is_meta() || t.key_set().has(c10::DispatchKey::Python));
+}
+
+bool to_dispatcher(std::initializer_list<const Tensor*> tensors) {
+  if (c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::Python)) return true;
+  for (const Tensor* t : tensors) {
+    if (without_data(*t)) return true;
+  }
+  return false;
+}
+
 // create_graph=True: the differentiable torch formula (ops._backward_composite), (dx, dw).
 std::pair<Tensor, Tensor> composite_backward(const Tensor& dy, const Tensor& dh, const Tensor& x, const Tensor& w,
                                              double eps, double offset, int64_t casting, bool need_dw,
@@ -451,7 +468,7 @@ struct RmsNormBackward : public torch::autograd::Node {
     Tensor dx, dw;
     if (!dy.defined() || !(need_x || need_dw)) {
       // no gradient reached y, or none is wanted
-    } else if (at::GradMode::is_enabled()) {
+    } else if (at::GradMode::is_enabled() || !rstd.defined()) {  // no r: the forward took the dispatcher
       std::tie(dx, dw) = composite_backward(dy, Tensor(), x, w, eps_, offset_, casting_, need_dw, x.scalar_type());
     } else {
       std::tie(dx, dw) = run_backward(dy, Tensor(), x, w, rstd, offset_, casting_, need_dw, x.scalar_type());
@@ -476,6 +493,24 @@ template <typename T>
 struct NodeMaker<T, c10::intrusive_ptr<torch::autograd::Node>> {
   static c10::intrusive_ptr<T> make() { return c10::make_intrusive<T>(); }
 };
+
+using Signature = Tensor(const Tensor&, const std::optional<Tensor>&, double, double, int64_t, at::ScalarType);
+
+const c10::TypedOperatorHandle<Signature>& rms_norm_op() {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("rmsnorm_kernel_host::rms_norm", "").typed<Signature>();
+  return op;
+}
+
+using ResidualSignature = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const std::optional<Tensor>&,
+                                                      double, double, int64_t, at::ScalarType, at::ScalarType);
+
+const c10::TypedOperatorHandle<ResidualSignature>& rms_norm_residual_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("rmsnorm_kernel_host::rms_norm_residual", "")
+                             .typed<ResidualSignature>();
+  return op;
+}
 
 // Below autograd (no grad wanted, inference mode): y only, r not stored.
 Tensor rms_norm_cuda(const Tensor& x, const std::optional<Tensor>& weight, double eps, double offset,
@@ -502,8 +537,12 @@ Tensor rms_norm_autograd(const Tensor& x, const std::optional<Tensor>& weight, d
   Tensor y, rstd;
   {
     at::AutoDispatchBelowADInplaceOrView below;
-    std::tie(y, rstd, std::ignore) =
-        run_forward(x, w, Tensor(), eps, offset, casting, out_dtype, out_dtype, grad_fn != nullptr);
+    if (to_dispatcher({&x, &w})) {
+      y = rms_norm_op().call(x, weight, eps, offset, casting, out_dtype);
+    } else {
+      std::tie(y, rstd, std::ignore) =
+          run_forward(x, w, Tensor(), eps, offset, casting, out_dtype, out_dtype, grad_fn != nullptr);
+    }
   }
   if (grad_fn) {
     torch::autograd::set_history(y, grad_fn);
@@ -550,7 +589,7 @@ struct RmsNormResidualBackward : public torch::autograd::Node {
     if (!dy.defined()) {  // only h was used downstream: its gradient passes straight through
       dxh = dh.to(dx_dtype);
       need_dw = false;
-    } else if (at::GradMode::is_enabled()) {
+    } else if (at::GradMode::is_enabled() || !rstd.defined()) {
       std::tie(dxh, dw) = composite_backward(dy, dh, h, w, eps_, offset_, casting_, need_dw, dx_dtype);
     } else {
       std::tie(dxh, dw) = run_backward(dy, dh, h, w, rstd, offset_, casting_, need_dw, dx_dtype);
@@ -588,8 +627,13 @@ std::tuple<Tensor, Tensor> rms_norm_residual_autograd(const Tensor& x, const Ten
   Tensor y, rstd, h;
   {
     at::AutoDispatchBelowADInplaceOrView below;
-    std::tie(y, rstd, h) =
-        run_forward(x, w, residual, eps, offset, casting, out_dtype, residual_dtype, grad_fn != nullptr);
+    if (to_dispatcher({&x, &residual, &w})) {
+      std::tie(y, h) = rms_norm_residual_op().call(x, residual, weight, eps, offset, casting, out_dtype,
+                                                    residual_dtype);
+    } else {
+      std::tie(y, rstd, h) =
+          run_forward(x, w, residual, eps, offset, casting, out_dtype, residual_dtype, grad_fn != nullptr);
+    }
   }
   if (grad_fn) {
     torch::autograd::set_history(y, grad_fn);
@@ -620,27 +664,28 @@ TORCH_LIBRARY_IMPL(rmsnorm_kernel_host, CUDA, m) {
   m.impl("rms_norm_residual", TORCH_FN(rms_norm_residual_cuda));
 }
 
+// Meta kernels: the CUDA kernels' shapes and dtypes, for meta and fake tensors (torch.compile,
+// torch.library.opcheck). y in out_dtype and h in residual_dtype, both x's shape, contiguous.
+Tensor rms_norm_meta(const Tensor& x, const std::optional<Tensor>&, double, double, int64_t,
+                     at::ScalarType out_dtype) {
+  return at::empty_symint(x.sym_sizes(), x.options().dtype(out_dtype));
+}
+
+std::tuple<Tensor, Tensor> rms_norm_residual_meta(const Tensor& x, const Tensor&, const std::optional<Tensor>&,
+                                                  double, double, int64_t, at::ScalarType out_dtype,
+                                                  at::ScalarType residual_dtype) {
+  return {at::empty_symint(x.sym_sizes(), x.options().dtype(out_dtype)),
+          at::empty_symint(x.sym_sizes(), x.options().dtype(residual_dtype))};
+}
+
+TORCH_LIBRARY_IMPL(rmsnorm_kernel_host, Meta, m) {
+  m.impl("rms_norm", TORCH_FN(rms_norm_meta));
+  m.impl("rms_norm_residual", TORCH_FN(rms_norm_residual_meta));
+}
+
 TORCH_LIBRARY_IMPL(rmsnorm_kernel_host, Autograd, m) {
   m.impl("rms_norm", TORCH_FN(rms_norm_autograd));
   m.impl("rms_norm_residual", TORCH_FN(rms_norm_residual_autograd));
-}
-
-using Signature = Tensor(const Tensor&, const std::optional<Tensor>&, double, double, int64_t, at::ScalarType);
-
-const c10::TypedOperatorHandle<Signature>& rms_norm_op() {
-  static const auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("rmsnorm_kernel_host::rms_norm", "").typed<Signature>();
-  return op;
-}
-
-using ResidualSignature = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const std::optional<Tensor>&,
-                                                      double, double, int64_t, at::ScalarType, at::ScalarType);
-
-const c10::TypedOperatorHandle<ResidualSignature>& rms_norm_residual_op() {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("rmsnorm_kernel_host::rms_norm_residual", "")
-                             .typed<ResidualSignature>();
-  return op;
 }
 
 bool in_functorch(const Tensor& t) {
