@@ -1,7 +1,7 @@
 // The compiled host path of the common call (contiguous x, a contiguous 1-D weight or none, on
 // CUDA; with or without a contiguous residual of x's shape): operators registered with torch's
-// dispatcher (rmsnorm_kernel_host::rms_norm and ::rms_norm_residual, each a CUDA kernel and an
-// Autograd kernel) whose forward and backward launch the compiled Triton kernels through the
+// dispatcher (rmsnorm_kernel_host::rms_norm and ::rms_norm_residual, each with CUDA, Meta and
+// Autograd kernels) whose forward and backward launch the compiled Triton kernels through the
 // driver, so an eager call does not enter Python between its entry and its launches. Its Python
 // entry, common_call, is rms_norm's first step once loaded: the fast path's checks
 // (ops._takes_fast_path's, here in C++; with a residual, the same tests and the residual's), then
