@@ -23,8 +23,13 @@ from rmsnorm_suite.results import Run
 
 # The shapes plotted: the memory-bound ones (cases.GROUPS), 65536x1024 among them.
 PLOT_GROUPS = ("large", "medium")
-# timing -> (whether it is the rows' GPU-only timing, panel title)
-TIMINGS = {"whole": (False, "whole calls"), "device": (True, "GPU time")}
+# timing (a Row.timing kind) -> panel title
+TIMINGS = {"whole": "whole calls", "device": "GPU time"}
+
+
+def _check_timing(timing: str) -> None:
+    if timing not in TIMINGS:
+        raise ValueError(f"timing must be one of {list(TIMINGS)}, got {timing!r}")
 
 
 class NothingToPlot(ValueError):
@@ -71,8 +76,7 @@ def bandwidth_series(
     """provider -> [(N, TB/s)] sorted by N, for the successful rows of one mode and dtype in
     ``groups`` (one shape per N, as ``_curves`` keeps), timed as ``timing`` says (a key of
     TIMINGS)."""
-    if timing not in TIMINGS:
-        raise ValueError(f"timing must be one of {list(TIMINGS)}, got {timing!r}")
+    _check_timing(timing)
     return _curves(
         (r.provider, r.m, r.n, r.timing(timing).tbs)
         for r in _as_run(run).results
@@ -94,12 +98,12 @@ def same_bytes_copy_series(
 ) -> list:
     """[(N, TB/s)] of the per-shape copies of x (the forward's bytes), one shape per N as
     ``bandwidth_series``; empty for a run without them."""
-    device = TIMINGS[timing][0]
+    _check_timing(timing)
     entries = _as_run(run).same_bytes_copy.values()
     return _curves(
-        ("copy", e.m, e.n, e.tbs_of(device))
+        ("copy", e.m, e.n, e.tbs_of(timing))
         for e in entries
-        if e.dtype == dtype and e.group in groups and e.tbs_of(device) is not None
+        if e.dtype == dtype and e.group in groups and e.tbs_of(timing) is not None
     ).get("copy", [])
 
 
@@ -176,7 +180,7 @@ def _draw_row(axes, panels, timing: str, run: Run, copy_tbs, dtype: str, groups:
         ax.set_xlabel("N (row width)")
         ax.set_ylabel("TB/s (fewest bytes moved)")
         ax.set_ylim(bottom=0)
-        ax.set_title(f"{mode.replace('_', '+')}, {TIMINGS[timing][1]}")
+        ax.set_title(f"{mode.replace('_', '+')}, {TIMINGS[timing]}")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
 
@@ -206,7 +210,7 @@ def performance_markdown(run: Run | Mapping[str, Any], png: str | None = None) -
         "",
         "What a caller waits for: host work (Python, autograd, launches) and the kernels.",
         "",
-        *_table(run, device=False),
+        *_table(run, "whole"),
     ]
     if any(r.device.median_ms for r in run.results):
         lines += [
@@ -216,16 +220,15 @@ def performance_markdown(run: Run | Mapping[str, Any], png: str | None = None) -
             f"Timing: {settings.get('device_timing')}. The kernels without the host work that issues "
             "them: what a model running under CUDA graphs (or with enough work queued) sees.",
             "",
-            *_table(run, device=True),
+            *_table(run, "device"),
         ]
     if png:
         lines += ["", f"![bandwidth against N per provider, whole calls and GPU time]({png})"]
     return "\n".join(lines) + "\n"
 
 
-def _table(run: Run, device: bool) -> list[str]:
-    """Rows of one table: the whole-call figures, or with ``device`` the GPU-only ones."""
-    kind = "device" if device else "whole"
+def _table(run: Run, kind: str) -> list[str]:
+    """Rows of one table: the figures of timing ``kind``, "whole" (calls) or "device" (GPU time)."""
     rows = run.index()
     headers = ["shape", "mode", "kernel µs", "kernel TB/s", "of copy", "copy of x µs", "best peer", "peer µs"]
     headers.append("peer/kernel")
@@ -251,7 +254,7 @@ def _table(run: Run, device: bool) -> list[str]:
         else:
             k_cells = [f"{k.median_ms * 1e3:.1f}", f"{k.tbs:.2f}", f"{100 * k.fraction_of_copy:.0f}%"]
         copy = run.same_bytes_copy.get(shape)
-        copy_ms = copy.median_of(device) if copy is not None and mode == "forward" else None
+        copy_ms = copy.median_of(kind) if copy is not None and mode == "forward" else None
         k_cells.append(f"{copy_ms * 1e3:.1f}" if copy_ms else "-")
         if best is None:
             p_cells = ["-", "-", "-"]

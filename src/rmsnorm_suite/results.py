@@ -145,11 +145,13 @@ class ShapeCopy:
     device_tbs: float | None = None
     error: str | None = None
 
-    def tbs_of(self, device: bool) -> float | None:
-        return self.device_tbs if device else self.tbs
+    def tbs_of(self, kind: str) -> float | None:
+        """TB/s of a Row.timing kind, "whole" or "device"."""
+        return {"whole": self.tbs, "device": self.device_tbs}[kind]
 
-    def median_of(self, device: bool) -> float | None:
-        return self.device_median_ms if device else self.median_ms
+    def median_of(self, kind: str) -> float | None:
+        """Median ms of a Row.timing kind, "whole" or "device"."""
+        return {"whole": self.median_ms, "device": self.device_median_ms}[kind]
 
 
 @dataclass(frozen=True)
