@@ -380,17 +380,33 @@ def test_operator_node_behaves_as_torchs_own(ext):
 @requires_cuda
 @pytest.mark.gpu
 def test_first_call_loads_the_entry_and_takes_it(ext, monkeypatch):
-    """A process's first common call runs the Python predicate, which loads the extension; that
-    call already takes the compiled path (its node is the C++ one), and later calls start at the
-    entry it set."""
+    """A process's first CUDA call loads the extension before any check, so its checks are made
+    once, by the entry (the Python predicate never runs); that call already takes the compiled
+    path (its node is the C++ one), and later calls start at the entry it set."""
     monkeypatch.setattr(host, "_extension", host._UNSET)
     monkeypatch.setattr(host, "entry", None)
+    monkeypatch.setattr(ops, "_takes_fast_path", lambda *a: pytest.fail("the Python predicate ran"))
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(8, 96, device="cuda", generator=g, requires_grad=True)
     w = torch.randn(96, device="cuda", generator=g, requires_grad=True)
     y = rms_norm(x, 96, w, 1e-6)
     assert host.entry is not None and y.grad_fn.name() == "RmsNormBackward"
     torch.testing.assert_close(y, torch.nn.functional.rms_norm(x, (96,), w, 1e-6))
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_invalid_first_call_loads_the_entry_and_raises_torchs_error(ext, monkeypatch):
+    """An invalid first CUDA call loads the extension too, and still raises the general path's
+    error naming the argument; the next valid call takes the entry."""
+    monkeypatch.setattr(host, "_extension", host._UNSET)
+    monkeypatch.setattr(host, "entry", None)
+    x = torch.randn(4, 64, device="cuda")
+    with pytest.raises(ValueError, match=r"weight must have shape normalized_shape \(64,\)"):
+        rms_norm(x, 64, torch.ones(63, device="cuda"))
+    assert host.entry is not None
+    monkeypatch.setattr(ops, "_takes_fast_path", lambda *a: pytest.fail("the Python predicate ran"))
+    torch.testing.assert_close(rms_norm(x, 64), torch.nn.functional.rms_norm(x, (64,)))
 
 
 @requires_cuda
@@ -564,8 +580,8 @@ def test_residual_node_keeps_torchs_saved_tensor_rules(ext, monkeypatch):
 @requires_cuda
 @pytest.mark.gpu
 def test_first_residual_call_loads_the_entry_and_takes_it(ext, monkeypatch):
-    """A process whose first call carries a residual loads the compiled path there (the fast
-    path, which loads it for the common call, leaves residual calls) and that call takes it."""
+    """A process whose first call carries a residual loads the compiled path there, and that call
+    takes it."""
     monkeypatch.setattr(host, "_extension", host._UNSET)
     monkeypatch.setattr(host, "entry", None)
     x, r, w = _residual_inputs((8,), 96, F32, F32, F32, True, seed=4)

@@ -675,13 +675,12 @@ def rms_norm(
     # at small shapes exceeds the kernel's time, so _takes_fast_path makes the checks of
     # _normalized_size and validate in a few cheap tests that accept valid, runnable input only;
     # anything else (every invalid input included) takes the general path below, which raises
-    # the errors. Once the compiled host path has loaded, its common_call makes the same tests
-    # in C++ and runs the call (and a call with a contiguous residual of x's shape, which the
-    # Python fast path leaves); where it returns None, the call goes on here.
+    # the errors. Where the compiled host path has loaded (a process's first CUDA call loads it),
+    # its common_call makes the same tests in C++ and runs the call (and a call with a contiguous
+    # residual of x's shape, which the Python fast path leaves); where it returns None, the call
+    # goes on to the general path.
     entry = host.entry
-    if entry is None and residual is not None and host.unloaded() and isinstance(x, Tensor) and x.is_cuda:
-        # The fast path below loads the compiled host path on a process's first common call; a
-        # process whose calls all carry a residual loads it here, once.
+    if entry is None and host.unloaded() and isinstance(x, Tensor) and x.is_cuda:
         if not torch.compiler.is_compiling():
             entry = host.entry_after_load()
     if entry is not None and not torch.compiler.is_compiling():
@@ -700,12 +699,6 @@ def rms_norm(
             default_out_dtype(x_dtype, weight, casting),
             x_dtype,
         )
-        if x.is_cuda and (ext := host.extension()) is not None:  # loads it on first use
-            y = ext.common_call(
-                x, normalized_shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype
-            )
-            if y is not None:  # None: a functorch wrapper, which the Python path unwraps
-                return y
         if torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)):
             return _apply_plain(x, weight, options)
         return _run_forward(x, weight, None, *options, want_rstd=False)[0]
