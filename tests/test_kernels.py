@@ -4,6 +4,8 @@ CPU (nox -s interpret) and on CUDA (nox -s gpu); tolerances come from rmsnorm_su
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import rmsnorm_kernel
 from rmsnorm_kernel import kernels, launch
@@ -184,6 +186,36 @@ def test_nan_or_inf_stays_in_its_row(device, n):
     dx_ref, _ = rms_norm_backward_reference(x[finite], w, dy[finite])
     assert_close(y[finite], rms_norm_reference(x[finite], w), F32)
     assert_close(dx[finite], dx_ref, F32)
+
+
+@triton.jit
+def _rsqrt_newton_probe(V, R, n, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    v = tl.load(V + i, mask=i < n, other=1.0)
+    tl.store(R + i, kernels._rsqrt_newton(v), mask=i < n)
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_rsqrt_newton_within_an_ulp_and_exact_at_special_values(device):
+    """The few-row forward's r: within an ulp of 1 / sqrt(v) (fp64) for v from subnormal to near
+    the largest float (the Newton step's bound: half an ulp before its final rounding), and
+    exact where the estimate is (0 -> inf, inf -> 0, NaN and negative -> NaN)."""
+    g = torch.Generator().manual_seed(0)
+    finite = torch.cat([
+        torch.exp2(torch.empty(4000).uniform_(-149, 127, generator=g)),  # log-uniform, subnormals too
+        torch.tensor([1e-45, 1e-40, 1.1754942e-38, 1.0, 2.0, 3.0, 4.0, 3.4e38]),
+    ]).float()  # fmt: skip
+    special = torch.tensor([0.0, float("inf"), float("nan"), -1.0])
+    v = torch.cat([finite, special]).to(device)
+    r = torch.empty_like(v)
+    _rsqrt_newton_probe[(1,)](v, r, v.numel(), BLOCK=triton.next_power_of_2(v.numel()))
+    r = r.cpu()
+    k = finite.numel()
+    exact = 1 / finite.double().sqrt()
+    ulp = torch.nextafter(exact.float(), torch.tensor(float("inf"))).double() - exact.float().double()
+    ulps = ((r[:k].double() - exact).abs() / ulp).max().item()
+    assert ulps <= 1.0 + 1e-3, f"r is {ulps:.3f} ulps from 1 / sqrt(v)"
+    assert r[k] == float("inf") and r[k + 1] == 0.0 and r[k + 2 :].isnan().all()
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)

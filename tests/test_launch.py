@@ -383,18 +383,37 @@ def test_tile_forward_drops_masks_only_for_few_full_rows(compiled_mode, monkeypa
     monkeypatch.setattr(launch, "_forward_tile", _Recorder("tile", []))
     launch.forward(torch.randn(m, n), torch.randn(n), None, 1e-6, 0.0, 0, torch.float32, torch.float32)
     grid, _, _, constexprs = launch._forward_tile.last
+    named = _tile_constexprs(constexprs)
+    assert named["EVEN"] is even and (named["ROWS"] == 1 or not even)
+
+
+def _tile_constexprs(constexprs: tuple) -> dict:
+    """forward_tile's constexpr values by name (they are its last parameters)."""
     params = list(inspect.signature(kernels.forward_tile.fn).parameters)
-    assert params[-7:] == ["HAS_WEIGHT", "HAS_RESIDUAL", "CASTING", "BLOCK_N", "ROWS", "EVEN", "STORE_RSTD"]
-    assert constexprs[-2] is even and (constexprs[-3] == 1 or not even)
+    names = ["HAS_WEIGHT", "HAS_RESIDUAL", "CASTING", "BLOCK_N", "ROWS", "EVEN", "STORE_RSTD", "NEWTON_R"]
+    assert params[-len(names) :] == names and len(constexprs) == len(names)
+    return dict(zip(names, constexprs))
+
+
+@pytest.mark.parametrize(
+    ("m", "newton"), [(1, True), (launch.EVEN_MAX_ROWS, True), (launch.EVEN_MAX_ROWS + 1, False)]
+)
+def test_tile_forward_takes_the_newton_r_only_for_few_rows(compiled_mode, monkeypatch, m, newton):
+    """Launches of at most EVEN_MAX_ROWS rows compute r by the hardware estimate and a Newton step
+    (shorter where a launch is one memory round trip); more rows keep the correctly rounded sqrt
+    and division (the Newton step measured slower at 4096x4096)."""
+    monkeypatch.setattr(launch, "_forward_tile", _Recorder("tile", []))
+    launch.forward(torch.randn(m, 257), torch.randn(257), None, 1e-6, 0.0, 0, torch.float32, torch.float32)
+    assert _tile_constexprs(launch._forward_tile.last[3])["NEWTON_R"] is newton
 
 
 @pytest.mark.parametrize("want_rstd", [True, False])
 @pytest.mark.parametrize(
-    ("n", "launcher", "params"), [(1024, "_forward_tile", 7), (9000, "_forward_looped", 12)]
+    ("n", "launcher", "params"), [(1024, "_forward_tile", 8), (9000, "_forward_looped", 12)]
 )
 def test_forward_stores_rstd_only_when_asked(compiled_mode, monkeypatch, want_rstd, n, launcher, params):
     """Without want_rstd no r is allocated or returned, and both forward kernels are told not to
-    store it (STORE_RSTD, their last constexpr); y stands in for the unused pointer."""
+    store it (STORE_RSTD); y stands in for the unused pointer."""
     monkeypatch.setattr(launch, launcher, _Recorder(launcher, []))
     y, rstd, _ = launch.forward(
         torch.randn(3, n),
@@ -409,8 +428,8 @@ def test_forward_stores_rstd_only_when_asked(compiled_mode, monkeypatch, want_rs
     )
     _, args, _, constexprs = getattr(launch, launcher).last
     kernel = kernels.forward_tile if launcher == "_forward_tile" else kernels.forward_looped
-    assert list(inspect.signature(kernel.fn).parameters)[-1] == "STORE_RSTD" and len(constexprs) == params
-    assert constexprs[-1] is want_rstd
+    names = list(inspect.signature(kernel.fn).parameters)[-params:]
+    assert len(constexprs) == params and dict(zip(names, constexprs))["STORE_RSTD"] is want_rstd
     if want_rstd:
         assert rstd is not None and rstd.shape == (3,) and args[5] is rstd
     else:

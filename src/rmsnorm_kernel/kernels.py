@@ -8,7 +8,7 @@ their derivations only; how they are launched is launch.py's.
 
 The math (see ``reference.py`` for the readable oracle), per row of N values:
 
-    forward    r  = 1 / sqrt(sum(x^2) / N + eps)       squares and sum in fp32, r correctly rounded
+    forward    r  = 1 / sqrt(sum(x^2) / N + eps)       squares and sum in fp32, r within an ulp
                xn = x * r
                y  = xn * (offset + w)                  one cast, to y's dtype, at the store
     backward   u  = dy * (offset + w)
@@ -55,6 +55,7 @@ import triton.language as tl
 
 # The interpreter is chosen when Triton decorates the kernels below, so it is read once here.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+_INTERPRETED = tl.constexpr(INTERPRET)  # the same, readable inside the kernels
 
 
 def _interpreter_rounds_bf16_to_nearest_even() -> None:
@@ -101,6 +102,24 @@ def _rsqrt_rn(v):
 
 
 @triton.jit
+def _rsqrt_newton(v):
+    """1 / sqrt(v) for launches of few rows: the hardware estimate r0 (up to two ulps off) and one
+    Newton step in FMAs, r = r0 + r0/2 * (1 - v*r0^2). Within an ulp of 1 / sqrt(v), as
+    _rsqrt_rn's two roundings are: what is left is rounding error (of v*r0, half an ulp at most,
+    and of the result), not the estimate's own error, which dw would add up over the rows.
+    0.1 us shorter than _rsqrt_rn where a launch is one memory round trip (128x257), slower at
+    4096x4096 (measured: docs/performance-notes.md, the Newton step). Where v is 0, inf or NaN,
+    v*r0 is NaN and the estimate is already exact (inf, 0, NaN)."""
+    if _INTERPRETED:  # numpy's 1 / sqrt
+        r0 = tl.math.rsqrt(v)
+    else:  # not tl.math.rsqrt, whose .ftz would read a subnormal v as 0
+        r0 = tl.inline_asm_elementwise("rsqrt.approx.f32 $0, $1;", "=f,f", [v], tl.float32, True, 1)
+    s = v * r0
+    r = tl.fma(0.5 * r0, tl.fma(-s, r0, 1.0), r0)
+    return tl.where(s == s, r, r0)
+
+
+@triton.jit
 def forward_tile(
     X,  # input rows, any float dtype                                      [M, N], row stride stride_x
     RES,  # residual rows added to X before normalising (if HAS_RESIDUAL)   [M, N], row stride stride_res
@@ -127,6 +146,8 @@ def forward_tile(
     # Store r for the backward; off where none follows, as its scattered stores cost more than
     # their bytes at narrow rows (measured: docs/performance-notes.md, STORE_RSTD).
     STORE_RSTD: tl.constexpr = True,
+    # r by _rsqrt_newton (launches of few rows) rather than _rsqrt_rn.
+    NEWTON_R: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     first = pid * ROWS
@@ -157,7 +178,8 @@ def forward_tile(
         tl.store((H + first64 * stride_h) + local64 * stride_h + cols[None, :], h, mask=mask)
         x = h.to(tl.float32)
 
-    rstd = _rsqrt_rn(tl.sum(x * x, axis=1) / N + eps)
+    v = tl.sum(x * x, axis=1) / N + eps
+    rstd = _rsqrt_newton(v) if NEWTON_R else _rsqrt_rn(v)
     if STORE_RSTD:
         tl.store(RSTD + rows, rstd, mask=None if EVEN else row_ok)
 

@@ -454,7 +454,7 @@ def _forward_tile_plan(
     """forward_tile's plan; ``few_rows``: at most EVEN_MAX_ROWS rows."""
     block_n, rows, num_warps = forward_config(n, few_rows)
     even = few_rows and n == block_n and rows == 1
-    constexprs = (has_weight, has_residual, casting, block_n, rows, even, store_rstd)
+    constexprs = (has_weight, has_residual, casting, block_n, rows, even, store_rstd, few_rows)
     return ForwardTilePlan(rows, num_warps, constexprs)
 
 
