@@ -680,9 +680,14 @@ def rms_norm(
     # residual of x's shape, which the Python fast path leaves); where it returns None, the call
     # goes on to the general path.
     entry = host.entry
-    if entry is None and host.unloaded() and isinstance(x, Tensor) and x.is_cuda:
-        if not torch.compiler.is_compiling():
-            entry = host.entry_after_load()
+    if (
+        entry is None
+        and host.unloaded()
+        and isinstance(x, Tensor)
+        and x.is_cuda
+        and not torch.compiler.is_compiling()
+    ):
+        entry = host.entry_after_load()
     if entry is not None and not torch.compiler.is_compiling():
         y = entry(x, normalized_shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype)
         if y is not None:
