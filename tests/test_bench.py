@@ -138,6 +138,9 @@ def test_benchmark_command_rejects_bad_arguments():
         cli.main(["benchmark", "--samples", "0"])
     with pytest.raises(ValueError, match="unknown provider"):
         cli.main(["benchmark", "--providers", "apex"])
+    for lead in ("-1", "nan", "20000"):
+        with pytest.raises(ValueError, match="--lead-us"):
+            cli.main(["benchmark", "--lead-us", lead])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -345,6 +348,42 @@ def test_host_samples_are_the_host_clock_around_each_timed_call(fake_cuda):
     host = []
     bench.time_cuda(lambda: time.sleep(0.002), samples=4, min_warmup=1, warmup_ms=0.0, host_ms=host)
     assert len(host) == 4 and all(2.0 <= h < 200 for h in host), host
+
+
+def test_a_host_lead_queues_a_gpu_wait_before_every_flush(fake_cuda, monkeypatch):
+    """time_cuda's lead_us: before every call, timed or warm-up, a GPU wait of lead_us at the
+    measured clock, queued ahead of the flush (so the call waits behind both); none without it."""
+    log = []
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: log.append(("sleep", cycles)), raising=False)
+    monkeypatch.setattr(bench, "sleep_cycles_per_us", lambda: 1500.0)
+
+    class Flush:
+        def zero_(self):
+            log.append(("flush", None))
+
+    def call():
+        log.append(("call", None))
+
+    bench.time_cuda(call, samples=4, min_warmup=1, warmup_ms=0.0, flush=Flush(), lead_us=40.0)
+    calls = [i for i, (what, _) in enumerate(log) if what == "call"]
+    assert len(calls) == 4 + 3  # the untimed first call, the estimate, one warm-up, 4 samples
+    assert all(log[i - 2 : i] == [("sleep", 60_000), ("flush", None)] for i in calls), log
+    log.clear()
+    bench.time_cuda(call, samples=4, min_warmup=1, warmup_ms=0.0, flush=Flush())
+    assert not [e for e in log if e[0] == "sleep"]
+
+
+def test_a_run_records_its_host_lead(fake_cuda, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None, raising=False)
+    monkeypatch.setattr(bench, "sleep_cycles_per_us", lambda: 1500.0)
+    run = bench.run_benchmarks(
+        TINY[:1], ["native"], ["forward"], samples=3, blocks=1, warmup_ms=0.1, copy_elements=4096,
+        flush_bytes=1024, progress=False, git=results.Git("f" * 40, False), lead_us=200.0,
+    )  # fmt: skip
+    assert run.settings["lead_us"] == 200.0
+    assert "host lead 200 us" in bench.format_table(run).splitlines()[0]
+    with pytest.raises(ValueError, match="lead_us"):
+        bench.run_benchmarks(TINY[:1], ["native"], lead_us=-5.0)
 
 
 def test_op_host_path_reads_whether_the_entry_loaded(monkeypatch):
@@ -590,6 +629,25 @@ def test_harness_on_the_gpu():
         assert run.machine["op_host_path"] == forced
     else:
         assert run.machine["op_host_path"] in ("compiled", "python")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (nox -s gpu)")
+def test_a_host_lead_hides_host_work_shorter_than_it():
+    """A call that spends 400 µs on the host before its launch reads at least most of that without
+    a lead (the flush queued before it is shorter) and far less behind a 2 ms lead."""
+    flush, y = bench.make_flush(), torch.zeros(1024, device="cuda")
+
+    def call():
+        t = time.perf_counter() + 400e-6
+        while time.perf_counter() < t:
+            pass
+        y.add_(1)
+
+    bare = statistics.median(bench.time_cuda(call, samples=15, warmup_ms=0.0, flush=flush))
+    led = statistics.median(bench.time_cuda(call, samples=15, warmup_ms=0.0, flush=flush, lead_us=2000.0))
+    assert bare > 0.25 and led < 0.1, (bare, led)
+    assert 500 < bench.sleep_cycles_per_us() < 5000  # the GPU's clock, in MHz
 
 
 # ---------------------------------------------------------------------------------------------

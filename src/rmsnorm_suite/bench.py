@@ -30,6 +30,13 @@ call. So the same samples also record the host clock around the call (``time.per
 the time the caller's thread spends issuing it, which is what a compiled host path saves and what
 bounds an eager model whose GPU keeps up. Those samples are the rows' ``host`` timing.
 
+Host lead. How far ahead of the GPU the host runs still moves a launch-bound whole call: a launch
+that reaches the GPU as the flush ends reads up to 0.5 µs lower than one queued behind it, for
+every provider, ``x.clone()`` included (docs/performance-notes.md), so a provider whose host time
+is a little shorter than the flush can read lower than one far ahead. ``lead_us`` (``--lead-us``)
+queues a GPU wait before each sample's flush: every provider's launch then waits behind the flush,
+the whole call times the GPU alike for all of them, and the host column keeps the host's time.
+
 Bandwidth counts the fewest bytes a pass must move (:func:`rmsnorm_suite.cases.bytes_moved`)
 and is also given as a fraction of a device-to-device copy measured in the same run (a 2 GiB
 bf16 copy, bytes read plus written). With the forward mode, each shape also gets a copy of its
@@ -79,6 +86,7 @@ COPY_ELEMENTS = 2**30  # bf16 elements of the copy-ceiling buffers (2 GiB each)
 DEFAULT_SAMPLES = 100  # per block
 DEFAULT_BLOCKS = 3
 DEFAULT_WARMUP_MS = 25.0
+MAX_LEAD_US = 10_000.0  # the longest GPU wait --lead-us may queue before a sample
 DEVICE_TARGET_MS = 0.1  # GPU time per graph replay; shorter calls are captured several times over
 DEVICE_MAX_REPS = 64
 DEVICE = "cuda"  # tests substitute "cpu" (with stand-in events) to check the run's plumbing
@@ -275,12 +283,27 @@ def make_flush(nbytes: int = FLUSH_BYTES) -> torch.Tensor:
     return torch.empty(nbytes, dtype=torch.int8, device=DEVICE)
 
 
-def prepare_sample(grads: Sequence[torch.Tensor], flush: torch.Tensor | None) -> None:
+@functools.cache
+def sleep_cycles_per_us() -> float:
+    """GPU clock cycles per microsecond of ``torch.cuda._sleep``, measured once per process."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1000)
+    start.record()
+    torch.cuda._sleep(2_000_000)
+    end.record()
+    torch.cuda.synchronize()
+    return 2_000_000 / (start.elapsed_time(end) * 1e3)
+
+
+def prepare_sample(grads: Sequence[torch.Tensor], flush: torch.Tensor | None, lead_us: float = 0.0) -> None:
     """What runs before each timed call, outside its interval: the ``grads`` tensors get
     ``.grad = None`` (so the call writes fresh gradients) and ``flush`` is overwritten (so the
-    call starts with a cold L2)."""
+    call starts with a cold L2). With ``lead_us``, a GPU wait of that long is queued before the
+    flush, so the host runs at least that far ahead of the GPU at the call."""
     for t in grads:
         t.grad = None
+    if lead_us:
+        torch.cuda._sleep(int(lead_us * sleep_cycles_per_us()))
     if flush is not None:
         flush.zero_()
 
@@ -294,18 +317,19 @@ def time_cuda(
     flush: torch.Tensor | None = None,
     grads: Sequence[torch.Tensor] = (),
     host_ms: list[float] | None = None,
+    lead_us: float = 0.0,
 ) -> list[float]:
     """Milliseconds of ``samples`` calls, each between two CUDA events, each after
-    ``prepare_sample(grads, flush)`` (outside the interval). With ``host_ms``, the host clock
-    around each of the same calls is appended to it (milliseconds)."""
+    ``prepare_sample(grads, flush, lead_us)`` (outside the interval). With ``host_ms``, the host
+    clock around each of the same calls is appended to it (milliseconds)."""
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples!r}")
 
     # one untimed call (compiles on first use), one timed estimate, then about warmup_ms of calls
-    prepare_sample(grads, flush)
+    prepare_sample(grads, flush, lead_us)
     call()
     torch.cuda.synchronize()
-    prepare_sample(grads, flush)
+    prepare_sample(grads, flush, lead_us)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     call()
@@ -313,7 +337,7 @@ def time_cuda(
     torch.cuda.synchronize()
     estimate = max(start.elapsed_time(end), 1e-3)
     for _ in range(max(min_warmup, min(1000, math.ceil(warmup_ms / estimate)))):
-        prepare_sample(grads, flush)
+        prepare_sample(grads, flush, lead_us)
         call()
     torch.cuda.synchronize()
 
@@ -321,7 +345,7 @@ def time_cuda(
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(samples)]
     host = [0.0] * samples
     for i in range(samples):
-        prepare_sample(grads, flush)
+        prepare_sample(grads, flush, lead_us)
         starts[i].record()
         t0 = time.perf_counter()
         call()
@@ -459,6 +483,7 @@ def measure_same_bytes_copy(
     warmup_ms: float,
     flush: torch.Tensor | None,
     device_time: bool,
+    lead_us: float = 0.0,
 ) -> results.ShapeCopy:
     """``x.clone()`` timed as a provider's forward is (whole calls; with ``device_time`` also
     graph replays): the forward's bytes moved by a copy, the ceiling at this shape's size. A
@@ -467,7 +492,8 @@ def measure_same_bytes_copy(
     figures: list[float | None] = [None] * 4  # median_ms, tbs, device_median_ms, device_tbs
     error = None
     try:
-        figures[0] = median(time_cuda(x.clone, samples=samples, warmup_ms=warmup_ms, flush=flush))
+        whole = time_cuda(x.clone, samples=samples, warmup_ms=warmup_ms, flush=flush, lead_us=lead_us)
+        figures[0] = median(whole)
         figures[1] = bandwidth_tbs(nbytes, figures[0])
         if device_time:
             graph, reps = graph_for(x.clone, flush)
@@ -642,11 +668,13 @@ def run_benchmarks(
     git: results.Git | None = None,
     device_time: bool = True,
     same_bytes_copy: bool = True,
+    lead_us: float = 0.0,
 ) -> results.Run:
     """Measure every (provider, case, mode): ``blocks`` blocks of ``samples`` samples, providers
     rotated between blocks so that drift spreads over all of them; with ``device_time``, each
     block also takes as many graph-replay samples (GPU time only); with ``same_bytes_copy`` and
     the forward mode, each case also gets its copy of x timed (``measure_same_bytes_copy``).
+    ``lead_us``: a GPU wait queued before each whole-call sample's flush (``prepare_sample``).
     Returns the run's records (:mod:`rmsnorm_suite.results`; docs/gate.md for the file)."""
     require_cuda()
     for name in providers:
@@ -656,6 +684,8 @@ def run_benchmarks(
             raise ValueError(f"unknown mode {mode!r}; expected one of {list(MODES)}")
     if blocks < 1:
         raise ValueError(f"blocks must be >= 1, got {blocks!r}")
+    if not 0 <= lead_us <= MAX_LEAD_US:
+        raise ValueError(f"lead_us must be in [0, {MAX_LEAD_US}], got {lead_us!r}")
     t0 = time.time()
     created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     settings = {
@@ -673,6 +703,7 @@ def run_benchmarks(
             else None
         ),
         "flush_bytes": flush_bytes,
+        "lead_us": lead_us,
     }
     machine, git = environment_info(), git if git is not None else git_info()
     copy = measure_copy(copy_elements)
@@ -742,6 +773,7 @@ def run_benchmarks(
                                 flush=flush,
                                 grads=grads,
                                 host_ms=host,
+                                lead_us=lead_us,
                             )
                         except Exception as exc:
                             _fail(tally, exc)
@@ -761,6 +793,7 @@ def run_benchmarks(
                     warmup_ms=warmup_ms,
                     flush=flush,
                     device_time=device_time,
+                    lead_us=lead_us,
                 )
             for (name, mode), tally in by_key.items():
                 residual = name in residual_names
@@ -873,6 +906,11 @@ def configure(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument(
         "--no-device-time", action="store_true", help="skip the CUDA-graph (GPU time only) samples"
     )
+    parser.add_argument(
+        "--lead-us", type=float, default=0.0, metavar="US",
+        help="queue a GPU wait of US microseconds before each whole-call sample's flush, so every "
+        "provider's launch waits behind the flush whatever its host time (default: 0)",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the results JSON instead of the table")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -882,6 +920,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--samples must be >= 1, got {args.samples}")
     if args.blocks < 1:
         raise ValueError(f"--blocks must be >= 1, got {args.blocks}")
+    if not 0 <= args.lead_us <= MAX_LEAD_US:
+        raise ValueError(f"--lead-us must be in [0, {MAX_LEAD_US}], got {args.lead_us}")
     out_dir, seed = "outputs", 0
     if args.config:
         from rmsnorm_suite.config import load_config
@@ -916,6 +956,7 @@ def run(args: argparse.Namespace) -> int:
         errors=not args.no_errors,
         progress=not args.quiet,
         device_time=device_time,
+        lead_us=args.lead_us,
     )
     path = results.write(result, out_dir)
     if args.json:
@@ -972,7 +1013,8 @@ def format_table(result: results.Run) -> str:
     machine = result.machine
     lines = [
         f"device {machine.get('device')}  torch {machine.get('torch')}  triton {machine.get('triton')}  "
-        f"copy ceiling {result.copy.tbs:.2f} TB/s",
+        f"copy ceiling {result.copy.tbs:.2f} TB/s"
+        + (f"  host lead {lead:g} us" if (lead := result.settings.get("lead_us")) else ""),
         "",
     ]
     headers = ["shape", "mode", "provider", "median us", "blocks us", "TB/s", "copy%", "err", "vs kernel"]
