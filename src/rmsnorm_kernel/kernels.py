@@ -107,8 +107,8 @@ def _rsqrt_newton(v):
     Newton step in FMAs, r = r0 + r0/2 * (1 - v*r0^2). Within an ulp of 1 / sqrt(v), as
     _rsqrt_rn's two roundings are: what is left is rounding error (of v*r0, half an ulp at most,
     and of the result), not the estimate's own error, which dw would add up over the rows.
-    0.1 us shorter than _rsqrt_rn where a launch is one memory round trip (128x257), slower at
-    4096x4096 (measured: docs/performance-notes.md, the Newton step). Where v is 0, inf or NaN,
+    Shorter than _rsqrt_rn where a launch is one memory round trip, slower in large launches
+    (measured: docs/performance-notes.md, the Newton step). Where v is 0, inf or NaN,
     v*r0 is NaN and the estimate is already exact (inf, 0, NaN)."""
     if _INTERPRETED:  # numpy's 1 / sqrt
         r0 = tl.math.rsqrt(v)
