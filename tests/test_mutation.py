@@ -4,6 +4,10 @@ sample, and the report. The mutation run itself is `nox -s mutation`."""
 
 import dataclasses
 import math
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -118,6 +122,40 @@ def test_enumeration_skips_tuning_constants_and_keeps_keys_stable():
     assert len({m.key for m in mutants}) == len(mutants)
     again, _ = mutation.enumerate_mutants(config, ROOT)
     assert [m.key for m in again] == [m.key for m in mutants]
+
+
+def test_a_run_can_be_confined_to_named_functions():
+    pytest.importorskip("cosmic_ray")
+    config = mutation.restrict_to_definitions(mutation.load_config(ROOT), ["_rsqrt_newton"], ROOT)
+    assert list(config.targets) == ["kernels"] and config.targets["kernels"].definitions == ("_rsqrt_newton",)
+    mutants, _ = mutation.enumerate_mutants(config, ROOT)
+    assert mutants and {m.definition for m in mutants} == {"_rsqrt_newton"}
+    assert all(m.gpu_only for m in mutants)
+    for name in ("not_a_function", "cast_impl"):  # unknown; not mutated (skip_definitions)
+        with pytest.raises(MutationError, match=f"--definition: .*{name}"):
+            mutation.restrict_to_definitions(mutation.load_config(ROOT), ["_rsqrt_newton", name], ROOT)
+
+
+def test_the_gpu_kill_commands_run_the_tests_that_reach_gpu_only_code():
+    """A function only a GPU run mutates names the test that kills its mutants; the target's GPU
+    kill command must collect that test, or every such mutant survives (or is never judged)."""
+    config = mutation.load_config(ROOT)
+    for t in config.targets.values():
+        for function, why in t.gpu_only.items():
+            named = re.search(r"\((tests/\w+\.py), (test_\w+)\)", why)
+            assert named, (
+                f"targets.{t.name}.gpu_only.{function}: name the killing test as (tests/FILE.py, TEST)"
+            )
+            collected = ""
+            for step in mutation.kill_steps(config, "gpu", t.kill):
+                out = subprocess.run(
+                    [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *step["args"]],
+                    cwd=ROOT, capture_output=True, text=True, env={**os.environ, "TRITON_INTERPRET": "1"},
+                )  # fmt: skip
+                collected += out.stdout
+            assert f"{named[1]}::{named[2]}[" in collected or f"{named[1]}::{named[2]}\n" in collected, (
+                f"kill.gpu.{t.kill} does not collect {named[1]}::{named[2]} ({function})"
+            )
 
 
 def test_an_unknown_skipped_assignment_is_an_error():

@@ -16,6 +16,7 @@ which reads a kernel's source from disk, compiles the mutant. A session database
 resumable: ``--budget-s`` stops cleanly, the next run with the same arguments continues.
 
     python -m rmsnorm_suite.mutation run --device cpu --sample 40 --seed 1 --budget-s 3000
+    python -m rmsnorm_suite.mutation run --device gpu --definition _rsqrt_newton --out .mutation/newton
     python -m rmsnorm_suite.mutation report --session .mutation/session-cpu.sqlite
 
 Why one module of ~1K lines: configuration, enumeration, execution and the report share the
@@ -283,6 +284,28 @@ def enumerate_mutants(config: Config, root: Path = ROOT) -> tuple[list[Mutant], 
     return mutants, skipped
 
 
+def restrict_to_definitions(config: Config, names: list[str], root: Path = ROOT) -> Config:
+    """The targets that define any of ``names`` (functions), each mutated only inside those: for
+    a run over a few functions, such as the GPU-only ones. A name no target mutates is an error."""
+    import ast
+
+    targets, found = {}, set()
+    for t in config.targets.values():
+        tree = ast.parse((root / t.file).read_text(encoding="utf-8"))
+        defined = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        mutated = {
+            n for n in defined if n not in t.skip_definitions and (not t.definitions or n in t.definitions)
+        }
+        chosen = tuple(n for n in names if n in mutated)
+        found |= set(chosen)
+        if chosen:
+            targets[t.name] = dataclasses.replace(t, definitions=chosen)
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise MutationError(f"--definition: no target mutates a function named {', '.join(missing)}")
+    return dataclasses.replace(config, targets=targets)
+
+
 def sample(mutants: list[Mutant], per_target: int | None, seed: int) -> list[Mutant]:
     """At most ``per_target`` mutants of each target, drawn without replacement by ``seed``
     (the same arguments draw the same sample); None: all."""
@@ -421,6 +444,7 @@ def init_session(
     wanted = {
         "device": device, "sample": per_target, "seed": seed, "hashes": hashes,
         "targets": sorted(config.targets), "patch_ids": sorted(p.id for p in patches),
+        "definitions": {t.name: list(t.definitions) for t in config.targets.values()},
     }  # fmt: skip
     if path.exists():
         meta = read_meta(path)
@@ -899,12 +923,15 @@ def _method_section(config: Config, patches: list[Patch]) -> list[str]:
         "```bash",
         "nox -s mutation -- --device gpu --sample 30 --seed 1 --workers 8 --budget-s 480 --out outputs/mutation",
         "nox -s mutation -- --device cpu --target kernels --sample 30 --seed 1 --budget-s 2400",
+        "nox -s mutation -- --device gpu --definition _rsqrt_newton --workers 4 --out outputs/mutation-newton",
         "python -m rmsnorm_suite.mutation report --session .mutation/session-cpu.sqlite --report docs/mutation.md",
         "```",
         "",
         "The same command resumes a session cut short by `--budget-s` (its database under `--out`,",
         "default `.mutation/`); `--fresh` starts over. A session refuses to resume over changed",
-        "sources or arguments. Each worker mutates its own copy of the tree, never the checkout.",
+        "sources or arguments. `--definition F` runs every mutant inside the function F alone (the",
+        "GPU-only functions above, say), without the catalogue. Each worker mutates its own copy of",
+        "the tree, never the checkout.",
         "The run fails (exit 1) when a file's score is below its floor or a catalogue patch survives.",
     ]
     return out
@@ -944,6 +971,10 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--no-catalogue", action="store_true", help="operators only")
     run.add_argument("--target", action="append", default=None, help="only these targets (config names)")
     run.add_argument(
+        "--definition", action="append", default=None, metavar="FUNCTION",
+        help="only operator mutants inside these functions (the catalogue is left out)",
+    )  # fmt: skip
+    run.add_argument(
         "--retry-survivors", action="store_true", help="run the survivors again (after adding kill tests)"
     )
     rep = sub.add_parser("report", help="render the report of one or more session databases")
@@ -973,7 +1004,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         files = {t.file for t in config.targets.values()}
         patches = [p for p in patches if p.file in files]
-    if args.no_catalogue:
+    if args.definition:
+        config = restrict_to_definitions(config, args.definition)
+    if args.no_catalogue or args.definition:
         patches = []
     if args.device == "gpu":
         import torch
