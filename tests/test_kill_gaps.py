@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import rmsnorm_kernel
-from rmsnorm_kernel import launch
+from rmsnorm_kernel import host, launch
 from rmsnorm_kernel.reference import rms_norm_backward_reference, rms_norm_reference
 
 from .conftest import KERNEL_DEVICES
@@ -79,9 +79,19 @@ TWO_LAUNCH_CASES = [
 ]
 
 
+@pytest.fixture
+def replanned():
+    """The compiled host path replays the plan it recorded for a call's key without asking
+    launch.py again: a test that patches launch.py's knobs starts and ends with no plans, so
+    that neither an earlier test's plan nor its own outlives the patch."""
+    host.clear_plans()
+    yield
+    host.clear_plans()
+
+
 @pytest.mark.parametrize("device", [KERNEL_DEVICES[1]])  # the interpreter takes the two launches anyway
 @pytest.mark.parametrize(("m", "n", "strided", "with_residual"), TWO_LAUNCH_CASES)
-def test_two_launch_wide_backward(monkeypatch, device, m, n, strided, with_residual):
+def test_two_launch_wide_backward(monkeypatch, replanned, device, m, n, strided, with_residual):
     """The wide backward's two launches (backward_wide_dot, backward_wide), which a GPU runs only
     where the cooperative grid is refused: forced here (WIDE_FUSED off), with Gemma's offset, and
     every other row of a wider tensor or a residual with a gradient at h, against float64."""
