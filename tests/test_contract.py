@@ -288,9 +288,9 @@ def test_backward_tile_prefetch_where_measured(n, prefetch):
     assert constexprs[-1] is prefetch
 
 
-# Tile forward (rows per program, warps) by (N, few rows): at N = 4096 4 warps with at most
-# EVEN_MAX_ROWS rows, where a launch's latency is its time, 2 with more (tools/kernel_lab.py
-# launch and reorder2); at the narrow widths fewer warps and, at 128, more rows per program with
+# Tile forward (rows per program, warps) by (N, few rows): at N = 4096 8 warps with at most
+# EVEN_MAX_ROWS rows, where a launch's latency is its time (docs/performance-notes.md, few-row
+# warps), 2 with more (tools/kernel_lab.py launch and reorder2); at the narrow widths fewer warps and, at 128, more rows per program with
 # many rows (tools/kernel_lab.py narrow); 256 keeps the narrow default.
 FORWARD_TILE_LAUNCH = [
     (128, True, 8, 4),
@@ -301,7 +301,7 @@ FORWARD_TILE_LAUNCH = [
     (1024, True, 1, 4),
     (1024, False, 1, 1),
     (2048, False, 1, 4),
-    (4096, True, 1, 4),
+    (4096, True, 1, 8),
     (4096, False, 1, 2),
 ]
 

@@ -364,7 +364,7 @@ FORWARD_TILE = {
     512: ForwardTile(rows=2, warps=1, few_rows=2, few_warps=4),
     1024: ForwardTile(rows=1, warps=1, few_rows=1, few_warps=4),
     2048: ForwardTile(rows=1, warps=4, few_rows=1, few_warps=4),
-    4096: ForwardTile(rows=1, warps=2, few_rows=1, few_warps=4),
+    4096: ForwardTile(rows=1, warps=2, few_rows=1, few_warps=8),
 }
 # Launches of at most this many rows, with N the tile width and one row per program, run the tile
 # forward without masks (forward_tile's EVEN). Measured: docs/performance-notes.md, EVEN_MAX_ROWS.
