@@ -136,6 +136,19 @@ def test_a_run_can_be_confined_to_named_functions():
             mutation.restrict_to_definitions(mutation.load_config(ROOT), ["_rsqrt_newton", name], ROOT)
 
 
+def test_a_confined_session_names_its_functions_in_its_heading():
+    config = mutation.load_config(ROOT)
+    gate = list(config.targets["gate"].definitions)  # the config's own choice: not a confinement
+    for targets, definitions, heading in [
+        (["kernels"], {"kernels": ["_rsqrt_newton"]}, "GPU session (kernels: _rsqrt_newton)"),
+        (["gate", "kernels"], {"gate": gate, "kernels": []}, "GPU session (gate, kernels)"),
+        (["kernels"], None, "GPU session (kernels)"),  # a session from before --definition
+    ]:
+        meta = {"device": "gpu", "targets": targets} | ({"definitions": definitions} if definitions else {})
+        result = mutation.SessionResult(Path("s"), meta, [], [], [], [], [], 0)
+        assert mutation._session_name(result, config) == heading
+
+
 def test_the_gpu_kill_commands_run_the_tests_that_reach_gpu_only_code():
     """A function only a GPU run mutates names the test that kills its mutants; the target's GPU
     kill command must collect that test, or every such mutant survives (or is never judged)."""

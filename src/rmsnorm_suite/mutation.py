@@ -802,7 +802,7 @@ def render_report(results: list[SessionResult], config: Config, patches: list[Pa
             if secs else "none finished"
         )  # fmt: skip
         out += [
-            f"## {_session_name(r)}",
+            f"## {_session_name(r, config)}",
             "",
             f"Sample: {sample}. Sources: "
             + ", ".join(f"`{f}` {h}" for f, h in meta["hashes"].items())
@@ -850,7 +850,7 @@ def render_report(results: list[SessionResult], config: Config, patches: list[Pa
             diff = " / ".join(f"`{ln.strip()}`" for ln in s["diff"][:2])
             # The same mutant killed by another session of this report (one run after kill tests
             # were added): this session's own rerun (--retry-survivors) is still to come.
-            elsewhere = [_session_name(o) for o in results if o is not r and s["key"] in o.killed]
+            elsewhere = [_session_name(o, config) for o in results if o is not r and s["key"] in o.killed]
             why = s["why"] or (
                 f"**killed in the {' and the '.join(elsewhere)} of this report; not yet rerun here "
                 "(`--retry-survivors`)**"
@@ -873,10 +873,19 @@ def render_report(results: list[SessionResult], config: Config, patches: list[Pa
     return "\n".join(out) + "\n"
 
 
-def _session_name(r: SessionResult) -> str:
-    """A session's heading: its device and targets (a report may hold several per device)."""
+def _session_name(r: SessionResult, config: Config) -> str:
+    """A session's heading: its device and targets (a report may hold several per device), each
+    with its functions where the run was confined to them (--definition)."""
     targets = r.meta.get("targets") or sorted(s.target for s in r.scores)
-    return f"{r.meta['device'].upper()} session" + (f" ({', '.join(targets)})" if targets else "")
+    confined = r.meta.get("definitions", {})
+    names = [
+        f"{t}: {', '.join(confined[t])}"
+        if confined.get(t) and t in config.targets and tuple(confined[t]) != config.targets[t].definitions
+        else t
+        for t in targets
+    ]
+    joiner = ", " if names == list(targets) else "; "
+    return f"{r.meta['device'].upper()} session" + (f" ({joiner.join(names)})" if names else "")
 
 
 def _method_section(config: Config, patches: list[Patch]) -> list[str]:
