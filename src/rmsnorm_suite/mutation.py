@@ -433,10 +433,11 @@ def _job_id(kind: str, key: str) -> str:
 
 def init_session(
     path: Path, config: Config, patches: list[Patch], device: str, per_target: int | None, seed: int,
-    root: Path = ROOT,
+    root: Path = ROOT, confined: list[str] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Create the session (or check that an existing one matches these arguments and sources:
-    a resumed run must mutate the same code) and return its metadata."""
+    a resumed run must mutate the same code) and return its metadata. ``confined``: the
+    functions a --definition run is confined to (None: not confined)."""
     from cosmic_ray.work_item import MutationSpec, WorkItem
 
     files = {t.file for t in config.targets.values()} | {p.file for p in patches}
@@ -444,7 +445,7 @@ def init_session(
     wanted = {
         "device": device, "sample": per_target, "seed": seed, "hashes": hashes,
         "targets": sorted(config.targets), "patch_ids": sorted(p.id for p in patches),
-        "definitions": {t.name: list(t.definitions) for t in config.targets.values()},
+        "confined": sorted(confined) if confined else None,
     }  # fmt: skip
     if path.exists():
         meta = read_meta(path)
@@ -802,7 +803,7 @@ def render_report(results: list[SessionResult], config: Config, patches: list[Pa
             if secs else "none finished"
         )  # fmt: skip
         out += [
-            f"## {_session_name(r, config)}",
+            f"## {_session_name(r)}",
             "",
             f"Sample: {sample}. Sources: "
             + ", ".join(f"`{f}` {h}" for f, h in meta["hashes"].items())
@@ -850,7 +851,7 @@ def render_report(results: list[SessionResult], config: Config, patches: list[Pa
             diff = " / ".join(f"`{ln.strip()}`" for ln in s["diff"][:2])
             # The same mutant killed by another session of this report (one run after kill tests
             # were added): this session's own rerun (--retry-survivors) is still to come.
-            elsewhere = [_session_name(o, config) for o in results if o is not r and s["key"] in o.killed]
+            elsewhere = [_session_name(o) for o in results if o is not r and s["key"] in o.killed]
             why = s["why"] or (
                 f"**killed in the {' and the '.join(elsewhere)} of this report; not yet rerun here "
                 "(`--retry-survivors`)**"
@@ -873,19 +874,13 @@ def render_report(results: list[SessionResult], config: Config, patches: list[Pa
     return "\n".join(out) + "\n"
 
 
-def _session_name(r: SessionResult, config: Config) -> str:
-    """A session's heading: its device and targets (a report may hold several per device), each
-    with its functions where the run was confined to them (--definition)."""
+def _session_name(r: SessionResult) -> str:
+    """A session's heading: its device and targets (a report may hold several per device), and
+    the functions it was confined to (--definition)."""
     targets = r.meta.get("targets") or sorted(s.target for s in r.scores)
-    confined = r.meta.get("definitions", {})
-    names = [
-        f"{t}: {', '.join(confined[t])}"
-        if confined.get(t) and t in config.targets and tuple(confined[t]) != config.targets[t].definitions
-        else t
-        for t in targets
-    ]
-    joiner = ", " if names == list(targets) else "; "
-    return f"{r.meta['device'].upper()} session" + (f" ({joiner.join(names)})" if names else "")
+    confined = r.meta.get("confined")
+    inside = f"; only {', '.join(confined)}" if confined else ""
+    return f"{r.meta['device'].upper()} session" + (f" ({', '.join(targets)}{inside})" if targets else "")
 
 
 def _method_section(config: Config, patches: list[Patch]) -> list[str]:
@@ -1026,7 +1021,7 @@ def main(argv: list[str] | None = None) -> int:
     path = _session_path(args.out, args.device)
     if args.fresh and path.exists():
         path.unlink()
-    init_session(path, config, patches, args.device, args.sample, args.seed)
+    init_session(path, config, patches, args.device, args.sample, args.seed, confined=args.definition)
     if args.retry_survivors:
         print(f"{reopen_survivors(path)} survivors to run again")
     counts = execute(path, config, load_catalogue(), args.device, args.workers, args.budget_s)
