@@ -809,7 +809,7 @@ def render_report(results: list[SessionResult], config: Config, patches: list[Pa
             + ", ".join(f"`{f}` {h}" for f, h in meta["hashes"].items())
             + f". Wall time so far {meta.get('elapsed_s', 0):.0f} s; {timing}."
             + (
-                f" **{r.pending} work items still pending** (resume with the same command)."
+                f" **{r.pending} work item{'s' if r.pending != 1 else ''} still pending** (resume with the same command)."
                 if r.pending
                 else ""
             ),
