@@ -669,12 +669,14 @@ def run_benchmarks(
     device_time: bool = True,
     same_bytes_copy: bool = True,
     lead_us: float = 0.0,
+    before_case: Callable[[], Any] | None = None,
 ) -> results.Run:
     """Measure every (provider, case, mode): ``blocks`` blocks of ``samples`` samples, providers
     rotated between blocks so that drift spreads over all of them; with ``device_time``, each
     block also takes as many graph-replay samples (GPU time only); with ``same_bytes_copy`` and
     the forward mode, each case also gets its copy of x timed (``measure_same_bytes_copy``).
     ``lead_us``: a GPU wait queued before each whole-call sample's flush (``prepare_sample``).
+    ``before_case``: called before each case (pr-verdict's worker times its calibration there).
     Returns the run's records (:mod:`rmsnorm_suite.results`; docs/gate.md for the file)."""
     require_cuda()
     for name in providers:
@@ -722,6 +724,8 @@ def run_benchmarks(
     residual_names = [name for name in providers if get_provider(name).residual]
     try:
         for case in cases_:
+            if before_case is not None:
+                before_case()
             x, w, dy = make_inputs(case, seed)
             r = make_residual(case, seed) if residual_names else None
             fns: dict[str, Fn | None] = {

@@ -162,6 +162,8 @@ class Thresholds:
     device_latency: dict[tuple[str, str], LatencyRule] = field(default_factory=dict)  # GPU time only
     host_latency: dict[tuple[str, str], LatencyRule] = field(default_factory=dict)  # host clock only
     min_rounds: int = 3  # per-round medians per side; fewer cannot bound the ratio usefully
+    clock_tolerance: float = 0.05  # [clock]: head/base calibration, median over rounds
+    clock_checkpoint: float = 0.25  # [clock]: any calibration against its own round's median
 
 
 def _number(
@@ -190,7 +192,7 @@ def _only(where: str, table: dict[str, Any], allowed: Sequence[str]) -> None:
 def parse_thresholds(data: dict[str, Any], source: str = "<thresholds>") -> Thresholds:
     """Validate a parsed regression.toml; errors name the file and the key."""
     try:
-        _only("top level", data, ["gate", "latency", "device_latency", "host_latency", "numerics"])
+        _only("top level", data, ["gate", "clock", "latency", "device_latency", "host_latency", "numerics"])
         gate = _table("gate", data.get("gate", {}))
         _only("gate", gate, ["min_samples", "min_rounds"])
         min_samples = gate.get("min_samples", 20)
@@ -199,6 +201,10 @@ def parse_thresholds(data: dict[str, Any], source: str = "<thresholds>") -> Thre
         min_rounds = gate.get("min_rounds", 3)
         if isinstance(min_rounds, bool) or not isinstance(min_rounds, int) or min_rounds < 3:
             raise ValueError(f"gate.min_rounds must be an integer >= 3, got {min_rounds!r}")
+        clock = _table("clock", data.get("clock", {}))
+        _only("clock", clock, ["tolerance", "checkpoint"])
+        clock_tolerance = _number("clock.tolerance", clock.get("tolerance", 0.05), low=0.0, high=0.5)
+        clock_checkpoint = _number("clock.checkpoint", clock.get("checkpoint", 0.25), low=0.0, high=100.0)
         latency = _latency_rules("latency", data.get("latency"))
         device_latency = _latency_rules("device_latency", data.get("device_latency", {}))
         host_latency = _latency_rules("host_latency", data.get("host_latency", {}))
@@ -226,6 +232,8 @@ def parse_thresholds(data: dict[str, Any], source: str = "<thresholds>") -> Thre
         device_latency=device_latency,
         host_latency=host_latency,
         min_rounds=min_rounds,
+        clock_tolerance=clock_tolerance,
+        clock_checkpoint=clock_checkpoint,
     )
 
 

@@ -6,22 +6,23 @@ and its thresholds are this checkout's, and the thresholds are read before any c
 commit runs. Base and head only supply their op.
 
 1. The merge-base of base and head is what head is compared with (a branch behind the base is
-   not blamed for the base's later changes); git worktrees of it and of head in a temporary
-   folder (local git only: no network).
-2. A staging folder per commit with a copy of the trusted suite (``rmsnorm_suite``) and of that
-   commit's op alone (``rmsnorm_kernel``; in older commits, where the suite lived inside the
-   op's package, its OP_MODULES only). Each round is a fresh ``python -I`` process running
-   :mod:`rmsnorm_suite.worker` with exactly those two on the path;
-   nothing else of the commit is imported, and the worker checks where both packages came from.
+   not blamed for the base's later changes). Both sides are read from git's objects, never a
+   worktree: each side's op alone (plain files; a link or submodule in it is refused), and
+   head's tests for step 4.
+2. Each round is a fresh worker (:mod:`rmsnorm_suite.worker`) in a sandbox
+   (:mod:`rmsnorm_suite.sandbox`): the trusted suite and that side's op read-only, a state
+   folder of that side's own, no network, no environment but an allow-list; everything it
+   started dies with it. Its spec goes in on standard input, its results come back on a pipe,
+   and this process validates them and writes every file.
 3. Rounds interleaved ABBA, the rounds merged per side (one median per round: the gate's
-   independent units; errors: the largest seen).
-4. The GPU tests of head (``pytest -m gpu`` in the head worktree): they can only add a failure.
+   independent units; errors: the largest seen); the judge's calibration copy of both sides
+   held together (:func:`rmsnorm_suite.guard.judge_clock`).
+4. The GPU tests of head (``pytest -m gpu``) in a sandbox, with the trusted checkout's
+   conftest.py and pytest configuration: they can only add a failure.
 5. The gate (:mod:`rmsnorm_suite.gate`); verdict.md and verdict.json, and the summary printed.
 
 A global deadline (``--deadline-s``, below the job's limit) bounds every subprocess: when it
 passes, the rounds stop and the verdict is ``error``, instead of a job killed without one.
-Code of a commit runs with this process's rights; what isolates it from the runner is the
-runner (docs/ci.md), not this module.
 
 Exit status as the gate's: 0 pass, 1 regression, 2 could not judge.
 """
@@ -37,8 +38,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +48,7 @@ from typing import Any
 import scipy.stats  # noqa: F401  the gate's statistics, loaded before any commit's code runs
 
 import rmsnorm_suite
-from rmsnorm_suite import bench, cases, gate, results  # noqa: F401  cases: the gate orders its table by it
+from rmsnorm_suite import bench, cases, gate, guard, results, sandbox  # noqa: F401  cases: the gate orders its table by it
 
 SIDES = ("base", "head")
 DEFAULT_ROUNDS = 6
@@ -62,6 +64,11 @@ WORKER_TIMING = "cuda"  # "host": the worker's CPU stand-in (the CPU tests set i
 BOOTSTRAP = (
     "import sys, runpy; sys.path[:0] = sys.argv[1:3]; del sys.argv[1:3]; "
     "runpy.run_module('rmsnorm_suite.worker', run_name='__main__', alter_sys=True)"
+)
+# Head's GPU tests under `python -I`: head's staged src and tests first on the path, then pytest.
+PYTEST_BOOTSTRAP = (
+    "import sys; sys.path[:0] = ['/judge/head/src', '/judge/head']; import pytest; "
+    "sys.exit(pytest.main(sys.argv[1:]))"
 )
 
 
@@ -207,31 +214,86 @@ def stage_trusted_suite(dest: Path) -> Path:
     return dest
 
 
-def stage_op(tree: Path, dest: Path) -> Path:
-    """A copy of a checkout's op under ``dest``; returns ``dest``. Where the suite has its own
-    package (``src/rmsnorm_suite``), ``src/rmsnorm_kernel`` is the op alone and its modules are
-    copied, with the compiled host path's sources (``csrc/``: without them the op falls back to
-    the Python host path and the verdict would time a path its users do not take); in older
-    commits the suite lived in the same package, and only OP_MODULES are, so that only the
-    trusted suite can be imported. Plain files only: no nested folders, no links."""
-    package = tree / OP_PACKAGE
-    if not (package / "__init__.py").is_file():
-        raise ValueError(f"{tree.name}: no {OP_PACKAGE}/__init__.py in this commit")
-    split = (tree / "src" / "rmsnorm_suite").is_dir()
-    names = sorted(p.stem for p in package.glob("*.py")) if split else OP_MODULES
-    _copy_plain_files([package / f"{name}.py" for name in names], dest / "rmsnorm_kernel")
-    csrc = package / "csrc"
-    if split and csrc.is_dir() and not csrc.is_symlink():
-        _copy_plain_files(sorted(csrc.iterdir()), dest / "rmsnorm_kernel" / "csrc")
+PLAIN = ("100644", "100755")  # git's modes of a regular file
+
+
+def _git_bytes(repo: Path, *args: str) -> bytes:
+    done = subprocess.run(["git", *args], cwd=repo, capture_output=True)
+    if done.returncode != 0:
+        raise ValueError(f"git {' '.join(args)} failed: {done.stderr.decode(errors='replace').strip()}")
+    return done.stdout
+
+
+def tree_entries(repo: Path, sha: str, path: str) -> list[tuple[str, str, str, str]]:
+    """(mode, type, object, path) of every entry under ``path`` in commit ``sha``, from git's
+    objects (never the file system: a worktree can hold links the tree shows as what they are)."""
+    raw = _git_bytes(repo, "ls-tree", "-r", "-z", "--full-tree", sha, "--", path).decode()
+    entries = []
+    for item in filter(None, raw.split("\0")):
+        meta, name = item.split("\t", 1)
+        mode, kind, obj = meta.split()
+        entries.append((mode, kind, obj, name))
+    return entries
+
+
+def _write_blobs(repo: Path, entries, strip: str, dest: Path) -> None:
+    for _mode, _kind, obj, name in entries:
+        target = dest / name[len(strip) :].lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(_git_bytes(repo, "cat-file", "blob", obj))
+
+
+def stage_op(repo: Path, sha: str, dest: Path) -> Path:
+    """Commit ``sha``'s op, read from git's objects, under ``dest/rmsnorm_kernel``; returns
+    ``dest``. A link, a submodule or any other non-file entry under the op's package is refused
+    (ValueError). Where the suite has its own package (``src/rmsnorm_suite``) the whole op
+    package is staged (with ``csrc/``: without it the op would fall back to the Python host
+    path); in older commits, where the suite lived in the op's package, only OP_MODULES are."""
+    entries = tree_entries(repo, sha, OP_PACKAGE)
+    bad = [f"{name} ({'a link' if mode == '120000' else 'a submodule' if mode == '160000' else mode})"
+           for mode, _kind, _obj, name in entries if mode not in PLAIN]  # fmt: skip
+    if bad:
+        raise ValueError(
+            f"{sha[:12]}: only plain files are staged, and the op's package holds {', '.join(bad)}"
+        )
+    names = {name: e for e in entries for name in [e[3]]}
+    if f"{OP_PACKAGE}/__init__.py" not in names:
+        raise ValueError(f"{sha[:12]}: no {OP_PACKAGE}/__init__.py in this commit")
+    if not tree_entries(repo, sha, "src/rmsnorm_suite"):
+        entries = [names[f"{OP_PACKAGE}/{m}.py"] for m in OP_MODULES if f"{OP_PACKAGE}/{m}.py" in names]
+    _write_blobs(repo, entries, "src", dest)
     return dest
 
 
-def _copy_plain_files(sources: Sequence[Path], to: Path) -> None:
-    """Copies the plain files among ``sources`` (no links, no folders) into a new folder ``to``."""
-    to.mkdir(parents=True)
-    for source in sources:
-        if source.is_file() and not source.is_symlink():
-            shutil.copyfile(source, to / source.name)
+def stage_head_tests(repo: Path, sha: str, trusted_root: Path, dest: Path) -> tuple[Path, str]:
+    """Head's ``src/`` and ``tests/`` from git's objects under ``dest``, plain files only, with
+    the trusted checkout's ``tests/conftest.py`` and ``pyproject.toml`` (pytest's configuration)
+    in place of head's. Returns (dest, a note naming what was head's and what was left out)."""
+    entries = tree_entries(repo, sha, "src") + tree_entries(repo, sha, "tests")
+    plain = [e for e in entries if e[0] in PLAIN and Path(e[3]).name != "conftest.py"]
+    conftests = [e[3] for e in entries if Path(e[3]).name == "conftest.py"]
+    others = [e[3] for e in entries if e[0] not in PLAIN]
+    _write_blobs(repo, plain, "", dest)
+    for name in ("tests/conftest.py", "pyproject.toml"):
+        source = trusted_root / name
+        if not source.is_file():
+            raise ValueError(f"the trusted checkout has no {name} (pytest's configuration for head's tests)")
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, dest / name)
+    tests = sum(1 for e in plain if e[3].startswith("tests/"))
+    note = (
+        f"{tests} test files of head {sha[:12]}; conftest.py and pytest configuration the trusted checkout's"
+    )
+    if conftests:
+        note += f"; head's {', '.join(conftests)} not used"
+    if others:
+        note += f"; {len(others)} links or submodules left out"
+    return dest, note
+
+
+def trusted_root() -> Path:
+    """The checkout the running suite comes from (src/rmsnorm_suite's grandparent)."""
+    return Path(rmsnorm_suite.__file__).resolve().parents[2]
 
 
 def _tail(text: str, lines: int = 15) -> str:
@@ -259,44 +321,98 @@ def run_bounded(
         return None, out, err
 
 
-def worker_env() -> dict[str, str]:
-    """The environment of a worker: this one without variables that would put other code first
-    (``python -I`` ignores PYTHON* anyway) or switch the kernels to the interpreter."""
-    drop = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "TRITON_INTERPRET")
-    return {k: v for k, v in os.environ.items() if k not in drop}
+def sandboxed(
+    box: sandbox.Sandbox,
+    argv: Sequence[str],
+    stdin: Callable[[int], str],
+    timeout: float,
+    hidden: Sequence[Path] = (),
+) -> tuple[int | None, str, str, str]:
+    """Run ``argv`` in ``box``, its standard input ``stdin(fd)`` where ``fd`` is the write end of
+    a result pipe open inside; (exit status or None on timeout, stdout, stderr, what came back
+    on the pipe). A timeout kills the sandbox's whole process group."""
+    read, write = os.pipe()
+    chunks: list[bytes] = []
+
+    def drain() -> None:
+        with os.fdopen(read, "rb") as pipe:
+            while block := pipe.read(1 << 16):
+                chunks.append(block)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        proc = subprocess.Popen(
+            sandbox.command(box, argv, hidden=hidden), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, start_new_session=True, pass_fds=(write,),
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    try:
+        out, err = proc.communicate(stdin(write), timeout=max(timeout, 0.01))
+        code: int | None = proc.returncode
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        out, err = proc.communicate()
+        code = None
+    reader.join(timeout=30)
+    return code, out, err, b"".join(chunks).decode("utf-8", errors="replace")
 
 
 def run_round(
-    trusted: Path, op: Path, spec: dict[str, Any], spec_path: Path, log_path: Path, timeout: float
-) -> str | None:
-    """One side's round in a worker process; returns None on success, else what went wrong."""
-    spec_path.write_text(json.dumps(spec), encoding="utf-8")
-    cmd = [sys.executable, "-I", "-c", BOOTSTRAP, str(trusted), str(op), str(spec_path)]
-    # Each side builds and loads its op's compiled host path (rmsnorm_kernel/host.py) in a cache
-    # of its own, never one the other side's code wrote.
-    env = {**worker_env(), "TORCH_EXTENSIONS_DIR": str(op.parent / f"{op.name}-torch-extensions")}
-    code, out, err = run_bounded(cmd, spec_path.parent, env, timeout)
+    box: sandbox.Sandbox, spec: dict[str, Any], log_path: Path, timeout: float, hidden: Sequence[Path]
+) -> tuple[results.Run | None, str | None]:
+    """One side's round in a sandboxed worker; (the validated results, None) or (None, why not).
+    The spec goes in on standard input and the results come back on a pipe; this process
+    validates them and writes every file itself."""
+    argv = [sys.executable, "-I", "-B", "-c", BOOTSTRAP, "/judge/suite", "/judge/op", "-"]
+    spec = {**spec, "expect_suite_under": "/judge/suite", "expect_op_under": "/judge/op"}
+    code, out, err, sent = sandboxed(
+        box, argv, lambda fd: json.dumps({**spec, "result_fd": fd}), timeout, hidden
+    )
     log_path.write_text(out + err, encoding="utf-8")
     if code is None:
-        return f"timed out after {timeout:.0f} s"
+        return None, f"timed out after {timeout:.0f} s"
+    if code == 3:
+        return None, f"the clock was replaced: {_tail(err, 1)}"
     if code != 0:
-        return f"exit {code}: {_tail(err, 3)}"
-    return None
+        return None, f"exit {code}: {_tail(err, 3)}"
+    try:
+        run = results.from_json(json.loads(sent))
+        guard.read_calibration(run.settings)
+    except (ValueError, TypeError) as exc:
+        return None, f"its results were not valid: {str(exc)[:200]}"
+    if run.label != spec["label"] or run.round != spec["round"] or run.git.commit != spec["commit"]:
+        return None, "its results name another side, round or commit"
+    return run, None
 
 
-def run_gpu_tests(worktree: Path, log_path: Path, timeout: float = TESTS_TIMEOUT_S) -> gate.Row:
-    """pytest -m gpu in the head worktree (head's own tests: they can only add a failure).
-    Failed tests: regression; no tests, a collection or usage error, a timeout: cannot judge."""
-    env = {**worker_env(), "PYTHONPATH": str(worktree / "src")}
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"]
-    code, out, err = run_bounded(cmd, worktree, env, timeout)
+def run_gpu_tests(
+    box: sandbox.Sandbox, note: str, log_path: Path, timeout: float, hidden: Sequence[Path]
+) -> gate.Row:
+    """pytest -m gpu over head's tests, staged at /judge/head, in a sandbox (they can only add a
+    failure). Failed tests: regression; no tests, a collection or usage error, a timeout: cannot judge."""
+    argv = [sys.executable, "-I", "-B", "-c", PYTEST_BOOTSTRAP, "-m", "gpu", "-q", "-p", "no:cacheprovider",
+            "-c", "/judge/head/pyproject.toml", "--rootdir", "/judge/head", "/judge/head/tests"]  # fmt: skip
+    code, out, err, _ = sandboxed(box, argv, lambda fd: "", timeout, hidden)
     log_path.write_text(out + err, encoding="utf-8")
     if code is None:
-        return gate.Row("gpu tests (head)", None, None, None, None, "error", "run", note="timed out")
+        return gate.Row("gpu tests (head)", None, None, None, None, "error", "run", note=f"timed out; {note}")
     last = _tail(out, 1) or _tail(err, 1)
     verdict = {0: "pass", 1: "regression"}.get(code, "error")
-    note = f"pytest -m gpu exit {code}: {last}"
-    return gate.Row("gpu tests (head)", None, None, None, None, verdict, "run", note=note)
+    return gate.Row(
+        "gpu tests (head)",
+        None,
+        None,
+        None,
+        None,
+        verdict,
+        "run",
+        note=f"pytest -m gpu exit {code}: {last}; {note}",
+    )
 
 
 def configure(parser: argparse.ArgumentParser, command: str) -> None:
@@ -370,39 +486,70 @@ def run(args: argparse.Namespace) -> int:
     base_ref = resolve(repo, args.base, "--base")
     head = resolve(repo, args.head, "--head")
     shas = {"base": base_ref if args.exact_base else merge_base(repo, base_ref, head), "head": head}
+    commits = {"base_ref_sha": base_ref, "base_sha": shas["base"], "head_sha": head}
     cases_ = bench.select_cases(args.shapes)
+    if problem := sandbox.check():
+        return _stop(out, "sandbox", f"the commits' code cannot be sandboxed here: {problem}", commits)
     tmp = Path(tempfile.mkdtemp(prefix="rmsnorm-pr-verdict-"))
-    trees = {side: tmp / side for side in SIDES}
     try:
-        for side in SIDES:
-            _git(repo, "worktree", "add", "--detach", "--force", str(trees[side]), shas[side])
         trusted = stage_trusted_suite(tmp / "path" / "trusted")
         ops: dict[str, Path] = {}
-        problems: list[gate.Row] = []
+        problems: list[str] = []
         for side in SIDES:
             try:
-                ops[side] = stage_op(trees[side], tmp / "path" / side)
+                ops[side] = stage_op(repo, shas[side], tmp / "path" / side)
             except ValueError as exc:
-                problems.append(gate.Row(f"{side} op", None, None, None, None, "error", "run", note=str(exc)))
+                problems.append(f"{side}: {exc}")
         if problems:
-            commits = {"base_ref_sha": base_ref, "base_sha": shas["base"], "head_sha": head}
-            return _stop(out, "op modules", "; ".join(r.note for r in problems), commits)
-        context = {"base_ref": base_ref, "shas": shas, "thresholds": thresholds, "label": label}
-        return _judge_pr(args, out, context, trees, trusted, ops, cases_, deadline)
+            return _stop(out, "op modules", "; ".join(problems), commits)
+        boxes = {
+            side: sandbox.Sandbox(
+                _empty(tmp / "root" / side),
+                {"/judge/suite": trusted, "/judge/op": ops[side]},
+                tmp / "state" / side,
+            )
+            for side in SIDES
+        }
+        context = {"base_ref": base_ref, "shas": shas, "thresholds": thresholds, "label": label,
+                   "repo": repo, "tmp": tmp}  # fmt: skip
+        return _judge_pr(args, out, context, boxes, cases_, deadline)
     finally:
         if args.keep_worktrees:
-            print(f"worktrees kept under {tmp}", file=sys.stderr)
+            print(f"staged commits kept under {tmp}", file=sys.stderr)
         else:
-            for side in SIDES:
-                if trees[side].exists():
-                    subprocess.run(["git", "worktree", "remove", "--force", str(trees[side])], cwd=repo)
-            subprocess.run(["git", "worktree", "prune"], cwd=repo)
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _judge_pr(args, out: Path, context, trees, trusted: Path, ops, cases_, deadline: Deadline) -> int:
+def _empty(path: Path) -> Path:
+    path.mkdir(parents=True)
+    return path
+
+
+def clock_row(runs: Mapping[str, Sequence[results.Run]], thresholds: gate.Thresholds) -> gate.Row:
+    """The judge's calibration copy of head held to base's, round by round (regression.toml [clock])."""
+    cal = {side: {run.round: guard.read_calibration(run.settings) for run in runs[side]} for side in SIDES}
+    verdict, ratio, note = guard.judge_clock(
+        cal["base"], cal["head"], thresholds.clock_tolerance, thresholds.clock_checkpoint
+    )
+    return gate.Row("clock", None, None, ratio, 1.0 + thresholds.clock_tolerance, verdict, "run", note=note)
+
+
+def _head_tests(context, out: Path, deadline: Deadline) -> gate.Row:
+    """Head's GPU tests, staged from git with the trusted conftest, in a sandbox of their own."""
+    tmp = context["tmp"]
+    try:
+        staged, note = stage_head_tests(
+            context["repo"], context["shas"]["head"], trusted_root(), tmp / "head-tests"
+        )
+    except ValueError as exc:
+        return gate.Row("gpu tests (head)", None, None, None, None, "error", "run", note=str(exc))
+    box = sandbox.Sandbox(_empty(tmp / "root" / "tests"), {"/judge/head": staged}, tmp / "state" / "tests")
+    return run_gpu_tests(box, note, out / "gpu-tests-head.log", deadline.cap(TESTS_TIMEOUT_S), [tmp])
+
+
+def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> int:
     t0 = time.time()
-    shas = context["shas"]
+    shas, hidden = context["shas"], [context["tmp"]]
     rounds_dir = out / "rounds"
     rounds_dir.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[results.Run]] = {side: [] for side in SIDES}
@@ -416,7 +563,6 @@ def _judge_pr(args, out: Path, context, trees, trusted: Path, ops, cases_, deadl
                 if deadline.passed:
                     break
                 bar.step(f"round {k} {side}")
-                result_path = rounds_dir / f"{side}-{k}.json"
                 spec = {
                     "cases": [bench.case_to_json(c) for c in cases_],
                     "providers": ["kernel"],
@@ -427,16 +573,13 @@ def _judge_pr(args, out: Path, context, trees, trusted: Path, ops, cases_, deadl
                     "round": k,
                     "commit": shas[side],
                     "timing": WORKER_TIMING,
-                    "expect_suite_under": str(trusted),
-                    "expect_op_under": str(ops[side]),
-                    "out": str(result_path),
                 }
-                paths = (rounds_dir / f"{side}-{k}.spec.json", rounds_dir / f"{side}-{k}.log")
-                timeout = deadline.cap(WORKER_TIMEOUT_S)
-                problem = run_round(trusted, ops[side], spec, *paths, timeout)
+                log = rounds_dir / f"{side}-{k}.log"
+                run, problem = run_round(boxes[side], spec, log, deadline.cap(WORKER_TIMEOUT_S), hidden)
                 done += 1
-                if problem is None:  # read at once: a later round cannot rewrite it
-                    runs[side].append(results.load(result_path))
+                if run is not None:
+                    runs[side].append(run)
+                    results.write(run, rounds_dir, f"{side}-{k}")
                 else:
                     failures[side].append(f"round {k}: {problem}")
     finally:
@@ -460,12 +603,11 @@ def _judge_pr(args, out: Path, context, trees, trusted: Path, ops, cases_, deadl
         extra.insert(0, gate.Row("gpu tests (head)", None, None, None, None, "error", "run", note="deadline"))
     else:
         print("running the GPU tests of head ...", file=sys.stderr, flush=True)
-        timeout = deadline.cap(TESTS_TIMEOUT_S)
-        extra.insert(0, run_gpu_tests(trees["head"], out / "gpu-tests-head.log", timeout))
-    # Written after head's tests, which run head's code: the files match what was judged.
+        extra.insert(0, _head_tests(context, out, deadline))
     for side in SIDES:
         if merged[side]:
             results.write(merged[side], out, side)
+    extra.insert(0, clock_row(runs, context["thresholds"]))
     verdict = gate.judge(
         merged["base"], merged["head"], context["thresholds"], extra_rows=extra, missing=missing
     )

@@ -1,11 +1,11 @@
-"""`python -m rmsnorm_suite.worker SPEC.json`: one pr-verdict round of one commit, in its own process.
+"""`python -m rmsnorm_suite.worker SPEC.json|-`: one pr-verdict round of one commit, in its own process.
 
-pr-verdict (:mod:`rmsnorm_suite.prverdict`) starts it with two folders first on the path: the
-trusted suite (the checkout that runs pr-verdict) and the commit's op modules alone, so that
-``rmsnorm_suite`` (harness, oracle) is the trusted one and ``rmsnorm_kernel`` the commit's. The
-worker checks where both packages came from, times the ``kernel`` provider with the trusted
-harness (:func:`rmsnorm_suite.bench.run_benchmarks`, one block) and writes the results file the
-spec names. Nothing else of the commit is imported.
+pr-verdict (:mod:`rmsnorm_suite.prverdict`) starts it in a sandbox (:mod:`rmsnorm_suite.sandbox`)
+with two read-only folders first on the path: the trusted suite and the commit's op alone. Before
+the op is imported the worker binds the judge's clocks (:mod:`rmsnorm_suite.guard`); after the
+import and after the round it checks that none was replaced (exit 3 if one was), and it times the
+judge's calibration copy before each case and at the end. The results go to the file descriptor
+the spec names (``result_fd``: a pipe the parent reads and validates) or to ``out``.
 
 ``"timing": "host"`` in the spec is a stand-in for machines without CUDA (the CPU tests of
 pr-verdict): the commit's ``rms_norm`` is called on small CPU tensors and timed with the host
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rmsnorm_suite import bench, numerics, results
+from rmsnorm_suite import bench, guard, numerics, results
 
 TIMINGS = ("cuda", "host")
 HOST_SHAPE = (4, 64)  # rows, columns (at most the case's) of the host stand-in's CPU inputs
@@ -40,13 +40,15 @@ def check_origin(module: str, expected_under: str | None) -> str | None:
     return None
 
 
-def host_stand_in(spec: dict[str, Any]) -> results.Run:
+def host_stand_in(spec: dict[str, Any], before_case=None) -> results.Run:
     """The results of one round, timed on the CPU with the host clock (no CUDA needed)."""
     import torch
 
     fn = bench.get_provider("kernel").build(spec.get("eps", 1e-6))
     rows = []
     for case in map(bench.case_from_json, spec["cases"]):
+        if before_case is not None:
+            before_case()
         m, n = min(case.m, HOST_SHAPE[0]), min(case.n, HOST_SHAPE[1])
         x, w, dy = numerics.make_inputs(m, n, torch.float32)
         oracle = numerics.oracle(x, w, dy, spec.get("eps", 1e-6))
@@ -88,9 +90,9 @@ def host_stand_in(spec: dict[str, Any]) -> results.Run:
     )
 
 
-def run_round(spec: dict[str, Any]) -> results.Run:
+def run_round(spec: dict[str, Any], before_case=None) -> results.Run:
     if spec.get("timing", "cuda") == "host":
-        return host_stand_in(spec)
+        return host_stand_in(spec, before_case)
     return bench.run_benchmarks(
         [bench.case_from_json(c) for c in spec["cases"]],
         spec.get("providers", ["kernel"]),
@@ -104,16 +106,30 @@ def run_round(spec: dict[str, Any]) -> results.Run:
         git=results.Git(spec.get("commit"), False),
         device_time=spec.get("device_time", True),
         same_bytes_copy=False,  # the gate compares the kernel's rows only
+        before_case=before_case,
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rmsnorm_suite.worker")
-    parser.add_argument("spec", metavar="SPEC.json")
+    parser.add_argument("spec", metavar="SPEC.json", help="the round's spec, or - for standard input")
     args = parser.parse_args(argv)
-    spec = json.loads(Path(args.spec).read_text(encoding="utf-8"))
-    if spec.get("timing", "cuda") not in TIMINGS:
+    text = sys.stdin.read() if args.spec == "-" else Path(args.spec).read_text(encoding="utf-8")
+    spec = json.loads(text)
+    timing = spec.get("timing", "cuda")
+    if timing not in TIMINGS:
         print(f"spec: timing must be one of {list(TIMINGS)}, got {spec.get('timing')!r}", file=sys.stderr)
+        return 2
+    out, fd = spec.get("out"), spec.get("result_fd")
+    if fd is None and Path(out or "").suffix != ".json":
+        print(f"spec: out must name a .json file, or result_fd a descriptor; got {out!r}", file=sys.stderr)
+        return 2
+    # The judge's clocks, bound before any code of the commit runs.
+    held = guard.Guard()
+    try:
+        calibration = guard.Calibration(timing)
+    except Exception as exc:
+        print(f"calibration: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     # The suite must be the trusted one and the op the commit's, not an installed copy of either.
     for module, key in (("rmsnorm_suite", "expect_suite_under"), ("rmsnorm_kernel", "expect_op_under")):
@@ -124,18 +140,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         if problem:
             print(problem, file=sys.stderr)
             return 2
-    out = Path(spec.get("out", ""))
-    if out.suffix != ".json":
-        print(f"spec: out must name a .json file, got {spec.get('out')!r}", file=sys.stderr)
-        return 2
+    if replaced := held.replaced():
+        print(f"the clock was replaced when the op was imported: {', '.join(replaced[:8])}", file=sys.stderr)
+        return 3
+    calibrations = [calibration.measure()]
     try:
-        result = run_round(spec)
+        result = run_round(spec, before_case=lambda: calibrations.append(calibration.measure()))
     except bench.BenchUnavailable as exc:
         print(exc, file=sys.stderr)
         return 2
-    results.write(
-        dataclasses.replace(result, label=spec.get("label"), round=spec.get("round")), out.parent, out.stem
-    )
+    calibrations.append(calibration.measure())
+    if replaced := held.replaced():
+        print(f"the clock was replaced during the round: {', '.join(replaced[:8])}", file=sys.stderr)
+        return 3
+    settings = {**result.settings, "calibration_ms": calibrations}
+    result = dataclasses.replace(result, label=spec.get("label"), round=spec.get("round"), settings=settings)
+    if fd is None:
+        results.write(result, Path(out).parent, Path(out).stem)
+        return 0
+    with open(int(fd), "w", encoding="utf-8", closefd=True) as pipe:
+        pipe.write(json.dumps(result.to_json()))
     return 0
 
 

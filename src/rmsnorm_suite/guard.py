@@ -1,0 +1,194 @@
+"""The judge's clock inside a worker: bound before a commit's op is imported, checked after.
+
+:class:`Guard` records the clocks (host and CUDA events, graph replay) and every function, class
+and constant of the trusted harness modules, and names what a commit's code replaced.
+:class:`Calibration` times a copy of the judge's own, of known size, with the clocks as bound;
+the worker runs it before each case and at the end of a round, and :func:`judge_clock` holds the
+head's calibrations to the base's (regression.toml, [clock]). Either finding makes the verdict
+`error`. docs/ci.md (threat model) says what this cannot see.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+import statistics
+import types
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+# (module, attribute path) of the clocks and what they time with
+CLOCKS = (
+    ("time", "perf_counter"), ("time", "perf_counter_ns"), ("time", "monotonic"),
+    ("time", "monotonic_ns"), ("time", "time"), ("time", "time_ns"),
+    ("torch.cuda", "synchronize"), ("torch.cuda", "_sleep"), ("torch.cuda", "current_stream"),
+    ("torch.cuda", "Event"), ("torch.cuda", "CUDAGraph"), ("torch.cuda", "graph"), ("torch.cuda", "Stream"),
+    ("torch", "Tensor.copy_"),
+)  # fmt: skip
+# classes whose whole namespace is held (methods replaced on the class, or on its C base)
+CLOCK_CLASSES = (
+    ("torch.cuda", "Event"), ("torch.cuda", "CUDAGraph"), ("torch.cuda", "Stream"),
+    ("torch._C", "_CudaEventBase"), ("torch._C", "_CudaStreamBase"),
+)  # fmt: skip
+# the trusted harness: every function, class (with its methods) and constant of these modules
+TRUSTED = ("rmsnorm_suite.bench", "rmsnorm_suite.results", "rmsnorm_suite.numerics",
+           "rmsnorm_suite.worker", "rmsnorm_suite.guard", "json")  # fmt: skip
+CALIBRATION_ELEMENTS = {
+    "cuda": 2**26,
+    "host": 2**20,
+}  # 128 MiB of bf16 on the GPU (over the L2); 4 MiB of fp32
+CALIBRATION_SAMPLES = 15
+
+
+def _resolve(module: str, path: str) -> Any:
+    obj: Any = importlib.import_module(module)
+    for part in path.split("."):
+        obj = inspect.getattr_static(obj, part)
+    return obj
+
+
+def _fingerprint(value: Any) -> tuple:
+    """What must stay the same: the object, and for a Python function its code and defaults
+    (swapping ``__code__`` keeps the function's identity)."""
+    if isinstance(value, (classmethod, staticmethod)):
+        value = value.__func__
+    if isinstance(value, types.FunctionType):
+        return (id(value), id(value.__code__), value.__defaults__, value.__kwdefaults__)
+    if isinstance(value, (int, float, str, bytes, tuple, frozenset, bool, type(None))):
+        return (type(value), value)
+    return (id(value),)
+
+
+def _held(value: Any, module: str) -> bool:
+    if isinstance(value, (types.FunctionType, classmethod, staticmethod)):
+        return True
+    if isinstance(value, type):
+        return value.__module__ == module
+    return isinstance(value, (int, float, str, bytes, tuple, frozenset))
+
+
+class Guard:
+    """Snapshot at construction; :meth:`replaced` names whatever changed since."""
+
+    def __init__(self) -> None:
+        self.snapshot = self._take()
+        self.objects = {name: value for name, (value, _) in self.snapshot.items()}  # keeps ids alive
+
+    @staticmethod
+    def _take() -> dict[str, tuple[Any, tuple]]:
+        found: dict[str, tuple[Any, tuple]] = {}
+
+        def hold(name: str, value: Any) -> None:
+            found[name] = (value, _fingerprint(value))
+
+        for module, path in CLOCKS:
+            try:
+                hold(f"{module}.{path}", _resolve(module, path))
+            except (ImportError, AttributeError):
+                continue
+        for module, path in CLOCK_CLASSES:
+            try:
+                cls = _resolve(module, path)
+            except (ImportError, AttributeError):
+                continue
+            for key, value in vars(cls).items():
+                if not key.startswith("__") or key in ("__init__", "__new__", "__call__"):
+                    hold(f"{module}.{path}.{key}", value)
+        for module in TRUSTED:
+            mod = importlib.import_module(module)
+            for key, value in vars(mod).items():
+                if key.startswith("__") or not _held(value, module):
+                    continue
+                hold(f"{module}.{key}", value)
+                if isinstance(value, type):
+                    for attr, member in vars(value).items():
+                        if not attr.startswith("__") or attr in ("__init__", "__post_init__"):
+                            hold(f"{module}.{key}.{attr}", member)
+        return found
+
+    def replaced(self) -> list[str]:
+        """The names whose object (or code) is not the one bound at construction."""
+        now = self._take()
+        changed = [
+            name for name, (_, mark) in self.snapshot.items() if now.get(name, (None, None))[1] != mark
+        ]
+        return sorted(changed)
+
+
+class Calibration:
+    """A copy of known size, timed with the clocks bound at construction (before the op runs):
+    CUDA events on the GPU, the host clock in the CPU stand-in. :meth:`measure`: median ms."""
+
+    def __init__(self, timing: str) -> None:
+        import time
+
+        import torch
+
+        self.timing = timing
+        self.perf_counter = time.perf_counter
+        self.torch = torch
+        if timing == "cuda":
+            self.event = torch.cuda.Event
+            self.record, self.elapsed = torch.cuda.Event.record, torch.cuda.Event.elapsed_time
+            self.synchronize = torch.cuda.synchronize
+            self.src = torch.rand(CALIBRATION_ELEMENTS["cuda"], device="cuda", dtype=torch.bfloat16)
+        else:
+            self.src = torch.rand(CALIBRATION_ELEMENTS["host"], dtype=torch.float32)
+        self.dst = torch.empty_like(self.src)
+        self.copy = torch.Tensor.copy_
+
+    def measure(self) -> float:
+        times = []
+        for _ in range(CALIBRATION_SAMPLES):
+            if self.timing == "cuda":
+                start, end = self.event(enable_timing=True), self.event(enable_timing=True)
+                self.record(start)
+                self.copy(self.dst, self.src)
+                self.record(end)
+                self.synchronize()
+                times.append(self.elapsed(start, end))
+            else:
+                t0 = self.perf_counter()
+                self.copy(self.dst, self.src)
+                times.append((self.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+
+
+def read_calibration(settings: Mapping[str, Any]) -> list[float]:
+    """A round's calibration medians from its settings; ValueError when missing or malformed."""
+    values = settings.get("calibration_ms")
+    if not isinstance(values, list) or len(values) < 2:
+        raise ValueError("no calibration: a round must time the judge's copy at least twice")
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
+            raise ValueError(f"calibration_ms holds {v!r}, not a positive time")
+    return [float(v) for v in values]
+
+
+def judge_clock(
+    base: Mapping[int, Sequence[float]],
+    head: Mapping[int, Sequence[float]],
+    tolerance: float,
+    checkpoint: float,
+) -> tuple[str, float | None, str]:
+    """(verdict, ratio, note): ``ratio`` the median over rounds of head/base calibration medians.
+    `error` when it is off 1 by more than ``tolerance``, or when any calibration of either side
+    is off its own round's median by more than ``checkpoint``, or when no round pairs."""
+    pairs = sorted(set(base) & set(head))
+    if not pairs:
+        return "error", None, "the clock cannot be checked: no round of both sides has a calibration"
+    ratios = [statistics.median(head[k]) / statistics.median(base[k]) for k in pairs]
+    ratio = statistics.median(ratios)
+    worst = max(
+        (abs(v / statistics.median(side[k]) - 1.0), name, k)
+        for name, side in (("base", base), ("head", head))
+        for k in side
+        for v in side[k]
+    )
+    note = f"calibration head/base {ratio:.3f} over {len(pairs)} rounds; widest checkpoint {worst[0]:.1%} ({worst[1]})"
+    if abs(ratio - 1.0) > tolerance:
+        return "error", ratio, f"the clock disagrees: {note}, beyond {tolerance:.0%}"
+    if worst[0] > checkpoint:
+        return "error", ratio, f"the clock disagrees within a round: {note}, beyond {checkpoint:.0%}"
+    return "pass", ratio, note

@@ -1,0 +1,80 @@
+"""The hostile-head catalogue: attacks a pull request's op can make on the judge, each as text
+appended to the module that defines the op's public ``rms_norm`` (of a head that is also slow).
+tests/test_hostile_heads.py runs them on CPU; tools/gate_rehearsal.py catalogue on a GPU.
+``{verdict}``: the verdict file the judge will write; ``{marker}``: a file a surviving process
+would write; ``{token}``: a word in the command line of every process an attack starts."""
+
+# A daemon outside the worker's process group: for a minute it rewrites the base's staged op
+# (slow), the trusted suite's gate and the verdict file, and leaves a marker.
+_WRITER = (
+    "import glob, pathlib, time\n"
+    "for _ in range(600):\n"
+    "    for p in glob.glob('/tmp/rmsnorm-pr-verdict-*/path/base/rmsnorm_kernel/__init__.py'):\n"
+    "        pathlib.Path(p).write_text('import time\\\\ntime.sleep(600)\\\\n')\n"
+    "    for p in glob.glob('/judge/suite/rmsnorm_suite/gate.py') + glob.glob('{verdict}'):\n"
+    "        pathlib.Path(p).write_text('forged')\n"
+    "    pathlib.Path('{marker}').write_text('alive')\n"
+    "    time.sleep(0.1)\n"
+)
+# Loads the machine for a minute: the GPU where there is one, else a core.
+_SPINNER = (
+    "import time\nend = time.time() + 60\n"
+    "try:\n    import torch\n    assert torch.cuda.is_available()\n"
+    "    while time.time() < end:\n        torch.cuda._sleep(10**7)\n        torch.cuda.synchronize()\n"
+    "except Exception:\n    while time.time() < end:\n        pass\n"
+)
+
+ATTACKS = {
+    # the clocks scaled at import (the head that got PASS before the sandbox)
+    "clock-at-import": (
+        "import time as _t\n_real = _t.perf_counter\n_t.perf_counter = lambda: _real() * 0.45\n"
+        "import torch as _torch\n_elapsed = _torch.cuda.Event.elapsed_time\n"
+        "_torch.cuda.Event.elapsed_time = lambda self, end: _elapsed(self, end) * 0.45\n"
+    ),
+    # the clocks scaled from a thread, once the first timed call has run
+    "clock-from-a-thread": (
+        "import threading, time as _t\n_real, _first = _t.perf_counter, threading.Event()\n"
+        "def _patch():\n    _first.wait()\n    _t.perf_counter = lambda: _real() * 0.45\n"
+        "    import torch\n    _e = torch.cuda.Event.elapsed_time\n"
+        "    torch.cuda.Event.elapsed_time = lambda self, end: _e(self, end) * 0.45\n"
+        "threading.Thread(target=_patch, daemon=True).start()\n"
+        "_slow = rms_norm\n"
+        "def rms_norm(*a, **k):\n    _first.set()\n    return _slow(*a, **k)\n"
+    ),
+    # the trusted harness's functions keep their identity; their code is swapped
+    "harness-code-swapped": (
+        "import rmsnorm_suite.bench as _b\ndef _fast(values):\n    return 1e-6\n"
+        "_b.median.__code__ = _fast.__code__\n"
+    ),
+    "left-behind-writer": (
+        "import os as _os, subprocess as _sp, sys as _sys\n"
+        f"_code = {_WRITER!r}\n"
+        "if not _os.environ.get('RMSNORM_WRITER'):\n"
+        "    _os.environ['RMSNORM_WRITER'] = '1'\n"
+        "    _sp.Popen([_sys.executable, '-c', _code.format(verdict='{verdict}', marker='{marker}'), '{token}'],\n"
+        "              start_new_session=True, stdout=_sp.DEVNULL, stderr=_sp.DEVNULL)\n"
+    ),
+    # left behind to load the GPU while the base's rounds run
+    "spins-during-the-base": (
+        "import subprocess as _sp, sys as _sys\n"
+        f"_code = {_SPINNER!r}\n"
+        "for _ in range(2):\n"
+        "    _sp.Popen([_sys.executable, '-c', _code, '{token}'], start_new_session=True)\n"
+    ),
+}
+# Attacks in the tree rather than in the op's code.
+LINKED_PACKAGE = "symlinked-package"  # src/rmsnorm_kernel a link to a folder elsewhere
+LINKED_MODULE = "symlinked-module"  # one module of the op a link out of the repository
+HEAD_CONFTEST = "head-conftest"  # a tests/conftest.py that turns failed GPU tests into success
+CONFTEST = (
+    "import pathlib\npathlib.Path('{marker}').write_text('head conftest ran')\n"
+    "def pytest_sessionfinish(session, exitstatus):\n    session.exitstatus = 0\n"
+)
+FAILING_GPU_TEST = (
+    "import pytest\n@pytest.mark.gpu\ndef test_head_is_slow():\n    assert False, 'head is slow'\n"
+)
+
+
+def attack(name: str, verdict: str, marker: str, token: str) -> str:
+    """The text of an op-code attack, its paths filled in."""
+    return ATTACKS[name].replace("{verdict}", verdict).replace("{marker}", marker).replace("{token}", token)

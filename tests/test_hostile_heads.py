@@ -1,0 +1,230 @@
+"""The hostile-head catalogue on CPU: each attack is a fixture commit whose op is slow (each call
+sleeps, as a head that runs the op twice is slow) and which tries to hide that from the judge.
+pr-verdict runs it end to end (sandboxed workers, the host-clock stand-in) and every head must
+end REGRESSION or error, never pass. The GPU run of the same catalogue: tools/hostile_heads.py,
+its figures in docs/gate.md."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from rmsnorm_suite import cli, prverdict, sandbox
+from tests import hostile_catalogue as catalogue
+
+OPS = """import time
+COST_S = {cost}
+def rms_norm(x, weight=None, eps=1e-6):
+    if COST_S:
+        time.sleep(COST_S)
+    y = x * (x.pow(2).mean(-1, keepdim=True) + eps).rsqrt()
+    return y * weight if weight is not None else y
+"""
+SLOW_S = 0.003
+TRUSTED_CONFTEST = "import pytest\n"
+TRUSTED_PYPROJECT = '[tool.pytest.ini_options]\nmarkers = ["gpu: needs CUDA"]\n'
+LOOSE = (
+    "[gate]\nmin_samples = 2\n[clock]\ntolerance = 0.5\ncheckpoint = 50.0\n"
+    "[latency.large.forward]\nfactor = 1.05\nalpha = 0.01\n"
+    "[numerics.bfloat16]\ngrowth = 1.05\nceiling = {{y = 0.01}}\n"
+)
+ARGS = ["--shapes", "32768x4096-bfloat16", "--modes", "forward", "--rounds", "3", "--samples", "8"]
+
+pytestmark = pytest.mark.skipif(bool(sandbox.check()), reason=f"no sandbox here: {sandbox.check()}")
+
+
+def git(repo: Path, *args: str) -> str:
+    done = subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args],
+        cwd=repo, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return done.stdout.strip()
+
+
+def commit(repo: Path, files: dict[str, str], message: str, links: dict[str, str] | None = None) -> str:
+    for name, text in files.items():
+        path = repo / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    for name, target in (links or {}).items():
+        path = repo / name
+        if path.is_dir() and not path.is_symlink():
+            subprocess.run(["rm", "-rf", str(path)], check=True)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.symlink_to(target)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", message)
+    return git(repo, "rev-parse", "HEAD")
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A repository with a fast base and one slow, hostile head per attack; the paths the
+    attacks aim at (markers a surviving process would write, the verdict folder)."""
+    root = tmp_path_factory.mktemp("hostile")
+    repo, out, markers = root / "repo", root / "out", root / "markers"
+    repo.mkdir()
+    markers.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    op = "src/rmsnorm_kernel/"
+    base_files = {op + "__init__.py": "from rmsnorm_kernel.ops import rms_norm\n",
+                  op + "ops.py": OPS.format(cost=0.0), "src/rmsnorm_suite/__init__.py": ""}  # fmt: skip
+    base = commit(repo, base_files, "fast op")
+    heads: dict[str, str] = {}
+    for name in catalogue.ATTACKS:
+        git(repo, "checkout", "-q", "-B", name, base)
+        code = catalogue.attack(
+            name, str(out / name / "verdict.json"), str(markers / name), f"rmsnorm-hostile-{root.name}"
+        )
+        heads[name] = commit(repo, {op + "ops.py": OPS.format(cost=SLOW_S) + code}, name)
+    git(repo, "checkout", "-q", "-B", "symlinked-package", base)
+    (repo / "elsewhere").mkdir()
+    heads["symlinked-package"] = commit(
+        repo, {"elsewhere/__init__.py": "", "elsewhere/ops.py": OPS.format(cost=SLOW_S)}, "link",
+        links={"src/rmsnorm_kernel": "../elsewhere"},
+    )  # fmt: skip
+    git(repo, "checkout", "-q", "-B", "symlinked-module", base)
+    heads["symlinked-module"] = commit(repo, {}, "link", links={op + "ops.py": "/etc/hostname"})
+    git(repo, "checkout", "-q", "-B", "head-conftest", base)
+    heads["head-conftest"] = commit(
+        repo,
+        {op + "ops.py": OPS.format(cost=SLOW_S), "tests/__init__.py": "", "tests/test_gpu.py": catalogue.FAILING_GPU_TEST,
+         "tests/conftest.py": catalogue.CONFTEST.format(marker=markers / "head-conftest")},
+        "a conftest that reports success",
+    )  # fmt: skip
+    git(repo, "checkout", "-q", "main")
+    trusted = root / "trusted"
+    (trusted / "tests").mkdir(parents=True)
+    (trusted / "tests" / "conftest.py").write_text(TRUSTED_CONFTEST)
+    (trusted / "pyproject.toml").write_text(TRUSTED_PYPROJECT)
+    (root / "loose.toml").write_text(LOOSE.format())
+    return {"repo": repo, "base": base, "heads": heads, "out": out, "markers": markers, "root": root,
+            "trusted": trusted, "token": f"rmsnorm-hostile-{root.name}"}  # fmt: skip
+
+
+def run_verdict(world, name: str, monkeypatch, gpu_tests: bool = False) -> dict:
+    monkeypatch.setattr(prverdict, "WORKER_TIMING", "host")
+    monkeypatch.setattr(prverdict, "trusted_root", lambda: world["trusted"])
+    out = world["out"] / name
+    argv = ["pr-verdict", "--repo", str(world["repo"]), "--base", world["base"], "--head", world["heads"][name],
+            "--out", str(out), "--thresholds", str(world["root"] / "loose.toml"), *ARGS]  # fmt: skip
+    code = cli.main(argv + ([] if gpu_tests else ["--skip-gpu-tests"]))
+    data = json.loads((out / "verdict.json").read_text())
+    assert code == {"regression": 1, "error": 2}.get(data["status"], 0)
+    return data
+
+
+def survivors(token: str) -> list[str]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and token.encode() in (proc / "cmdline").read_bytes():
+                found.append(proc.name)
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize(
+    "name, status, why",
+    [
+        ("clock-at-import", "error", "the clock was replaced when the op was imported: time.perf_counter"),
+        ("clock-from-a-thread", "error", "the clock was replaced during the round: time.perf_counter"),
+        ("harness-code-swapped", "error", "rmsnorm_suite.bench.median"),
+        ("left-behind-writer", "regression", ""),
+        # its spinners load its own rounds until each ends: its own calibration may disagree
+        ("spins-during-the-base", "regression error", ""),
+        ("symlinked-package", "error", "src/rmsnorm_kernel (a link)"),
+        ("symlinked-module", "error", "src/rmsnorm_kernel/ops.py (a link)"),
+    ],
+)
+def test_hostile_head_never_passes(world, monkeypatch, name, status, why):
+    data = run_verdict(world, name, monkeypatch)
+    assert data["status"] in status.split(), data["summary"]
+    assert why in json.dumps(data), data["summary"]
+    time.sleep(0.5)  # a surviving writer would have written by now
+    assert not (world["markers"] / name).exists(), "a process of the head outlived its sandbox"
+    assert survivors(world["token"]) == []
+    assert "forged" not in (world["out"] / name / "verdict.json").read_text()
+
+
+def test_head_conftest_never_runs(world, monkeypatch):
+    """Head's GPU tests run with the trusted conftest: head's own, which would turn a failure
+    into success and leave a marker, is left out, and the verdict says so."""
+    data = run_verdict(world, "head-conftest", monkeypatch, gpu_tests=True)
+    assert data["status"] == "regression", data["summary"]
+    row = next(r for r in data["rows"] if r["check"] == "gpu tests (head)")
+    assert row["verdict"] == "regression" and "exit 1" in row["note"], row
+    assert "head's tests/conftest.py not used" in row["note"] and "2 test files of head" in row["note"]
+    assert not (world["markers"] / "head-conftest").exists()
+
+
+def test_an_honest_head_passes_with_its_clock_checked(world, monkeypatch):
+    """The same commit on both sides: PASS, with a clock row that held head's calibration to base's."""
+    world["heads"]["same"] = world["base"]
+    data = run_verdict(world, "same", monkeypatch)
+    assert data["status"] == "pass", data["summary"]
+    clock = next(r for r in data["rows"] if r["check"] == "clock")
+    assert clock["verdict"] == "pass" and "over 3 rounds" in clock["note"]
+
+
+def test_sandbox_hides_the_judge(tmp_path):
+    """Inside: no network, nothing of the judge's files but what is handed read-only, a user that
+    cannot write them, no inherited secrets; outside: nothing it started survives."""
+    handed = tmp_path / "handed"
+    handed.mkdir()
+    (handed / "f.txt").write_text("handed")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the judge's")
+    box = sandbox.Sandbox(tmp_path / "root", {"/judge/h": handed}, tmp_path / "state")
+    box.root.mkdir()
+    code = (
+        "import os, socket, subprocess, sys, json\n"
+        "seen = {'uid': os.getuid(), 'pid': os.getpid(), 'env': sorted(os.environ)}\n"
+        f"seen['secret'] = os.path.exists({str(secret)!r})\n"
+        "seen['handed'] = open('/judge/h/f.txt').read()\n"
+        "def writes(p):\n    try:\n        open(p, 'w').write('x'); return True\n    except OSError:\n        return False\n"
+        "seen['writes'] = {p: writes(p) for p in ['/judge/h/f.txt', '/usr/x', '/state/x', '/tmp/x']}\n"
+        "try:\n    socket.create_connection(('127.0.0.1', 22), timeout=1); seen['net'] = True\n"
+        "except OSError:\n    seen['net'] = False\n"
+        "subprocess.Popen(['sleep', '300', 'rmsnorm-sandbox-survivor'], start_new_session=True)\n"
+        "print(json.dumps(seen))\n"
+    )
+    env = {**os.environ, "RMSNORM_SECRET_TOKEN": "x"}
+    done = subprocess.run(
+        sandbox.command(box, [os.sys.executable, "-I", "-c", code]), capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen["pid"] == 1 and seen["handed"] == "handed" and not seen["secret"] and not seen["net"]
+    assert seen["writes"] == {"/judge/h/f.txt": False, "/usr/x": False, "/state/x": True, "/tmp/x": True}
+    assert "RMSNORM_SECRET_TOKEN" not in seen["env"] and "GITHUB_TOKEN" not in seen["env"]
+    if os.geteuid() == 0:
+        assert seen["uid"] == sandbox.NOBODY
+    assert survivors("rmsnorm-sandbox-survivor") == []
+
+
+def test_the_writer_attack_works_outside_a_sandbox(tmp_path):
+    """The catalogue's left-behind writer, run as plain code: it does outlive its process and
+    write, so the sandboxed runs above show the sandbox stopping it, not a dud attack."""
+    token = f"rmsnorm-unsandboxed-{tmp_path.name}"
+    marker = tmp_path / "marker"
+    code = "def rms_norm(x):\n    return x\n" + catalogue.attack("left-behind-writer", "", str(marker), token)
+    env = {k: v for k, v in os.environ.items() if k != "RMSNORM_WRITER"}
+    subprocess.run([os.sys.executable, "-c", code], check=True, env=env, timeout=60)
+    try:
+        for _ in range(100):
+            if marker.exists():
+                break
+            time.sleep(0.1)
+        assert marker.read_text() == "alive" and survivors(token)
+    finally:
+        for pid in survivors(token):
+            os.kill(int(pid), 9)
