@@ -4,6 +4,7 @@
     PYTHONPATH=src python tools/gate_rehearsal.py aa         # A/A runs (head = base) must pass
     PYTHONPATH=src python tools/gate_rehearsal.py ab         # a ~5% slower forward must be flagged
     PYTHONPATH=src python tools/gate_rehearsal.py host --shapes small   # losing the C++ host path
+    PYTHONPATH=src python tools/gate_rehearsal.py catalogue  # every hostile head: REGRESSION or error
 
 Both build their commits in a temporary git repository from this tree's ``src`` (base: the tree as
 it is), so the checkout's own history is not touched, and run ``rmsnorm-kernel pr-verdict`` from
@@ -14,7 +15,8 @@ hostile: head slows the op (an extra fp32 pass over x before every call) and rew
 (every verdict a pass), the thresholds (factors of 1000) and the harness (constant timings).
 aa: ``--aa-runs`` A/A runs. ab: one A/B run whose head adds a forward over 1/``--extra-rows`` of
 the rows to every call (about 5% more forward bytes, plus a launch); every large device forward
-row must be flagged. host: head never builds the compiled host path (the Python host path serves
+row must be flagged. catalogue: the heads of tests/hostile_catalogue.py, each slowed as hostile's is;
+each must end REGRESSION or error, leave no process behind and no marker written. host: head never builds the compiled host path (the Python host path serves
 every call, same kernels); every host-time forward row of ``--shapes`` must be flagged, and no
 device row (the GPU work is the same). Each run prints its wall time and every latency row's ratio
 and interval.
@@ -104,7 +106,7 @@ def commit_on(repo: Path, base: str, edits: dict[str, str], message: str) -> str
     return git(repo, "rev-parse", "HEAD")
 
 
-def pr_verdict(args, repo: Path, base: str, head: str, name: str) -> dict:
+def pr_verdict(args, repo: Path, base: str, head: str, name: str, gpu_tests: bool = False) -> dict:
     out = OUT / name
     shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, "-m", "rmsnorm_suite", "pr-verdict", "--repo", str(repo), "--base", base]
@@ -116,7 +118,7 @@ def pr_verdict(args, repo: Path, base: str, head: str, name: str) -> dict:
         str(args.rounds),
         "--samples",
         str(args.samples),
-        "--skip-gpu-tests",
+        *([] if gpu_tests else ["--skip-gpu-tests"]),
     ]
     done = subprocess.run([*cmd, "--head", head, "--out", str(out), *run], cwd=ROOT)
     data = json.loads((out / "verdict.json").read_text()) if (out / "verdict.json").is_file() else {}
@@ -203,7 +205,83 @@ def host(args, repo: Path, base: str) -> list[str]:
     return problems
 
 
-REHEARSALS = {"hostile": hostile, "aa": aa, "ab": ab, "host": host}
+def catalogue(args, repo: Path, base: str) -> list[str]:
+    sys.path.insert(0, str(ROOT))
+    from tests import hostile_catalogue as cat
+
+    token, problems = f"rmsnorm-hostile-{time.time_ns()}", []
+    heads: dict[str, tuple[str, bool]] = {}
+    init = "src/rmsnorm_kernel/__init__.py"
+    for name in cat.ATTACKS:
+        code = cat.attack(name, str(OUT / name / "verdict.json"), str(OUT / f"{name}.marker"), token)
+        heads[name] = (commit_on(repo, base, {init: HOSTILE_OP + code}, name), False)
+    git(repo, "checkout", "-q", "--detach", base)
+    (repo / "src/rmsnorm_kernel/ops.py").unlink()
+    (repo / "src/rmsnorm_kernel/ops.py").symlink_to("/etc/hostname")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", cat.LINKED_MODULE)
+    heads[cat.LINKED_MODULE] = (git(repo, "rev-parse", "HEAD"), False)
+    git(repo, "checkout", "-q", "--detach", base)
+    shutil.move(repo / "src/rmsnorm_kernel", repo / "elsewhere")
+    (repo / "src/rmsnorm_kernel").symlink_to("../elsewhere")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", cat.LINKED_PACKAGE)
+    heads[cat.LINKED_PACKAGE] = (git(repo, "rev-parse", "HEAD"), False)
+    marker = OUT / f"{cat.HEAD_CONFTEST}.marker"
+    conftest = {"=tests/__init__.py": "", "=tests/test_head.py": cat.FAILING_GPU_TEST,
+                "=tests/conftest.py": cat.CONFTEST.format(marker=marker), init: HOSTILE_OP}  # fmt: skip
+    git(repo, "checkout", "-q", "--detach", base)
+    (repo / "tests").mkdir(exist_ok=True)
+    for name in conftest:
+        (repo / name.removeprefix("=")).touch()
+    git(repo, "add", "-A")
+    heads[cat.HEAD_CONFTEST] = (commit_on(repo, git(repo, "commit", "-q", "-m", "t") or git(repo, "rev-parse", "HEAD"),
+                                          conftest, cat.HEAD_CONFTEST), True)  # fmt: skip
+    for name, (head, gpu_tests) in heads.items():
+        data = pr_verdict(args, repo, base, head, name, gpu_tests=gpu_tests)
+        time.sleep(1)
+        left = subprocess.run(["pgrep", "-f", token], capture_output=True, text=True).stdout.split()
+        if data.get("status") not in ("regression", "error"):
+            problems.append(f"{name}: {data.get('summary')}")
+        if left or (OUT / f"{name}.marker").exists():
+            problems.append(f"{name}: a process of the head outlived its sandbox: {left}")
+        if "forged" in (
+            (OUT / name / "verdict.json").read_text() if (OUT / name / "verdict.json").is_file() else ""
+        ):
+            problems.append(f"{name}: the verdict file was rewritten")
+    return problems
+
+
+def overhead(args, repo: Path, base: str) -> list[str]:
+    """Seconds a sandbox adds to a process that starts CUDA: the same command plain and
+    sandboxed, alternated, ``--aa-runs`` times each; prints the medians."""
+    from rmsnorm_suite import sandbox
+
+    code = "import torch; torch.zeros(1, device='cuda').sum().item()"
+    times: dict[str, list[float]] = {"plain": [], "sandboxed": []}
+    with tempfile.TemporaryDirectory(prefix="rmsnorm-overhead-") as tmp:
+        box = sandbox.Sandbox(Path(tmp, "root"), {}, Path(tmp, "state"))
+        box.root.mkdir()
+        for _ in range(args.aa_runs):
+            for kind, cmd in (("plain", [sys.executable, "-I", "-c", code]),
+                              ("sandboxed", sandbox.command(box, [sys.executable, "-I", "-c", code]))):  # fmt: skip
+                t0 = time.perf_counter()
+                subprocess.run(cmd, check=True)
+                times[kind].append(time.perf_counter() - t0)
+    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    print(f"== overhead: plain {med['plain']:.3f} s, sandboxed {med['sandboxed']:.3f} s per process "
+          f"(medians of {args.aa_runs}); {times}")  # fmt: skip
+    return []
+
+
+REHEARSALS = {
+    "hostile": hostile,
+    "aa": aa,
+    "ab": ab,
+    "host": host,
+    "catalogue": catalogue,
+    "overhead": overhead,
+}
 
 
 def main() -> int:

@@ -525,6 +525,15 @@ def _empty(path: Path) -> Path:
     return path
 
 
+def share_builds(base: Path, head: Path) -> None:
+    """Copies the base's compiled host path and Triton cache into head's state before head's first
+    round (the base builds first: ABBA). Head's op rebuilds whatever its sources change; nothing
+    of head ever reaches the base's state."""
+    for sub in ("torch-extensions", "triton"):
+        if (base / sub).is_dir() and not any((head / sub).glob("*")):
+            shutil.copytree(base / sub, head / sub, symlinks=True, dirs_exist_ok=True)
+
+
 def clock_row(runs: Mapping[str, Sequence[results.Run]], thresholds: gate.Thresholds) -> gate.Row:
     """The judge's calibration copy of head held to base's, round by round (regression.toml [clock])."""
     cal = {side: {run.round: guard.read_calibration(run.settings) for run in runs[side]} for side in SIDES}
@@ -580,6 +589,8 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
                 if run is not None:
                     runs[side].append(run)
                     results.write(run, rounds_dir, f"{side}-{k}")
+                    if side == "base" and not runs["head"]:
+                        share_builds(boxes["base"].state, boxes["head"].state)
                 else:
                     failures[side].append(f"round {k}: {problem}")
     finally:

@@ -28,7 +28,7 @@ DEVICES = ("null", "zero", "full", "random", "urandom")
 PASS_ENV = (
     "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "LD_LIBRARY_PATH",
     "CUDA_HOME", "CUDA_PATH", "TRITON_PTXAS_PATH", "TRITON_LIBCUDA_PATH", "CC", "CXX", "MAX_JOBS",
-    "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "LANG",
+    "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "LANG", "RMSNORM_KERNEL_HOST",
 )  # fmt: skip
 
 
@@ -118,11 +118,21 @@ def script(box: Sandbox, hidden: Sequence[Path] = ()) -> str:
     return "\n".join(lines)
 
 
-def environment(box: Sandbox) -> dict[str, str]:
+def search_path(hidden: Sequence[Path] = ()) -> str:
+    """PATH inside: the running Python's folder, then the judge's PATH entries that are bound."""
+    bound = [Path("/", name) for name in SYSTEM] + _outside_folders(hidden)
+    entries = [str(Path(sys.executable).parent)]
+    for entry in os.environ.get("PATH", "").split(os.pathsep):
+        if entry and entry not in entries and any(Path(entry).resolve().is_relative_to(b) for b in bound):
+            entries.append(entry)
+    return os.pathsep.join(entries + [p for p in ("/usr/bin", "/bin") if p not in entries])
+
+
+def environment(box: Sandbox, hidden: Sequence[Path] = ()) -> dict[str, str]:
     """The whole environment inside: the allow-list, the state folder's homes, ``box.env``."""
     env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
     env.update(
-        PATH=os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"]),
+        PATH=search_path(hidden),
         HOME=f"{STATE}/home",
         TMPDIR="/tmp",
         XDG_CACHE_HOME=f"{STATE}/cache",
@@ -148,7 +158,7 @@ def command(box: Sandbox, argv: Sequence[str], cwd: str = STATE, hidden: Sequenc
     drop = ["setpriv", "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all"]
     if root:
         drop += [f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
-    env = [f"{k}={v}" for k, v in environment(box).items()]
+    env = [f"{k}={v}" for k, v in environment(box, hidden).items()]
     inner = ["chroot", str(box.root), *drop, "env", "-i", "-C", cwd, *env, *argv]
     body = script(box, hidden) + "\nexec " + " ".join(shlex.quote(a) for a in inner)
     user = [] if root else ["--user", "--map-root-user"]
