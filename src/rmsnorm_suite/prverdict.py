@@ -446,7 +446,7 @@ def configure(parser: argparse.ArgumentParser, command: str) -> None:
     )  # fmt: skip
     parser.add_argument("--skip-gpu-tests", action="store_true", help="benchmarks and gate only")
     parser.add_argument(
-        "--keep-worktrees", action="store_true", help="leave the temporary worktrees in place"
+        "--keep-staged", action="store_true", help="leave the staged commits and sandbox states in place"
     )
 
 
@@ -514,7 +514,7 @@ def run(args: argparse.Namespace) -> int:
                    "repo": repo, "tmp": tmp}  # fmt: skip
         return _judge_pr(args, out, context, boxes, cases_, deadline)
     finally:
-        if args.keep_worktrees:
+        if args.keep_staged:
             print(f"staged commits kept under {tmp}", file=sys.stderr)
         else:
             shutil.rmtree(tmp, ignore_errors=True)
