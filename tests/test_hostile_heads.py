@@ -228,3 +228,51 @@ def test_the_writer_attack_works_outside_a_sandbox(tmp_path):
     finally:
         for pid in survivors(token):
             os.kill(int(pid), 9)
+
+
+USERNS_PROBE = """import json, os, subprocess, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import sandbox
+base = Path(sys.argv[2])
+box = sandbox.Sandbox(base / "root", {}, base / "state")
+box.root.mkdir()
+code = (
+    "import json, os, subprocess\\n"
+    "def writes(p):\\n    try:\\n        open(p, 'w').write('x'); return True\\n    except OSError:\\n        return False\\n"
+    "remount = subprocess.run(['mount', '-o', 'remount,bind,rw', '/usr'], capture_output=True).returncode\\n"
+    "print(json.dumps({'uid': os.getuid(), 'pid': os.getpid(), 'usr': writes('/usr/x'),"
+    " 'state': writes('/state/x'), 'remount': remount}))\\n"
+)
+done = subprocess.run(sandbox.command(box, [sys.executable, "-I", "-c", code]), capture_output=True, text=True)
+print(done.stdout if done.returncode == 0 else "FAILED " + done.stderr)
+"""
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not Path("/usr/bin/python3").is_file(), reason="needs root to become nobody"
+)
+def test_sandbox_for_a_judge_that_is_not_root(tmp_path):
+    """A judge that is not root gets a user namespace: the caller mapped to root inside, every
+    capability dropped, so the read-only binds stay read-only (remounting them fails)."""
+    import shutil
+    import tempfile
+
+    shared = Path(tempfile.mkdtemp(prefix="rmsnorm-userns-"))
+    try:
+        shared.chmod(0o777)
+        shutil.copy(Path(sandbox.__file__), shared / "sandbox.py")
+        (shared / "work").mkdir(mode=0o777)
+        (shared / "work").chmod(0o777)
+        as_nobody = ["setpriv", f"--reuid={sandbox.NOBODY}", f"--regid={sandbox.NOBODY}", "--clear-groups"]
+        done = subprocess.run(
+            [*as_nobody, "/usr/bin/python3", "-I", "-c", USERNS_PROBE, str(shared), str(shared / "work")],
+            capture_output=True, text=True, cwd=shared, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+        )  # fmt: skip
+        if "FAILED" in done.stdout and "unshare" in done.stdout:
+            pytest.skip(f"unprivileged user namespaces refused here: {done.stdout[-200:]}")
+        seen = json.loads(done.stdout)
+        assert (seen["uid"], seen["pid"], seen["usr"], seen["state"]) == (0, 1, False, True), seen
+        assert seen["remount"] != 0
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)

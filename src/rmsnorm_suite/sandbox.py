@@ -114,7 +114,7 @@ def script(box: Sandbox, hidden: Sequence[Path] = ()) -> str:
     if Path("/sys").is_dir():
         bind("/sys", "/sys")
     lines.append(f"mount -t proc proc {r}/proc")
-    lines.append(f"mount -o remount,ro {r}")
+    lines.append(f"mount -o remount,bind,ro {r}")
     return "\n".join(lines)
 
 
