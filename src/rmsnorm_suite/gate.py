@@ -164,6 +164,7 @@ class Thresholds:
     min_rounds: int = 3  # per-round medians per side; fewer cannot bound the ratio usefully
     clock_tolerance: float = 0.05  # [clock]: head/base calibration, median over rounds
     clock_checkpoint: float = 0.25  # [clock]: any calibration against its own round's median
+    telemetry_redo: int = 2  # [telemetry]: noisy rounds redone per verdict before it errs
 
 
 def _number(
@@ -192,7 +193,11 @@ def _only(where: str, table: dict[str, Any], allowed: Sequence[str]) -> None:
 def parse_thresholds(data: dict[str, Any], source: str = "<thresholds>") -> Thresholds:
     """Validate a parsed regression.toml; errors name the file and the key."""
     try:
-        _only("top level", data, ["gate", "clock", "latency", "device_latency", "host_latency", "numerics"])
+        _only(
+            "top level",
+            data,
+            ["gate", "clock", "telemetry", "latency", "device_latency", "host_latency", "numerics"],
+        )
         gate = _table("gate", data.get("gate", {}))
         _only("gate", gate, ["min_samples", "min_rounds"])
         min_samples = gate.get("min_samples", 20)
@@ -205,6 +210,11 @@ def parse_thresholds(data: dict[str, Any], source: str = "<thresholds>") -> Thre
         _only("clock", clock, ["tolerance", "checkpoint"])
         clock_tolerance = _number("clock.tolerance", clock.get("tolerance", 0.05), low=0.0, high=0.5)
         clock_checkpoint = _number("clock.checkpoint", clock.get("checkpoint", 0.25), low=0.0, high=100.0)
+        tele = _table("telemetry", data.get("telemetry", {}))
+        _only("telemetry", tele, ["redo"])
+        redo = tele.get("redo", 2)
+        if isinstance(redo, bool) or not isinstance(redo, int) or not 0 <= redo <= 12:
+            raise ValueError(f"telemetry.redo must be an integer in [0, 12], got {redo!r}")
         latency = _latency_rules("latency", data.get("latency"))
         device_latency = _latency_rules("device_latency", data.get("device_latency", {}))
         host_latency = _latency_rules("host_latency", data.get("host_latency", {}))
@@ -234,6 +244,7 @@ def parse_thresholds(data: dict[str, Any], source: str = "<thresholds>") -> Thre
         min_rounds=min_rounds,
         clock_tolerance=clock_tolerance,
         clock_checkpoint=clock_checkpoint,
+        telemetry_redo=redo,
     )
 
 

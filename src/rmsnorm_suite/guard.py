@@ -34,10 +34,9 @@ CLOCK_CLASSES = (
 # the trusted harness: every function, class (with its methods) and constant of these modules
 TRUSTED = ("rmsnorm_suite.bench", "rmsnorm_suite.results", "rmsnorm_suite.numerics",
            "rmsnorm_suite.worker", "rmsnorm_suite.guard", "json")  # fmt: skip
-CALIBRATION_ELEMENTS = {
-    "cuda": 2**26,
-    "host": 2**20,
-}  # 128 MiB of bf16 on the GPU (over the L2); 4 MiB of fp32
+# 128 MiB of bf16 on the GPU (over the L2); on the host 64 KiB of fp32, under torch's threshold for a
+# threaded copy (a threaded copy on a loaded machine times the scheduler more than the clock)
+CALIBRATION_ELEMENTS = {"cuda": 2**26, "host": 2**14}
 CALIBRATION_SAMPLES = 15
 
 
@@ -118,7 +117,7 @@ class Guard:
 
 class Calibration:
     """A copy of known size, timed with the clocks bound at construction (before the op runs):
-    CUDA events on the GPU, the host clock in the CPU stand-in. :meth:`measure`: median ms."""
+    CUDA events on the GPU, the host clock in the CPU stand-in."""
 
     def __init__(self, timing: str) -> None:
         import time
@@ -139,6 +138,9 @@ class Calibration:
         self.copy = torch.Tensor.copy_
 
     def measure(self) -> float:
+        """Median ms of CALIBRATION_SAMPLES copies after one untimed; the host stand-in takes the
+        minimum (a shared CPU descheduling the process is not what the check is about)."""
+        self.copy(self.dst, self.src)
         times = []
         for _ in range(CALIBRATION_SAMPLES):
             if self.timing == "cuda":
@@ -152,7 +154,7 @@ class Calibration:
                 t0 = self.perf_counter()
                 self.copy(self.dst, self.src)
                 times.append((self.perf_counter() - t0) * 1e3)
-        return statistics.median(times)
+        return statistics.median(times) if self.timing == "cuda" else min(times)
 
 
 def read_calibration(settings: Mapping[str, Any]) -> list[float]:

@@ -48,7 +48,7 @@ from typing import Any
 import scipy.stats  # noqa: F401  the gate's statistics, loaded before any commit's code runs
 
 import rmsnorm_suite
-from rmsnorm_suite import bench, cases, gate, guard, results, sandbox  # noqa: F401  cases: the gate orders its table by it
+from rmsnorm_suite import bench, cases, gate, guard, results, sandbox, telemetry  # noqa: F401  cases: the gate orders its table by it
 
 SIDES = ("base", "head")
 DEFAULT_ROUNDS = 6
@@ -327,10 +327,12 @@ def sandboxed(
     stdin: Callable[[int], str],
     timeout: float,
     hidden: Sequence[Path] = (),
+    watch: telemetry.Sampler | None = None,
 ) -> tuple[int | None, str, str, str]:
     """Run ``argv`` in ``box``, its standard input ``stdin(fd)`` where ``fd`` is the write end of
     a result pipe open inside; (exit status or None on timeout, stdout, stderr, what came back
-    on the pipe). A timeout kills the sandbox's whole process group."""
+    on the pipe). A timeout kills the sandbox's whole process group. ``watch`` samples the GPU
+    while it runs."""
     read, write = os.pipe()
     chunks: list[bytes] = []
 
@@ -348,6 +350,8 @@ def sandboxed(
         )  # fmt: skip
     finally:
         os.close(write)
+    if watch is not None:
+        watch.start(proc.pid)
     try:
         out, err = proc.communicate(stdin(write), timeout=max(timeout, 0.01))
         code: int | None = proc.returncode
@@ -358,12 +362,19 @@ def sandboxed(
             pass
         out, err = proc.communicate()
         code = None
+    if watch is not None:
+        watch.stop()
     reader.join(timeout=30)
     return code, out, err, b"".join(chunks).decode("utf-8", errors="replace")
 
 
 def run_round(
-    box: sandbox.Sandbox, spec: dict[str, Any], log_path: Path, timeout: float, hidden: Sequence[Path]
+    box: sandbox.Sandbox,
+    spec: dict[str, Any],
+    log_path: Path,
+    timeout: float,
+    hidden: Sequence[Path],
+    watch: telemetry.Sampler | None = None,
 ) -> tuple[results.Run | None, str | None]:
     """One side's round in a sandboxed worker; (the validated results, None) or (None, why not).
     The spec goes in on standard input and the results come back on a pipe; this process
@@ -371,7 +382,7 @@ def run_round(
     argv = [sys.executable, "-I", "-B", "-c", BOOTSTRAP, "/judge/suite", "/judge/op", "-"]
     spec = {**spec, "expect_suite_under": "/judge/suite", "expect_op_under": "/judge/op"}
     code, out, err, sent = sandboxed(
-        box, argv, lambda fd: json.dumps({**spec, "result_fd": fd}), timeout, hidden
+        box, argv, lambda fd: json.dumps({**spec, "result_fd": fd}), timeout, hidden, watch
     )
     log_path.write_text(out + err, encoding="utf-8")
     if code is None:
@@ -534,6 +545,17 @@ def share_builds(base: Path, head: Path) -> None:
             shutil.copytree(base / sub, head / sub, symlinks=True, dirs_exist_ok=True)
 
 
+def _sampler() -> tuple[telemetry.Sampler | None, str | None]:
+    """(the GPU sampler, None) when rounds time the GPU; (None, why) when NVML cannot be read
+    there (an error row: a round under a throttle or beside another process cannot be told)."""
+    if WORKER_TIMING != "cuda":
+        return None, None
+    try:
+        return telemetry.Sampler(), None
+    except (ImportError, RuntimeError) as exc:
+        return None, f"cannot watch the GPU: {exc}"
+
+
 def clock_row(runs: Mapping[str, Sequence[results.Run]], thresholds: gate.Thresholds) -> gate.Row:
     """The judge's calibration copy of head held to base's, round by round (regression.toml [clock])."""
     cal = {side: {run.round: guard.read_calibration(run.settings) for run in runs[side]} for side in SIDES}
@@ -565,7 +587,11 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
     failures: dict[str, list[str]] = {side: [] for side in SIDES}
     extra: list[gate.Row] = []
     bar = bench._Progress(args.rounds * len(SIDES), "pr-verdict rounds", True)
-    done = 0
+    done = redos = 0
+    seen: dict[str, dict[str, Any] | None] = {}  # each round's telemetry
+    watch, why = _sampler()
+    if why:
+        extra.append(gate.Row("telemetry", None, None, None, None, "error", "run", note=why))
     try:
         for k in range(args.rounds):
             for side in round_order(k):
@@ -584,8 +610,20 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
                     "timing": WORKER_TIMING,
                 }
                 log = rounds_dir / f"{side}-{k}.log"
-                run, problem = run_round(boxes[side], spec, log, deadline.cap(WORKER_TIMEOUT_S), hidden)
-                done += 1
+                while True:
+                    run, problem = run_round(
+                        boxes[side], spec, log, deadline.cap(WORKER_TIMEOUT_S), hidden, watch
+                    )
+                    done += 1
+                    noisy = watch.round.noisy() if watch is not None and run is not None else None
+                    seen[f"{side}-{k}"] = watch.round.summary() if watch is not None else None
+                    if noisy is None:
+                        break
+                    if redos >= context["thresholds"].telemetry_redo or deadline.passed:
+                        run, problem = None, f"noisy: {noisy}"
+                        break
+                    redos += 1
+                    print(f"round {k} {side} redone: {noisy}", file=sys.stderr, flush=True)
                 if run is not None:
                     runs[side].append(run)
                     results.write(run, rounds_dir, f"{side}-{k}")
@@ -641,7 +679,9 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
         "gpu_tests": not args.skip_gpu_tests,
         "deadline_s": deadline.seconds,
         "wall_s": round(time.time() - t0, 1),
+        "rounds_redone": redos,
     }
+    info["telemetry"] = seen if watch is not None else f"not recorded: {why or 'no GPU (host stand-in)'}"
     js.write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
     print(md.read_text(encoding="utf-8"))
     print(verdict.summary)
