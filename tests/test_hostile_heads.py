@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rmsnorm_suite import cli, prverdict, sandbox
+from rmsnorm_suite import cli, prverdict, sandbox, staging
 from tests import hostile_catalogue as catalogue
 
 OPS = """import time
@@ -111,7 +111,7 @@ def world(tmp_path_factory):
 
 def run_verdict(world, name: str, monkeypatch, gpu_tests: bool = False) -> dict:
     monkeypatch.setattr(prverdict, "WORKER_TIMING", "host")
-    monkeypatch.setattr(prverdict, "trusted_root", lambda: world["trusted"])
+    monkeypatch.setattr(staging, "trusted_root", lambda: world["trusted"])
     out = world["out"] / name
     argv = ["pr-verdict", "--repo", str(world["repo"]), "--base", world["base"], "--head", world["heads"][name],
             "--out", str(out), "--thresholds", str(world["root"] / "loose.toml"), *ARGS]  # fmt: skip

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rmsnorm_suite import cli, gate, prverdict, sandbox
+from rmsnorm_suite import cli, gate, prverdict, sandbox, staging
 
 # A stand-in op: the defining formula, after a sleep of COST_S seconds per call.
 OPS = """import time
@@ -162,7 +162,7 @@ def test_deadline_turns_a_hang_into_an_error_verdict(repo, host_timing, tmp_path
 )
 def test_stage_op_takes_the_op_alone(repo, tmp_path, commit, staged):
     repo, shas = repo
-    path = prverdict.stage_op(repo, shas[commit], tmp_path / "path")
+    path = staging.stage_op(repo, shas[commit], tmp_path / "path")
     assert sorted(p.name for p in (path / "rmsnorm_kernel").iterdir()) == staged
     assert [p.name for p in path.iterdir()] == ["rmsnorm_kernel"]  # never the commit's suite
 
@@ -185,7 +185,7 @@ def test_stage_op_reads_git_objects_not_the_worktree(tmp_path):
     sha = git(repo, "rev-parse", "HEAD")
     (package / "csrc" / "host.cpp").write_text("// modified, not committed")
     (package / "untracked.py").write_text("")
-    staged = prverdict.stage_op(repo, sha, tmp_path / "path") / "rmsnorm_kernel"
+    staged = staging.stage_op(repo, sha, tmp_path / "path") / "rmsnorm_kernel"
     assert sorted(str(p.relative_to(staged)) for p in staged.rglob("*") if p.is_file()) == [
         "__init__.py", "csrc/host.cpp", "csrc/nested/more.cpp"
     ]  # fmt: skip
@@ -193,13 +193,13 @@ def test_stage_op_reads_git_objects_not_the_worktree(tmp_path):
     (package / "csrc" / "link.cpp").symlink_to(tmp_path / "secret.txt")
     linked = commit(repo, {}, "a link")
     with pytest.raises(ValueError, match=r"csrc/link.cpp \(a link\)"):
-        prverdict.stage_op(repo, linked, tmp_path / "elsewhere")
+        staging.stage_op(repo, linked, tmp_path / "elsewhere")
 
 
 def test_the_staged_op_finds_its_host_source(tmp_path):
     """This checkout's op, staged as pr-verdict stages it: host.py's SOURCE is there to build."""
     root = Path(__file__).resolve().parents[1]
-    path = prverdict.stage_op(root, "HEAD", tmp_path / "path")
+    path = staging.stage_op(root, "HEAD", tmp_path / "path")
     committed = subprocess.run(["git", "show", "HEAD:src/rmsnorm_kernel/csrc/host.cpp"], cwd=root,
                                capture_output=True, check=True).stdout  # fmt: skip
     assert (path / "rmsnorm_kernel" / "csrc" / "host.cpp").read_bytes() == committed
@@ -208,8 +208,8 @@ def test_the_staged_op_finds_its_host_source(tmp_path):
 def test_worker_refuses_a_suite_from_elsewhere(repo, tmp_path):
     """Run as pr-verdict runs it, but with another suite than the one it was told to expect."""
     repo, shas = repo
-    trusted = prverdict.stage_trusted_suite(tmp_path / "trusted")
-    op = prverdict.stage_op(repo, shas["old"], tmp_path / "op")
+    trusted = staging.stage_trusted_suite(tmp_path / "trusted")
+    op = staging.stage_op(repo, shas["old"], tmp_path / "op")
     box = sandbox.Sandbox(
         prverdict._empty(tmp_path / "root"), {"/judge/suite": op, "/judge/op": op}, tmp_path / "st"
     )

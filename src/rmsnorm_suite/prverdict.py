@@ -47,8 +47,7 @@ from typing import Any
 
 import scipy.stats  # noqa: F401  the gate's statistics, loaded before any commit's code runs
 
-import rmsnorm_suite
-from rmsnorm_suite import bench, cases, gate, guard, results, sandbox, telemetry  # noqa: F401  cases: the gate orders its table by it
+from rmsnorm_suite import bench, cases, gate, guard, results, sandbox, staging, telemetry  # noqa: F401  cases: the gate orders its table by it
 
 SIDES = ("base", "head")
 DEFAULT_ROUNDS = 6
@@ -56,8 +55,6 @@ DEFAULT_SAMPLES = 100  # per round and side
 DEFAULT_DEADLINE_S = 80 * 60  # under the GPU job's 90-minute limit, leaving time to upload
 WORKER_TIMEOUT_S = 1200  # one round at most
 TESTS_TIMEOUT_S = 3600
-OP_PACKAGE = "src/rmsnorm_kernel"
-OP_MODULES = ("__init__", "kernels", "launch", "ops", "module", "reference")  # the op, in both layouts
 WORKER_TIMING = "cuda"  # "host": the worker's CPU stand-in (the CPU tests set it)
 # The worker's bootstrap under `python -I`: the two staged folders first on the path, then the
 # module run as `python -m rmsnorm_suite.worker SPEC` would run it.
@@ -178,147 +175,8 @@ class _Merged:
         )
 
 
-def _git(repo: Path, *args: str) -> str:
-    done = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise ValueError(f"git {' '.join(args)} failed: {done.stderr.strip() or done.stdout.strip()}")
-    return done.stdout.strip()
-
-
-def resolve(repo: Path, rev: str, flag: str) -> str:
-    try:
-        return _git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
-    except ValueError:
-        raise ValueError(f"{flag}: {rev!r} is not a commit of {repo}") from None
-
-
-def merge_base(repo: Path, base: str, head: str) -> str:
-    try:
-        return _git(repo, "merge-base", base, head)
-    except ValueError:
-        raise ValueError(f"--base: {base[:12]} and --head {head[:12]} have no merge-base in {repo}") from None
-
-
-def trusted_commit() -> str | None:
-    """The commit of the trusted checkout this suite runs from, when it is a git checkout."""
-    try:
-        return _git(Path(rmsnorm_suite.__file__).resolve().parent, "rev-parse", "HEAD")
-    except (ValueError, OSError):
-        return None
-
-
-def stage_trusted_suite(dest: Path) -> Path:
-    """A copy of the running (trusted) suite package under ``dest``; returns ``dest``."""
-    source = Path(rmsnorm_suite.__file__).resolve().parent
-    shutil.copytree(source, dest / "rmsnorm_suite", ignore=shutil.ignore_patterns("__pycache__"))
-    return dest
-
-
-PLAIN = ("100644", "100755")  # git's modes of a regular file
-
-
-def _git_bytes(repo: Path, *args: str) -> bytes:
-    done = subprocess.run(["git", *args], cwd=repo, capture_output=True)
-    if done.returncode != 0:
-        raise ValueError(f"git {' '.join(args)} failed: {done.stderr.decode(errors='replace').strip()}")
-    return done.stdout
-
-
-def tree_entries(repo: Path, sha: str, path: str) -> list[tuple[str, str, str, str]]:
-    """(mode, type, object, path) of every entry under ``path`` in commit ``sha``, from git's
-    objects (never the file system: a worktree can hold links the tree shows as what they are)."""
-    raw = _git_bytes(repo, "ls-tree", "-r", "-z", "--full-tree", sha, "--", path).decode()
-    entries = []
-    for item in filter(None, raw.split("\0")):
-        meta, name = item.split("\t", 1)
-        mode, kind, obj = meta.split()
-        entries.append((mode, kind, obj, name))
-    return entries
-
-
-def _write_blobs(repo: Path, entries, strip: str, dest: Path) -> None:
-    for _mode, _kind, obj, name in entries:
-        target = dest / name[len(strip) :].lstrip("/")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(_git_bytes(repo, "cat-file", "blob", obj))
-
-
-def stage_op(repo: Path, sha: str, dest: Path) -> Path:
-    """Commit ``sha``'s op, read from git's objects, under ``dest/rmsnorm_kernel``; returns
-    ``dest``. A link, a submodule or any other non-file entry under the op's package is refused
-    (ValueError). Where the suite has its own package (``src/rmsnorm_suite``) the whole op
-    package is staged (with ``csrc/``: without it the op would fall back to the Python host
-    path); in older commits, where the suite lived in the op's package, only OP_MODULES are."""
-    entries = tree_entries(repo, sha, OP_PACKAGE)
-    bad = [f"{name} ({'a link' if mode == '120000' else 'a submodule' if mode == '160000' else mode})"
-           for mode, _kind, _obj, name in entries if mode not in PLAIN]  # fmt: skip
-    if bad:
-        raise ValueError(
-            f"{sha[:12]}: only plain files are staged, and the op's package holds {', '.join(bad)}"
-        )
-    names = {name: e for e in entries for name in [e[3]]}
-    if f"{OP_PACKAGE}/__init__.py" not in names:
-        raise ValueError(f"{sha[:12]}: no {OP_PACKAGE}/__init__.py in this commit")
-    if not tree_entries(repo, sha, "src/rmsnorm_suite"):
-        entries = [names[f"{OP_PACKAGE}/{m}.py"] for m in OP_MODULES if f"{OP_PACKAGE}/{m}.py" in names]
-    _write_blobs(repo, entries, "src", dest)
-    return dest
-
-
-def stage_head_tests(repo: Path, sha: str, trusted_root: Path, dest: Path) -> tuple[Path, str]:
-    """Head's ``src/`` and ``tests/`` from git's objects under ``dest``, plain files only, with
-    the trusted checkout's ``tests/conftest.py`` and ``pyproject.toml`` (pytest's configuration)
-    in place of head's. Returns (dest, a note naming what was head's and what was left out)."""
-    entries = tree_entries(repo, sha, "src") + tree_entries(repo, sha, "tests")
-    plain = [e for e in entries if e[0] in PLAIN and Path(e[3]).name != "conftest.py"]
-    conftests = [e[3] for e in entries if Path(e[3]).name == "conftest.py"]
-    others = [e[3] for e in entries if e[0] not in PLAIN]
-    _write_blobs(repo, plain, "", dest)
-    for name in ("tests/conftest.py", "pyproject.toml"):
-        source = trusted_root / name
-        if not source.is_file():
-            raise ValueError(f"the trusted checkout has no {name} (pytest's configuration for head's tests)")
-        (dest / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, dest / name)
-    tests = sum(1 for e in plain if e[3].startswith("tests/"))
-    note = (
-        f"{tests} test files of head {sha[:12]}; conftest.py and pytest configuration the trusted checkout's"
-    )
-    if conftests:
-        note += f"; head's {', '.join(conftests)} not used"
-    if others:
-        note += f"; {len(others)} links or submodules left out"
-    return dest, note
-
-
-def trusted_root() -> Path:
-    """The checkout the running suite comes from (src/rmsnorm_suite's grandparent)."""
-    return Path(rmsnorm_suite.__file__).resolve().parents[2]
-
-
 def _tail(text: str, lines: int = 15) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
-
-
-def run_bounded(
-    cmd: Sequence[str], cwd: Path, env: dict[str, str], timeout: float
-) -> tuple[int | None, str, str]:
-    """Run a command in a process group of its own; on timeout the whole group is killed and the
-    exit status is None."""
-    proc = subprocess.Popen(
-        list(cmd), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        out, err = proc.communicate(timeout=max(timeout, 0.01))
-        return proc.returncode, out, err
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        out, err = proc.communicate()
-        return None, out, err
 
 
 def sandboxed(
@@ -493,22 +351,22 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _stop(out, "thresholds", str(exc))
     label = args.thresholds or f"{gate.THRESHOLDS_NAME} of the trusted checkout"
-    repo = Path(_git(Path(args.repo), "rev-parse", "--show-toplevel"))
-    base_ref = resolve(repo, args.base, "--base")
-    head = resolve(repo, args.head, "--head")
-    shas = {"base": base_ref if args.exact_base else merge_base(repo, base_ref, head), "head": head}
+    repo = Path(staging.git_text(Path(args.repo), "rev-parse", "--show-toplevel"))
+    base_ref = staging.resolve(repo, args.base, "--base")
+    head = staging.resolve(repo, args.head, "--head")
+    shas = {"base": base_ref if args.exact_base else staging.merge_base(repo, base_ref, head), "head": head}
     commits = {"base_ref_sha": base_ref, "base_sha": shas["base"], "head_sha": head}
     cases_ = bench.select_cases(args.shapes)
     if problem := sandbox.check():
         return _stop(out, "sandbox", f"the commits' code cannot be sandboxed here: {problem}", commits)
     tmp = Path(tempfile.mkdtemp(prefix="rmsnorm-pr-verdict-"))
     try:
-        trusted = stage_trusted_suite(tmp / "path" / "trusted")
+        trusted = staging.stage_trusted_suite(tmp / "path" / "trusted")
         ops: dict[str, Path] = {}
         problems: list[str] = []
         for side in SIDES:
             try:
-                ops[side] = stage_op(repo, shas[side], tmp / "path" / side)
+                ops[side] = staging.stage_op(repo, shas[side], tmp / "path" / side)
             except ValueError as exc:
                 problems.append(f"{side}: {exc}")
         if problems:
@@ -569,8 +427,8 @@ def _head_tests(context, out: Path, deadline: Deadline) -> gate.Row:
     """Head's GPU tests, staged from git with the trusted conftest, in a sandbox of their own."""
     tmp = context["tmp"]
     try:
-        staged, note = stage_head_tests(
-            context["repo"], context["shas"]["head"], trusted_root(), tmp / "head-tests"
+        staged, note = staging.stage_head_tests(
+            context["repo"], context["shas"]["head"], staging.trusted_root(), tmp / "head-tests"
         )
     except ValueError as exc:
         return gate.Row("gpu tests (head)", None, None, None, None, "error", "run", note=str(exc))
@@ -666,7 +524,7 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
     md, js = gate.write_verdict(verdict, out)
     info = json.loads(js.read_text(encoding="utf-8"))
     info.update(base_ref_sha=context["base_ref"], base_sha=shas["base"], head_sha=shas["head"])
-    info["trusted_sha"] = trusted_commit()
+    info["trusted_sha"] = staging.trusted_commit()
     info["pr"] = {
         "base": shas["base"],
         "head": shas["head"],
