@@ -12,6 +12,7 @@ bounded number of small calls.
 """
 
 import os
+import warnings
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -305,6 +306,9 @@ GENERAL_ONLY = {
     "list-shape": {"normalized_shape": [8]},
     "size-shape": {"normalized_shape": torch.Size([8])},
     "two-dims": {"normalized_shape": (4, 8), "weight": torch.randn(4, 8)},
+    # negative views: their storage holds -t, so the general path resolves them first
+    "negative-x": {"x": torch._neg_view(torch.randn(4, 8))},
+    "negative-weight": {"weight": torch._neg_view(torch.randn(8))},
 }
 
 
@@ -325,6 +329,29 @@ def test_functorch_transforms_and_tracing_leave_the_fast_path(monkeypatch, activ
     assert ops._takes_fast_path(*call.values())
     monkeypatch.setattr(torch._C if active.startswith("_") else torch.compiler, active, lambda: True)
     assert not ops._takes_fast_path(*call.values())
+
+
+def _route_while_traced(takes, call: dict) -> bool:
+    """``takes(call)`` evaluated inside torch.jit.trace (with the traced x)."""
+    seen = []
+
+    def traced(x):
+        seen.append(takes(*{**call, "x": x}.values()))
+        return x * 2
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tracer's and torch.jit's warnings
+        torch.jit.trace(traced, call["x"])
+    return seen[0]
+
+
+def test_jit_tracer_leaves_the_fast_path(monkeypatch):
+    """Under torch.jit.trace an otherwise accepted call takes the composite (torch ops the tracer
+    records; the kernels' launches would be recorded as nothing)."""
+    monkeypatch.setattr(kernels, "INTERPRET", True)
+    call = _common()
+    assert ops._takes_fast_path(*call.values())
+    assert not _route_while_traced(ops._takes_fast_path, call)
 
 
 def test_forward_mode_ad_leaves_the_fast_path(monkeypatch):
@@ -477,6 +504,7 @@ def test_compiled_predicate_under_transforms_autocast_and_dual_tensors(monkeypat
         fake_weight = fake.from_tensor(call["weight"])
     _same_route(built_extension, {**call, "weight": fake_weight})
     assert not takes(*{**call, "weight": fake_weight}.values())
+    assert not _route_while_traced(takes, call)
     with torch.autograd.forward_ad.dual_level():
         assert takes(*call.values())
         for name in ("x", "weight"):
@@ -549,6 +577,8 @@ def test_compiled_residual_route_under_modes_and_dual_tensors(monkeypatch, built
     with FakeTensorMode(allow_non_fake_inputs=True) as fake:
         fake_residual = fake.from_tensor(call["residual"])
     assert not takes(*{**call, "residual": fake_residual}.values())
+    assert not takes(*{**call, "residual": torch._neg_view(call["residual"])}.values())
+    assert not _route_while_traced(takes, call)
     with torch.autograd.forward_ad.dual_level():
         assert takes(*call.values())
         dual = torch.autograd.forward_ad.make_dual(call["residual"], torch.ones_like(call["residual"]))

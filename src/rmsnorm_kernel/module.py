@@ -22,9 +22,19 @@ import torch
 from torch import nn
 
 from rmsnorm_kernel import kernels
-from rmsnorm_kernel.launch import CASTING_MODES, SUPPORTED_DTYPES
-from rmsnorm_kernel.ops import _autocast_float32, _composite, _real_number, default_eps, rms_norm
-from rmsnorm_kernel.reference import default_out_dtype
+from rmsnorm_kernel.contract import (
+    CASTING_CODES as CASTING_MODES,
+)
+from rmsnorm_kernel.contract import (
+    KERNEL_DTYPES as SUPPORTED_DTYPES,
+)
+from rmsnorm_kernel.contract import (
+    Refused,
+    UnsupportedInput,
+    default_eps,
+    default_out_dtype,
+)
+from rmsnorm_kernel.ops import _autocast_float32, _composite, _real_number, rms_norm
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +64,8 @@ class RMSNorm(nn.RMSNorm):
     casting mode's own output dtype), a dtype, or a rule resolved per call, "input" (x's dtype)
     or "promoted" (the promoted dtype of x and the weight). ``forward(x, residual=None)``
     returns ``y``, or ``(y, h)`` with ``h = x + residual`` when a residual is given.
+    ``allow_fallback`` (default True: a drop-in computes what torch.nn.RMSNorm computes): input
+    the kernels do not run (fp64, CPU) takes torch ops, with one warning (``rms_norm``).
     """
 
     def __init__(
@@ -67,6 +79,7 @@ class RMSNorm(nn.RMSNorm):
         offset: float = 0.0,
         casting: str = "default",
         out_dtype: torch.dtype | str | None = None,
+        allow_fallback: bool = True,
     ) -> None:
         eps = _check_eps(eps)
         if casting not in CASTING_MODES:
@@ -92,6 +105,7 @@ class RMSNorm(nn.RMSNorm):
         self.offset = float(offset)
         self.casting = casting
         self.out_dtype = out_dtype
+        self.allow_fallback = bool(allow_fallback)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         out_dtype = self.out_dtype
@@ -115,7 +129,21 @@ class RMSNorm(nn.RMSNorm):
             offset=self.offset,
             casting=self.casting,
             out_dtype=out_dtype,
+            allow_fallback=self.allow_fallback,
         )
+
+    def __prepare_scriptable__(self):
+        """What torch.jit.script compiles in place of this module: TorchScript cannot compile the
+        op's Python, and torch.nn.RMSNorm (sharing this weight Parameter) computes the same where
+        the options are torch's. Other options are refused, saying why."""
+        if self.offset or self.casting != "default" or self.out_dtype is not None:
+            raise Refused(
+                f"torch.jit.script: {self.extra_repr()} has options torch.nn.RMSNorm lacks, and TorchScript "
+                "cannot compile the kernels' Python; trace the model, or torch.compile it, instead"
+            )
+        same = nn.RMSNorm(self.normalized_shape, self.eps, self.elementwise_affine, device="meta")
+        same.weight = self.weight
+        return same.train(self.training)
 
     def extra_repr(self) -> str:
         extra = super().extra_repr()
@@ -142,8 +170,23 @@ class LastDimRMSNorm(nn.Module):
         out_dtype = x.dtype if isinstance(x, torch.Tensor) and _autocast_float32(x) else None
         return rms_norm(x, None, None, self.eps, residual=residual, out_dtype=out_dtype)
 
+    def __prepare_scriptable__(self):
+        """What torch.jit.script compiles in place of this module (as RMSNorm's)."""
+        return _ScriptableLastDim(self.eps).train(self.training)
+
     def extra_repr(self) -> str:
         return f"eps={self.eps}"
+
+
+class _ScriptableLastDim(nn.Module):
+    """LastDimRMSNorm in torch ops TorchScript compiles: F.rms_norm over the last dim."""
+
+    def __init__(self, eps: float | None) -> None:
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.rms_norm(x, [x.shape[-1]], None, self.eps)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,6 +207,10 @@ PROBE_SCALES = (1.0, 1e-3, 1e2)
 PROBE_LEADING = (2, 3)  # leading dims of a probe input: 6 rows, 3-D as in a transformer
 PROBE_WIDTH = 40  # last dim for a weightless module, which takes any width
 PROBE_SEED = 0
+# Probe weights beside the module's own, so that a weight cannot hide a formula: at the default
+# all-ones weight, w, w^2 and |w| agree, and so does an output scaled by mean(w). Seeded normal
+# weights of each sign, at two scales (offset + w differs from w at every scale but one).
+PROBE_WEIGHT_SCALES = (1.0, 0.25)
 
 # The hooks a module can carry that a replacement would not.
 _HOOK_ATTRIBUTES = (
@@ -302,6 +349,22 @@ def _probe_inputs(shape: tuple[int, ...], dtypes, device) -> list[torch.Tensor]:
     return [base.to(dtype).to(device) for dtype in dtypes]
 
 
+def _probe_weights(weight: torch.Tensor | None) -> list[torch.Tensor | None]:
+    """The module's weight, then seeded normal weights of its shape, dtype and device."""
+    if weight is None:
+        return [None]
+    generator = torch.Generator().manual_seed(PROBE_SEED + 1)
+    drawn = [torch.randn(weight.shape, generator=generator) * scale for scale in PROBE_WEIGHT_SCALES]
+    return [weight.detach(), *(w.to(dtype=weight.dtype, device=weight.device) for w in drawn)]
+
+
+def _with_weight(module: nn.Module, weight: torch.Tensor | None, x: torch.Tensor):
+    """module(x) with ``weight`` in place of its weight (the module itself for its own)."""
+    if weight is None or weight is getattr(module, "weight", None):
+        return module(x)
+    return torch.func.functional_call(module, {"weight": weight}, (x,), strict=True)
+
+
 def _error_ratio(got: torch.Tensor, expected: torch.Tensor, x_dtype: torch.dtype) -> float:
     """max |got - expected| / (atol + rtol |expected|) at the probe tolerance (<= 1 is a match);
     infinite where one is non-finite and the other differs."""
@@ -381,9 +444,9 @@ def _replacement(module: nn.Module, weight, normalized_shape, candidate: _Candid
     return new
 
 
-def _run_original(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def _run_original(module: nn.Module, x: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
     try:
-        y = module(x)
+        y = _with_weight(module, weight, x)
     except Exception as error:  # the original cannot take a plain input: nothing to compare
         first = str(error).splitlines()[0] if str(error) else ""
         raise _Refused(
@@ -423,28 +486,32 @@ _MISSING = object()
 
 
 def _decide(module: nn.Module, structure, device) -> nn.Module:
-    """The replacement for ``module``, checked on the probes, else _Refused with the reason."""
+    """The replacement for ``module``, checked on the probes (each input with each probe weight),
+    else _Refused with the reason."""
     weight, normalized_shape, eps_values = structure
     shape = normalized_shape if normalized_shape is not None else (PROBE_WIDTH,)
-    probes = _probe_inputs(shape, _probe_dtypes(weight), device)
+    inputs = _probe_inputs(shape, _probe_dtypes(weight), device)
+    probes = [(x, w) for w in _probe_weights(weight) for x in inputs]
+    own = weight.detach() if weight is not None else None
     before = dict(vars(module))
     try:
         with warnings.catch_warnings():  # what the original says about a probe is not the user's concern
             warnings.simplefilter("ignore")
-            outputs = [_run_original(module, x) for x in probes]
+            outputs = [_run_original(module, x, w if w is not own else None) for x, w in probes]
     finally:
         changed = _restore_attributes(module, before)
     if changed:
         raise _Refused(f"its forward sets attributes ({', '.join(changed)}), which the replacement would not")
-    rules = _out_dtype_rules(probes, outputs, weight)
+    xs = [x for x, _ in probes]
+    rules = _out_dtype_rules(xs, outputs, weight)
     if not rules:
-        got = ", ".join(f"{_dtype_name(y.dtype)} for {_dtype_name(x.dtype)}" for x, y in zip(probes, outputs))
+        got = ", ".join(f"{_dtype_name(y.dtype)} for {_dtype_name(x.dtype)}" for x, y in zip(inputs, outputs))
         raise _Refused(f"its output dtype ({got}) is neither the input's nor the promoted dtype")
     scored = []
     for candidate in _candidates(weight, eps_values, rules, isinstance(module, nn.RMSNorm)):
         error = max(
-            _error_ratio(_reference(x, weight, normalized_shape, candidate), y, x.dtype)
-            for x, y in zip(probes, outputs)
+            _error_ratio(_reference(x, w, normalized_shape, candidate), y, x.dtype)
+            for (x, w), y in zip(probes, outputs)
         )
         scored.append((error, candidate))
     scored.sort(key=lambda item: item[0])  # stable: ties keep the order of preference
@@ -453,8 +520,8 @@ def _decide(module: nn.Module, structure, device) -> nn.Module:
         if error > 1.0:
             break
         new = _replacement(module, weight, normalized_shape, candidate)
-        results = [new(x) for x in probes]
-        kernel_error = max(_error_ratio(r, y, x.dtype) for x, y, r in zip(probes, outputs, results))
+        results = [_with_weight(new, w if w is not own else None, x) for x, w in probes]
+        kernel_error = max(_error_ratio(r, y, x.dtype) for x, y, r in zip(xs, outputs, results))
         if kernel_error <= 1.0 and all(r.dtype == y.dtype for r, y in zip(results, outputs)):
             return new
         closest = closest or (kernel_error, candidate)
@@ -490,9 +557,10 @@ def swap_rms_norm(model: nn.Module) -> SwapReport:
 
     Returns a ``SwapReport``: the list of replaced names, with ``.skipped`` (name: reason) for
     the candidates left as they were; each skip is logged (WARNING for torch.nn.RMSNorm and
-    classes named ``*RMSNorm*``, INFO for other look-alikes). Raises ValueError before changing
-    anything when a candidate sits on a device the kernels cannot run (CPU without
-    ``TRITON_INTERPRET=1``): swap after moving the model to the GPU.
+    classes named ``*RMSNorm*``, INFO for other look-alikes). Raises UnsupportedInput (a
+    ValueError and NotImplementedError) before changing anything when a candidate sits on a
+    device the kernels cannot run or probe (meta; CPU without ``TRITON_INTERPRET=1``): swap after
+    moving the model to the GPU.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -516,15 +584,15 @@ def swap_rms_norm(model: nn.Module) -> SwapReport:
             todo.append((key, module, structure, _device_of(module, structure[0], model)))
         except _Refused as reason:
             skipped[name] = str(reason)
-    unrunnable = [
+    unrunnable = [  # a meta tensor has no values to probe, interpreter or not
         (paths[key][0], device)
         for key, _, _, device in todo
-        if device.type != "cuda" and not kernels.INTERPRET
+        if device.type == "meta" or (device.type != "cuda" and not kernels.INTERPRET)
     ]
     if unrunnable:
         where = ", ".join(f"{name} on {device}" for name, device in unrunnable[:3])
         more = ", ..." if len(unrunnable) > 3 else ""
-        raise ValueError(
+        raise UnsupportedInput(
             "swap_rms_norm: the kernels run CUDA tensors (CPU ones only under TRITON_INTERPRET=1), and "
             f"{len(unrunnable)} RMSNorm module(s) are elsewhere ({where}{more}); "
             "move the model to the GPU, then swap"

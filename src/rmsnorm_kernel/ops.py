@@ -18,9 +18,11 @@ from collections.abc import Mapping, Sequence
 
 import torch
 from torch.autograd import forward_ad
+from torch.overrides import handle_torch_function, has_torch_function
 
-from rmsnorm_kernel import host, kernels, launch
-from rmsnorm_kernel.reference import default_out_dtype, rms_norm_reference
+from rmsnorm_kernel import contract, host, kernels, launch
+from rmsnorm_kernel.contract import InvalidArgument, InvalidDtype, Refused, default_eps, default_out_dtype
+from rmsnorm_kernel.reference import rms_norm_reference
 
 Tensor = torch.Tensor
 
@@ -144,6 +146,10 @@ def _run_backward(
     n = xh.shape[-1]
     dim = xh.dim()
     w = _weight_row(weight, n)
+    if dy.is_neg():  # a negative view's memory holds -dy: the kernels read memory
+        dy = dy.resolve_neg()
+    if dh is not None and dh.is_neg():
+        dh = dh.resolve_neg()
     dx, dw = launch.backward(
         launch.as_rows(dy, n),
         launch.as_rows(dh, n) if dh is not None else None,
@@ -233,16 +239,30 @@ def _backward_composite(
         dx = dx + dh.to(cdt)
     dw = None
     if need_dw and weight is not None:
-        if casting == kernels.CAST_LLAMA:
+        if casting == contract.CAST_LLAMA:
             xn = xn.to(xh.dtype).to(cdt)
         dw = (dyf * xn).reshape(-1, n).sum(0).to(weight.dtype).reshape(weight.shape)
     return dx.to(dx_dtype), dw
 
 
+_legacy_batched = torch._C._functorch.is_legacy_batchedtensor  # autograd's own vmap's tensors
+
+
+def _composite_backward_needed(dy: Tensor | None) -> bool:
+    """The backward's one decision: torch ops (_backward_composite) where the kernels cannot run
+    it, a backward that builds a graph (create_graph=True: second derivatives) or a batched one
+    (a functorch transform, or autograd's vmap: is_grads_batched, jacobian(vectorize=True)),
+    whose gradient has no memory to point at. host.cpp's composite_backward_needed is the same."""
+    return (
+        torch.is_grad_enabled()
+        or torch._C._are_functorch_transforms_active()
+        or (dy is not None and _legacy_batched(dy))
+    )
+
+
 def _grads(ctx, dy, dh, backward) -> tuple:
-    """(dx, dw, dresidual) from the state saved by the forward, each None where not needed.
-    A backward that builds a graph (create_graph=True) takes _backward_composite instead of
-    ``backward``, so that second derivatives are right."""
+    """(dx, dw, dresidual) from the state saved by the forward, each None where not needed:
+    ``backward`` where the kernels run it, else _backward_composite."""
     xh, weight, rstd = ctx.saved_tensors
     need_x, need_w, need_res = ctx.needs_input_grad[:3]
     need_dw = weight is not None and need_w
@@ -257,7 +277,7 @@ def _grads(ctx, dy, dh, backward) -> tuple:
         return None, None, None
     if dy is None:  # only h was used downstream: its gradient passes straight to x and residual
         dxh, dw, need_dw = dh.to(dx_dtype), None, False
-    elif torch.is_grad_enabled():
+    elif _composite_backward_needed(dy) or (dh is not None and _composite_backward_needed(dh)):
         dxh, dw = _backward_composite(dy, dh, xh, weight, ctx.eps, ctx.offset, ctx.casting, need_dw, dx_dtype)
     else:
         dxh, dw = backward(dy, dh, xh, weight, rstd, ctx.offset, ctx.casting, need_dw, dx_dtype)
@@ -323,9 +343,7 @@ class _PlainFunction(torch.autograd.Function):
         need_x, need_w = ctx.needs_input_grad[:2]
         eps, offset, casting = ctx.options[:3]
         need_dw = need_w and weight is not None
-        # The choice of _grads, restated rather than shared through a helper: a helper would add
-        # a Python call to the common call's backward, whose host time shows at small shapes.
-        if torch.is_grad_enabled():  # create_graph=True: a backward that can be differentiated
+        if _composite_backward_needed(dy):
             dx, dw = _backward_composite(dy, None, x, weight, eps, offset, casting, need_dw, x.dtype)
         else:
             dx, dw = _run_backward(dy, None, x, weight, rstd, offset, casting, need_dw, x.dtype)
@@ -411,18 +429,27 @@ def _normalized_size(x: Tensor, normalized_shape, weight: Tensor | None) -> tupl
     shape = tuple(dims)
     if isinstance(x, torch.Tensor) and tuple(x.shape[x.dim() - len(shape) :]) != shape or len(shape) == 0:
         got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ValueError(f"normalized_shape {shape} must be non-empty and match the trailing dims of x {got}")
+        raise InvalidArgument(
+            f"normalized_shape {shape} must be non-empty and match the trailing dims of x {got}"
+        )
     if weight is not None and isinstance(weight, torch.Tensor) and tuple(weight.shape) != shape:
-        raise ValueError(f"weight must have shape normalized_shape {shape}, got {tuple(weight.shape)}")
+        raise InvalidArgument(f"weight must have shape normalized_shape {shape}, got {tuple(weight.shape)}")
     return math.prod(shape), shape
 
 
 def _check_dense(t: Tensor, name: str) -> None:
-    """The kernels read strided memory: a nested (torch.jagged, which F.rms_norm takes) or sparse
-    tensor is refused by name."""
+    """The kernels read strided memory and compute real numbers: a nested or sparse tensor, or a
+    complex one, is refused by name (docs/features.md: what torch does with them)."""
     if t.is_nested or t.layout != torch.strided:
         got = "a nested tensor" if t.is_nested else f"layout {t.layout}"
-        raise TypeError(f"{name} must be a dense tensor (layout torch.strided), got {got}")
+        raise Refused(
+            f"{name} must be a dense tensor (layout torch.strided), got {got}: the kernels read strided rows"
+        )
+    if t.is_complex():
+        raise Refused(
+            f"{name} is {_dtype_name(t.dtype)}: the kernels compute real numbers (torch returns complex "
+            "values for complex x and drops the imaginary part of a complex weight)"
+        )
 
 
 def _real_number(v) -> bool:
@@ -447,20 +474,18 @@ def validate(
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     _check_dense(x, "x")
-    if not x.dtype.is_floating_point:
-        raise TypeError(f"x must be float32, float16 or bfloat16, got {_dtype_name(x.dtype)}")
+    if not x.dtype.is_floating_point:  # torch: NotImplementedError
+        raise InvalidDtype(f"x must be float32, float16 or bfloat16, got {_dtype_name(x.dtype)}")
     if weight is not None:
         if not isinstance(weight, torch.Tensor):
             raise TypeError(f"weight must be a torch.Tensor or None, got {type(weight).__name__}")
-        _check_dense(weight, "weight")
-        if not weight.dtype.is_floating_point:
-            raise TypeError(f"weight must be float32, float16 or bfloat16, got {_dtype_name(weight.dtype)}")
+        _check_dense(weight, "weight")  # integer and bool weights: UnsupportedInput below
         if weight.numel() != n:
-            raise ValueError(
+            raise InvalidArgument(
                 f"weight must have {n} elements (the normalized shape), got shape {tuple(weight.shape)}"
             )
         if weight.device != x.device:
-            raise ValueError(f"weight must be on x's device {x.device}, got {weight.device}")
+            raise InvalidArgument(f"weight must be on x's device {x.device}, got {weight.device}")
     if residual is not None:
         if not isinstance(residual, torch.Tensor):
             raise TypeError(f"residual must be a torch.Tensor or None, got {type(residual).__name__}")
@@ -468,9 +493,11 @@ def validate(
         if not residual.dtype.is_floating_point:
             raise TypeError(f"residual must be a float tensor, got {_dtype_name(residual.dtype)}")
         if residual.shape != x.shape:
-            raise ValueError(f"residual must have x's shape {tuple(x.shape)}, got {tuple(residual.shape)}")
+            raise InvalidArgument(
+                f"residual must have x's shape {tuple(x.shape)}, got {tuple(residual.shape)}"
+            )
         if residual.device != x.device:
-            raise ValueError(f"residual must be on x's device {x.device}, got {residual.device}")
+            raise InvalidArgument(f"residual must be on x's device {x.device}, got {residual.device}")
     elif residual_dtype is not None:
         raise ValueError("residual_dtype is only meaningful with a residual")
     for name, value in (("out_dtype", out_dtype), ("residual_dtype", residual_dtype)):
@@ -489,7 +516,7 @@ def validate(
     if not isinstance(casting, str) or casting not in launch.CASTING_MODES:
         raise ValueError(f"casting must be one of {sorted(launch.CASTING_MODES)}, got {casting!r}")
     if x.dim() == 0:
-        raise ValueError("x must have at least one dimension")
+        raise InvalidArgument("x must have at least one dimension")
     # Valid, but possibly not runnable by the kernels.
     for name, t in (("x", x), ("weight", weight), ("residual", residual)):
         if t is not None and t.dtype not in launch.SUPPORTED_DTYPES:
@@ -556,14 +583,17 @@ def _takes_fast_path(
                     and weight.dtype in _SUPPORTED
                     and weight.device == x.device
                     and weight.is_contiguous()  # route
+                    and not weight.is_neg()  # route
                     and (type(weight) in _PLAIN or not torch._C._dispatch_keys(weight).has(_PYTHON_KEY))
                 )
             )
-            # Route: contiguous x, no functorch transform and no forward-mode AD level (those take
-            # torch ops), no autocast (which may change the output dtype: _autocast_float32), no
+            # Route: contiguous x, no negative view (resolved first), no functorch transform, no
+            # forward-mode AD level and no TorchScript tracer (those take torch ops), no autocast (which may change the output dtype: _autocast_float32), no
             # Python dispatch mode (the custom op: _seen_by_python_dispatch).
             and x.is_contiguous()
+            and not x.is_neg()
             and not torch._C._are_functorch_transforms_active()
+            and not torch._C._is_tracing()
             and forward_ad._current_level < 0
             and not torch._C._is_any_autocast_enabled()
             and not torch._C._dispatch_tls_is_dispatch_key_included(_PYTHON_KEY)
@@ -581,6 +611,22 @@ _CUDA_AUTOCAST_RMS_NORM = torch._C._dispatch_has_kernel_for_dispatch_key("aten::
 def _autocast_float32(x: Tensor) -> bool:
     """Whether torch's autocast runs ``F.rms_norm`` on x in float32 (_CUDA_AUTOCAST_RMS_NORM)."""
     return _CUDA_AUTOCAST_RMS_NORM and x.is_cuda and torch.is_autocast_enabled("cuda")
+
+
+def _resolve_neg(t: Tensor | None) -> Tensor | None:
+    return t.resolve_neg() if t is not None and t.is_neg() else t
+
+
+def _composite_needed(*tensors) -> bool:
+    """The forward's one decision: calls that cannot take the raw-pointer launches run the
+    composite (torch ops, which every transform knows): functorch transforms (vmap, grad, jvp),
+    forward-mode AD tangents, and the TorchScript tracer, which records torch ops. (Subclasses
+    reach the op by __torch_function__ or the custom op, negative views are resolved.)"""
+    return (
+        torch._C._are_functorch_transforms_active()
+        or _has_tangent(*tensors)
+        or (not torch.compiler.is_compiling() and torch._C._is_tracing())
+    )
 
 
 def _has_tangent(*tensors) -> bool:
@@ -610,16 +656,9 @@ def _seen_by_python_dispatch(*tensors) -> bool:
 # ---------------------------------------------------------------------------------------------
 
 
-# torch's default eps (eps=None): the epsilon of the opmath type, float32 for every dtype the
-# kernels run (fp16 and bf16 compute in fp32), float64's for float64 input.
-_DEFAULT_EPS = torch.finfo(torch.float32).eps
+_DEFAULT_EPS = contract.FLOAT32_EPS  # torch's eps=None for every kernel dtype
 # Memory formats torch's rms_norm keeps for its output (any other layout gives a contiguous one).
 _KEPT_FORMATS = {4: torch.channels_last, 5: torch.channels_last_3d}
-
-
-def default_eps(dtype: torch.dtype) -> float:
-    """torch's eps for ``eps=None``: ``finfo(opmath type).eps``."""
-    return torch.finfo(torch.float64).eps if dtype == torch.float64 else _DEFAULT_EPS
 
 
 def _keep_format(out: Tensor, x: Tensor) -> Tensor:
@@ -632,7 +671,7 @@ def _keep_format(out: Tensor, x: Tensor) -> Tensor:
 
 
 def rms_norm(
-    x: Tensor,
+    input: Tensor,
     normalized_shape: int | Sequence[int] | None = None,
     weight: Tensor | None = None,
     eps: float | None = None,
@@ -666,10 +705,12 @@ def rms_norm(
     casting gives y the dtype ``F.rms_norm`` gives there (float32 for fp16 and bf16 input where
     this torch's autocast lists rms_norm among its float32 ops).
 
-    fp64 inputs and CPU tensors (without ``TRITON_INTERPRET=1``) raise ``UnsupportedInput``
-    (a ValueError) unless ``allow_fallback=True``, which runs the reference instead, counts it in
-    ``CALLS["fallback"]`` and warns once.
+    fp64 inputs, integer or bool weights and CPU tensors (without ``TRITON_INTERPRET=1``) raise
+    ``UnsupportedInput`` unless ``allow_fallback=True``, which runs torch ops instead, counts it in
+    ``CALLS["fallback"]`` and warns once. Errors subclass torch's class for the same input
+    (contract.py); docs/features.md lists what torch computes and this op refuses.
     """
+    x = input
     # Fast path for the common call: contiguous x, a contiguous 1-D weight or none,
     # normalized_shape unset or the last dim, no residual, no out_dtype. The host cost of a call
     # at small shapes exceeds the kernel's time, so _takes_fast_path makes the checks of
@@ -708,12 +749,23 @@ def rms_norm(
             return _apply_plain(x, weight, options)
         return _run_forward(x, weight, None, *options, want_rstd=False)[0]
 
+    if (
+        has_torch_function((x, weight, residual))
+        and not torch.compiler.is_compiling()
+        and not (isinstance(x, Tensor) and x.is_nested)  # refused below, by name
+    ):
+        # a __torch_function__ subclass or an fx Proxy sees the call, as F.rms_norm's callers do
+        return handle_torch_function(
+            rms_norm, (x, weight, residual), x, normalized_shape, weight, eps, residual=residual,
+            residual_dtype=residual_dtype, offset=offset, casting=casting, out_dtype=out_dtype,
+            allow_fallback=allow_fallback,
+        )  # fmt: skip
     n, shape = _normalized_size(x, normalized_shape, weight)
     if isinstance(eps, Tensor) and eps.dim() == 0 and not eps.requires_grad and not eps.is_complex():
         eps = float(eps)  # as torch's argument parser reads a 0-dim tensor given for a float
     if eps is None:
         eps = default_eps(x.dtype) if isinstance(x, torch.Tensor) else _DEFAULT_EPS
-    transformed = torch._C._are_functorch_transforms_active() or _has_tangent(x, weight, residual)
+    transformed = _composite_needed(x, weight, residual)
     try:
         validate(x, weight, residual, eps, offset, casting, out_dtype, residual_dtype, n)
         unsupported = False
@@ -748,6 +800,9 @@ def rms_norm(
         res_in = residual.reshape(*x.shape[:-k], n) if residual is not None else None
     else:
         x_in, res_in = x, residual
+    if not torch.compiler.is_compiling():  # (a trace's custom op gets them resolved by torch)
+        # A negative view's memory holds -x: resolved (differentiably) before any pointer is read.
+        x_in, weight, res_in = _resolve_neg(x_in), _resolve_neg(weight), _resolve_neg(res_in)
     options = (eps, offset, launch.CASTING_MODES[casting], out_dtype, residual_dtype or x.dtype)
     if torch.compiler.is_compiling() or _seen_by_python_dispatch(x, weight, residual):
         y, _rstd, h = forward_op(x_in, weight, res_in, *options)
@@ -785,11 +840,20 @@ def _composite(x, shape, weight, eps, residual, residual_dtype, offset, casting,
     flat = inp.reshape(*lead, math.prod(shape))
     w = weight.reshape(-1) if weight is not None else None
     y = rms_norm_reference(flat, w, eps, offset=offset, casting=casting, out_dtype=out_dtype).view(inp.shape)
-    return (y, h) if residual is not None else y
+    y = _keep_format(y.contiguous(), x)  # torch's layout: contiguous, channels_last kept
+    if residual is not None:
+        return y, _keep_format(h.contiguous(), x)
+    return y
+
+
+# The C++ side's planners and composite backward: this module's functions, handed downward.
+host.install(_run_forward, _run_backward, _backward_composite)
 
 
 def _fallback(x, shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype):
     global _warned_fallback
+    if torch.compiler.is_compiling():  # a trace records torch ops, not a count or a warning
+        return _composite(x, shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype)
     _COUNTS["fallback"] += 1
     if not _warned_fallback:
         _warned_fallback = True

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from rmsnorm_kernel.contract import PROMOTING_CASTINGS, default_out_dtype  # noqa: F401 - read here too
+
 Tensor = torch.Tensor
 
 
@@ -55,19 +57,6 @@ def rms_norm_reference(
     if out_dtype is None:
         out_dtype = default_out_dtype(x.dtype, weight, casting)
     return normalized.to(out_dtype)
-
-
-# The casting modes whose output takes the promoted dtype of x and the weight (default_out_dtype).
-PROMOTING_CASTINGS = ("llama",)
-
-
-def default_out_dtype(x_dtype: torch.dtype, weight: Tensor | None, casting: str) -> torch.dtype:
-    """Llama multiplies a weight of its own dtype by activations of the input dtype, so the
-    output takes the promoted dtype (fp32 weight x bf16 activations gives fp32). The other modes
-    return the input's dtype."""
-    if casting in PROMOTING_CASTINGS and weight is not None:
-        return torch.promote_types(x_dtype, weight.dtype)
-    return x_dtype
 
 
 def rms_norm_backward_reference(
