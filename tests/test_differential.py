@@ -8,6 +8,7 @@ Examples per property test: the "ci" profile (derandomized, bounded for the inte
 cores) unless RMSNORM_HYPOTHESIS_PROFILE names another: "gpu" for the GPU session.
 """
 
+import dataclasses
 import os
 import warnings
 
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import example, given, settings
+from hypothesis import assume, example, given, settings
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.autograd import forward_ad as fwAD
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -24,6 +25,7 @@ import rmsnorm_kernel
 from rmsnorm_kernel import contract, host, ops
 from rmsnorm_kernel.launch import UnsupportedInput
 
+from . import differential_strategies as ds
 from .conftest import HAS_CUDA, KERNEL_DEVICES, requires_cuda, requires_interpret
 from .differential_strategies import (
     Case,
@@ -860,6 +862,95 @@ def test_second_derivatives_match_torch(device, case):
 def test_module_matches_torch(device, case):
     """RMSNorm (its weight any layout, through functional_call) as F.rms_norm, as nn.RMSNorm is."""
     check_case(case, device, run=run_module)
+
+
+# Issue 45's classes as properties over the same cases: torch's keyword, a __torch_function__
+# subclass, the TorchScript tracer (each through check_case's comparison), and batched gradients
+# (against the float64 oracle's batched gradients, by the same rule).
+
+
+def run_input_keyword(x, normalized_shape, weight, eps, residual=None, residual_dtype=None, offset=0.0):
+    kwargs = {"residual": residual, "residual_dtype": residual_dtype} if residual is not None else {}
+    out = rmsnorm_kernel.rms_norm(
+        input=x, normalized_shape=normalized_shape, weight=weight, eps=eps, offset=offset, **kwargs
+    )
+    return out if residual is not None else (out, None)
+
+
+def run_subclass(x, normalized_shape, weight, eps, residual=None, residual_dtype=None, offset=0.0):
+    """x as a __torch_function__ subclass: y comes back tagged, then compared as a Tensor."""
+    y, h = run_input_keyword(
+        x.as_subclass(_Tagged), normalized_shape, weight, eps, residual, residual_dtype, offset
+    )
+    assert type(y) is _Tagged, f"y is {type(y).__name__}"
+    return y.as_subclass(torch.Tensor), h.as_subclass(torch.Tensor) if h is not None else None
+
+
+def run_traced(x, normalized_shape, weight, eps, residual=None, residual_dtype=None, offset=0.0):
+    """The call recorded by torch.jit.trace, then the recording run (on the same inputs)."""
+    args = [t for t in (x, weight, residual) if t is not None]
+
+    def call(*tensors):
+        it = iter(tensors)
+        a, b = next(it), next(it) if weight is not None else None
+        c = next(it) if residual is not None else None
+        return run_input_keyword(a, normalized_shape, b, eps, c, residual_dtype, offset)[
+            : 2 if c is not None else 1
+        ]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(call, tuple(args), check_trace=False)
+        out = traced(*args)
+    return (out[0], out[1]) if residual is not None else (out[0], None)
+
+
+_RUNS = {"input=": run_input_keyword, "__torch_function__ subclass": run_subclass, "jit.trace": run_traced}
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("how", list(_RUNS))
+@settings(PROFILE, max_examples=max(PROFILE.max_examples // 8, 1))
+@given(case=cases())
+def test_torch_call_forms_match_torch(device, how, case):
+    if how == "jit.trace":  # a trace records no autograd graph to compare gradients through
+        case = dataclasses.replace(case, grad_y=None, grad_h=None)
+    check_case(case, device, run=_RUNS[how])
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@settings(PROFILE, max_examples=max(PROFILE.max_examples // 4, 1))
+@given(case=cases())
+def test_batched_gradients_match_torch(device, case):
+    """autograd.grad(is_grads_batched=True) over two grad_outputs (v and -2v) for y (and h), as
+    the float64 oracle's batched gradients, by the rule at the top of differential_strategies."""
+    t = case.build(device)
+    names, leaves = ds._leaves({"x": t.x, "weight": t.weight, "residual": t.residual})
+    assume(t.grad_y is not None and leaves)
+    ns, eps = case.normalized_shape, case.eps
+    y, h = ds.run_ours(t.x, ns, t.weight, eps, t.residual, case.residual_dtype, case.offset)
+    h_dtype = h.dtype if h is not None else t.x.dtype
+    x64, w64, r64 = (ds._as_float64(v) for v in (t.x, t.weight, t.residual))
+    leaves64 = [{"x": x64, "weight": w64, "residual": r64}[n] for n in names]
+    y64, h64 = ds.run_oracle(x64, ns, w64, eps, r64, case.residual_dtype, case.offset, x_dtype=t.x.dtype)
+    assume(ds.unit_scale_rows(h64 if h64 is not None else x64, ns, eps))
+
+    def batched(outs, v):
+        stack = torch.stack([v, -2 * v])
+        return [stack.to(o.dtype) for o in outs]
+
+    outs, outs64 = [y], [y64]
+    if t.grad_h is not None and h64 is not None and h64.requires_grad:  # h depends on a leaf
+        outs, outs64 = [y, h], [y64, h64]
+    vs = [t.grad_y, t.grad_h][: len(outs)]
+    got = torch.autograd.grad(
+        outs, leaves, [batched([o], v)[0] for o, v in zip(outs, vs)], is_grads_batched=True
+    )
+    want = torch.autograd.grad(
+        outs64, leaves64, [batched([o], v.double())[0] for o, v in zip(outs64, vs)], is_grads_batched=True
+    )
+    for name, leaf, g, g64 in zip(names, leaves, got, want):
+        assert_close(g, g64, h_dtype, leaf.dtype, what=f"batched d{name}")
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)

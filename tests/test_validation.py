@@ -1,5 +1,5 @@
 """The fast path's predicate against the validator it is derived from (issue 27): every call that
-``ops._takes_fast_path`` accepts is one that ``ops._normalized_size`` and ``ops.validate``
+``ops._takes_fast_path`` accepts is one that ``contract.normalized_size`` and ``contract.validate``
 accept, and gives bitwise the same result (y, its dtype and strides, and the gradients) as the
 general path. The rest of the predicate only chooses the route: each of those conditions alone
 sends a valid call to the general path.
@@ -25,7 +25,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import rmsnorm_kernel
-from rmsnorm_kernel import kernels, launch, ops
+from rmsnorm_kernel import contract, kernels, launch, ops
 
 from .conftest import KERNEL_DEVICES
 from .differential_strategies import DTYPES
@@ -199,10 +199,10 @@ def general_path_accepts(call: dict) -> tuple[int, tuple[int, ...]]:
     """What rms_norm's general path checks before it runs the kernels: _normalized_size, then
     validate with eps=None made explicit; (N, normalized shape), or their exception."""
     x, weight, eps = call["x"], call["weight"], call["eps"]
-    n, shape = ops._normalized_size(x, call["normalized_shape"], weight)
+    n, shape = contract.normalized_size(x, call["normalized_shape"], weight)
     if eps is None:
-        eps = ops.default_eps(x.dtype)
-    ops.validate(
+        eps = contract.default_eps(x.dtype)
+    contract.validate(
         x,
         weight,
         call["residual"],
@@ -225,7 +225,7 @@ def check_agreement(call: dict) -> bool:
     x = call["x"]
     n, shape = general_path_accepts(call)  # raises where the predicate took invalid input
     assert (n, shape) == (x.shape[-1], (x.shape[-1],))
-    assert ops.default_eps(x.dtype) == ops._DEFAULT_EPS  # the fast path's eps=None
+    assert contract.default_eps(x.dtype) == ops._DEFAULT_EPS  # the fast path's eps=None
     return True
 
 

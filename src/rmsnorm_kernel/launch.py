@@ -1,6 +1,6 @@
 """Launchers: allocate outputs, pick a cached launch configuration, launch.
 
-What the kernels run is declared at the top (dtypes, casting modes); ``ops.validate`` checks
+What the kernels run is declared at the top (dtypes, casting modes); ``contract.validate`` checks
 everything a user can get wrong against it before any kernel runs, so the launchers assume valid
 input.
 """

@@ -1,13 +1,6 @@
 """``RMSNorm``, a drop-in ``torch.nn.RMSNorm`` backed by the Triton kernels, and
-``swap_rms_norm``, which puts it into an existing model wherever it computes what the module
-there computes.
-
-The swap decides by behaviour, not by class name: for each module that looks like an RMSNorm it
-derives the candidate settings (offset, casting, output dtype, eps), runs the module's own
-forward on probe inputs, keeps the candidate whose formula (``reference.rms_norm_reference``)
-comes closest, then runs the replacement itself on the same probes and swaps only if its values
-and dtype match within ``PROBE_TOLERANCES``. Every other module is left as it was, with the reason
-returned in ``SwapReport.skipped`` and logged.
+``swap_rms_norm``, which puts it into a model wherever it computes what the module there
+computes, decided by behaviour on probes (docs/features.md, Swapping into a model).
 """
 
 from __future__ import annotations
@@ -33,8 +26,10 @@ from rmsnorm_kernel.contract import (
     UnsupportedInput,
     default_eps,
     default_out_dtype,
+    real_number,
 )
-from rmsnorm_kernel.ops import _autocast_float32, _composite, _real_number, rms_norm
+from rmsnorm_kernel.contract import dtype_name as _dtype_name
+from rmsnorm_kernel.ops import _autocast_float32, _composite, rms_norm
 
 logger = logging.getLogger(__name__)
 
@@ -48,24 +43,17 @@ def _check_eps(eps) -> float | None:
     too, as rms_norm reads them); stored as a float, which keeps rms_norm's fast path."""
     if eps is None:
         return None
-    if not _real_number(eps):
+    if not real_number(eps):
         raise TypeError(f"eps must be a real number or None, got {type(eps).__name__}")
     return float(eps)
 
 
 class RMSNorm(nn.RMSNorm):
-    """Same constructor, parameters and ``state_dict`` as ``torch.nn.RMSNorm``; the forward runs
-    the Triton kernels. ``eps`` is None or any real number (stored as a float; anything else
-    raises TypeError here). ``eps=None`` means torch's default: the epsilon of the opmath type,
-    ``torch.finfo(torch.float32).eps`` for fp16, bf16 and fp32 input.
-
-    Extra keyword-only options: ``offset`` (y = x * r * (offset + weight); Gemma uses 1.0),
-    ``casting`` ("default", "gemma" or "llama", see ``rms_norm``) and ``out_dtype``: None (the
-    casting mode's own output dtype), a dtype, or a rule resolved per call, "input" (x's dtype)
-    or "promoted" (the promoted dtype of x and the weight). ``forward(x, residual=None)``
-    returns ``y``, or ``(y, h)`` with ``h = x + residual`` when a residual is given.
-    ``allow_fallback`` (default True: a drop-in computes what torch.nn.RMSNorm computes): input
-    the kernels do not run (fp64, CPU) takes torch ops, with one warning (``rms_norm``).
+    """``torch.nn.RMSNorm``'s constructor, parameters and ``state_dict``; the forward runs the
+    kernels. Keyword-only extras: ``offset``, ``casting``, ``out_dtype`` (None, a dtype, or the
+    rule "input" or "promoted", resolved per call) and ``allow_fallback`` (torch ops for input the
+    kernels do not run, as torch.nn.RMSNorm computes it). ``forward(x, residual=None)`` returns
+    ``y``, or ``(y, h)``. docs/features.md, The module.
     """
 
     def __init__(
@@ -249,10 +237,6 @@ class _Refused(Exception):
     """A module that swap_rms_norm leaves as it was; the message is the reason."""
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 def _eps_attributes(module: nn.Module) -> dict[str, object]:
     """The module's own attributes whose name contains "eps" (eps, variance_epsilon, ...)."""
     return {k: v for k, v in vars(module).items() if "eps" in k.lower() and not k.startswith("_")}
@@ -302,7 +286,7 @@ def _structure(module: nn.Module) -> tuple[nn.Parameter | None, tuple[int, ...] 
         eps = module.eps
         if eps is None:  # torch's default; the explicit value too, for an op that resolves None otherwise
             return weight, tuple(module.normalized_shape), [None, default_eps(torch.float32)]
-        if not _real_number(eps):  # what F.rms_norm reads as a float (bools too), as RMSNorm takes
+        if not real_number(eps):  # what F.rms_norm reads as a float (bools too), as RMSNorm takes
             raise _Refused(f"its eps is a {type(eps).__name__}, not a real number")
         return weight, tuple(module.normalized_shape), [float(eps)]
     if weight is not None and weight.dim() != 1:
@@ -544,23 +528,13 @@ def _describe(candidate: _Candidate) -> str:
 
 
 def swap_rms_norm(model: nn.Module) -> SwapReport:
-    """Replace, in place, each module of ``model`` that computes an RMSNorm this project's
-    kernels compute, by ``RMSNorm`` (``LastDimRMSNorm`` for a weightless module that is not a
-    ``torch.nn.RMSNorm``), sharing the original weight Parameter and keeping the training mode.
-
-    Decided by behaviour: the candidates are ``torch.nn.RMSNorm`` and modules that look like an
-    RMSNorm (a 1-D ``weight`` Parameter or none, an ``eps``-named attribute); each is probed
-    (module docstring) and swapped only where the replacement matches its forward's values and
-    output dtype. Modules with hooks, buffers, submodules, other parameters or a forward that
-    takes more than the input are not probed. The probes run under ``torch.no_grad`` with a
-    local generator, outside autocast, and leave the RNG state as it was.
-
-    Returns a ``SwapReport``: the list of replaced names, with ``.skipped`` (name: reason) for
-    the candidates left as they were; each skip is logged (WARNING for torch.nn.RMSNorm and
-    classes named ``*RMSNorm*``, INFO for other look-alikes). Raises UnsupportedInput (a
-    ValueError and NotImplementedError) before changing anything when a candidate sits on a
-    device the kernels cannot run or probe (meta; CPU without ``TRITON_INTERPRET=1``): swap after
-    moving the model to the GPU.
+    """Replace, in place, each module of ``model`` that computes an RMSNorm the kernels compute by
+    ``RMSNorm`` (``LastDimRMSNorm`` for a weightless look-alike), sharing its weight Parameter and
+    keeping its training mode; each other candidate is left as it was, with the reason. The
+    probes run under no_grad, outside autocast, with the RNG state kept. Raises UnsupportedInput
+    before changing anything where a candidate sits on a device the kernels cannot run or probe
+    (meta; CPU without ``TRITON_INTERPRET=1``). Returns a ``SwapReport``. docs/features.md,
+    Swapping into a model, gives the rules.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")

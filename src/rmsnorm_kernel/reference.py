@@ -62,14 +62,9 @@ def rms_norm_reference(
 def rms_norm_backward_reference(
     x: Tensor, weight: Tensor | None, dy: Tensor, eps: float = 1e-6, *, offset: float = 0.0
 ) -> tuple[Tensor, Tensor | None]:
-    """The explicit backward formula of the module docstring, over the last dimension.
-
-    Computes in fp32 (float64 for float64 inputs); returns dx in x's dtype and dw summed over
-    every leading dimension in the weight's dtype (None without a weight). ops._backward_composite,
-    the op's differentiable backward, is the same formula, kept apart because it differs in more
-    than options: it groups dx as (u - x r * mean(u * x r)) * r (other fp32 roundings), adds a
-    gradient dh before its cast to a dx_dtype, rounds x * r to x's dtype before the dw product under
-    Llama's casting and skips dw when it is not needed.
+    """The backward formula of the module docstring over the last dimension, in fp32 (float64 for
+    float64 input): dx in x's dtype, dw summed over the leading dims in the weight's dtype (None
+    without a weight). ops._backward_composite is the op's differentiable form of it.
     """
     dtype = compute_dtype(x.dtype)
     xf, dyf = x.to(dtype), dy.to(dtype)

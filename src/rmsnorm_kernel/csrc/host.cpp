@@ -1,21 +1,12 @@
 // The compiled host path of the common call (contiguous x, a contiguous 1-D weight or none, on
-// CUDA; with or without a contiguous residual of x's shape): operators registered with torch's
-// dispatcher (rmsnorm_kernel_host::rms_norm and ::rms_norm_residual, each with CUDA, Meta and
-// Autograd kernels) whose forward and backward launch the compiled Triton kernels through the
-// driver, so an eager call does not enter Python between its entry and its launches. Its Python
-// entry, common_call, is rms_norm's first step once loaded: the fast path's checks
-// (ops._takes_fast_path's, here in C++; with a residual, the same tests and the residual's), then
-// the operator. host.py builds and loads this file; launch.py stays the one place that chooses
-// kernels and launch parameters.
-//
-// How: a call looks its launch plan up by everything the plan depends on (device, dtypes, M, N,
-// eps, offset, casting, which outputs, 16-byte alignment of the pointers). The first call of a
-// key runs the Python path once, which records its launches (launch.record) and hands them
-// back as a plan: per launch the CUfunction of the kernel Triton compiled, grid, threads,
-// shared memory and the kernel's parameters, each a constant or the data pointer of a slot
-// (an input, an output or a scratch buffer). Later calls of that key allocate the outputs and
-// scratch and issue the same launches with cuLaunchKernelEx, with the parameters packed as
-// Triton's own C launcher packs them. Same kernels, same parameters: bitwise the same results.
+// CUDA; with or without a contiguous residual of x's shape): the operators
+// rmsnorm_kernel_host::rms_norm and ::rms_norm_residual (CUDA, Meta and Autograd kernels) launch
+// the compiled Triton kernels through the driver, so an eager call does not enter Python. Their
+// Python entry, common_call, is rms_norm's first step once loaded: the fast path's tests (the
+// contract's, handed over at load), then the operator. A call looks its launch plan up by what
+// the plan depends on (device, dtypes, M, N, eps, offset, casting, outputs, alignment); a key's
+// first call runs the Python path, which records its launches (launch.record) as the plan that
+// later calls replay with cuLaunchKernelEx: same kernels, same parameters, bitwise the same.
 
 #include <torch/extension.h>
 #include <torch/library.h>
@@ -35,7 +26,6 @@
 #include <array>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <string>
 #include <memory>
 #include <mutex>
@@ -815,7 +805,7 @@ const CastingMode* fast_path_mode(PyObject* x, PyObject* ns, PyObject* weight, P
 // The residual call's route: fast_path_mode's tests on the rest of the call, a residual the
 // kernels read as it is (x's exact type, shape and device, contiguous, a kernel dtype, no
 // tangent, no Python dispatch), and residual_dtype None or a kernel dtype, which it stores in
-// *h_dtype (None: x's dtype). ops.validate accepts every call it takes (tests/test_validation.py).
+// *h_dtype (None: x's dtype). contract.validate accepts every call it takes (tests/test_validation.py).
 const CastingMode* residual_path_mode(PyObject* x, PyObject* ns, PyObject* weight, PyObject* eps, PyObject* residual,
                                       PyObject* residual_dtype, PyObject* offset, PyObject* casting,
                                       PyObject* out_dtype, bool any_device, at::ScalarType* h_dtype) {
@@ -892,7 +882,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                   offset.ptr(), casting.ptr(), out_dtype.ptr(), true, &h_dtype) != nullptr;
       },
       "common_call's predicate for a call with a residual, on any device (the tests check it against "
-      "ops.validate)");
+      "contract.validate)");
   m.def("set_contract", [](const std::vector<int64_t>& dtypes,
                            const std::vector<std::tuple<std::string, int64_t, bool>>& modes, double eps) {
     kernel_dtypes = 0;
