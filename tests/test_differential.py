@@ -905,7 +905,34 @@ def run_traced(x, normalized_shape, weight, eps, residual=None, residual_dtype=N
     return (out[0], out[1]) if residual is not None else (out[0], None)
 
 
-_RUNS = {"input=": run_input_keyword, "__torch_function__ subclass": run_subclass, "jit.trace": run_traced}
+class _Calls(torch.nn.Module):
+    """A model whose forward calls rms_norm, for torch.fx.symbolic_trace."""
+
+    def __init__(self, normalized_shape, eps, residual_dtype, offset):
+        super().__init__()
+        self.options = (normalized_shape, eps, residual_dtype, offset)
+
+    def forward(self, x, weight, residual):
+        ns, eps, residual_dtype, offset = self.options
+        return run_input_keyword(x, ns, weight, eps, residual, residual_dtype, offset)
+
+
+def run_fx(x, normalized_shape, weight, eps, residual=None, residual_dtype=None, offset=0.0):
+    """The call recorded by torch.fx.symbolic_trace as one node, then the graph run."""
+    absent = {name: None for name, t in (("weight", weight), ("residual", residual)) if t is None}
+    traced = torch.fx.symbolic_trace(
+        _Calls(normalized_shape, eps, residual_dtype, offset), concrete_args=absent
+    )
+    assert any(n.target is rmsnorm_kernel.rms_norm for n in traced.graph.nodes), traced.graph
+    return traced(x, weight, residual)
+
+
+_RUNS = {
+    "input=": run_input_keyword,
+    "__torch_function__ subclass": run_subclass,
+    "jit.trace": run_traced,
+    "fx.symbolic_trace": run_fx,
+}
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
@@ -915,6 +942,8 @@ _RUNS = {"input=": run_input_keyword, "__torch_function__ subclass": run_subclas
 def test_torch_call_forms_match_torch(device, how, case):
     if how == "jit.trace":  # a trace records no autograd graph to compare gradients through
         case = dataclasses.replace(case, grad_y=None, grad_h=None)
+    if how == "fx.symbolic_trace":  # fx cannot hold a NumPy scalar in a graph (F.rms_norm's neither)
+        assume(not isinstance(case.eps, np.generic))
     check_case(case, device, run=_RUNS[how])
 
 
