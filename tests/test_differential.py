@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import rmsnorm_kernel
 from rmsnorm_kernel import contract, host, ops
 from rmsnorm_kernel.launch import UnsupportedInput
+from rmsnorm_kernel.module import LastDimRMSNorm
 
 from . import differential_strategies as ds
 from .conftest import HAS_CUDA, KERNEL_DEVICES, requires_cuda, requires_interpret
@@ -697,6 +698,17 @@ def test_model_traced_or_scripted(device, how):
         assert_close(made(x2), theirs(x2), F32, what=how)
     if how == "fx.symbolic_trace":  # the op is one node of the graph, not its inside
         assert any(n.target is rmsnorm_kernel.rms_norm for n in made.graph.nodes)
+
+
+def test_script_of_a_weightless_swap():
+    """LastDimRMSNorm (what swap_rms_norm puts in place of a weightless look-alike) scripts to
+    F.rms_norm over the last dim, at any width."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        scripted = torch.jit.script(LastDimRMSNorm(eps=1e-5))
+    for width in (8, 24):
+        x = randn(3, width)
+        torch.testing.assert_close(scripted(x), F.rms_norm(x, (width,), None, 1e-5), rtol=0, atol=0)
 
 
 def test_script_refuses_options_torch_lacks():

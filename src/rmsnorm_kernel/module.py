@@ -16,12 +16,8 @@ from torch import nn
 
 from rmsnorm_kernel import kernels
 from rmsnorm_kernel.contract import (
-    CASTING_CODES as CASTING_MODES,
-)
-from rmsnorm_kernel.contract import (
-    KERNEL_DTYPES as SUPPORTED_DTYPES,
-)
-from rmsnorm_kernel.contract import (
+    CASTING_CODES,
+    KERNEL_DTYPES,
     Refused,
     UnsupportedInput,
     default_eps,
@@ -70,8 +66,8 @@ class RMSNorm(nn.RMSNorm):
         allow_fallback: bool = True,
     ) -> None:
         eps = _check_eps(eps)
-        if casting not in CASTING_MODES:
-            raise ValueError(f"casting must be one of {sorted(CASTING_MODES)}, got {casting!r}")
+        if casting not in CASTING_CODES:
+            raise ValueError(f"casting must be one of {sorted(CASTING_CODES)}, got {casting!r}")
         if (
             isinstance(offset, bool)
             or not isinstance(offset, numbers.Real)
@@ -82,7 +78,7 @@ class RMSNorm(nn.RMSNorm):
             raise ValueError(
                 "offset needs a weight: y = x * r * (offset + weight); elementwise_affine is False"
             )
-        if not (out_dtype is None or out_dtype in OUT_DTYPE_RULES or out_dtype in SUPPORTED_DTYPES):
+        if not (out_dtype is None or out_dtype in OUT_DTYPE_RULES or out_dtype in KERNEL_DTYPES):
             raise ValueError(
                 f"out_dtype must be None, {' or '.join(map(repr, OUT_DTYPE_RULES))}, or one of "
                 f"float32, float16, bfloat16; got {out_dtype!r}"
@@ -278,7 +274,7 @@ def _structure(module: nn.Module) -> tuple[nn.Parameter | None, tuple[int, ...] 
     extra = list(signature.parameters)[1:]
     if not signature.parameters or extra:
         raise _Refused(f"its forward takes more than the input ({', '.join(extra) or 'none'})")
-    if weight is not None and weight.dtype not in SUPPORTED_DTYPES:
+    if weight is not None and weight.dtype not in KERNEL_DTYPES:
         raise _Refused(
             f"its weight is {_dtype_name(weight.dtype)}; the kernels run float32, float16 and bfloat16"
         )
@@ -317,7 +313,7 @@ def _probe_dtypes(weight: torch.Tensor | None) -> tuple[torch.dtype, ...]:
     """The weight's dtype, and bf16 activations beside an fp32 weight; every kernel dtype
     without a weight."""
     if weight is None:
-        return SUPPORTED_DTYPES
+        return KERNEL_DTYPES
     if weight.dtype == torch.float32:
         return (torch.float32, torch.bfloat16)
     return (weight.dtype,)
@@ -440,7 +436,7 @@ def _run_original(module: nn.Module, x: torch.Tensor, weight: torch.Tensor | Non
     if not isinstance(y, torch.Tensor) or y.shape != x.shape:
         got = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
         raise _Refused(f"its forward returns {got} for an input of shape {tuple(x.shape)}")
-    if y.dtype not in SUPPORTED_DTYPES:
+    if y.dtype not in KERNEL_DTYPES:
         raise _Refused(f"its forward returns {_dtype_name(y.dtype)}")
     return y
 

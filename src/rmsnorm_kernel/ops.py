@@ -128,8 +128,8 @@ def rms_norm(
         return _run_forward(x, weight, None, *options, want_rstd=False)[0]
 
     if (
-        has_torch_function((x, weight, residual))
-        and not torch.compiler.is_compiling()
+        not torch.compiler.is_compiling()
+        and has_torch_function((x, weight, residual))
         and not (isinstance(x, Tensor) and x.is_nested)  # refused below, by name
     ):
         # a __torch_function__ subclass or an fx Proxy sees the call, as F.rms_norm's callers do
