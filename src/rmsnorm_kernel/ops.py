@@ -147,7 +147,7 @@ def rms_norm(
     try:
         validate(x, weight, residual, eps, offset, casting, out_dtype, residual_dtype, n)
         unsupported = False
-    except launch.UnsupportedInput:
+    except contract.UnsupportedInput:
         if not (allow_fallback or transformed):
             raise
         unsupported = True
@@ -213,9 +213,9 @@ def _takes_fast_path(
     casting,
     out_dtype: torch.dtype | None,
 ) -> bool:
-    """Whether ``rms_norm`` (same arguments) takes its fast path, which skips ``_normalized_size``
-    and ``validate``: their rules in the cheapest form, exact types only (no bool, numpy scalar
-    or other sequence), so it accepts a subset of what they accept (tests/test_validation.py
+    """Whether ``rms_norm`` (same arguments) takes its fast path, which skips contract.py's
+    validator: its rules in the cheapest form, exact types only (no bool, numpy scalar
+    or other sequence), so it accepts a subset of what it accepts (tests/test_validation.py
     checks this), plus the conditions that only choose the route. Inline tests, no calls but
     torch's: the common call's host time is a few microseconds."""
     # Route: not while tracing (torch.compile sees the general path; tested first, so that
@@ -232,7 +232,7 @@ def _takes_fast_path(
         shape = x.shape
         n = shape[-1] if shape else 0
         ns = normalized_shape
-        if ns is not None:  # _normalized_size: an int or a 1-tuple (nn.RMSNorm's form) of the last dim
+        if ns is not None:  # normalized_size: an int or a 1-tuple (nn.RMSNorm's form) of the last dim
             if type(ns) is tuple and len(ns) == 1:
                 ns = ns[0]
             if type(ns) is not int or ns != n:
