@@ -730,10 +730,11 @@ def test_torch_keyword_input(device):
 def test_torch_function_subclass(device):
     """A __torch_function__ subclass sees the call and gets its type back, as from F.rms_norm."""
     torch.manual_seed(0)
-    x, w = randn(3, 16, device=device).as_subclass(_Tagged), randn(16, device=device)
-    got, want = rmsnorm_kernel.rms_norm(x, (16,), w, 1e-6), F.rms_norm(x, (16,), w, 1e-6)
-    assert type(got) is type(want) is _Tagged
-    assert_close(got.as_subclass(torch.Tensor), want.as_subclass(torch.Tensor), F32, what="subclass y")
+    x, w = randn(3, 16, device=device), randn(16, device=device)
+    for a, b in ((x.as_subclass(_Tagged), w), (x, w.as_subclass(_Tagged))):  # x, then the weight
+        got, want = rmsnorm_kernel.rms_norm(a, (16,), b, 1e-6), F.rms_norm(a, (16,), b, 1e-6)
+        assert type(got) is type(want) is _Tagged
+        assert_close(got.as_subclass(torch.Tensor), want.as_subclass(torch.Tensor), F32, what="subclass y")
 
 
 @pytest.mark.parametrize("device", [*KERNEL_DEVICES, pytest.param("cpu", id="cpu")])

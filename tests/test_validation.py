@@ -294,6 +294,10 @@ def test_common_calls_take_the_fast_path(monkeypatch, changes):
     assert ops._takes_fast_path(*call.values())
 
 
+class _Subclass(torch.Tensor):
+    """A __torch_function__ subclass (torch's default handler)."""
+
+
 # Valid calls, each one change from an accepted one, that the fast path leaves to the general
 # path: a condition that only chooses the route, or a form its exact-type tests leave out.
 GENERAL_ONLY = {
@@ -309,6 +313,8 @@ GENERAL_ONLY = {
     # negative views: their storage holds -t, so the general path resolves them first
     "negative-x": {"x": torch._neg_view(torch.randn(4, 8))},
     "negative-weight": {"weight": torch._neg_view(torch.randn(8))},
+    # a subclass weight sees the call through its __torch_function__, as F.rms_norm's does
+    "subclass-weight": {"weight": torch.randn(8).as_subclass(_Subclass)},
 }
 
 

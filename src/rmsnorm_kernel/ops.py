@@ -249,13 +249,12 @@ def _takes_fast_path(
             and (
                 (weight is None and offset == 0.0)
                 or (
-                    isinstance(weight, Tensor)
+                    type(weight) in _PLAIN  # route: subclasses see the call (__torch_function__, dispatch)
                     and weight.shape == (n,)
                     and weight.dtype in _SUPPORTED
                     and weight.device == x.device
                     and weight.is_contiguous()  # route
                     and not weight.is_neg()  # route
-                    and (type(weight) in _PLAIN or not torch._C._dispatch_keys(weight).has(_PYTHON_KEY))
                 )
             )
             # Route: contiguous x, no negative view (resolved first), no functorch transform, no

@@ -733,6 +733,7 @@ struct CastingMode {
 std::vector<CastingMode> casting_modes;
 uint64_t kernel_dtypes = 0;
 double default_eps = 0.0;
+PyTypeObject* parameter_type = nullptr;  // torch.nn.Parameter, the one weight subclass taken
 
 bool kernel_dtype(at::ScalarType t) {
   const auto code = static_cast<uint64_t>(t);
@@ -782,11 +783,13 @@ const CastingMode* fast_path_mode(PyObject* x, PyObject* ns, PyObject* weight, P
   if (weight == Py_None) {
     if (off != 0.0) return nullptr;
   } else {
-    if (!THPVariable_Check(weight)) return nullptr;
+    // exact types only: a subclass sees the call (its __torch_function__ or __torch_dispatch__)
+    if (Py_TYPE(weight) != reinterpret_cast<PyTypeObject*>(THPVariableClass) && Py_TYPE(weight) != parameter_type) {
+      return nullptr;
+    }
     w = &THPVariable_Unpack(weight);
     if (!dense(*w) || w->dim() != 1 || w->size(0) != n || !kernel_dtype(w->scalar_type()) ||
-        w->device() != xt.device() || !w->is_contiguous() || w->key_set().has(c10::DispatchKey::Python) ||
-        w->is_neg()) {
+        w->device() != xt.device() || !w->is_contiguous() || w->is_neg()) {
       return nullptr;
     }
   }
@@ -890,6 +893,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     casting_modes.clear();
     for (const auto& [name, code, promotes] : modes) casting_modes.push_back({name, code, promotes});
     default_eps = eps;
+    parameter_type = reinterpret_cast<PyTypeObject*>(py::module_::import("torch.nn").attr("Parameter").ptr());
   });
   m.def("set_callbacks", [](py::object plan_forward, py::object plan_backward, py::object composite) {
     plan_forward_fn = new py::object(std::move(plan_forward));
