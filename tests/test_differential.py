@@ -751,8 +751,10 @@ def test_module_on_float64(device):
     want = theirs(x)
     torch.testing.assert_close(got, want)  # float64 torch ops on both sides: torch's default bound
     torch.testing.assert_close(torch.autograd.grad(got.sum(), x)[0], torch.autograd.grad(want.sum(), x)[0])
+    strict = rmsnorm_kernel.RMSNorm(16, device=device, dtype=torch.float64, allow_fallback=False)
+    assert "allow_fallback=False" in repr(strict) and "allow_fallback" not in repr(ours)
     with pytest.raises(UnsupportedInput):
-        rmsnorm_kernel.RMSNorm(16, device=device, dtype=torch.float64, allow_fallback=False)(x)
+        strict(x)
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)

@@ -137,6 +137,8 @@ class RMSNorm(nn.RMSNorm):
             extra += f", casting={self.casting!r}"
         if self.out_dtype is not None:
             extra += f", out_dtype={self.out_dtype!r}"
+        if not self.allow_fallback:
+            extra += ", allow_fallback=False"
         return extra
 
 
