@@ -121,12 +121,14 @@ class Layout:
     """How a tensor sits in its storage. ``order``: its dims from the outermost in storage to the
     innermost (transposes, channels_last); ``steps``: each dim's slicing step (strided views);
     ``pads``: elements skipped before each dim starts (storage offsets); ``expanded``: dims
-    stored once and expanded (stride 0)."""
+    stored once and expanded (stride 0); ``negative``: a negative view (``torch._neg_view``:
+    the storage holds -t, the negative bit says so), as ``x.neg()`` can give under some transforms."""
 
     order: tuple[int, ...]
     steps: tuple[int, ...]
     pads: tuple[int, ...]
     expanded: tuple[bool, ...]
+    negative: bool = False
 
     @classmethod
     def dense(cls, dims: int) -> Layout:
@@ -149,6 +151,8 @@ def laid_out(shape, spec: TensorSpec, device, scale: float = 1.0) -> Tensor:
     base_shape = [layout.pads[d] + stored[d] * layout.steps[d] for d in layout.order]
     g = torch.Generator().manual_seed(spec.seed)
     base = (torch.randn(base_shape, generator=g) * scale).to(dtype=spec.dtype, device=device)
+    if layout.negative:  # the same values, stored negated behind the negative bit
+        base = torch._neg_view(-base)
     view = base[
         tuple(
             slice(layout.pads[d], layout.pads[d] + stored[d] * layout.steps[d], layout.steps[d])
@@ -212,7 +216,7 @@ def layouts(draw, dims: int, channels_last: bool = False) -> Layout:
     steps = tuple(draw(st.sampled_from((1, 2, 3))) for _ in range(dims))
     pads = tuple(draw(st.sampled_from((0, 1, 3))) for _ in range(dims))
     expanded = tuple(draw(st.booleans()) for _ in range(dims))
-    return Layout(order, steps, pads, expanded)
+    return Layout(order, steps, pads, expanded, draw(st.booleans()))
 
 
 @st.composite

@@ -8,6 +8,7 @@ Examples per property test: the "ci" profile (derandomized, bounded for the inte
 cores) unless RMSNORM_HYPOTHESIS_PROFILE names another: "gpu" for the GPU session.
 """
 
+import dataclasses
 import os
 import warnings
 
@@ -15,21 +16,24 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import example, given, settings
+from hypothesis import assume, example, given, settings
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.autograd import forward_ad as fwAD
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import rmsnorm_kernel
-from rmsnorm_kernel import host, kernels, ops
+from rmsnorm_kernel import contract, host, ops
 from rmsnorm_kernel.launch import UnsupportedInput
+from rmsnorm_kernel.module import LastDimRMSNorm
 
+from . import differential_strategies as ds
 from .conftest import HAS_CUDA, KERNEL_DEVICES, requires_cuda, requires_interpret
 from .differential_strategies import (
     Case,
     Layout,
     TensorSpec,
     assert_close,
+    assert_same_strides,
     cases,
     check_against_torch,
     check_case,
@@ -157,7 +161,7 @@ def test_double_backward_formula_gradgradcheck(offset):
         @staticmethod
         def backward(ctx, dy):
             x, w = ctx.saved_tensors
-            return backward(dy, None, x, w, eps, offset, kernels.CAST_FP32, True, x.dtype)
+            return backward(dy, None, x, w, eps, offset, contract.CAST_FP32, True, x.dtype)
 
     torch.manual_seed(0)
     x = torch.randn(3, 7, dtype=torch.float64, requires_grad=True)
@@ -430,7 +434,8 @@ def test_grad_output_expanded(device):
 # ---------------------------------------------------------------------------------------------
 
 # (case, make: () -> (x, normalized_shape, weight), error, argument named, torch rejects it too).
-# An integer weight torch promotes; the contract takes float weights only, and names it.
+# Where torch rejects it too, ours is also an instance of torch's class. What torch computes and
+# the op refuses (complex, nested) is refused by name, as docs/features.md lists.
 BAD_INPUT = [
     ("integer x", lambda: (torch.ones(2, 4, dtype=torch.int32), (4,), None), TypeError, "x", True),
     (
@@ -455,10 +460,17 @@ BAD_INPUT = [
         True,
     ),
     (
-        "integer weight",
-        lambda: (torch.randn(2, 4), (4,), torch.ones(4, dtype=torch.int64)),
+        "complex weight",
+        lambda: (torch.randn(2, 4), (4,), torch.ones(4, dtype=torch.complex64)),
         TypeError,
-        "weight",
+        "weight is complex64",
+        False,
+    ),
+    (
+        "complex x",
+        lambda: (torch.randn(2, 4, dtype=torch.complex64), (4,), None),
+        TypeError,
+        "x is complex64",
         False,
     ),
     (
@@ -503,14 +515,19 @@ BAD_INPUT = [
 )
 def test_bad_input_rejected_before_launch(case, make, error, name, torch_rejects):
     x, ns, w = make()
+    torch_error = NotImplementedError  # the class of what torch computes and the op refuses
     if torch_rejects:
-        with pytest.raises((RuntimeError, ValueError, TypeError, NotImplementedError)):
+        with pytest.raises((RuntimeError, ValueError, TypeError, NotImplementedError)) as theirs:
             F.rms_norm(x, ns, w, 1e-6)
+        torch_error = type(theirs.value)
     before = dict(ops.CALLS)
     with pytest.raises(error, match=name) as raised:
         rmsnorm_kernel.rms_norm(x, ns, w, 1e-6)
     assert not isinstance(raised.value, UnsupportedInput), (
         f"{case}: rejected as unsupported, not as bad input"
+    )
+    assert isinstance(raised.value, torch_error), (
+        f"{case}: {type(raised.value).__name__} does not subclass {torch_error.__name__}, torch's class here"
     )
     assert ops.CALLS == before
 
@@ -543,6 +560,264 @@ def test_float64_needs_allow_fallback():
         warnings.simplefilter("ignore", RuntimeWarning)
         y = rmsnorm_kernel.rms_norm(x, (8,), None, 1e-6, allow_fallback=True)
     torch.testing.assert_close(y, F.rms_norm(x, (8,), None, 1e-6))
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 45: uses torch computes that gave wrong numbers or raised, one regression case per class
+# ---------------------------------------------------------------------------------------------
+
+# (tensor stored negated behind the negative bit, with a residual)
+_NEGATIVE = [("x", False), ("x", True), ("weight", False), ("weight", True), ("residual", True),
+             ("grad_y", False), ("grad_y", True), ("grad_h", True)]  # fmt: skip
+
+
+_NEGATIVE_CASES = [
+    pytest.param(n, r, g, id=f"{n}-{'res' if r else 'plain'}-{'backward' if g else 'forward'}")
+    for n, r in _NEGATIVE
+    for g in (False, True)
+    if g or not n.startswith("grad")
+]
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize(("negative", "residual", "requires_grad"), _NEGATIVE_CASES)
+def test_negative_views(device, negative, residual, requires_grad):
+    """A tensor with the negative bit set (torch._neg_view: the storage holds -t) reads as t:
+    the kernels read storage, and gave -y, -dx before the views were resolved."""
+    torch.manual_seed(0)
+
+    def make(name, *shape, dtype=F32):
+        t = randn(*shape, dtype=dtype, device=device)
+        t = torch._neg_view(-t) if name == negative else t
+        assert t.is_neg() == (name == negative)
+        return t.requires_grad_() if requires_grad and not name.startswith("grad") else t
+
+    x, w = make("x", 4, 64), make("weight", 64)
+    r = make("residual", 4, 64, dtype=BF16) if residual else None
+    grad_y = make("grad_y", 4, 64) if requires_grad else None
+    grad_h = make("grad_h", 4, 64) if requires_grad and residual else None
+    check_against_torch(x, (64,), w, 1e-6, residual=r, grad_y=grad_y, grad_h=grad_h)
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("residual", [False, True])
+def test_batched_gradients(device, residual):
+    """autograd.grad(is_grads_batched=True) and jacobian/hessian(vectorize=True) batch the
+    backward with autograd's vmap, whose tensors have no storage: they raised "Cannot access
+    storage of BatchedTensorImpl". Compared with torch's float64 autograd, by the table."""
+    torch.manual_seed(0)
+    x, w, r = randn(3, 16, device=device), randn(16, device=device), randn(3, 16, device=device)
+    grads = randn(4, 3, 16, device=device)
+
+    def batched(fn, dtype):
+        xs, ws = x.to(dtype).requires_grad_(), w.to(dtype).requires_grad_()
+        if residual:
+            rs = r.to(dtype).requires_grad_()
+            y, h = fn(xs, ws, rs)
+            leaves, outs = (xs, ws, rs), (y, h)
+            gouts = (grads.to(dtype), grads.flip(0).to(dtype))
+        else:
+            leaves, outs, gouts = (xs, ws), fn(xs, ws), grads.to(dtype)
+        return torch.autograd.grad(outs, leaves, gouts, is_grads_batched=True)
+
+    def ours(a, b, c=None):
+        return rmsnorm_kernel.rms_norm(a, (16,), b, 1e-6, residual=c)
+
+    def theirs(a, b, c=None):
+        h = a + c if c is not None else a
+        y = F.rms_norm(h, (16,), b, 1e-6)
+        return (y, h) if c is not None else y
+
+    for g, g64, what in zip(batched(ours, F32), batched(theirs, torch.float64), ("dx", "dw", "dresidual")):
+        assert_close(g, g64, F32, what=f"batched {what}")
+
+    def one(fn, dtype=F32):
+        if not residual:
+            return lambda a: fn(a, w.to(dtype))
+        return lambda a: fn(a, w.to(dtype), r[: a.shape[0]].to(dtype))[0]
+
+    jac = torch.autograd.functional.jacobian(one(ours), x, vectorize=True)
+    jac64 = torch.autograd.functional.jacobian(one(theirs, torch.float64), x.double(), vectorize=True)
+    assert_close(jac, jac64, F32, what="jacobian(vectorize=True)")
+    x1 = x[:1].contiguous()
+    hess = torch.autograd.functional.hessian(lambda a: one(ours)(a).pow(2).sum(), x1, vectorize=True)
+    hess64 = torch.autograd.functional.hessian(
+        lambda a: one(theirs, torch.float64)(a).pow(2).sum(), x1.double(), vectorize=True
+    )
+    assert_close(hess, hess64, F32, what="hessian(vectorize=True)")
+
+
+# gradcheck in fp32 (the kernels' widest dtype): central differences at this step err by about
+# step^2 times the third derivative plus fp32 rounding over the step, inside this bound for
+# unit-scale rows.
+_GRADCHECK_FP32 = {"eps": 1e-3, "atol": 1e-2, "rtol": 1e-2}
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_gradcheck_batched_grad(device):
+    """gradcheck(check_batched_grad=True): the batched backward against the unbatched one."""
+    torch.manual_seed(0)
+    x = randn(2, 8, device=device, requires_grad=True)
+    w = randn(8, device=device, requires_grad=True)
+    fn = lambda a, b: rmsnorm_kernel.rms_norm(a, (8,), b, 1e-6)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (x, w), check_batched_grad=True, **_GRADCHECK_FP32)
+
+
+class _Tagged(torch.Tensor):
+    """A __torch_function__ subclass with torch's default handler: results come back tagged."""
+
+
+def _models(device, eps=1e-6):
+    """(ours, torch's): Linear then RMSNorm, the same weights."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(16, 16, device=device)
+    norm = rmsnorm_kernel.RMSNorm(16, eps=eps, device=device)
+    theirs = torch.nn.RMSNorm(16, eps=eps, device=device)
+    with torch.no_grad():
+        norm.weight.copy_(randn(16, device=device))
+        theirs.weight.copy_(norm.weight)
+    return torch.nn.Sequential(linear, norm), torch.nn.Sequential(linear, theirs)
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("how", ["jit.trace", "jit.script", "fx.symbolic_trace"])
+def test_model_traced_or_scripted(device, how):
+    """A model holding the module, traced or scripted: it raised (the kernels' launches cannot be
+    traced; TorchScript cannot compile the op's Python; fx handed the op a Proxy). The traced
+    model is run on a second input, so the recorded graph is what is checked."""
+    ours, theirs = _models(device)
+    x1, x2 = randn(3, 16, device=device), randn(5, 16, device=device)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.jit's deprecation and tracer warnings
+        if how == "jit.trace":
+            made = torch.jit.trace(ours, x1)
+        elif how == "jit.script":
+            made = torch.jit.script(ours)
+        else:
+            made = torch.fx.symbolic_trace(ours)
+        assert_close(made(x2), theirs(x2), F32, what=how)
+    if how == "fx.symbolic_trace":  # the op is one node of the graph, not its inside
+        assert any(n.target is rmsnorm_kernel.rms_norm for n in made.graph.nodes)
+
+
+def test_script_of_a_weightless_swap():
+    """LastDimRMSNorm (what swap_rms_norm puts in place of a weightless look-alike) scripts to
+    F.rms_norm over the last dim, at any width."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        scripted = torch.jit.script(LastDimRMSNorm(eps=1e-5))
+    for width in (8, 24):
+        x = randn(3, width)
+        torch.testing.assert_close(scripted(x), F.rms_norm(x, (width,), None, 1e-5), rtol=0, atol=0)
+
+
+def test_script_refuses_options_torch_lacks():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(NotImplementedError, match="TorchScript"):
+            torch.jit.script(rmsnorm_kernel.RMSNorm(8, offset=1.0, casting="gemma"))
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_torch_keyword_input(device):
+    torch.manual_seed(0)
+    x, w = randn(3, 16, device=device), randn(16, device=device)
+    got = rmsnorm_kernel.rms_norm(input=x, normalized_shape=(16,), weight=w, eps=1e-6)
+    assert_close(got, F.rms_norm(input=x, normalized_shape=(16,), weight=w, eps=1e-6), F32, what="input=")
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_torch_function_subclass(device):
+    """A __torch_function__ subclass sees the call and gets its type back, as from F.rms_norm."""
+    torch.manual_seed(0)
+    x, w = randn(3, 16, device=device), randn(16, device=device)
+    for a, b in ((x.as_subclass(_Tagged), w), (x, w.as_subclass(_Tagged))):  # x, then the weight
+        got, want = rmsnorm_kernel.rms_norm(a, (16,), b, 1e-6), F.rms_norm(a, (16,), b, 1e-6)
+        assert type(got) is type(want) is _Tagged
+        assert_close(got.as_subclass(torch.Tensor), want.as_subclass(torch.Tensor), F32, what="subclass y")
+
+
+@pytest.mark.parametrize("device", [*KERNEL_DEVICES, pytest.param("cpu", id="cpu")])
+def test_module_on_float64(device):
+    """The module computes what torch.nn.RMSNorm computes on input the kernels do not run
+    (float64; CPU without the interpreter): it raised, with no way to reach the fallback."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 16, dtype=torch.float64, device=device, requires_grad=True)
+    ours = rmsnorm_kernel.RMSNorm(16, device=device, dtype=torch.float64)
+    theirs = torch.nn.RMSNorm(16, device=device, dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the fallback's one warning
+        got = ours(x)
+    want = theirs(x)
+    torch.testing.assert_close(got, want)  # float64 torch ops on both sides: torch's default bound
+    torch.testing.assert_close(torch.autograd.grad(got.sum(), x)[0], torch.autograd.grad(want.sum(), x)[0])
+    strict = rmsnorm_kernel.RMSNorm(16, device=device, dtype=torch.float64, allow_fallback=False)
+    assert "allow_fallback=False" in repr(strict) and "allow_fallback" not in repr(ours)
+    with pytest.raises(UnsupportedInput):
+        strict(x)
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_integer_weight_falls_back_to_torch(device):
+    """An integer or bool weight torch promotes: valid input the kernels do not run."""
+    x = randn(3, 8, device=device)
+    for w in (torch.arange(8, device=device), torch.ones(8, dtype=torch.bool, device=device)):
+        with pytest.raises(UnsupportedInput, match="allow_fallback"):
+            rmsnorm_kernel.rms_norm(x, (8,), w, 1e-6)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = rmsnorm_kernel.rms_norm(x, (8,), w, 1e-6, allow_fallback=True)
+            want = F.rms_norm(x, (8,), w, 1e-6)
+        assert got.dtype == want.dtype
+        assert_close(got, want, F32, what=f"{w.dtype} weight")
+
+
+_STRIDE_LAYOUTS = {
+    "transposed": lambda d: torch.randn(16, 4, device=d).t(),
+    "permuted 3-D": lambda d: torch.randn(5, 3, 4, device=d).permute(1, 0, 2),
+    "channels_last": lambda d: torch.randn(2, 3, 4, 5, device=d).to(memory_format=torch.channels_last),
+}
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("path", ["fallback", "forward-mode AD"])
+@pytest.mark.parametrize("layout", list(_STRIDE_LAYOUTS))
+def test_torch_ops_paths_give_torchs_strides(device, path, layout):
+    """The paths that run torch ops (the fallback, forward-mode AD) gave y the input's strides;
+    torch's y is contiguous (channels_last kept), as the kernels' is."""
+    torch.manual_seed(0)
+    x = _STRIDE_LAYOUTS[layout](device)
+    n = x.shape[-1]
+    w = torch.randn(n, device=device)
+    if path == "fallback":
+        x, w = x.double(), w.double()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            got = rmsnorm_kernel.rms_norm(x, (n,), w, 1e-6, allow_fallback=True)
+        want = F.rms_norm(x, (n,), w, 1e-6)
+        assert_same_strides(got, want, "fallback y")
+        return
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(x, torch.randn_like(x))
+        got = fwAD.unpack_dual(rmsnorm_kernel.rms_norm(dual, (n,), w, 1e-6))
+        want = fwAD.unpack_dual(F.rms_norm(dual, (n,), w, 1e-6))
+    assert_same_strides(got.primal, want.primal, "y under forward-mode AD")
+    assert_same_strides(got.tangent, want.tangent, "y's tangent")
+
+
+def test_compile_fullgraph_when_the_first_call_falls_back(monkeypatch):
+    """torch.compile(fullgraph=True) of a call that takes the fallback, the process's first: its
+    one-time warning broke the graph. (CPU float64; the eager backend: dynamo's trace is the test.)"""
+    monkeypatch.setattr(ops, "_warned_fallback", False)
+    torch._dynamo.reset()
+    x = torch.randn(3, 8, dtype=torch.float64)
+    fn = torch.compile(
+        lambda a: rmsnorm_kernel.rms_norm(a, (8,), None, 1e-6, allow_fallback=True),
+        fullgraph=True,
+        backend="eager",
+    )
+    torch.testing.assert_close(fn(x), F.rms_norm(x, (8,), None, 1e-6))
+    torch._dynamo.reset()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -602,6 +877,124 @@ def test_second_derivatives_match_torch(device, case):
 def test_module_matches_torch(device, case):
     """RMSNorm (its weight any layout, through functional_call) as F.rms_norm, as nn.RMSNorm is."""
     check_case(case, device, run=run_module)
+
+
+# Issue 45's classes as properties over the same cases: torch's keyword, a __torch_function__
+# subclass, the TorchScript tracer (each through check_case's comparison), and batched gradients
+# (against the float64 oracle's batched gradients, by the same rule).
+
+
+def run_input_keyword(x, normalized_shape, weight, eps, residual=None, residual_dtype=None, offset=0.0):
+    kwargs = {"residual": residual, "residual_dtype": residual_dtype} if residual is not None else {}
+    out = rmsnorm_kernel.rms_norm(
+        input=x, normalized_shape=normalized_shape, weight=weight, eps=eps, offset=offset, **kwargs
+    )
+    return out if residual is not None else (out, None)
+
+
+def run_subclass(x, normalized_shape, weight, eps, residual=None, residual_dtype=None, offset=0.0):
+    """x as a __torch_function__ subclass: y comes back tagged, then compared as a Tensor."""
+    y, h = run_input_keyword(
+        x.as_subclass(_Tagged), normalized_shape, weight, eps, residual, residual_dtype, offset
+    )
+    assert type(y) is _Tagged, f"y is {type(y).__name__}"
+    return y.as_subclass(torch.Tensor), h.as_subclass(torch.Tensor) if h is not None else None
+
+
+def run_traced(x, normalized_shape, weight, eps, residual=None, residual_dtype=None, offset=0.0):
+    """The call recorded by torch.jit.trace, then the recording run (on the same inputs)."""
+    args = [t for t in (x, weight, residual) if t is not None]
+
+    def call(*tensors):
+        it = iter(tensors)
+        a, b = next(it), next(it) if weight is not None else None
+        c = next(it) if residual is not None else None
+        return run_input_keyword(a, normalized_shape, b, eps, c, residual_dtype, offset)[
+            : 2 if c is not None else 1
+        ]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(call, tuple(args), check_trace=False)
+        out = traced(*args)
+    return (out[0], out[1]) if residual is not None else (out[0], None)
+
+
+class _Calls(torch.nn.Module):
+    """A model whose forward calls rms_norm, for torch.fx.symbolic_trace."""
+
+    def __init__(self, normalized_shape, eps, residual_dtype, offset):
+        super().__init__()
+        self.options = (normalized_shape, eps, residual_dtype, offset)
+
+    def forward(self, x, weight, residual):
+        ns, eps, residual_dtype, offset = self.options
+        return run_input_keyword(x, ns, weight, eps, residual, residual_dtype, offset)
+
+
+def run_fx(x, normalized_shape, weight, eps, residual=None, residual_dtype=None, offset=0.0):
+    """The call recorded by torch.fx.symbolic_trace as one node, then the graph run."""
+    absent = {name: None for name, t in (("weight", weight), ("residual", residual)) if t is None}
+    traced = torch.fx.symbolic_trace(
+        _Calls(normalized_shape, eps, residual_dtype, offset), concrete_args=absent
+    )
+    assert any(n.target is rmsnorm_kernel.rms_norm for n in traced.graph.nodes), traced.graph
+    return traced(x, weight, residual)
+
+
+_RUNS = {
+    "input=": run_input_keyword,
+    "__torch_function__ subclass": run_subclass,
+    "jit.trace": run_traced,
+    "fx.symbolic_trace": run_fx,
+}
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("how", list(_RUNS))
+@settings(PROFILE, max_examples=max(PROFILE.max_examples // 8, 1))
+@given(case=cases())
+def test_torch_call_forms_match_torch(device, how, case):
+    if how == "jit.trace":  # a trace records no autograd graph to compare gradients through
+        case = dataclasses.replace(case, grad_y=None, grad_h=None)
+    if how == "fx.symbolic_trace":  # fx cannot hold a NumPy scalar in a graph (F.rms_norm's neither)
+        assume(not isinstance(case.eps, np.generic))
+    check_case(case, device, run=_RUNS[how])
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@settings(PROFILE, max_examples=max(PROFILE.max_examples // 4, 1))
+@given(case=cases())
+def test_batched_gradients_match_torch(device, case):
+    """autograd.grad(is_grads_batched=True) over two grad_outputs (v and -2v) for y (and h), as
+    the float64 oracle's batched gradients, by the rule at the top of differential_strategies."""
+    t = case.build(device)
+    names, leaves = ds._leaves({"x": t.x, "weight": t.weight, "residual": t.residual})
+    assume(t.grad_y is not None and leaves)
+    ns, eps = case.normalized_shape, case.eps
+    y, h = ds.run_ours(t.x, ns, t.weight, eps, t.residual, case.residual_dtype, case.offset)
+    h_dtype = h.dtype if h is not None else t.x.dtype
+    x64, w64, r64 = (ds._as_float64(v) for v in (t.x, t.weight, t.residual))
+    leaves64 = [{"x": x64, "weight": w64, "residual": r64}[n] for n in names]
+    y64, h64 = ds.run_oracle(x64, ns, w64, eps, r64, case.residual_dtype, case.offset, x_dtype=t.x.dtype)
+    assume(ds.unit_scale_rows(h64 if h64 is not None else x64, ns, eps))
+
+    def batched(outs, v):
+        stack = torch.stack([v, -2 * v])
+        return [stack.to(o.dtype) for o in outs]
+
+    outs, outs64 = [y], [y64]
+    if t.grad_h is not None and h64 is not None and h64.requires_grad:  # h depends on a leaf
+        outs, outs64 = [y, h], [y64, h64]
+    vs = [t.grad_y, t.grad_h][: len(outs)]
+    got = torch.autograd.grad(
+        outs, leaves, [batched([o], v)[0] for o, v in zip(outs, vs)], is_grads_batched=True
+    )
+    want = torch.autograd.grad(
+        outs64, leaves64, [batched([o], v.double())[0] for o, v in zip(outs64, vs)], is_grads_batched=True
+    )
+    for name, leaf, g, g64 in zip(names, leaves, got, want):
+        assert_close(g, g64, h_dtype, leaf.dtype, what=f"batched d{name}")
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)

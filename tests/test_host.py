@@ -13,8 +13,10 @@ import struct
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from rmsnorm_kernel import host, launch, ops, rms_norm
+from rmsnorm_suite import cases
 from tests.conftest import requires_cuda
 
 
@@ -56,10 +58,11 @@ def test_compiled_mode_raises_when_it_cannot_build(monkeypatch):
         host.extension()
 
 
-def test_loaded_extension_gets_the_reference_output_dtype_rule(monkeypatch):
-    """The C++ side learns which casting modes promote the output (bf16 x, fp32 weight gives
-    fp32) from reference.default_out_dtype's rule, not a list of its own."""
-    from rmsnorm_kernel import reference
+def test_loaded_extension_gets_the_contract(monkeypatch):
+    """The C++ side learns the kernel dtypes, the casting modes (and which promote the output:
+    bf16 x, fp32 weight gives fp32) and the default eps from contract.table(), not a copy of
+    its own."""
+    from rmsnorm_kernel import contract
 
     class Ext:
         common_call = object()
@@ -67,8 +70,8 @@ def test_loaded_extension_gets_the_reference_output_dtype_rule(monkeypatch):
         def set_callbacks(self, *callbacks):
             pass
 
-        def set_casting_modes(self, modes):
-            self.modes = modes
+        def set_contract(self, dtypes, modes, eps):
+            self.dtypes, self.modes, self.eps = dtypes, modes, eps
 
     ext = Ext()
     monkeypatch.setenv(host.ENV, "compiled")
@@ -78,11 +81,13 @@ def test_loaded_extension_gets_the_reference_output_dtype_rule(monkeypatch):
     assert host.extension() is ext and host.entry is ext.common_call
     weight = torch.ones(4, dtype=torch.float32)
     promotes = {
-        name: reference.default_out_dtype(torch.bfloat16, weight, name) != torch.bfloat16
+        name: contract.default_out_dtype(torch.bfloat16, weight, name) != torch.bfloat16
         for name in launch.CASTING_MODES
     }
     assert ext.modes == [(name, code, promotes[name]) for name, code in launch.CASTING_MODES.items()]
     assert any(promotes.values()) and not all(promotes.values())
+    assert ext.dtypes == [host.SCALAR_TYPES[d] for d in contract.KERNEL_DTYPES]
+    assert ext.eps == torch.finfo(torch.float32).eps
 
 
 def test_extension_builds_and_loads(built_extension):
@@ -740,3 +745,37 @@ def test_dispatch_mode_sees_the_operators(interpreted_extension):
             "rmsnorm_kernel_host.rms_norm_residual.default",
         ]
         assert (y.grad_fn is not None, y2.grad_fn is not None, h.grad_fn is not None) == (grad, grad, grad)
+
+
+@pytest.mark.interpret
+def test_operator_backward_reads_negative_and_batched_gradients(interpreted_extension):
+    """Both operators' C++ nodes on a gradient stored negated (the negative bit: resolved before
+    its pointer is read; it gave -dx) and on a batched one (is_grads_batched: autograd's vmap,
+    whose tensors have no storage; the node takes the composite formula). Against torch's
+    float64 autograd of the same composition, by the fp32 entry of the tolerance table."""
+    tol = cases.TOLERANCES[F32]
+    ext = interpreted_extension
+    g = torch.Generator().manual_seed(11)
+    x, r, w, dy = (torch.randn(*s, generator=g) for s in ((3, 40), (3, 40), (40,), (3, 40)))
+    dys = torch.randn(2, 3, 40, generator=g)
+
+    def grads(residual, double, neg, batched):
+        xs, ws = x.double() if double else x, w.double() if double else w
+        xs, ws = xs.clone().requires_grad_(), ws.clone().requires_grad_()
+        if double:
+            h = xs + r.double() if residual else xs
+            y = F.rms_norm(h, (40,), ws, 1e-6)
+        elif residual:
+            y, _ = torch.ops.rmsnorm_kernel_host.rms_norm_residual(xs, r, ws, 1e-6, 0.0, 0, F32, F32)
+        else:
+            y = torch.ops.rmsnorm_kernel_host.rms_norm(xs, ws, 1e-6, 0.0, 0, F32)
+        if not double:
+            assert y.grad_fn.name() == ("RmsNormResidualBackward" if residual else "RmsNormBackward")
+        gout = (dys if batched else dy).to(y.dtype)
+        gout = torch._neg_view(-gout) if neg else gout
+        return torch.autograd.grad(y, (xs, ws), gout, is_grads_batched=batched)
+
+    ext.clear_plans()
+    for residual, (neg, batched) in itertools.product((False, True), ((True, False), (False, True))):
+        for got, want in zip(grads(residual, False, neg, batched), grads(residual, True, False, batched)):
+            torch.testing.assert_close(got.double(), want, atol=tol.atol, rtol=tol.rtol)

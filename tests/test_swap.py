@@ -610,3 +610,82 @@ def test_swapped_modules_keep_their_output_dtype_under_autocast(device, monkeypa
         assert made["input"](x).dtype == BF16 and made["input"](x, r)[0].dtype == BF16
         assert made["none"](x).dtype == F32
         assert swapped["weightless"](x, r)[0].dtype == BF16
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 45: formulas a weight can hide. At the default all-ones weight each below computes
+# torch.nn.RMSNorm's numbers; with any trained weight it does not.
+# ---------------------------------------------------------------------------------------------
+
+
+class SquaredWeightRMSNorm(LlamaLikeRMSNorm):
+    """Computes with w^2."""
+
+    def forward(self, hidden_states):
+        x = hidden_states.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return (self.weight.float().square() * x).to(hidden_states.dtype)
+
+
+class AbsWeightRMSNorm(LlamaLikeRMSNorm):
+    """Computes with |w|."""
+
+    def forward(self, hidden_states):
+        x = hidden_states.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return (self.weight.float().abs() * x).to(hidden_states.dtype)
+
+
+class MeanScaledRMSNorm(nn.RMSNorm):
+    """A torch.nn.RMSNorm subclass that scales its output by mean(w)."""
+
+    def forward(self, x):
+        return super().forward(x) * self.weight.mean()
+
+
+HIDDEN_BY_WEIGHT = {
+    "w^2": (lambda: SquaredWeightRMSNorm(HIDDEN, eps=EPS), False),
+    "|w|": (lambda: AbsWeightRMSNorm(HIDDEN, eps=EPS), False),
+    "output scaled by mean(w)": (lambda: MeanScaledRMSNorm(HIDDEN, eps=EPS), False),
+    "torch.nn.RMSNorm": (lambda: nn.RMSNorm(HIDDEN, eps=EPS), True),
+    "Llama": (lambda: LlamaLikeRMSNorm(HIDDEN, eps=EPS), True),
+    "(1 + w) at w = 0": (lambda: ZeroCenteredNorm(HIDDEN, eps=EPS), True),
+}
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("case", list(HIDDEN_BY_WEIGHT))
+def test_swap_at_initial_weights_is_decided_by_more_than_the_weight(case, device):
+    """Swapped at their initial weights, the look-alikes were replaced and diverged by O(1)
+    after load_state_dict; the probes now run perturbed weights too, so each is refused, and
+    the true RMSNorms are still swapped and match the original after loading trained weights."""
+    make, swapped = HIDDEN_BY_WEIGHT[case]
+    norm, trained = make().to(device), perturbed(make(), seed=3).to(device)
+    with torch.no_grad():  # a trained weight: of both signs, away from the initial value
+        for p in trained.parameters():
+            p.mul_(-3.0).add_(0.5)
+    model = holder(norm)
+    report = swap_rms_norm(model)
+    if not swapped:
+        assert report == [] and model.norm is norm, f"{case}: swapped"
+        assert "differs" in report.skipped["norm"] or "reproduces" in report.skipped["norm"], report.skipped
+        return
+    assert report == ["norm"], report.skipped
+    model.norm.load_state_dict(trained.state_dict())
+    x = inputs((3, 5, HIDDEN), F32, device)
+    with torch.no_grad():
+        assert_matches(model.norm(x), trained(x), F32, f"{case} after load_state_dict")
+
+
+@pytest.mark.parametrize("interpret", [False, True])
+def test_swap_refuses_a_meta_model_before_changing_it(monkeypatch, interpret):
+    """A model on the meta device (no values to probe): UnsupportedInput, a ValueError and a
+    NotImplementedError as for a device the kernels cannot run; it raised RuntimeError from inside
+    a probe under the interpreter."""
+    monkeypatch.setattr(kernels, "INTERPRET", interpret)
+    model = nn.Sequential(nn.Linear(8, 8), nn.RMSNorm(8)).to("meta")
+    before = list(model)
+    with pytest.raises(rmsnorm_kernel.contract.UnsupportedInput, match="on meta") as raised:
+        swap_rms_norm(model)
+    assert isinstance(raised.value, ValueError) and isinstance(raised.value, NotImplementedError)
+    assert list(model) == before

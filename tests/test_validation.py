@@ -1,5 +1,5 @@
 """The fast path's predicate against the validator it is derived from (issue 27): every call that
-``ops._takes_fast_path`` accepts is one that ``ops._normalized_size`` and ``ops.validate``
+``ops._takes_fast_path`` accepts is one that ``contract.normalized_size`` and ``contract.validate``
 accept, and gives bitwise the same result (y, its dtype and strides, and the gradients) as the
 general path. The rest of the predicate only chooses the route: each of those conditions alone
 sends a valid call to the general path.
@@ -12,6 +12,7 @@ bounded number of small calls.
 """
 
 import os
+import warnings
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -24,7 +25,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import rmsnorm_kernel
-from rmsnorm_kernel import kernels, launch, ops
+from rmsnorm_kernel import contract, kernels, launch, ops
 
 from .conftest import KERNEL_DEVICES
 from .differential_strategies import DTYPES
@@ -198,10 +199,10 @@ def general_path_accepts(call: dict) -> tuple[int, tuple[int, ...]]:
     """What rms_norm's general path checks before it runs the kernels: _normalized_size, then
     validate with eps=None made explicit; (N, normalized shape), or their exception."""
     x, weight, eps = call["x"], call["weight"], call["eps"]
-    n, shape = ops._normalized_size(x, call["normalized_shape"], weight)
+    n, shape = contract.normalized_size(x, call["normalized_shape"], weight)
     if eps is None:
-        eps = ops.default_eps(x.dtype)
-    ops.validate(
+        eps = contract.default_eps(x.dtype)
+    contract.validate(
         x,
         weight,
         call["residual"],
@@ -224,7 +225,7 @@ def check_agreement(call: dict) -> bool:
     x = call["x"]
     n, shape = general_path_accepts(call)  # raises where the predicate took invalid input
     assert (n, shape) == (x.shape[-1], (x.shape[-1],))
-    assert ops.default_eps(x.dtype) == ops._DEFAULT_EPS  # the fast path's eps=None
+    assert contract.default_eps(x.dtype) == ops._DEFAULT_EPS  # the fast path's eps=None
     return True
 
 
@@ -293,6 +294,10 @@ def test_common_calls_take_the_fast_path(monkeypatch, changes):
     assert ops._takes_fast_path(*call.values())
 
 
+class _Subclass(torch.Tensor):
+    """A __torch_function__ subclass (torch's default handler)."""
+
+
 # Valid calls, each one change from an accepted one, that the fast path leaves to the general
 # path: a condition that only chooses the route, or a form its exact-type tests leave out.
 GENERAL_ONLY = {
@@ -305,6 +310,11 @@ GENERAL_ONLY = {
     "list-shape": {"normalized_shape": [8]},
     "size-shape": {"normalized_shape": torch.Size([8])},
     "two-dims": {"normalized_shape": (4, 8), "weight": torch.randn(4, 8)},
+    # negative views: their storage holds -t, so the general path resolves them first
+    "negative-x": {"x": torch._neg_view(torch.randn(4, 8))},
+    "negative-weight": {"weight": torch._neg_view(torch.randn(8))},
+    # a subclass weight sees the call through its __torch_function__, as F.rms_norm's does
+    "subclass-weight": {"weight": torch.randn(8).as_subclass(_Subclass)},
 }
 
 
@@ -325,6 +335,29 @@ def test_functorch_transforms_and_tracing_leave_the_fast_path(monkeypatch, activ
     assert ops._takes_fast_path(*call.values())
     monkeypatch.setattr(torch._C if active.startswith("_") else torch.compiler, active, lambda: True)
     assert not ops._takes_fast_path(*call.values())
+
+
+def _route_while_traced(takes, call: dict) -> bool:
+    """``takes(call)`` evaluated inside torch.jit.trace (with the traced x)."""
+    seen = []
+
+    def traced(x):
+        seen.append(takes(*{**call, "x": x}.values()))
+        return x * 2
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tracer's and torch.jit's warnings
+        torch.jit.trace(traced, call["x"])
+    return seen[0]
+
+
+def test_jit_tracer_leaves_the_fast_path(monkeypatch):
+    """Under torch.jit.trace an otherwise accepted call takes the composite (torch ops the tracer
+    records; the kernels' launches would be recorded as nothing)."""
+    monkeypatch.setattr(kernels, "INTERPRET", True)
+    call = _common()
+    assert ops._takes_fast_path(*call.values())
+    assert not _route_while_traced(ops._takes_fast_path, call)
 
 
 def test_forward_mode_ad_leaves_the_fast_path(monkeypatch):
@@ -477,6 +510,7 @@ def test_compiled_predicate_under_transforms_autocast_and_dual_tensors(monkeypat
         fake_weight = fake.from_tensor(call["weight"])
     _same_route(built_extension, {**call, "weight": fake_weight})
     assert not takes(*{**call, "weight": fake_weight}.values())
+    assert not _route_while_traced(takes, call)
     with torch.autograd.forward_ad.dual_level():
         assert takes(*call.values())
         for name in ("x", "weight"):
@@ -549,6 +583,8 @@ def test_compiled_residual_route_under_modes_and_dual_tensors(monkeypatch, built
     with FakeTensorMode(allow_non_fake_inputs=True) as fake:
         fake_residual = fake.from_tensor(call["residual"])
     assert not takes(*{**call, "residual": fake_residual}.values())
+    assert not takes(*{**call, "residual": torch._neg_view(call["residual"])}.values())
+    assert not _route_while_traced(takes, call)
     with torch.autograd.forward_ad.dual_level():
         assert takes(*call.values())
         dual = torch.autograd.forward_ad.make_dual(call["residual"], torch.ones_like(call["residual"]))

@@ -9,7 +9,8 @@ the Python path with one log line saying why), ``compiled`` (an error where it c
 extension tooling (a C++ compiler and ninja); later processes load the cached build.
 
 Both paths run the same compiled Triton kernels with the same launch parameters: launch.py
-chooses them, and the C++ side replays what a recorded Python call launched.
+chooses them, and the C++ side replays what a recorded Python call launched. This module imports
+only downward (contract, launch): ops hands it the Python path's functions (``install``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from rmsnorm_kernel import launch, reference
+from rmsnorm_kernel import contract, launch
 
 logger = logging.getLogger("rmsnorm_kernel")
 
@@ -33,8 +34,8 @@ ENV = "RMSNORM_KERNEL_HOST"
 MODES = ("auto", "compiled", "python")
 SOURCE = Path(__file__).with_name("csrc") / "host.cpp"
 
-# torch.dtype <-> c10::ScalarType code, for the dtypes the kernels run.
-SCALAR_TYPES = {torch.float16: 5, torch.float32: 6, torch.bfloat16: 15}
+# torch.dtype <-> c10::ScalarType code, for the dtypes the kernels run (contract.table's codes).
+SCALAR_TYPES = dict(zip(contract.KERNEL_DTYPES, contract.table()["dtypes"]))
 DTYPES = {code: dtype for dtype, code in SCALAR_TYPES.items()}
 
 # Bytes of each scalar type in a kernel signature, as Triton's launcher passes it.
@@ -94,8 +95,8 @@ def _load():
         )
         return None
     ext.set_callbacks(_plan_forward, _plan_backward, _composite_backward)
-    promoting = reference.PROMOTING_CASTINGS  # the output dtype rule of reference.default_out_dtype
-    ext.set_casting_modes([(name, code, name in promoting) for name, code in launch.CASTING_MODES.items()])
+    table = contract.table()
+    ext.set_contract(table["dtypes"], table["castings"], table["default_eps"])
     global entry
     entry = ext.common_call
     return ext
@@ -245,29 +246,30 @@ def _scalar_code(dtype: torch.dtype) -> int:
 
 
 # Callbacks of the C++ side, set by ``_load``: a call whose plan is not cached runs the Python
-# path (recording its launches where ``record``), and a backward that builds a graph runs the
-# composite formula. The op's functions are imported here: ops imports this module.
+# path (recording its launches where ``record``), and a backward the kernels cannot run takes the
+# composite formula. The functions are ops's, handed over by ``install`` (ops imports this module).
+_python_path = {}
+
+
+def install(run_forward, run_backward, composite_backward) -> None:
+    _python_path.update(forward=run_forward, backward=run_backward, composite=composite_backward)
 
 
 def _plan_forward(x, weight, residual, eps, offset, casting, out_dtype, h_dtype, want_rstd, record):
-    from rmsnorm_kernel.ops import _run_forward
-
     with launch.record() if record else contextlib.nullcontext() as recording:
-        y, rstd, h = _run_forward(
+        y, rstd, h = _python_path["forward"](
             x, weight, residual, eps, offset, casting, DTYPES[out_dtype], DTYPES[h_dtype], want_rstd
         )
     return y, rstd, h, plan(recording, [x, weight, y, rstd, residual, h]) if record else None
 
 
 def _plan_backward(dy, dh, xh, weight, rstd, offset, casting, need_dw, dx_dtype, record):
-    from rmsnorm_kernel.ops import _run_backward
-
     with launch.record() if record else contextlib.nullcontext() as recording:
-        dx, dw = _run_backward(dy, dh, xh, weight, rstd, offset, casting, need_dw, DTYPES[dx_dtype])
+        dx, dw = _python_path["backward"](
+            dy, dh, xh, weight, rstd, offset, casting, need_dw, DTYPES[dx_dtype]
+        )
     return dx, dw, plan(recording, [dy, xh, weight, rstd, dx, dw, dh]) if record else None
 
 
 def _composite_backward(dy, dh, xh, weight, eps, offset, casting, need_dw, dx_dtype):
-    from rmsnorm_kernel.ops import _backward_composite
-
-    return _backward_composite(dy, dh, xh, weight, eps, offset, casting, need_dw, DTYPES[dx_dtype])
+    return _python_path["composite"](dy, dh, xh, weight, eps, offset, casting, need_dw, DTYPES[dx_dtype])

@@ -89,9 +89,6 @@ def _interpreter_rounds_bf16_to_nearest_even() -> None:
 if INTERPRET:
     _interpreter_rounds_bf16_to_nearest_even()
 
-CAST_FP32 = 0
-CAST_LLAMA = 1
-
 
 @triton.jit
 def _rsqrt_rn(v):

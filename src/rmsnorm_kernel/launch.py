@@ -1,6 +1,6 @@
 """Launchers: allocate outputs, pick a cached launch configuration, launch.
 
-What the kernels run is declared at the top (dtypes, casting modes); ``ops.validate`` checks
+What the kernels run is declared at the top (dtypes, casting modes); ``contract.validate`` checks
 everything a user can get wrong against it before any kernel runs, so the launchers assume valid
 input.
 """
@@ -16,14 +16,14 @@ from typing import NamedTuple
 import torch
 import triton
 
-from rmsnorm_kernel import kernels
+from rmsnorm_kernel import contract, kernels
+from rmsnorm_kernel.contract import UnsupportedInput  # noqa: F401 - where callers have found it
 
 Tensor = torch.Tensor
 
-# What the kernels run: these dtypes (x, weight, residual; out_dtype and residual_dtype name one
-# of them) and casting modes. ops.validate holds the rest of the rules (devices, shapes).
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-CASTING_MODES = {"default": kernels.CAST_FP32, "gemma": kernels.CAST_FP32, "llama": kernels.CAST_LLAMA}
+# What the kernels run: contract.py's dtypes and casting modes, under the names callers use.
+SUPPORTED_DTYPES = contract.KERNEL_DTYPES
+CASTING_MODES = contract.CASTING_CODES
 
 # Widest row held in registers as one tile. Wider rows are walked twice (kernels.py describes the
 # paths): the forward at any width, the backward up to TWO_WALK_MAX; wider backward rows are split
@@ -57,11 +57,6 @@ FUSED_WARPS = 4
 FUSED_PER_SM = 4
 WIDE_FUSED = True
 WIDE_LOOKAHEAD = 1
-
-
-class UnsupportedInput(ValueError):
-    """Valid input that the kernels do not run (fp64, CPU tensors without the interpreter).
-    ``rms_norm(..., allow_fallback=True)`` routes such input to the reference instead."""
 
 
 # ---------------------------------------------------------------------------------------------

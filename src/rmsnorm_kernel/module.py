@@ -1,13 +1,6 @@
 """``RMSNorm``, a drop-in ``torch.nn.RMSNorm`` backed by the Triton kernels, and
-``swap_rms_norm``, which puts it into an existing model wherever it computes what the module
-there computes.
-
-The swap decides by behaviour, not by class name: for each module that looks like an RMSNorm it
-derives the candidate settings (offset, casting, output dtype, eps), runs the module's own
-forward on probe inputs, keeps the candidate whose formula (``reference.rms_norm_reference``)
-comes closest, then runs the replacement itself on the same probes and swaps only if its values
-and dtype match within ``PROBE_TOLERANCES``. Every other module is left as it was, with the reason
-returned in ``SwapReport.skipped`` and logged.
+``swap_rms_norm``, which puts it into a model wherever it computes what the module there
+computes, decided by behaviour on probes (docs/features.md, Swapping into a model).
 """
 
 from __future__ import annotations
@@ -22,9 +15,17 @@ import torch
 from torch import nn
 
 from rmsnorm_kernel import kernels
-from rmsnorm_kernel.launch import CASTING_MODES, SUPPORTED_DTYPES
-from rmsnorm_kernel.ops import _autocast_float32, _composite, _real_number, default_eps, rms_norm
-from rmsnorm_kernel.reference import default_out_dtype
+from rmsnorm_kernel.contract import (
+    CASTING_CODES,
+    KERNEL_DTYPES,
+    Refused,
+    UnsupportedInput,
+    default_eps,
+    default_out_dtype,
+    real_number,
+)
+from rmsnorm_kernel.contract import dtype_name as _dtype_name
+from rmsnorm_kernel.ops import _autocast_float32, _composite, rms_norm
 
 logger = logging.getLogger(__name__)
 
@@ -38,22 +39,17 @@ def _check_eps(eps) -> float | None:
     too, as rms_norm reads them); stored as a float, which keeps rms_norm's fast path."""
     if eps is None:
         return None
-    if not _real_number(eps):
+    if not real_number(eps):
         raise TypeError(f"eps must be a real number or None, got {type(eps).__name__}")
     return float(eps)
 
 
 class RMSNorm(nn.RMSNorm):
-    """Same constructor, parameters and ``state_dict`` as ``torch.nn.RMSNorm``; the forward runs
-    the Triton kernels. ``eps`` is None or any real number (stored as a float; anything else
-    raises TypeError here). ``eps=None`` means torch's default: the epsilon of the opmath type,
-    ``torch.finfo(torch.float32).eps`` for fp16, bf16 and fp32 input.
-
-    Extra keyword-only options: ``offset`` (y = x * r * (offset + weight); Gemma uses 1.0),
-    ``casting`` ("default", "gemma" or "llama", see ``rms_norm``) and ``out_dtype``: None (the
-    casting mode's own output dtype), a dtype, or a rule resolved per call, "input" (x's dtype)
-    or "promoted" (the promoted dtype of x and the weight). ``forward(x, residual=None)``
-    returns ``y``, or ``(y, h)`` with ``h = x + residual`` when a residual is given.
+    """``torch.nn.RMSNorm``'s constructor, parameters and ``state_dict``; the forward runs the
+    kernels. Keyword-only extras: ``offset``, ``casting``, ``out_dtype`` (None, a dtype, or the
+    rule "input" or "promoted", resolved per call) and ``allow_fallback`` (torch ops for input the
+    kernels do not run, as torch.nn.RMSNorm computes it). ``forward(x, residual=None)`` returns
+    ``y``, or ``(y, h)``. docs/features.md, The module.
     """
 
     def __init__(
@@ -67,10 +63,11 @@ class RMSNorm(nn.RMSNorm):
         offset: float = 0.0,
         casting: str = "default",
         out_dtype: torch.dtype | str | None = None,
+        allow_fallback: bool = True,
     ) -> None:
         eps = _check_eps(eps)
-        if casting not in CASTING_MODES:
-            raise ValueError(f"casting must be one of {sorted(CASTING_MODES)}, got {casting!r}")
+        if casting not in CASTING_CODES:
+            raise ValueError(f"casting must be one of {sorted(CASTING_CODES)}, got {casting!r}")
         if (
             isinstance(offset, bool)
             or not isinstance(offset, numbers.Real)
@@ -81,7 +78,7 @@ class RMSNorm(nn.RMSNorm):
             raise ValueError(
                 "offset needs a weight: y = x * r * (offset + weight); elementwise_affine is False"
             )
-        if not (out_dtype is None or out_dtype in OUT_DTYPE_RULES or out_dtype in SUPPORTED_DTYPES):
+        if not (out_dtype is None or out_dtype in OUT_DTYPE_RULES or out_dtype in KERNEL_DTYPES):
             raise ValueError(
                 f"out_dtype must be None, {' or '.join(map(repr, OUT_DTYPE_RULES))}, or one of "
                 f"float32, float16, bfloat16; got {out_dtype!r}"
@@ -92,6 +89,7 @@ class RMSNorm(nn.RMSNorm):
         self.offset = float(offset)
         self.casting = casting
         self.out_dtype = out_dtype
+        self.allow_fallback = bool(allow_fallback)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         out_dtype = self.out_dtype
@@ -115,7 +113,21 @@ class RMSNorm(nn.RMSNorm):
             offset=self.offset,
             casting=self.casting,
             out_dtype=out_dtype,
+            allow_fallback=self.allow_fallback,
         )
+
+    def __prepare_scriptable__(self):
+        """What torch.jit.script compiles in place of this module: TorchScript cannot compile the
+        op's Python, and torch.nn.RMSNorm (sharing this weight Parameter) computes the same where
+        the options are torch's. Other options are refused, saying why."""
+        if self.offset or self.casting != "default" or self.out_dtype is not None:
+            raise Refused(
+                f"torch.jit.script: {self.extra_repr()} has options torch.nn.RMSNorm lacks, and TorchScript "
+                "cannot compile the kernels' Python; trace the model, or torch.compile it, instead"
+            )
+        same = nn.RMSNorm(self.normalized_shape, self.eps, self.elementwise_affine, device="meta")
+        same.weight = self.weight
+        return same.train(self.training)
 
     def extra_repr(self) -> str:
         extra = super().extra_repr()
@@ -125,6 +137,8 @@ class RMSNorm(nn.RMSNorm):
             extra += f", casting={self.casting!r}"
         if self.out_dtype is not None:
             extra += f", out_dtype={self.out_dtype!r}"
+        if not self.allow_fallback:
+            extra += ", allow_fallback=False"
         return extra
 
 
@@ -142,8 +156,23 @@ class LastDimRMSNorm(nn.Module):
         out_dtype = x.dtype if isinstance(x, torch.Tensor) and _autocast_float32(x) else None
         return rms_norm(x, None, None, self.eps, residual=residual, out_dtype=out_dtype)
 
+    def __prepare_scriptable__(self):
+        """What torch.jit.script compiles in place of this module (as RMSNorm's)."""
+        return _ScriptableLastDim(self.eps).train(self.training)
+
     def extra_repr(self) -> str:
         return f"eps={self.eps}"
+
+
+class _ScriptableLastDim(nn.Module):
+    """LastDimRMSNorm in torch ops TorchScript compiles: F.rms_norm over the last dim."""
+
+    def __init__(self, eps: float | None) -> None:
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.rms_norm(x, [x.shape[-1]], None, self.eps)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,6 +193,10 @@ PROBE_SCALES = (1.0, 1e-3, 1e2)
 PROBE_LEADING = (2, 3)  # leading dims of a probe input: 6 rows, 3-D as in a transformer
 PROBE_WIDTH = 40  # last dim for a weightless module, which takes any width
 PROBE_SEED = 0
+# Probe weights beside the module's own, so that a weight cannot hide a formula: at the default
+# all-ones weight, w, w^2 and |w| agree, and so does an output scaled by mean(w). Seeded normal
+# weights of each sign, at two scales (offset + w differs from w at every scale but one).
+PROBE_WEIGHT_SCALES = (1.0, 0.25)
 
 # The hooks a module can carry that a replacement would not.
 _HOOK_ATTRIBUTES = (
@@ -200,10 +233,6 @@ class _Candidate:
 
 class _Refused(Exception):
     """A module that swap_rms_norm leaves as it was; the message is the reason."""
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _eps_attributes(module: nn.Module) -> dict[str, object]:
@@ -247,7 +276,7 @@ def _structure(module: nn.Module) -> tuple[nn.Parameter | None, tuple[int, ...] 
     extra = list(signature.parameters)[1:]
     if not signature.parameters or extra:
         raise _Refused(f"its forward takes more than the input ({', '.join(extra) or 'none'})")
-    if weight is not None and weight.dtype not in SUPPORTED_DTYPES:
+    if weight is not None and weight.dtype not in KERNEL_DTYPES:
         raise _Refused(
             f"its weight is {_dtype_name(weight.dtype)}; the kernels run float32, float16 and bfloat16"
         )
@@ -255,7 +284,7 @@ def _structure(module: nn.Module) -> tuple[nn.Parameter | None, tuple[int, ...] 
         eps = module.eps
         if eps is None:  # torch's default; the explicit value too, for an op that resolves None otherwise
             return weight, tuple(module.normalized_shape), [None, default_eps(torch.float32)]
-        if not _real_number(eps):  # what F.rms_norm reads as a float (bools too), as RMSNorm takes
+        if not real_number(eps):  # what F.rms_norm reads as a float (bools too), as RMSNorm takes
             raise _Refused(f"its eps is a {type(eps).__name__}, not a real number")
         return weight, tuple(module.normalized_shape), [float(eps)]
     if weight is not None and weight.dim() != 1:
@@ -286,7 +315,7 @@ def _probe_dtypes(weight: torch.Tensor | None) -> tuple[torch.dtype, ...]:
     """The weight's dtype, and bf16 activations beside an fp32 weight; every kernel dtype
     without a weight."""
     if weight is None:
-        return SUPPORTED_DTYPES
+        return KERNEL_DTYPES
     if weight.dtype == torch.float32:
         return (torch.float32, torch.bfloat16)
     return (weight.dtype,)
@@ -300,6 +329,22 @@ def _probe_inputs(shape: tuple[int, ...], dtypes, device) -> list[torch.Tensor]:
     base = torch.randn(*PROBE_LEADING, *shape, generator=generator)
     base = base * scales.view(*PROBE_LEADING, *[1] * len(shape))
     return [base.to(dtype).to(device) for dtype in dtypes]
+
+
+def _probe_weights(weight: torch.Tensor | None) -> list[torch.Tensor | None]:
+    """The module's weight, then seeded normal weights of its shape, dtype and device."""
+    if weight is None:
+        return [None]
+    generator = torch.Generator().manual_seed(PROBE_SEED + 1)
+    drawn = [torch.randn(weight.shape, generator=generator) * scale for scale in PROBE_WEIGHT_SCALES]
+    return [weight.detach(), *(w.to(dtype=weight.dtype, device=weight.device) for w in drawn)]
+
+
+def _with_weight(module: nn.Module, weight: torch.Tensor | None, x: torch.Tensor):
+    """module(x) with ``weight`` in place of its weight (the module itself for its own)."""
+    if weight is None or weight is getattr(module, "weight", None):
+        return module(x)
+    return torch.func.functional_call(module, {"weight": weight}, (x,), strict=True)
 
 
 def _error_ratio(got: torch.Tensor, expected: torch.Tensor, x_dtype: torch.dtype) -> float:
@@ -381,9 +426,9 @@ def _replacement(module: nn.Module, weight, normalized_shape, candidate: _Candid
     return new
 
 
-def _run_original(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def _run_original(module: nn.Module, x: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
     try:
-        y = module(x)
+        y = _with_weight(module, weight, x)
     except Exception as error:  # the original cannot take a plain input: nothing to compare
         first = str(error).splitlines()[0] if str(error) else ""
         raise _Refused(
@@ -393,7 +438,7 @@ def _run_original(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if not isinstance(y, torch.Tensor) or y.shape != x.shape:
         got = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
         raise _Refused(f"its forward returns {got} for an input of shape {tuple(x.shape)}")
-    if y.dtype not in SUPPORTED_DTYPES:
+    if y.dtype not in KERNEL_DTYPES:
         raise _Refused(f"its forward returns {_dtype_name(y.dtype)}")
     return y
 
@@ -423,28 +468,32 @@ _MISSING = object()
 
 
 def _decide(module: nn.Module, structure, device) -> nn.Module:
-    """The replacement for ``module``, checked on the probes, else _Refused with the reason."""
+    """The replacement for ``module``, checked on the probes (each input with each probe weight),
+    else _Refused with the reason."""
     weight, normalized_shape, eps_values = structure
     shape = normalized_shape if normalized_shape is not None else (PROBE_WIDTH,)
-    probes = _probe_inputs(shape, _probe_dtypes(weight), device)
+    inputs = _probe_inputs(shape, _probe_dtypes(weight), device)
+    probes = [(x, w) for w in _probe_weights(weight) for x in inputs]
+    own = weight.detach() if weight is not None else None
     before = dict(vars(module))
     try:
         with warnings.catch_warnings():  # what the original says about a probe is not the user's concern
             warnings.simplefilter("ignore")
-            outputs = [_run_original(module, x) for x in probes]
+            outputs = [_run_original(module, x, w if w is not own else None) for x, w in probes]
     finally:
         changed = _restore_attributes(module, before)
     if changed:
         raise _Refused(f"its forward sets attributes ({', '.join(changed)}), which the replacement would not")
-    rules = _out_dtype_rules(probes, outputs, weight)
+    xs = [x for x, _ in probes]
+    rules = _out_dtype_rules(xs, outputs, weight)
     if not rules:
-        got = ", ".join(f"{_dtype_name(y.dtype)} for {_dtype_name(x.dtype)}" for x, y in zip(probes, outputs))
+        got = ", ".join(f"{_dtype_name(y.dtype)} for {_dtype_name(x.dtype)}" for x, y in zip(inputs, outputs))
         raise _Refused(f"its output dtype ({got}) is neither the input's nor the promoted dtype")
     scored = []
     for candidate in _candidates(weight, eps_values, rules, isinstance(module, nn.RMSNorm)):
         error = max(
-            _error_ratio(_reference(x, weight, normalized_shape, candidate), y, x.dtype)
-            for x, y in zip(probes, outputs)
+            _error_ratio(_reference(x, w, normalized_shape, candidate), y, x.dtype)
+            for (x, w), y in zip(probes, outputs)
         )
         scored.append((error, candidate))
     scored.sort(key=lambda item: item[0])  # stable: ties keep the order of preference
@@ -453,8 +502,8 @@ def _decide(module: nn.Module, structure, device) -> nn.Module:
         if error > 1.0:
             break
         new = _replacement(module, weight, normalized_shape, candidate)
-        results = [new(x) for x in probes]
-        kernel_error = max(_error_ratio(r, y, x.dtype) for x, y, r in zip(probes, outputs, results))
+        results = [_with_weight(new, w if w is not own else None, x) for x, w in probes]
+        kernel_error = max(_error_ratio(r, y, x.dtype) for x, y, r in zip(xs, outputs, results))
         if kernel_error <= 1.0 and all(r.dtype == y.dtype for r, y in zip(results, outputs)):
             return new
         closest = closest or (kernel_error, candidate)
@@ -477,22 +526,13 @@ def _describe(candidate: _Candidate) -> str:
 
 
 def swap_rms_norm(model: nn.Module) -> SwapReport:
-    """Replace, in place, each module of ``model`` that computes an RMSNorm this project's
-    kernels compute, by ``RMSNorm`` (``LastDimRMSNorm`` for a weightless module that is not a
-    ``torch.nn.RMSNorm``), sharing the original weight Parameter and keeping the training mode.
-
-    Decided by behaviour: the candidates are ``torch.nn.RMSNorm`` and modules that look like an
-    RMSNorm (a 1-D ``weight`` Parameter or none, an ``eps``-named attribute); each is probed
-    (module docstring) and swapped only where the replacement matches its forward's values and
-    output dtype. Modules with hooks, buffers, submodules, other parameters or a forward that
-    takes more than the input are not probed. The probes run under ``torch.no_grad`` with a
-    local generator, outside autocast, and leave the RNG state as it was.
-
-    Returns a ``SwapReport``: the list of replaced names, with ``.skipped`` (name: reason) for
-    the candidates left as they were; each skip is logged (WARNING for torch.nn.RMSNorm and
-    classes named ``*RMSNorm*``, INFO for other look-alikes). Raises ValueError before changing
-    anything when a candidate sits on a device the kernels cannot run (CPU without
-    ``TRITON_INTERPRET=1``): swap after moving the model to the GPU.
+    """Replace, in place, each module of ``model`` that computes an RMSNorm the kernels compute by
+    ``RMSNorm`` (``LastDimRMSNorm`` for a weightless look-alike), sharing its weight Parameter and
+    keeping its training mode; each other candidate is left as it was, with the reason. The
+    probes run under no_grad, outside autocast, with the RNG state kept. Raises UnsupportedInput
+    before changing anything where a candidate sits on a device the kernels cannot run or probe
+    (meta; CPU without ``TRITON_INTERPRET=1``). Returns a ``SwapReport``. docs/features.md,
+    Swapping into a model, gives the rules.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -516,15 +556,15 @@ def swap_rms_norm(model: nn.Module) -> SwapReport:
             todo.append((key, module, structure, _device_of(module, structure[0], model)))
         except _Refused as reason:
             skipped[name] = str(reason)
-    unrunnable = [
+    unrunnable = [  # a meta tensor has no values to probe, interpreter or not
         (paths[key][0], device)
         for key, _, _, device in todo
-        if device.type != "cuda" and not kernels.INTERPRET
+        if device.type == "meta" or (device.type != "cuda" and not kernels.INTERPRET)
     ]
     if unrunnable:
         where = ", ".join(f"{name} on {device}" for name, device in unrunnable[:3])
         more = ", ..." if len(unrunnable) > 3 else ""
-        raise ValueError(
+        raise UnsupportedInput(
             "swap_rms_norm: the kernels run CUDA tensors (CPU ones only under TRITON_INTERPRET=1), and "
             f"{len(unrunnable)} RMSNorm module(s) are elsewhere ({where}{more}); "
             "move the model to the GPU, then swap"

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from rmsnorm_kernel.contract import PROMOTING_CASTINGS, default_out_dtype  # noqa: F401 - read here too
+
 Tensor = torch.Tensor
 
 
@@ -57,30 +59,12 @@ def rms_norm_reference(
     return normalized.to(out_dtype)
 
 
-# The casting modes whose output takes the promoted dtype of x and the weight (default_out_dtype).
-PROMOTING_CASTINGS = ("llama",)
-
-
-def default_out_dtype(x_dtype: torch.dtype, weight: Tensor | None, casting: str) -> torch.dtype:
-    """Llama multiplies a weight of its own dtype by activations of the input dtype, so the
-    output takes the promoted dtype (fp32 weight x bf16 activations gives fp32). The other modes
-    return the input's dtype."""
-    if casting in PROMOTING_CASTINGS and weight is not None:
-        return torch.promote_types(x_dtype, weight.dtype)
-    return x_dtype
-
-
 def rms_norm_backward_reference(
     x: Tensor, weight: Tensor | None, dy: Tensor, eps: float = 1e-6, *, offset: float = 0.0
 ) -> tuple[Tensor, Tensor | None]:
-    """The explicit backward formula of the module docstring, over the last dimension.
-
-    Computes in fp32 (float64 for float64 inputs); returns dx in x's dtype and dw summed over
-    every leading dimension in the weight's dtype (None without a weight). ops._backward_composite,
-    the op's differentiable backward, is the same formula, kept apart because it differs in more
-    than options: it groups dx as (u - x r * mean(u * x r)) * r (other fp32 roundings), adds a
-    gradient dh before its cast to a dx_dtype, rounds x * r to x's dtype before the dw product under
-    Llama's casting and skips dw when it is not needed.
+    """The backward formula of the module docstring over the last dimension, in fp32 (float64 for
+    float64 input): dx in x's dtype, dw summed over the leading dims in the weight's dtype (None
+    without a weight). ops._backward_composite is the op's differentiable form of it.
     """
     dtype = compute_dtype(x.dtype)
     xf, dyf = x.to(dtype), dy.to(dtype)

@@ -1,21 +1,12 @@
 // The compiled host path of the common call (contiguous x, a contiguous 1-D weight or none, on
-// CUDA; with or without a contiguous residual of x's shape): operators registered with torch's
-// dispatcher (rmsnorm_kernel_host::rms_norm and ::rms_norm_residual, each with CUDA, Meta and
-// Autograd kernels) whose forward and backward launch the compiled Triton kernels through the
-// driver, so an eager call does not enter Python between its entry and its launches. Its Python
-// entry, common_call, is rms_norm's first step once loaded: the fast path's checks
-// (ops._takes_fast_path's, here in C++; with a residual, the same tests and the residual's), then
-// the operator. host.py builds and loads this file; launch.py stays the one place that chooses
-// kernels and launch parameters.
-//
-// How: a call looks its launch plan up by everything the plan depends on (device, dtypes, M, N,
-// eps, offset, casting, which outputs, 16-byte alignment of the pointers). The first call of a
-// key runs the Python path once, which records its launches (launch.record) and hands them
-// back as a plan: per launch the CUfunction of the kernel Triton compiled, grid, threads,
-// shared memory and the kernel's parameters, each a constant or the data pointer of a slot
-// (an input, an output or a scratch buffer). Later calls of that key allocate the outputs and
-// scratch and issue the same launches with cuLaunchKernelEx, with the parameters packed as
-// Triton's own C launcher packs them. Same kernels, same parameters: bitwise the same results.
+// CUDA; with or without a contiguous residual of x's shape): the operators
+// rmsnorm_kernel_host::rms_norm and ::rms_norm_residual (CUDA, Meta and Autograd kernels) launch
+// the compiled Triton kernels through the driver, so an eager call does not enter Python. Their
+// Python entry, common_call, is rms_norm's first step once loaded: the fast path's tests (the
+// contract's, handed over at load), then the operator. A call looks its launch plan up by what
+// the plan depends on (device, dtypes, M, N, eps, offset, casting, outputs, alignment); a key's
+// first call runs the Python path, which records its launches (launch.record) as the plan that
+// later calls replay with cuLaunchKernelEx: same kernels, same parameters, bitwise the same.
 
 #include <torch/extension.h>
 #include <torch/library.h>
@@ -24,6 +15,7 @@
 #include <torch/csrc/autograd/saved_variable.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/Dtype.h>
+#include <torch/csrc/jit/frontend/tracer.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -34,7 +26,6 @@
 #include <array>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <string>
 #include <memory>
 #include <mutex>
@@ -379,14 +370,19 @@ Key backward_key(const Tensor& dy, const Tensor& dh, const Tensor& x, const Tens
           dh.defined() ? 1 | aligned(dh) << 1 | static_cast<int64_t>(dh.scalar_type()) << 2 : 0};
 }
 
-Tensor contiguous(const Tensor& t) { return !t.defined() || t.is_contiguous() ? t : t.contiguous(); }
+// A gradient as the kernels read it: a negative view resolved (its memory holds -dy), contiguous.
+Tensor readable(const Tensor& t) {
+  if (!t.defined()) return t;
+  const Tensor r = t.is_neg() ? t.resolve_neg() : t;
+  return r.is_contiguous() ? r : r.contiguous();
+}
 
 // dx (x's shape, dx_dtype; with dh, the gradient reaching h added) and dw (N, the weight's dtype;
 // undefined unless need_dw). x is h where the forward had a residual.
 std::pair<Tensor, Tensor> run_backward(const Tensor& dy_in, const Tensor& dh_in, const Tensor& x, const Tensor& w,
                                        const Tensor& rstd, double offset, int64_t casting, bool need_dw,
                                        at::ScalarType dx_dtype) {
-  const Tensor dy = contiguous(dy_in), dh = contiguous(dh_in);
+  const Tensor dy = readable(dy_in), dh = readable(dh_in);
   const int64_t n = x.size(-1);
   const int64_t m = x.numel() / n;
   const bool compute_dw = need_dw && w.defined();
@@ -423,6 +419,21 @@ std::pair<Tensor, Tensor> run_backward(const Tensor& dy_in, const Tensor& dh_in,
 // or one behind the Python key (a fake tensor, a subclass), whose data it cannot read. Their
 // forward goes below autograd through the dispatcher (the mode's or subclass's handler, or the
 // Meta kernel); r is not computed, so their backward is the composite's torch ops.
+// A functorch wrapper, or a tensor batched by autograd's own vmap (is_grads_batched): no data
+// to point at.
+bool in_functorch(const Tensor& t) {
+  constexpr auto functorch = c10::DispatchKeySet(
+      {c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::Batched});
+  return t.defined() && t.key_set().has_any(functorch);
+}
+
+// A backward the kernels cannot run (ops._composite_backward_needed): one that builds a graph
+// (create_graph=True), one whose forward took the dispatcher (no r), or a batched gradient
+// (is_grads_batched, jacobian(vectorize=True): a functorch wrapper has no data to point at).
+bool composite_backward_needed(const Tensor& rstd, const Tensor& dy, const Tensor& dh) {
+  return at::GradMode::is_enabled() || !rstd.defined() || in_functorch(dy) || in_functorch(dh);
+}
+
 bool without_data(const Tensor& t) {
   return t.defined() && (t.is_meta() || t.key_set().has(c10::DispatchKey::Python));
 }
@@ -468,7 +479,7 @@ struct RmsNormBackward : public torch::autograd::Node {
     Tensor dx, dw;
     if (!dy.defined() || !(need_x || need_dw)) {
       // no gradient reached y, or none is wanted
-    } else if (at::GradMode::is_enabled() || !rstd.defined()) {  // no r: the forward took the dispatcher
+    } else if (composite_backward_needed(rstd, dy, Tensor())) {
       std::tie(dx, dw) = composite_backward(dy, Tensor(), x, w, eps_, offset_, casting_, need_dw, x.scalar_type());
     } else {
       std::tie(dx, dw) = run_backward(dy, Tensor(), x, w, rstd, offset_, casting_, need_dw, x.scalar_type());
@@ -589,7 +600,7 @@ struct RmsNormResidualBackward : public torch::autograd::Node {
     if (!dy.defined()) {  // only h was used downstream: its gradient passes straight through
       dxh = dh.to(dx_dtype);
       need_dw = false;
-    } else if (at::GradMode::is_enabled() || !rstd.defined()) {
+    } else if (composite_backward_needed(rstd, dy, dh)) {
       std::tie(dxh, dw) = composite_backward(dy, dh, h, w, eps_, offset_, casting_, need_dw, dx_dtype);
     } else {
       std::tie(dxh, dw) = run_backward(dy, dh, h, w, rstd, offset_, casting_, need_dw, dx_dtype);
@@ -688,12 +699,6 @@ TORCH_LIBRARY_IMPL(rmsnorm_kernel_host, Autograd, m) {
   m.impl("rms_norm_residual", TORCH_FN(rms_norm_residual_autograd));
 }
 
-bool in_functorch(const Tensor& t) {
-  constexpr auto functorch =
-      c10::DispatchKeySet({c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::FuncTorchBatched});
-  return t.defined() && t.key_set().has_any(functorch);
-}
-
 // The operator's result through the dispatcher (which picks the Autograd kernel where x or the
 // weight requires grad). None where this path does not apply (a functorch wrapper): the caller
 // takes the Python path.
@@ -717,16 +722,23 @@ py::object call_residual_op(const Tensor& x, const Tensor& residual, const std::
 // The common call's entry: ops._takes_fast_path's tests in C++
 // ---------------------------------------------------------------------------------------------
 
-// The casting modes by name (launch.CASTING_MODES), and whether the output takes the promoted
-// dtype of x and the weight (reference.default_out_dtype: llama's). Set once at load.
+// contract.py's table, handed over once at load (contract.table()): the kernel dtypes as a
+// mask of ScalarType codes, the casting modes by name with their code and whether the output
+// takes the promoted dtype of x and the weight, and torch's default eps.
 struct CastingMode {
   std::string name;
   int64_t code;
   bool promotes;
 };
 std::vector<CastingMode> casting_modes;
+uint64_t kernel_dtypes = 0;
+double default_eps = 0.0;
+PyTypeObject* parameter_type = nullptr;  // torch.nn.Parameter, the one weight subclass taken
 
-bool kernel_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kHalf || t == at::kBFloat16; }
+bool kernel_dtype(at::ScalarType t) {
+  const auto code = static_cast<uint64_t>(t);
+  return code < 64 && (kernel_dtypes >> code & 1);
+}
 
 // Not sparse, not nested: what has sizes and strides the kernels can read.
 bool dense(const Tensor& t) { return t.layout() == at::kStrided && !t.is_nested(); }
@@ -752,7 +764,7 @@ const CastingMode* fast_path_mode(PyObject* x, PyObject* ns, PyObject* weight, P
     int overflow = 0;
     if (!PyLong_CheckExact(v) || PyLong_AsLongLongAndOverflow(v, &overflow) != n || overflow) return nullptr;
   }
-  if (n < 1 || !kernel_dtype(xt.scalar_type())) return nullptr;
+  if (n < 1 || !kernel_dtype(xt.scalar_type()) || xt.is_neg()) return nullptr;
   if ((eps != Py_None && !PyFloat_CheckExact(eps)) || !PyFloat_CheckExact(offset)) return nullptr;
   const double off = PyFloat_AS_DOUBLE(offset);
   if (!std::isfinite(off) || !PyUnicode_CheckExact(casting)) return nullptr;
@@ -771,17 +783,20 @@ const CastingMode* fast_path_mode(PyObject* x, PyObject* ns, PyObject* weight, P
   if (weight == Py_None) {
     if (off != 0.0) return nullptr;
   } else {
-    if (!THPVariable_Check(weight)) return nullptr;
+    // exact types only: a subclass sees the call (its __torch_function__ or __torch_dispatch__)
+    if (Py_TYPE(weight) != reinterpret_cast<PyTypeObject*>(THPVariableClass) && Py_TYPE(weight) != parameter_type) {
+      return nullptr;
+    }
     w = &THPVariable_Unpack(weight);
     if (!dense(*w) || w->dim() != 1 || w->size(0) != n || !kernel_dtype(w->scalar_type()) ||
-        w->device() != xt.device() || !w->is_contiguous() || w->key_set().has(c10::DispatchKey::Python)) {
+        w->device() != xt.device() || !w->is_contiguous() || w->is_neg()) {
       return nullptr;
     }
   }
-  // Route: contiguous x, no functorch transform, no tangent, no autocast, no Python dispatch mode.
-  // (functorch includes its front-mode key while its layer stack is not empty; a dispatch mode
-  // includes the Python key)
-  if (!xt.is_contiguous() || c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode) ||
+  // Route: contiguous x, no functorch transform, no tangent, no autocast, no Python dispatch mode,
+  // no TorchScript tracer. (functorch includes its front-mode key while its layer stack is not
+  // empty; a dispatch mode includes the Python key)
+  if (!xt.is_contiguous() || torch::jit::tracer::isTracing() || c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode) ||
       c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::Python)) {
     return nullptr;
   }
@@ -793,7 +808,7 @@ const CastingMode* fast_path_mode(PyObject* x, PyObject* ns, PyObject* weight, P
 // The residual call's route: fast_path_mode's tests on the rest of the call, a residual the
 // kernels read as it is (x's exact type, shape and device, contiguous, a kernel dtype, no
 // tangent, no Python dispatch), and residual_dtype None or a kernel dtype, which it stores in
-// *h_dtype (None: x's dtype). ops.validate accepts every call it takes (tests/test_validation.py).
+// *h_dtype (None: x's dtype). contract.validate accepts every call it takes (tests/test_validation.py).
 const CastingMode* residual_path_mode(PyObject* x, PyObject* ns, PyObject* weight, PyObject* eps, PyObject* residual,
                                       PyObject* residual_dtype, PyObject* offset, PyObject* casting,
                                       PyObject* out_dtype, bool any_device, at::ScalarType* h_dtype) {
@@ -804,7 +819,8 @@ const CastingMode* residual_path_mode(PyObject* x, PyObject* ns, PyObject* weigh
   const Tensor& xt = THPVariable_Unpack(x);
   const Tensor& rt = THPVariable_Unpack(residual);
   if (!dense(rt) || !kernel_dtype(rt.scalar_type()) || rt.sizes() != xt.sizes() || rt.device() != xt.device() ||
-      !rt.is_contiguous() || rt.key_set().has(c10::DispatchKey::Python) || rt._fw_grad(0).defined()) {
+      !rt.is_contiguous() || rt.key_set().has(c10::DispatchKey::Python) || rt._fw_grad(0).defined() ||
+      rt.is_neg()) {
     return nullptr;
   }
   at::ScalarType h = xt.scalar_type();
@@ -840,7 +856,7 @@ py::object common_call(py::handle x, py::handle ns, py::handle weight, py::handl
     if (mode->promotes) out = at::promote_types(out, w->scalar_type());
   }
   // eps None: torch's default, the epsilon of the opmath type (float32 for the kernels' dtypes)
-  const double e = eps.is_none() ? std::numeric_limits<float>::epsilon() : PyFloat_AS_DOUBLE(eps.ptr());
+  const double e = eps.is_none() ? default_eps : PyFloat_AS_DOUBLE(eps.ptr());
   const double off = PyFloat_AS_DOUBLE(offset.ptr());
   if (has_residual) {
     return call_residual_op(xt, THPVariable_Unpack(residual.ptr()), w, e, off, mode->code, out, h_dtype);
@@ -869,10 +885,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                   offset.ptr(), casting.ptr(), out_dtype.ptr(), true, &h_dtype) != nullptr;
       },
       "common_call's predicate for a call with a residual, on any device (the tests check it against "
-      "ops.validate)");
-  m.def("set_casting_modes", [](const std::vector<std::tuple<std::string, int64_t, bool>>& modes) {
+      "contract.validate)");
+  m.def("set_contract", [](const std::vector<int64_t>& dtypes,
+                           const std::vector<std::tuple<std::string, int64_t, bool>>& modes, double eps) {
+    kernel_dtypes = 0;
+    for (const int64_t code : dtypes) kernel_dtypes |= uint64_t{1} << code;
     casting_modes.clear();
     for (const auto& [name, code, promotes] : modes) casting_modes.push_back({name, code, promotes});
+    default_eps = eps;
+    parameter_type = reinterpret_cast<PyTypeObject*>(py::module_::import("torch.nn").attr("Parameter").ptr());
   });
   m.def("set_callbacks", [](py::object plan_forward, py::object plan_backward, py::object composite) {
     plan_forward_fn = new py::object(std::move(plan_forward));

@@ -1,0 +1,231 @@
+"""What ``rms_norm`` accepts and returns, declared once: the dtypes and casting modes the kernels
+run, torch's default eps, the output dtype, and the errors. ops, module, reference, launch and
+the compiled host path (handed ``table()`` at load) read it; none of them restates it.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import operator
+from collections.abc import Sequence
+
+import torch
+
+from rmsnorm_kernel import kernels
+
+Tensor = torch.Tensor
+
+# Dtypes the kernels run (x, weight, residual; out_dtype and residual_dtype name one of them).
+KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Casting modes by name: the kernels' code (0 rounds once at the end, 1 rounds x * r to the
+# input dtype before the weight product, as Llama does) and whether y takes the promoted dtype
+# of the input and the weight (Llama's).
+CAST_FP32, CAST_LLAMA = 0, 1
+CASTINGS = {"default": (CAST_FP32, False), "gemma": (CAST_FP32, False), "llama": (CAST_LLAMA, True)}
+CASTING_CODES = {name: code for name, (code, _) in CASTINGS.items()}
+PROMOTING_CASTINGS = tuple(name for name, (_, promotes) in CASTINGS.items() if promotes)
+
+# torch's eps for eps=None: the epsilon of the opmath type (float32 for every kernel dtype).
+FLOAT32_EPS = torch.finfo(torch.float32).eps
+
+
+def default_eps(dtype: torch.dtype) -> float:
+    return torch.finfo(torch.float64).eps if dtype == torch.float64 else FLOAT32_EPS
+
+
+def default_out_dtype(x_dtype: torch.dtype, weight, casting: str) -> torch.dtype:
+    """y's dtype: x's, except where the casting promotes (Llama multiplies a weight of its own
+    dtype by activations of the input dtype: fp32 weight x bf16 activations gives fp32)."""
+    if casting in PROMOTING_CASTINGS and weight is not None:
+        return torch.promote_types(x_dtype, weight.dtype)
+    return x_dtype
+
+
+def output_dtype(x_dtype, weight, casting: str, h_dtype=None, autocast_float32: bool = False) -> torch.dtype:
+    """y's dtype where out_dtype is None: default_out_dtype of the normalised input (h's dtype
+    with a residual, under a promoting casting); under CUDA autocast where torch runs rms_norm in
+    float32, float32 for half inputs of the default casting, as F.rms_norm's (the kernels compute
+    in fp32 anyway; the other castings follow model modules, which autocast leaves as they are)."""
+    if casting in PROMOTING_CASTINGS:
+        return default_out_dtype(h_dtype or x_dtype, weight, casting)
+    if casting == "default" and autocast_float32 and x_dtype in (torch.float16, torch.bfloat16):
+        return torch.float32
+    return x_dtype
+
+
+# Errors. Each subclasses the class torch raises for the same input, so code written against
+# F.rms_norm still catches it, as well as ValueError/TypeError.
+class InvalidArgument(ValueError, RuntimeError):
+    """A value torch refuses with RuntimeError: a shape, a device, a 0-dim input."""
+
+
+class InvalidDtype(TypeError, NotImplementedError):
+    """An input dtype torch refuses with NotImplementedError (integer x)."""
+
+
+class UnsupportedInput(ValueError, NotImplementedError):
+    """Valid input that the kernels do not run (fp64, CPU tensors without the interpreter, an
+    integer or bool weight). ``rms_norm(..., allow_fallback=True)`` runs torch ops instead."""
+
+
+class Refused(TypeError, NotImplementedError):
+    """Input torch computes and this op does not, at all (complex x or weight, nested or sparse
+    tensors); the message says why. docs/features.md lists them beside torch's behaviour."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The validator: every argument checked against the above, before any launch
+# ---------------------------------------------------------------------------------------------
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _dim(d) -> int | None:
+    """One normalized_shape element as torch's argument parser reads it: an int or anything with
+    __index__ (NumPy integers), or an integer tensor of one element; None for what torch refuses
+    (a bool, a float, a float or bool tensor)."""
+    if isinstance(d, torch.SymInt):  # a traced size
+        return d
+    if isinstance(d, bool):
+        return None
+    if isinstance(d, Tensor):
+        integer = not (d.dtype.is_floating_point or d.dtype.is_complex or d.dtype == torch.bool)
+        return int(d.item()) if integer and d.numel() == 1 else None
+    try:
+        return operator.index(d)
+    except TypeError:
+        return None
+
+
+def normalized_size(x: Tensor, normalized_shape, weight: Tensor | None) -> tuple[int, tuple[int, ...]]:
+    """(N, the normalized shape as a tuple of ints), N the product of its dims. normalized_shape
+    None means the weight's shape, else x's last dim. Raises TypeError/ValueError naming it."""
+    if normalized_shape is None:
+        if weight is not None:
+            normalized_shape = tuple(weight.shape)
+        elif isinstance(x, Tensor) and x.dim() >= 1:
+            normalized_shape = (x.shape[-1],)
+        else:
+            normalized_shape = ()
+    if isinstance(normalized_shape, int):
+        normalized_shape = (normalized_shape,)
+    dims = [_dim(d) for d in normalized_shape] if isinstance(normalized_shape, Sequence) else [None]
+    if any(d is None for d in dims):
+        raise TypeError(f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}")
+    shape = tuple(dims)
+    if isinstance(x, Tensor) and tuple(x.shape[x.dim() - len(shape) :]) != shape or len(shape) == 0:
+        got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise InvalidArgument(
+            f"normalized_shape {shape} must be non-empty and match the trailing dims of x {got}"
+        )
+    if weight is not None and isinstance(weight, Tensor) and tuple(weight.shape) != shape:
+        raise InvalidArgument(f"weight must have shape normalized_shape {shape}, got {tuple(weight.shape)}")
+    return math.prod(shape), shape
+
+
+def _check_dense(t: Tensor, name: str) -> None:
+    """The kernels read strided memory and compute real numbers: a nested or sparse tensor, or a
+    complex one, is refused by name (docs/features.md: what torch does with them)."""
+    if t.is_nested or t.layout != torch.strided:
+        got = "a nested tensor" if t.is_nested else f"layout {t.layout}"
+        raise Refused(
+            f"{name} must be a dense tensor (layout torch.strided), got {got}: the kernels read strided rows"
+        )
+    if t.is_complex():
+        raise Refused(
+            f"{name} is {dtype_name(t.dtype)}: the kernels compute real numbers (torch returns complex "
+            "values for complex x and drops the imaginary part of a complex weight)"
+        )
+
+
+def real_number(v) -> bool:
+    """Whether torch's argument parser reads ``v`` as a float: a real number (bools included) or a
+    NumPy scalar (np.bool_ is not a numbers.Real). rms_norm's eps and RMSNorm's share this rule."""
+    return isinstance(v, numbers.Real) or (type(v).__module__ == "numpy" and hasattr(v, "__float__"))
+
+
+def validate(
+    x: Tensor,
+    weight: Tensor | None,
+    residual: Tensor | None,
+    eps: float,
+    offset: float,
+    casting: str,
+    out_dtype: torch.dtype | None,
+    residual_dtype: torch.dtype | None,
+    n: int,
+) -> None:
+    """Raise TypeError/ValueError for invalid arguments, UnsupportedInput for valid ones the
+    kernels do not run. ``n`` is the normalised size (product of normalized_shape)."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    _check_dense(x, "x")
+    if not x.dtype.is_floating_point:  # torch: NotImplementedError
+        raise InvalidDtype(f"x must be float32, float16 or bfloat16, got {dtype_name(x.dtype)}")
+    if weight is not None:
+        if not isinstance(weight, Tensor):
+            raise TypeError(f"weight must be a torch.Tensor or None, got {type(weight).__name__}")
+        _check_dense(weight, "weight")  # integer and bool weights: UnsupportedInput below
+        if weight.numel() != n:
+            raise InvalidArgument(
+                f"weight must have {n} elements (the normalized shape), got shape {tuple(weight.shape)}"
+            )
+        if weight.device != x.device:
+            raise InvalidArgument(f"weight must be on x's device {x.device}, got {weight.device}")
+    if residual is not None:
+        if not isinstance(residual, Tensor):
+            raise TypeError(f"residual must be a torch.Tensor or None, got {type(residual).__name__}")
+        _check_dense(residual, "residual")
+        if not residual.dtype.is_floating_point:
+            raise TypeError(f"residual must be a float tensor, got {dtype_name(residual.dtype)}")
+        if residual.shape != x.shape:
+            raise InvalidArgument(
+                f"residual must have x's shape {tuple(x.shape)}, got {tuple(residual.shape)}"
+            )
+        if residual.device != x.device:
+            raise InvalidArgument(f"residual must be on x's device {x.device}, got {residual.device}")
+    elif residual_dtype is not None:
+        raise ValueError("residual_dtype is only meaningful with a residual")
+    for name, value in (("out_dtype", out_dtype), ("residual_dtype", residual_dtype)):
+        if value is not None and value not in KERNEL_DTYPES:
+            raise TypeError(f"{name} must be float32, float16, bfloat16 or None, got {value}")
+    # Any real eps, as torch takes it (0 and negative values, bools and NumPy scalars included).
+    if not (real_number(eps) or isinstance(eps, (torch.SymFloat, torch.SymInt))):
+        raise TypeError(f"eps must be a real number or None, got {type(eps).__name__}")
+    if isinstance(offset, bool) or not isinstance(offset, (numbers.Real, torch.SymFloat, torch.SymInt)):
+        raise TypeError(f"offset must be a real number, got {type(offset).__name__}")
+    # (A traced offset may be symbolic, which math.isfinite cannot take: eager calls check it.)
+    if not torch.compiler.is_compiling() and not math.isfinite(offset):
+        raise ValueError(f"offset must be finite, got {offset!r}")
+    if offset != 0.0 and weight is None:
+        raise ValueError("offset needs a weight: y = x * r * (offset + weight)")
+    if not isinstance(casting, str) or casting not in CASTING_CODES:
+        raise ValueError(f"casting must be one of {sorted(CASTING_CODES)}, got {casting!r}")
+    if x.dim() == 0:
+        raise InvalidArgument("x must have at least one dimension")
+    # Valid, but possibly not runnable by the kernels.
+    for name, t in (("x", x), ("weight", weight), ("residual", residual)):
+        if t is not None and t.dtype not in KERNEL_DTYPES:
+            raise UnsupportedInput(
+                f"{name} has dtype {dtype_name(t.dtype)}; the kernels run float32, float16 and bfloat16 "
+                "(pass allow_fallback=True to run the reference instead)"
+            )
+    if not (x.is_cuda or kernels.INTERPRET):
+        raise UnsupportedInput(
+            f"x is on {x.device}; the kernels run on CUDA, or on CPU under TRITON_INTERPRET=1 "
+            "(pass allow_fallback=True to run the reference instead)"
+        )
+
+
+def table() -> dict:
+    """The contract as the compiled host path takes it at load: c10 ScalarType codes of the
+    kernel dtypes, and the casting modes as (name, code, promotes)."""
+    codes = {torch.float16: 5, torch.float32: 6, torch.bfloat16: 15}
+    return {
+        "dtypes": [codes[d] for d in KERNEL_DTYPES],
+        "castings": [(name, code, promotes) for name, (code, promotes) in CASTINGS.items()],
+        "default_eps": FLOAT32_EPS,
+    }
