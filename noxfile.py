@@ -212,7 +212,7 @@ def gpu(session: nox.Session) -> None:
     require_cuda(session)
     # The differential tests' many-example profile (tests/differential_strategies.py).
     session.env["RMSNORM_HYPOTHESIS_PROFILE"] = os.environ.get("RMSNORM_HYPOTHESIS_PROFILE", "gpu")
-    # Both host paths (rmsnorm_kernel/host.py): everything on the compiled one, which must build
+    # Both host paths (rmsnorm_kernel/host/): everything on the compiled one, which must build
     # here, then the op's own tests again on the Python one.
     session.env["RMSNORM_KERNEL_HOST"] = "compiled"
     pytest(session, "-m", "gpu")

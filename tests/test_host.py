@@ -1,4 +1,4 @@
-"""The compiled host path (host.py, csrc/host.cpp) against the Python one: bitwise the same
+"""The compiled host path (host/__init__.py, host/csrc/host.cpp) against the Python one: bitwise the same
 outputs and gradients, the same errors, and each path taken where it should be.
 
 The CPU tests cover the plan encoding and the choice of path; the GPU tests build the extension

@@ -197,12 +197,12 @@ def test_stage_op_reads_git_objects_not_the_worktree(tmp_path):
 
 
 def test_the_staged_op_finds_its_host_source(tmp_path):
-    """This checkout's op, staged as pr-verdict stages it: host.py's SOURCE is there to build."""
+    """This checkout's op, staged as pr-verdict stages it: host's SOURCE is there to build."""
     root = Path(__file__).resolve().parents[1]
     path = staging.stage_op(root, "HEAD", tmp_path / "path")
-    committed = subprocess.run(["git", "show", "HEAD:src/rmsnorm_kernel/csrc/host.cpp"], cwd=root,
+    committed = subprocess.run(["git", "show", "HEAD:src/rmsnorm_kernel/host/csrc/host.cpp"], cwd=root,
                                capture_output=True, check=True).stdout  # fmt: skip
-    assert (path / "rmsnorm_kernel" / "csrc" / "host.cpp").read_bytes() == committed
+    assert (path / "rmsnorm_kernel" / "host" / "csrc" / "host.cpp").read_bytes() == committed
 
 
 def test_worker_refuses_a_suite_from_elsewhere(repo, tmp_path):

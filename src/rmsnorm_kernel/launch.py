@@ -119,7 +119,7 @@ _data_ptr = Tensor.data_ptr
 _dtype = operator.attrgetter("dtype")
 
 # Launches and scratch buffers of the calls made inside ``record()``, for the compiled host path
-# (host.py), which replays them: None outside it.
+# (host/), which replays them: None outside it.
 _recorded: Recording | None = None
 
 

@@ -24,7 +24,7 @@ Tensor = torch.Tensor
 
 # Calls that went through the kernels (counted by the op implementations themselves, so a run
 # that silently stayed on another path shows zero) and fallbacks to the reference: those of the
-# Python host path here, those of the compiled one (host.py) in its extension. CALLS shows both.
+# Python host path here, those of the compiled one (host/) in its extension. CALLS shows both.
 _COUNTS: dict[str, int] = {"forward": 0, "backward": 0, "fallback": 0}
 _warned_fallback = False
 

@@ -816,7 +816,7 @@ def run_benchmarks(
 
 def op_host_path() -> str | None:
     """Which host path served this process's calls of the op: "compiled" once the op's C++ entry
-    has loaded, else "python"; None for an op without the choice (rmsnorm_kernel/host.py)."""
+    has loaded, else "python"; None for an op without the choice (rmsnorm_kernel/host/)."""
     host = sys.modules.get("rmsnorm_kernel.host")
     if host is None:
         return None

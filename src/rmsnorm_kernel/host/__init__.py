@@ -1,6 +1,6 @@
-"""The compiled host path: builds and loads ``csrc/host.cpp`` (the operators
-``torch.ops.rmsnorm_kernel_host.rms_norm`` and ``.rms_norm_residual``, with Autograd, CUDA and
-Meta kernels and a launcher in C++, for the common eager call on CUDA, with or without a residual)
+"""The compiled host path, an accelerator in its own folder: builds and loads ``csrc/host.cpp``
+(the operators ``torch.ops.rmsnorm_kernel_host.rms_norm`` and ``.rms_norm_residual``, with
+Autograd, CUDA and Meta kernels and a launcher in C++, for the common eager call on CUDA, with or without a residual)
 and turns recorded Python launches into their plans.
 
 ``RMSNORM_KERNEL_HOST`` chooses: ``auto`` (the default: the compiled path where it builds, else

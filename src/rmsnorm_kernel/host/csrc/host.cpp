@@ -99,7 +99,7 @@ struct Plan {
 
 using PlanPtr = std::shared_ptr<const Plan>;
 
-// A plan's fixed slots, in host.py's order (its planners list them so); scratch slots follow.
+// A plan's fixed slots, in host/__init__.py's order (its planners list them so); scratch slots follow.
 // Forward: x, w, y, r, residual, h. Backward: dy, x (h with a residual), w, r, dx, dw, dh.
 constexpr int32_t FORWARD_SLOTS = 6, BACKWARD_SLOTS = 7;
 
@@ -148,7 +148,7 @@ PlanCache forward_plans, backward_plans;
 // Calls that ran here (not through Python): ops.CALLS adds them to its own counts.
 std::atomic<int64_t> forward_calls{0}, backward_calls{0};
 
-// Python callables set by host.py: (forward planner, backward planner, composite backward).
+// Python callables set by host/__init__.py: (forward planner, backward planner, composite backward).
 // Never destroyed: they must outlive the interpreter's teardown of this module.
 py::object* plan_forward_fn = nullptr;
 py::object* plan_backward_fn = nullptr;
