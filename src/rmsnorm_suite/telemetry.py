@@ -4,7 +4,8 @@ outside the sandbox, so no commit's code can touch it.
 A :class:`Sampler` polls the device every ``PERIOD_S`` while a round runs: SM and memory clocks,
 temperature, power, the clock-event (throttle) reasons, and the processes holding the GPU. A
 round is *noisy* when a slowdown reason in ``SLOWDOWNS`` was set, or when a process outside the
-round's own process tree used the GPU; pr-verdict redoes such a round (``[telemetry] redo`` in
+round's own process tree used the GPU (a pid this process cannot see, as in a container whose
+NVML reports the host's pids, is reported, not judged); pr-verdict redoes such a round (``[telemetry] redo`` in
 regression.toml bounds how many) and otherwise says so in the verdict.
 """
 
@@ -23,6 +24,7 @@ PERIOD_S = 0.05
 # hardware (not the power cap an ordinary load meets, nor idle or application settings)
 SLOWDOWNS = {0x8: "hw_slowdown", 0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "hw_power_brake"}
 POWER_CAP = 0x4
+REASONS = ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons")
 
 
 def nvml() -> Any:
@@ -68,12 +70,13 @@ class Round:
     power_w: list[float] = field(default_factory=list)
     reasons: int = 0
     foreign: set[int] = field(default_factory=set)
-    error: str | None = None
+    error: str | None = None  # a reading that failed in an unexpected way: reported, not judged
+    missing: set[str] = field(default_factory=set)  # readings this NVML or GPU does not give
+    unresolved: set[int] = field(default_factory=set)  # GPU processes whose pid is not ours to see
 
     def noisy(self) -> str | None:
-        """Why the round cannot be trusted, or None."""
-        if self.error:
-            return f"telemetry failed: {self.error}"
+        """Why the round cannot be trusted (a slowdown, a foreign process), or None. Readings
+        that could not be taken are reported in :meth:`summary`, not held against the round."""
         slow = [name for bit, name in SLOWDOWNS.items() if self.reasons & bit]
         why = []
         if slow:
@@ -95,6 +98,9 @@ class Round:
             "slowdowns": [name for bit, name in SLOWDOWNS.items() if self.reasons & bit],
             "power_capped": bool(self.reasons & POWER_CAP),
             "foreign_pids": sorted(self.foreign),
+            "unresolved_pids": sorted(self.unresolved),
+            "missing": sorted(self.missing),
+            "error": self.error,
             "noisy": self.noisy(),
         }
 
@@ -123,22 +129,45 @@ class Sampler:
             self._thread.join(timeout=5)
         return self.round
 
+    def _call(self, name: str, *args: Any) -> Any:
+        """One NVML reading; None (and the name kept in ``missing``) where this NVML or this GPU
+        lacks it: a missing reading is reported, it does not make a round noisy."""
+        fn = getattr(self.lib, name, None)
+        if fn is None:
+            self.round.missing.add(name)
+            return None
+        try:
+            return fn(self.handle, *args)
+        except Exception as exc:  # NVMLError_NotSupported and kin
+            self.round.missing.add(f"{name}: {type(exc).__name__}")
+            return None
+
     def read(self, root_pid: int) -> None:
-        lib, h, r = self.lib, self.handle, self.round
-        r.sm_mhz.append(lib.nvmlDeviceGetClockInfo(h, lib.NVML_CLOCK_SM))
-        r.mem_mhz.append(lib.nvmlDeviceGetClockInfo(h, lib.NVML_CLOCK_MEM))
-        r.temp_c.append(lib.nvmlDeviceGetTemperature(h, lib.NVML_TEMPERATURE_GPU))
-        r.power_w.append(lib.nvmlDeviceGetPowerUsage(h) / 1000.0)
-        r.reasons |= lib.nvmlDeviceGetCurrentClocksEventReasons(h)
-        for proc in lib.nvmlDeviceGetComputeProcesses(h):
-            if proc.pid != os.getpid() and not self.owner(proc.pid, root_pid):
+        lib, r = self.lib, self.round
+        for values, value in (
+            (r.sm_mhz, self._call("nvmlDeviceGetClockInfo", getattr(lib, "NVML_CLOCK_SM", 1))),
+            (r.mem_mhz, self._call("nvmlDeviceGetClockInfo", getattr(lib, "NVML_CLOCK_MEM", 2))),
+            (r.temp_c, self._call("nvmlDeviceGetTemperature", getattr(lib, "NVML_TEMPERATURE_GPU", 0))),
+            (r.power_w, self._call("nvmlDeviceGetPowerUsage")),
+        ):
+            if value is not None:
+                values.append(value / 1000.0 if values is r.power_w else value)
+        # the reasons' newer name, then the older one
+        name = next((n for n in REASONS if hasattr(lib, n)), REASONS[0])
+        reasons = self._call(name)
+        if reasons is not None:
+            r.reasons |= int(reasons)
+        for proc in self._call("nvmlDeviceGetComputeProcesses") or ():
+            if not Path(f"/proc/{proc.pid}").exists():  # another PID namespace (a container's host)
+                r.unresolved.add(proc.pid)
+            elif proc.pid != os.getpid() and not self.owner(proc.pid, root_pid):
                 r.foreign.add(proc.pid)
 
     def _poll(self, root_pid: int) -> None:
         while not self._stop.is_set():
             try:
                 self.read(root_pid)
-            except Exception as exc:  # an NVML call failing mid-round makes the round noisy
+            except Exception as exc:  # reported with the readings; the round is judged on the rest
                 self.round.error = f"{type(exc).__name__}: {exc}"[:200]
                 return
             self._stop.wait(PERIOD_S)
