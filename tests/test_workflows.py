@@ -23,6 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKFLOW_DIR = ROOT / ".github" / "workflows"
 WORKFLOW_FILES = sorted(WORKFLOW_DIR.glob("*.yml"))
 SCRIPTS = ROOT / ".github" / "scripts"
+if str(SCRIPTS) not in sys.path:
+    sys.path.insert(0, str(SCRIPTS))  # the scripts import each other, as when a job runs them
 PUSH_SCRIPT = SCRIPTS / "push_results.sh"
 ARC_DIR = ROOT / "deploy" / "arc"
 HOSTED = {"ubuntu-latest"}
@@ -105,8 +107,6 @@ def test_write_permissions_are_where_they_are_needed_only():
         if level == "write"
     }
     assert writes == {
-        ("pr-comment.yml", "comment", "pull-requests"),
-        ("pr-comment.yml", "comment", "statuses"),
         ("history.yml", "push", "contents"),
         ("history.yml", "drift-issue", "issues"),
         ("history.yml", "deploy", "pages"),
@@ -273,6 +273,12 @@ def test_the_run_title_is_what_the_comment_script_reads():
         "${{ github.event.pull_request.head.sha }}", "f" * 40
     )
     assert pvc.RUN_TITLE.fullmatch(filled).groups() == ("123", "f" * 40)
+    verify = importlib.util.spec_from_file_location("vt_for_title", SCRIPTS / "verify_trigger.py")
+    vt = importlib.util.module_from_spec(verify)
+    verify.loader.exec_module(vt)
+    assert vt.RUN_TITLE.fullmatch(filled).groups() == ("123", "f" * 40)
+    assert vt.WORKFLOW == ".github/workflows/gpu.yml" and (ROOT / vt.WORKFLOW).is_file()
+    assert vt.EVENT in WORKFLOWS["gpu.yml"]["on"]
     assert WORKFLOWS["gpu.yml"]["name"] == "GPU verdict"
 
 
@@ -314,16 +320,44 @@ def test_comment_workflow_runs_trusted_code_on_a_hosted_runner_after_the_gpu_run
     job = wf["jobs"]["comment"]
     assert job["runs-on"] == "ubuntu-latest"
     assert "workflow_run.event == 'pull_request_target'" in job["if"] and "cancelled" not in job["if"]
-    assert job["permissions"] == {"actions": "read", "pull-requests": "write", "statuses": "write"}
+    # the workflow's own token only reads; writes go through the App's token, minted in this job
+    assert job["permissions"] == {"actions": "read", "contents": "read", "pull-requests": "read"}
     checkout = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/checkout@"))
     assert "ref" not in checkout["with"], "the comment job checks out the default branch only"
     download = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/download-artifact@"))
     assert download["with"]["pattern"] == "verdict-*"
     assert download["with"]["run-id"] == "${{ github.event.workflow_run.id }}"
-    post = job["steps"][-1]
-    assert post["env"]["RUN_TITLE"] == "${{ github.event.workflow_run.display_title }}"
-    assert "--run-title" in post["run"] and "--conclusion" in post["run"]
     assert wf["concurrency"]["cancel-in-progress"] is False and wf["concurrency"]["queue"] == "max"
+
+
+def test_the_comment_job_verifies_the_run_before_it_mints_the_app_token():
+    job = WORKFLOWS["pr-comment.yml"]["jobs"]["comment"]
+    names = [s.get("uses", "").split("@")[0] or s.get("run", "").split()[1] for s in job["steps"]]
+    verify = names.index(".github/scripts/verify_trigger.py")
+    mint = names.index("actions/create-github-app-token")
+    assert verify < mint == len(names) - 2, "the token is minted after verification, for the last step only"
+    assert job["steps"][verify]["env"] == {"GH_TOKEN": "${{ github.token }}", "REPOSITORY": "${{ github.repository }}",
+                                           "RUN_ID": "${{ github.event.workflow_run.id }}"}  # fmt: skip
+    app = job["steps"][mint]["with"]
+    assert {k: v for k, v in app.items() if k.startswith("permission-")} == {
+        "permission-checks": "write", "permission-pull-requests": "write"}  # fmt: skip
+    post = job["steps"][-1]
+    assert post["env"]["GH_TOKEN"] == "${{ steps.app.outputs.token }}" and job["steps"][mint]["id"] == "app"
+    assert "--trigger" in post["run"] and "--run-title" not in post["run"] and "--kinds" in post["run"]
+    assert not any("display_title" in json.dumps(s) for s in job["steps"]), (
+        "nothing reads the title of the event"
+    )
+    text = (WORKFLOW_DIR / "pr-comment.yml").read_text(encoding="utf-8")
+    assert text.count("secrets.") == 1 and "steps.app.outputs.token" in text
+    # the only other job that could see the App's key: none
+    for wf_name, wf in WORKFLOWS.items():
+        other = (WORKFLOW_DIR / wf_name).read_text(encoding="utf-8")
+        assert wf_name == "pr-comment.yml" or "VERDICT_APP" not in other
+
+
+def test_the_comment_reads_exactly_the_gpu_matrix_kinds():
+    kinds = matrix_values(WORKFLOWS["gpu.yml"]["jobs"]["verdict"], "kind")
+    assert kinds and WORKFLOWS["pr-comment.yml"]["jobs"]["comment"]["env"]["KINDS"] == ",".join(kinds)
 
 
 def test_history_keeps_every_commit_and_only_a_push_job_writes():
