@@ -474,6 +474,26 @@ def test_asv_results_with_markup_or_foreign_files_are_refused_whole(tmp_path, sp
     assert not (tmp_path / "dest").exists(), "nothing is copied when anything fails"
 
 
+@pytest.mark.parametrize(
+    "plant",
+    [
+        lambda dest: (dest / "h200" / "machine.json").write_text('{"cpu": "<img src=x onerror=alert(1)>"}'),
+        lambda dest: (dest / "index.html").write_text("<script>alert(1)</script>"),
+        lambda dest: (dest / "h200" / "dddddddd-env.json").symlink_to("/etc/passwd"),
+    ],
+    ids=["markup-kept-file", "foreign-kept-file", "symlink-kept-file"],
+)
+def test_a_planted_file_on_the_results_branch_fails_the_next_publish(tmp_path, plant):
+    """Every file already on the results branch is re-checked, not only the new ones."""
+    dest = asv_tree(tmp_path / "dest")
+    (dest / ".git").mkdir()
+    (dest / ".git" / "HEAD").write_text("ref: refs/heads/asv-results <not checked>\n")  # git's own: skipped
+    assert check_asv(asv_tree(tmp_path / "in"), dest).returncode == 0
+    plant(dest)
+    done = check_asv(asv_tree(tmp_path / "in2"), dest)
+    assert done.returncode == 1 and "::error::results branch: " in done.stdout
+
+
 # ----------------------------------------------------------------------------------------------
 # The results-branch script, against a local bare repository
 # ----------------------------------------------------------------------------------------------
@@ -538,3 +558,12 @@ def test_workflow_linters_report_nothing(tool, argv):
         pytest.skip(f"{tool} is not installed here (nox -s lint installs and runs it)")
     result = subprocess.run([exe, *argv[1:]], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_only_release_tags_reach_asv_and_drift_takes_the_first_parent_release():
+    jobs = WORKFLOWS["history.yml"]["jobs"]
+    runs = [s.get("run", "") for s in jobs["publish"]["steps"]]
+    drop = runs.index("python3 src/rmsnorm_suite/history.py tags")
+    assert drop < runs.index("nox -s history"), "tags are dropped before asv publish reads them"
+    drift = next(s["run"] for s in jobs["drift"]["steps"] if "-s drift" in s.get("run", ""))
+    assert "history.py baseline" in drift and "git describe" not in drift
