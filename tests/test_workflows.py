@@ -567,3 +567,59 @@ def test_only_release_tags_reach_asv_and_drift_takes_the_first_parent_release():
     assert drop < runs.index("nox -s history"), "tags are dropped before asv publish reads them"
     drift = next(s["run"] for s in jobs["drift"]["steps"] if "-s drift" in s.get("run", ""))
     assert "history.py baseline" in drift and "git describe" not in drift
+
+
+DEPLOY = ROOT / "deploy"
+
+
+def test_untrusted_pods_reach_only_dns_and_the_github_proxy():
+    docs = list(
+        yaml.safe_load_all((DEPLOY / "network" / "untrusted-egress.yaml").read_text(encoding="utf-8"))
+    )
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy")
+    untrusted = yaml.safe_load((ARC_DIR / "h200-untrusted.yaml").read_text(encoding="utf-8"))
+    assert policy["metadata"]["namespace"] == "arc-untrusted" and policy["spec"]["podSelector"] == {}
+    assert set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"} and policy["spec"]["ingress"] == []
+    targets = [(rule["to"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+                sorted(p["port"] for p in rule["ports"])) for rule in policy["spec"]["egress"]]  # fmt: skip
+    assert targets == [("kube-system", [53, 53]), ("egress-proxy", [3128])]
+    assert all(len(rule["to"]) == 1 and "ipBlock" not in rule["to"][0] for rule in policy["spec"]["egress"])
+    env = {e["name"]: e["value"] for e in untrusted["template"]["spec"]["containers"][0]["env"]}
+    assert env["HTTPS_PROXY"] == "http://github-proxy.egress-proxy.svc.cluster.local:3128"
+    allow = next(d for d in docs if d["kind"] == "ConfigMap")["data"]["squid.conf"]
+    assert allow.strip().splitlines()[-2:] == ["http_access deny all", "http_port 3128"]
+
+
+def test_the_runner_image_has_no_sudo():
+    text = (DEPLOY / "runner-image" / "Dockerfile").read_text(encoding="utf-8")
+    last_user = re.findall(r"(?m)^USER (\S+)", text)[-1]
+    assert last_user == "runner"
+    assert (
+        "apt-get purge -y sudo" in text and "rm -f /etc/sudoers.d/*" in text and "! command -v sudo" in text
+    )
+    assert "NOPASSWD" not in text
+
+
+def test_the_fallback_runner_resets_home_and_keeps_the_token_off_command_lines():
+    text = (DEPLOY / "single-machine" / "ephemeral-runner.sh").read_text(encoding="utf-8")
+    clean = text[text.index("clean() {") : text.index("\n}\n", text.index("clean() {"))]
+    for needed in ('rm -rf "$home"', "cp -a /etc/skel", "crontab -r -u", "pkill -KILL -u", "atrm"):
+        assert needed in clean, needed
+    assert "--token" not in text and "RUNNER_TOKEN_COMMAND" not in text and "bash -c" not in text
+    assert 'ACTIONS_RUNNER_INPUT_TOKEN=$(<"$RUNNER_TOKEN_FILE")' in text and '"0 600"' in text
+    unit = (DEPLOY / "single-machine" / "ephemeral-runner.service").read_text(encoding="utf-8")
+    assert "RUNNER_TOKEN_FILE=" in unit
+
+
+@pytest.mark.skipif(
+    shutil.which("bash") is None or shutil.which("runuser") is None, reason="needs bash, runuser"
+)
+def test_the_fallback_refuses_a_token_file_others_can_read(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("secret")
+    token.chmod(0o644)
+    env = {"PATH": "/usr/bin:/bin", "RUNNER_HOME": str(tmp_path / "none"), "RUNNER_URL": "https://github.com/o",
+           "RUNNER_LABEL": "h200-untrusted", "RUNNER_USER": "nobody-such-user-xyz", "RUNNER_TOKEN_FILE": str(token)}  # fmt: skip
+    done = subprocess.run(["bash", str(DEPLOY / "single-machine" / "ephemeral-runner.sh")], env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 1 and "must be owned by root with mode 0600" in done.stderr
