@@ -261,6 +261,12 @@ def test_gpu_verdict_runs_from_the_default_branch_with_the_head_as_data():
         s["with"]["name"] for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact@")
     ]
     assert uploads == ["verdict-${{ matrix.kind }}", "results-${{ matrix.kind }}"]
+    # only what the judge wrote (after validating the rounds) leaves the pod: no rounds/, no logs
+    paths = [
+        s["with"]["path"] for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact@")
+    ]
+    names = {line.strip().rsplit("/", 1)[-1] for text in paths for line in text.splitlines() if line.strip()}
+    assert names == {"pr.json", "verdict.md", "verdict.json", "base.json", "head.json"}
 
 
 def test_the_run_title_is_what_the_comment_script_reads():
