@@ -149,7 +149,7 @@ class Rehearsal:
         event_file.write_text(json.dumps(payload))
         self.state.uploading_run = run_id
         argv = [self.act, event, "-W", str(path), "-e", str(event_file), "--no-skip-checkout",
-                "--action-cache-path", str(self.tmp / "act-cache"), "--concurrent-jobs", "1",
+                "--action-cache-path", str(self.tmp / "act-cache"), "--concurrent-jobs", "1", "--no-cache-server",
                 *[f"-P{label}=-self-hosted" for label in sorted(LABELS)], *self.stand_ins(path),
                 "--env", f"GITHUB_API_URL={self.api}", "--env", f"REHEARSE_ORIGIN=file://{self.origin}",
                 "--env", f"REHEARSE_TOOLS={HERE}", "--env", f"PYTHONPATH={HERE / 'stubs'}",
@@ -159,6 +159,9 @@ class Rehearsal:
         for name, value in (variables or {}).items():
             argv += ["--var", f"{name}={value}"]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "RUNNER_", "ACTIONS_"))}
+        home = self.tmp / "home"  # a runner's clean home: the person's own config and caches stay out
+        home.mkdir(exist_ok=True)
+        env.update(HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"), XDG_CONFIG_HOME=str(home / ".config"))
         done = subprocess.run(argv, cwd=self.actdir, capture_output=True, text=True, timeout=300, env=env)
         return done.returncode, done.stdout + done.stderr
 
