@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from verdict_links import PAGES_URL, SHAPE, history_url  # noqa: F401
 from verify_trigger import CONCLUSIONS, RUN_URL, Client, GitHub, client_from_env  # noqa: F401
 
 MARKER = "<!-- rmsnorm-kernel:gpu-verdict"  # first line of the bot's comment: MARKER head=SHA -->
@@ -44,17 +45,6 @@ SHA = re.compile(r"[0-9a-f]{40}")
 CHECK = re.compile(r"[A-Za-z0-9][A-Za-z0-9 _.,:()/+-]{0,119}")
 KIND = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 REPO = re.compile(r"[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}")
-# The history page on GitHub Pages: https://OWNER.github.io/REPO/ (owner lowercased by the workflow).
-PAGES_URL = re.compile(r"https://[a-z0-9][a-z0-9-]{0,38}\.github\.io/(?!\.{1,2}/)[A-Za-z0-9_.-]{1,100}/")
-SHAPE = re.compile(r"[0-9]+x[0-9]+-(float32|float16|bfloat16)")  # cases.BENCH_SHAPES names
-# A gate row's check name -> the asv benchmark that tracks it (benchmarks/bench_rmsnorm.py):
-# "latency SHAPE MODE" is the whole-call median, "device SHAPE MODE" the GPU-time median,
-# "host SHAPE MODE" the host-time median, "error Q SHAPE" the error of quantity Q in the class
-# whose mode computes it.
-ASV_CLASS = {"forward": "Forward", "forward_backward": "ForwardBackward"}
-ASV_TRACK = {"latency": "track_median_ms", "device": "track_gpu_median_ms", "host": "track_host_median_ms"}
-ASV_ERROR = {"y": "Forward.track_error_y", "dx": "ForwardBackward.track_error_dx",
-             "dw": "ForwardBackward.track_error_dw"}  # fmt: skip
 
 STATUSES = ("pass", "regression", "error")  # in order of severity
 ICON = {"pass": "✅ pass", "regression": "❌ regression", "error": "⚠️ could not judge"}
@@ -306,25 +296,6 @@ def threshold(row: Row) -> str:
     if row.kind == "latency":
         return f"> {percent(row.threshold)}" + (" and significant" if row.alpha is not None else "")
     return f"error > {row.threshold:.2e}"
-
-
-def history_url(check: str, pages: str) -> str:
-    """The asv page of the benchmark behind ``check`` at its shape, or "" when there is none.
-
-    The URL is composed only of ``pages`` (matching PAGES_URL), constants of this script and a
-    shape matching SHAPE: nothing else of the check name reaches it."""
-    if not PAGES_URL.fullmatch(pages):
-        return ""
-    words = check.split(" ")
-    if len(words) == 3 and words[0] in ASV_TRACK and words[2] in ASV_CLASS:
-        benchmark, shape = f"{ASV_CLASS[words[2]]}.{ASV_TRACK[words[0]]}", words[1]
-    elif len(words) == 3 and words[0] == "error" and words[1] in ASV_ERROR:
-        benchmark, shape = ASV_ERROR[words[1]], words[2]
-    else:
-        return ""
-    if not SHAPE.fullmatch(shape):
-        return ""
-    return f"{pages}#bench_rmsnorm.{benchmark}?p-shape='{shape}'"
 
 
 def history_link(row: Row, pages: str) -> str:
