@@ -12,6 +12,7 @@ Skipped with the reason where Chromium or asv is not installed.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -74,6 +75,17 @@ def test_tags_that_are_not_releases_are_dropped(repo):
         git(repo, "tag", name, head) if name != "-d" else git(repo, "update-ref", "refs/tags/-d", head)
     assert sorted(drop_tags(repo)) == sorted([EVIL, "-d", "nightly"])
     assert git(repo, "tag", "-l").split() == ["v0.1.0", "v1"]
+
+
+def test_the_tags_step_deletes_nothing_outside_ci_unless_forced(repo):
+    head = commit(repo, "one", 1_000)
+    git(repo, "tag", "nightly", head)
+    env = {k: v for k, v in os.environ.items() if k != "GITHUB_ACTIONS"}
+    step = [sys.executable, "-m", "rmsnorm_suite.history", "tags"]
+    refused = subprocess.run(step, cwd=repo, capture_output=True, text=True, env=env)
+    assert refused.returncode == 2 and git(repo, "tag", "-l") == "nightly"
+    done = subprocess.run([*step, "--force"], cwd=repo, capture_output=True, text=True, env=env)
+    assert done.returncode == 0 and "dropped 1 tags" in done.stdout and git(repo, "tag", "-l") == ""
 
 
 def test_the_baseline_is_the_newest_release_on_first_parent_history(repo):

@@ -18,7 +18,7 @@ where one commit has several (an old commit tagged later does not move it back).
 
     python -m rmsnorm_suite.history results [--remote origin]
     python -m rmsnorm_suite.history localise [--js DIR]
-    python -m rmsnorm_suite.history tags          # deletes tags: CI clones only
+    python -m rmsnorm_suite.history tags [--force]  # deletes tags: CI clones only
     python -m rmsnorm_suite.history baseline [--rev HEAD]
 """
 
@@ -174,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     fetch.add_argument("--remote", default="origin")
     local = sub.add_parser("localise", help=f"point {HTML}/index.html at local copies of its scripts")
     local.add_argument("--js", default=os.environ.get("RMSNORM_ASV_JS") or str(JS))
-    sub.add_parser("tags", help="delete every tag that is not a release (CI's throwaway clone)")
+    tags = sub.add_parser("tags", help="delete every tag that is not a release (CI's throwaway clone)")
+    tags.add_argument("--force", action="store_true", help="outside GitHub Actions too (deletes tags here)")
     base = sub.add_parser(
         "baseline", help="print drift's baseline: the newest release tag on first-parent history"
     )
@@ -182,6 +183,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     root = Path.cwd()
     if args.step == "tags":
+        if os.environ.get("GITHUB_ACTIONS") != "true" and not args.force:
+            print(
+                "history: tags deletes this clone's non-release tags; outside CI pass --force",
+                file=sys.stderr,
+            )
+            return 2
         dropped = drop_tags(root)
         print(f"history: dropped {len(dropped)} tags that are not releases ({RELEASE_TAG.pattern})")
         return 0
