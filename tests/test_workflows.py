@@ -355,6 +355,8 @@ def test_the_comment_job_verifies_the_run_before_it_mints_the_app_token():
     )
     text = (WORKFLOW_DIR / "pr-comment.yml").read_text(encoding="utf-8")
     assert text.count("secrets.") == 1 and "steps.app.outputs.token" in text
+    # the key is an environment secret (deployment branch: main), not a repository secret
+    assert job["environment"] == "verdict-app"
     # the only other job that could see the App's key: none
     for wf_name in WORKFLOWS:
         other = (WORKFLOW_DIR / wf_name).read_text(encoding="utf-8")
