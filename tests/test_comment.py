@@ -17,6 +17,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / ".github" / "scripts" / "post_verdict_comment.py"
+if not SCRIPT.is_file():  # a checkout without it (the judge stages the tests alone for `-m gpu`)
+    pytest.skip(".github/scripts/post_verdict_comment.py is not in this checkout", allow_module_level=True)
 if str(SCRIPT.parent) not in sys.path:
     sys.path.insert(0, str(SCRIPT.parent))  # the scripts import each other, as when run from the job
 _spec = importlib.util.spec_from_file_location("post_verdict_comment", SCRIPT)
