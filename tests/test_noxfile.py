@@ -32,6 +32,7 @@ EXPECTED_SESSIONS = {
     "pr_verdict": {"gpu"},
     "drift": {"gpu"},
     "history": {"cpu"},
+    "rehearse": {"cpu"},
     "perf_docs": {"gpu"},
     "mutation": {"gpu"},
 }

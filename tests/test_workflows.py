@@ -23,6 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKFLOW_DIR = ROOT / ".github" / "workflows"
 WORKFLOW_FILES = sorted(WORKFLOW_DIR.glob("*.yml"))
 SCRIPTS = ROOT / ".github" / "scripts"
+if str(SCRIPTS) not in sys.path:
+    sys.path.insert(0, str(SCRIPTS))  # the scripts import each other, as when a job runs them
 PUSH_SCRIPT = SCRIPTS / "push_results.sh"
 ARC_DIR = ROOT / "deploy" / "arc"
 HOSTED = {"ubuntu-latest"}
@@ -105,8 +107,6 @@ def test_write_permissions_are_where_they_are_needed_only():
         if level == "write"
     }
     assert writes == {
-        ("pr-comment.yml", "comment", "pull-requests"),
-        ("pr-comment.yml", "comment", "statuses"),
         ("history.yml", "push", "contents"),
         ("history.yml", "drift-issue", "issues"),
         ("history.yml", "deploy", "pages"),
@@ -261,6 +261,12 @@ def test_gpu_verdict_runs_from_the_default_branch_with_the_head_as_data():
         s["with"]["name"] for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact@")
     ]
     assert uploads == ["verdict-${{ matrix.kind }}", "results-${{ matrix.kind }}"]
+    # only what the judge wrote (after validating the rounds) leaves the pod: no rounds/, no logs
+    paths = [
+        s["with"]["path"] for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact@")
+    ]
+    names = {line.strip().rsplit("/", 1)[-1] for text in paths for line in text.splitlines() if line.strip()}
+    assert names == {"pr.json", "verdict.md", "verdict.json", "base.json", "head.json"}
 
 
 def test_the_run_title_is_what_the_comment_script_reads():
@@ -273,6 +279,12 @@ def test_the_run_title_is_what_the_comment_script_reads():
         "${{ github.event.pull_request.head.sha }}", "f" * 40
     )
     assert pvc.RUN_TITLE.fullmatch(filled).groups() == ("123", "f" * 40)
+    verify = importlib.util.spec_from_file_location("vt_for_title", SCRIPTS / "verify_trigger.py")
+    vt = importlib.util.module_from_spec(verify)
+    verify.loader.exec_module(vt)
+    assert vt.RUN_TITLE.fullmatch(filled).groups() == ("123", "f" * 40)
+    assert vt.WORKFLOW == ".github/workflows/gpu.yml" and (ROOT / vt.WORKFLOW).is_file()
+    assert vt.EVENT in WORKFLOWS["gpu.yml"]["on"]
     assert WORKFLOWS["gpu.yml"]["name"] == "GPU verdict"
 
 
@@ -314,16 +326,46 @@ def test_comment_workflow_runs_trusted_code_on_a_hosted_runner_after_the_gpu_run
     job = wf["jobs"]["comment"]
     assert job["runs-on"] == "ubuntu-latest"
     assert "workflow_run.event == 'pull_request_target'" in job["if"] and "cancelled" not in job["if"]
-    assert job["permissions"] == {"actions": "read", "pull-requests": "write", "statuses": "write"}
+    # the workflow's own token only reads; writes go through the App's token, minted in this job
+    assert job["permissions"] == {"actions": "read", "contents": "read", "pull-requests": "read"}
     checkout = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/checkout@"))
     assert "ref" not in checkout["with"], "the comment job checks out the default branch only"
     download = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/download-artifact@"))
     assert download["with"]["pattern"] == "verdict-*"
     assert download["with"]["run-id"] == "${{ github.event.workflow_run.id }}"
-    post = job["steps"][-1]
-    assert post["env"]["RUN_TITLE"] == "${{ github.event.workflow_run.display_title }}"
-    assert "--run-title" in post["run"] and "--conclusion" in post["run"]
     assert wf["concurrency"]["cancel-in-progress"] is False and wf["concurrency"]["queue"] == "max"
+
+
+def test_the_comment_job_verifies_the_run_before_it_mints_the_app_token():
+    job = WORKFLOWS["pr-comment.yml"]["jobs"]["comment"]
+    names = [s.get("uses", "").split("@")[0] or s.get("run", "").split()[1] for s in job["steps"]]
+    verify = names.index(".github/scripts/verify_trigger.py")
+    mint = names.index("actions/create-github-app-token")
+    assert verify < mint == len(names) - 2, "the token is minted after verification, for the last step only"
+    assert job["steps"][verify]["env"] == {"GH_TOKEN": "${{ github.token }}", "REPOSITORY": "${{ github.repository }}",
+                                           "RUN_ID": "${{ github.event.workflow_run.id }}"}  # fmt: skip
+    app = job["steps"][mint]["with"]
+    assert {k: v for k, v in app.items() if k.startswith("permission-")} == {
+        "permission-checks": "write", "permission-pull-requests": "write"}  # fmt: skip
+    post = job["steps"][-1]
+    assert post["env"]["GH_TOKEN"] == "${{ steps.app.outputs.token }}" and job["steps"][mint]["id"] == "app"
+    assert "--trigger" in post["run"] and "--run-title" not in post["run"] and "--kinds" in post["run"]
+    assert not any("display_title" in json.dumps(s) for s in job["steps"]), (
+        "nothing reads the title of the event"
+    )
+    text = (WORKFLOW_DIR / "pr-comment.yml").read_text(encoding="utf-8")
+    assert text.count("secrets.") == 1 and "steps.app.outputs.token" in text
+    # the key is an environment secret (deployment branch: main), not a repository secret
+    assert job["environment"] == "verdict-app"
+    # the only other job that could see the App's key: none
+    for wf_name in WORKFLOWS:
+        other = (WORKFLOW_DIR / wf_name).read_text(encoding="utf-8")
+        assert wf_name == "pr-comment.yml" or "VERDICT_APP" not in other
+
+
+def test_the_comment_reads_exactly_the_gpu_matrix_kinds():
+    kinds = matrix_values(WORKFLOWS["gpu.yml"]["jobs"]["verdict"], "kind")
+    assert kinds and WORKFLOWS["pr-comment.yml"]["jobs"]["comment"]["env"]["KINDS"] == ",".join(kinds)
 
 
 def test_history_keeps_every_commit_and_only_a_push_job_writes():
@@ -440,6 +482,26 @@ def test_asv_results_with_markup_or_foreign_files_are_refused_whole(tmp_path, sp
     assert not (tmp_path / "dest").exists(), "nothing is copied when anything fails"
 
 
+@pytest.mark.parametrize(
+    "plant",
+    [
+        lambda dest: (dest / "h200" / "machine.json").write_text('{"cpu": "<img src=x onerror=alert(1)>"}'),
+        lambda dest: (dest / "index.html").write_text("<script>alert(1)</script>"),
+        lambda dest: (dest / "h200" / "dddddddd-env.json").symlink_to("/etc/passwd"),
+    ],
+    ids=["markup-kept-file", "foreign-kept-file", "symlink-kept-file"],
+)
+def test_a_planted_file_on_the_results_branch_fails_the_next_publish(tmp_path, plant):
+    """Every file already on the results branch is re-checked, not only the new ones."""
+    dest = asv_tree(tmp_path / "dest")
+    (dest / ".git").mkdir()
+    (dest / ".git" / "HEAD").write_text("ref: refs/heads/asv-results <not checked>\n")  # git's own: skipped
+    assert check_asv(asv_tree(tmp_path / "in"), dest).returncode == 0
+    plant(dest)
+    done = check_asv(asv_tree(tmp_path / "in2"), dest)
+    assert done.returncode == 1 and "::error::results branch: " in done.stdout
+
+
 # ----------------------------------------------------------------------------------------------
 # The results-branch script, against a local bare repository
 # ----------------------------------------------------------------------------------------------
@@ -504,3 +566,68 @@ def test_workflow_linters_report_nothing(tool, argv):
         pytest.skip(f"{tool} is not installed here (nox -s lint installs and runs it)")
     result = subprocess.run([exe, *argv[1:]], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_only_release_tags_reach_asv_and_drift_takes_the_first_parent_release():
+    jobs = WORKFLOWS["history.yml"]["jobs"]
+    runs = [s.get("run", "") for s in jobs["publish"]["steps"]]
+    drop = runs.index("python3 src/rmsnorm_suite/history.py tags")
+    assert drop < runs.index("nox -s history"), "tags are dropped before asv publish reads them"
+    drift = next(s["run"] for s in jobs["drift"]["steps"] if "-s drift" in s.get("run", ""))
+    assert "history.py baseline" in drift and "git describe" not in drift
+
+
+DEPLOY = ROOT / "deploy"
+
+
+def test_untrusted_pods_reach_only_dns_and_the_github_proxy():
+    docs = list(
+        yaml.safe_load_all((DEPLOY / "network" / "untrusted-egress.yaml").read_text(encoding="utf-8"))
+    )
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy")
+    untrusted = yaml.safe_load((ARC_DIR / "h200-untrusted.yaml").read_text(encoding="utf-8"))
+    assert policy["metadata"]["namespace"] == "arc-untrusted" and policy["spec"]["podSelector"] == {}
+    assert set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"} and policy["spec"]["ingress"] == []
+    targets = [(rule["to"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+                sorted(p["port"] for p in rule["ports"])) for rule in policy["spec"]["egress"]]  # fmt: skip
+    assert targets == [("kube-system", [53, 53]), ("egress-proxy", [3128])]
+    assert all(len(rule["to"]) == 1 and "ipBlock" not in rule["to"][0] for rule in policy["spec"]["egress"])
+    env = {e["name"]: e["value"] for e in untrusted["template"]["spec"]["containers"][0]["env"]}
+    assert env["HTTPS_PROXY"] == "http://github-proxy.egress-proxy.svc.cluster.local:3128"
+    allow = next(d for d in docs if d["kind"] == "ConfigMap")["data"]["squid.conf"]
+    assert allow.strip().splitlines()[-2:] == ["http_access deny all", "http_port 3128"]
+
+
+def test_the_runner_image_has_no_sudo():
+    text = (DEPLOY / "runner-image" / "Dockerfile").read_text(encoding="utf-8")
+    last_user = re.findall(r"(?m)^USER (\S+)", text)[-1]
+    assert last_user == "runner"
+    assert (
+        "apt-get purge -y sudo" in text and "rm -f /etc/sudoers.d/*" in text and "! command -v sudo" in text
+    )
+    assert "NOPASSWD" not in text
+
+
+def test_the_fallback_runner_resets_home_and_keeps_the_token_off_command_lines():
+    text = (DEPLOY / "single-machine" / "ephemeral-runner.sh").read_text(encoding="utf-8")
+    clean = text[text.index("clean() {") : text.index("\n}\n", text.index("clean() {"))]
+    for needed in ('rm -rf "$home"', "cp -a /etc/skel", "crontab -r -u", "pkill -KILL -u", "atrm"):
+        assert needed in clean, needed
+    assert "--token" not in text and "RUNNER_TOKEN_COMMAND" not in text and "bash -c" not in text
+    assert 'ACTIONS_RUNNER_INPUT_TOKEN=$(<"$RUNNER_TOKEN_FILE")' in text and '"0 600"' in text
+    unit = (DEPLOY / "single-machine" / "ephemeral-runner.service").read_text(encoding="utf-8")
+    assert "RUNNER_TOKEN_FILE=" in unit
+
+
+@pytest.mark.skipif(
+    shutil.which("bash") is None or shutil.which("runuser") is None, reason="needs bash, runuser"
+)
+def test_the_fallback_refuses_a_token_file_others_can_read(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("secret")
+    token.chmod(0o644)
+    env = {"PATH": "/usr/bin:/bin", "RUNNER_HOME": str(tmp_path / "none"), "RUNNER_URL": "https://github.com/o",
+           "RUNNER_LABEL": "h200-untrusted", "RUNNER_USER": "nobody-such-user-xyz", "RUNNER_TOKEN_FILE": str(token)}  # fmt: skip
+    done = subprocess.run(["bash", str(DEPLOY / "single-machine" / "ephemeral-runner.sh")], env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 1 and "must be owned by root with mode 0600" in done.stderr

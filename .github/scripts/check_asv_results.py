@@ -6,11 +6,13 @@ in unescaped), so what a GPU job uploads is checked before it is kept: only the 
 writes (``benchmarks.json``, ``MACHINE/machine.json``, ``MACHINE/HASH8-ENV.json``), bounded
 sizes, JSON, names and keys against a pattern, and no markup or control characters in any
 string (the benchmark source under ``code``, which comes from the reviewed main branch and
-is shown as code, excepted). Then the files are copied into DEST.
+is shown as code, excepted). DEST, the checkout of the results branch, is re-checked the same way
+on every run (its ``.git`` aside): the branch is only as safe as its worst file, whoever pushed it.
+Then the new files are copied into DEST.
 
     python3 .github/scripts/check_asv_results.py INCOMING DEST
 
-Exit 0 when everything was copied, 1 (copying nothing) when anything failed a check.
+Exit 0 when everything was copied, 1 (copying nothing) when anything, new or kept, failed a check.
 Standard library only.
 """
 
@@ -49,10 +51,13 @@ def check_value(value: Any, where: str, problems: list[str]) -> None:
         problems.append(f"{where}: a string with markup, control characters or over 1000 characters")
 
 
-def check_tree(incoming: Path) -> tuple[list[Path], list[str]]:
+def check_tree(incoming: Path, skip_git: bool = False) -> tuple[list[Path], list[str]]:
+    """Files that pass, and the problems; ``skip_git``: the results branch (its .git aside, no total cap)."""
     files, problems, total = [], [], 0
     for path in sorted(incoming.rglob("*")):
         name = path.relative_to(incoming).as_posix()
+        if skip_git and (name == ".git" or name.startswith(".git/")):
+            continue
         if path.is_symlink() or (not path.is_dir() and not path.is_file()):
             problems.append(f"{name}: not a plain file")
         if path.is_dir() or path.is_symlink():
@@ -64,7 +69,7 @@ def check_tree(incoming: Path) -> tuple[list[Path], list[str]]:
             continue
         size = path.stat().st_size
         total += size
-        if size > MAX_FILE_BYTES or total > MAX_TOTAL_BYTES:
+        if size > MAX_FILE_BYTES or (total > MAX_TOTAL_BYTES and not skip_git):
             problems.append(f"{name}: over the size limit")
             continue
         try:
@@ -84,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     incoming, dest = Path(args[0]), Path(args[1])
     files, problems = check_tree(incoming)
+    if dest.is_dir():
+        _, kept = check_tree(dest, skip_git=True)
+        problems += [f"results branch: {problem}" for problem in kept]
     if problems or not files:
         for problem in problems[:50] or ["no results in the artifacts"]:
             print("::error::" + re.sub(r"[\x00-\x1f\x7f]", "?", problem))  # no injected workflow commands

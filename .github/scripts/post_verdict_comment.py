@@ -1,24 +1,13 @@
 #!/usr/bin/env python3
-"""Post the GPU verdict of a pull request as one comment and one commit status, or update them.
+"""Post the GPU verdict of a pull request as one comment and one check run, or update them.
 
-Input is a folder of downloaded verdict artifacts, one subfolder per GPU kind (``verdict-h200/``...),
-each holding what ``pr-verdict --out DIR`` wrote (``verdict.json``, ``verdict.md``) and the
-``pr.json`` that the GPU workflow recorded. The artifacts come from a job that imported the pull
-request's code, so they are data from an untrusted source: every file is size-checked before it
-is parsed, every field is validated (SHAs, finite numbers in range, check names against a
-pattern), the summary is rebuilt from the rows (no text of the artifact is copied through but
-the rows' notes, and those with links, images, HTML, mentions and references neutralised), and
-the pull request and head commit are taken from the run's title, which the default branch's
-workflow sets from the event (``GPU verdict #N at SHA``), never from the artifacts. With
-``--pages-url`` (the history site, ``https://OWNER.github.io/REPO/``) each flagged row links to
-its asv benchmark at its shape; the URL holds nothing of the artifact but a validated shape.
-
-The comment is found again by its marker AND its author (the bot): a marked comment written by
-anyone else is left alone. A cancelled or timed-out run, a run that failed before any verdict,
-and a verdict about a commit that is no longer the pull request's head each turn the comment
-into a "no verdict" or "outdated" notice, so an old pass never stands for a new commit.
-
-Locally, ``--dry-run`` prints the comment body and touches nothing:
+Input: the downloaded ``verdict-KIND/`` artifacts (``verdict.json``, ``verdict.md``, ``pr.json``)
+of a job that ran the pull request's code, so untrusted data: every file is size-checked before it
+is parsed, every field validated, the summary rebuilt from the rows and their notes neutralised.
+The pull request, head commit and conclusion come from ``--trigger``, the run as
+``verify_trigger.py`` verified it from the API, never from the artifacts. The comment is found
+again by its marker AND its author; a cancelled, timed-out or failed run and an outdated head
+each retire an old pass (docs/ci.md, "The comment"). Locally, ``--dry-run`` posts nothing:
 
     python3 .github/scripts/post_verdict_comment.py --verdicts outputs/pr-verdict --dry-run
 
@@ -34,14 +23,16 @@ import os
 import re
 import sys
 import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
+
+from verdict_links import PAGES_URL, SHAPE, history_url  # noqa: F401
+from verify_trigger import CONCLUSIONS, RUN_URL, Client, GitHub, client_from_env  # noqa: F401
 
 MARKER = "<!-- rmsnorm-kernel:gpu-verdict"  # first line of the bot's comment: MARKER head=SHA -->
-BOT_LOGIN = "github-actions[bot]"  # the author of comments posted with the workflow's token
-STATUS_CONTEXT = "GPU verdict"  # the commit status a ruleset can require (docs/ci.md)
+BOT_LOGIN = "github-actions[bot]"  # the default author of the comments (the App's is APP-SLUG[bot])
+CHECK_NAME = "GPU verdict"  # the check run the ruleset requires from the verdict App (docs/ci.md)
 MAX_BODY = 60_000  # GitHub refuses comments over 65,536 characters; the full table is an artifact
 MAX_VERDICT_BYTES = 1_000_000  # a verdict.json of 100 kinds of rows is ~100 kB
 MAX_PR_BYTES = 4_096
@@ -54,20 +45,6 @@ SHA = re.compile(r"[0-9a-f]{40}")
 CHECK = re.compile(r"[A-Za-z0-9][A-Za-z0-9 _.,:()/+-]{0,119}")
 KIND = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 REPO = re.compile(r"[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}")
-RUN_URL = re.compile(
-    r"https://[A-Za-z0-9.-]{1,100}/[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}/actions/runs/\d{1,20}"
-)
-# The history page on GitHub Pages: https://OWNER.github.io/REPO/ (owner lowercased by the workflow).
-PAGES_URL = re.compile(r"https://[a-z0-9][a-z0-9-]{0,38}\.github\.io/(?!\.{1,2}/)[A-Za-z0-9_.-]{1,100}/")
-SHAPE = re.compile(r"[0-9]+x[0-9]+-(float32|float16|bfloat16)")  # cases.BENCH_SHAPES names
-# A gate row's check name -> the asv benchmark that tracks it (benchmarks/bench_rmsnorm.py):
-# "latency SHAPE MODE" is the whole-call median, "device SHAPE MODE" the GPU-time median,
-# "host SHAPE MODE" the host-time median, "error Q SHAPE" the error of quantity Q in the class
-# whose mode computes it.
-ASV_CLASS = {"forward": "Forward", "forward_backward": "ForwardBackward"}
-ASV_TRACK = {"latency": "track_median_ms", "device": "track_gpu_median_ms", "host": "track_host_median_ms"}
-ASV_ERROR = {"y": "Forward.track_error_y", "dx": "ForwardBackward.track_error_dx",
-             "dw": "ForwardBackward.track_error_dw"}  # fmt: skip
 
 STATUSES = ("pass", "regression", "error")  # in order of severity
 ICON = {"pass": "✅ pass", "regression": "❌ regression", "error": "⚠️ could not judge"}
@@ -233,13 +210,29 @@ def load_entry(folder: Path, run: Run, prefix: str = "verdict-") -> Entry:
     for name, value in (("verdict.json", entry.head_sha), ("pr.json", claimed)):
         if run.head_sha and value and value != run.head_sha:
             return Entry(kind, "error", problem=f"{name} names another head commit than this run's")
+    number = pr.get("number") if isinstance(pr, dict) else None
+    if run.number and number is not None and number != run.number:
+        return Entry(kind, "error", problem="pr.json names another pull request than this run's")
     return entry
 
 
-def collect(verdicts: Path, run: Run, prefix: str = "verdict-") -> list[Entry]:
-    """One Entry per artifact folder, ``PREFIX-KIND`` (or the folder itself when it is one ``--out DIR``)."""
+def collect(verdicts: Path, run: Run, prefix: str = "verdict-", kinds: tuple[str, ...] = ()) -> list[Entry]:
+    """One Entry per artifact folder, ``PREFIX-KIND`` (or the folder itself when it is one ``--out DIR``).
+
+    With ``kinds`` (the GPU matrix) only those folders are read, and a kind without one is an
+    error: a run that lost a kind's verdict is not a pass of the others."""
     if not verdicts.is_dir():
         return []
+    if kinds:
+        found = [verdicts / f"{prefix}{k}" for k in kinds]
+        if not any(f.is_dir() for f in found):
+            return []
+        return [
+            load_entry(f, run, prefix)
+            if f.is_dir() and not f.is_symlink()
+            else Entry(k, "error", problem="no verdict artifact for this GPU kind")
+            for k, f in zip(kinds, found)
+        ]
     if (verdicts / "verdict.json").exists():
         folders = [verdicts]
     else:
@@ -303,25 +296,6 @@ def threshold(row: Row) -> str:
     if row.kind == "latency":
         return f"> {percent(row.threshold)}" + (" and significant" if row.alpha is not None else "")
     return f"error > {row.threshold:.2e}"
-
-
-def history_url(check: str, pages: str) -> str:
-    """The asv page of the benchmark behind ``check`` at its shape, or "" when there is none.
-
-    The URL is composed only of ``pages`` (matching PAGES_URL), constants of this script and a
-    shape matching SHAPE: nothing else of the check name reaches it."""
-    if not PAGES_URL.fullmatch(pages):
-        return ""
-    words = check.split(" ")
-    if len(words) == 3 and words[0] in ASV_TRACK and words[2] in ASV_CLASS:
-        benchmark, shape = f"{ASV_CLASS[words[2]]}.{ASV_TRACK[words[0]]}", words[1]
-    elif len(words) == 3 and words[0] == "error" and words[1] in ASV_ERROR:
-        benchmark, shape = ASV_ERROR[words[1]], words[2]
-    else:
-        return ""
-    if not SHAPE.fullmatch(shape):
-        return ""
-    return f"{pages}#bench_rmsnorm.{benchmark}?p-shape='{shape}'"
 
 
 def history_link(row: Row, pages: str) -> str:
@@ -414,7 +388,11 @@ def render(entries: list[Entry], run: Run) -> str:
     if not entries:
         return render_no_verdict(run, "The GPU run ended before it wrote a verdict")
     overall = worst(e.status for e in entries)
-    lines = header(ICON[overall], run, entries) + [kind_summary(e) for e in entries] + [""]
+    summaries = [kind_summary(e) for e in entries]
+    if overall == "pass" and run.conclusion and run.conclusion != "success":  # the run's word wins
+        overall = "error"
+        summaries.append(f"- the GPU run concluded {plain(run.conclusion, 40)}: its pass is not believed")
+    lines = header(ICON[overall], run, entries) + summaries + [""]
     tail = footer(run)
     budget = MAX_BODY - len("\n".join(tail)) - 200
 
@@ -465,50 +443,28 @@ def render_outdated(run: Run, current_head: str, old_head: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def commit_status(entries: list[Entry], run: Run) -> tuple[str, str] | None:
-    """(state, description) of the required commit status; None when no verdict run took place."""
+def check_conclusion(entries: list[Entry], run: Run) -> tuple[str, str] | None:
+    """(conclusion, title) of the required check run; None when no verdict run took place.
+
+    Only a run that concluded ``success`` with every kind passing is a success: a pass artifact
+    of a run that failed or was cancelled is not believed. Neutral and skipped are never used
+    (a ruleset counts both as passing)."""
     if run.conclusion in STOPPED:
-        return "error", f"no verdict: the run {STOPPED[run.conclusion]}"
+        return run.conclusion, f"no verdict: the run {STOPPED[run.conclusion]}"
     if not entries:
         if run.conclusion in FAILED:
-            return "error", "no verdict: the run failed before writing one"
+            return "failure", "no verdict: the run failed before writing one"
         return None
     overall = worst(e.status for e in entries)
-    state = {"pass": "success", "regression": "failure", "error": "error"}[overall]
-    return state, {"pass": "every check passes", "regression": "regression", "error": "could not judge"}[
-        overall
-    ]
+    if overall == "pass" and run.conclusion != "success":
+        return "failure", f"could not judge: the run concluded {plain(run.conclusion or 'nothing', 40)}"
+    title = {"pass": "every check passes", "regression": "regression", "error": "could not judge"}[overall]
+    return ("success" if overall == "pass" else "failure"), title
 
 
 # ------------------------------------------------------------------------------------------------
 # GitHub
 # ------------------------------------------------------------------------------------------------
-
-
-class Client(Protocol):
-    def request(self, method: str, path: str, payload: dict[str, Any] | None = None) -> Any: ...
-
-
-class GitHub:
-    """The REST API with a token; the only part of the script that touches the network."""
-
-    def __init__(self, api: str, token: str) -> None:
-        self.api, self.token = api.rstrip("/"), token
-
-    def request(self, method: str, path: str, payload: dict[str, Any] | None = None) -> Any:
-        request = urllib.request.Request(
-            f"{self.api}{path}",
-            method=method,
-            data=None if payload is None else json.dumps(payload).encode(),
-            headers={
-                "Accept": "application/vnd.github+json",
-                "Authorization": f"Bearer {self.token}",
-                "X-GitHub-Api-Version": "2022-11-28",
-                "User-Agent": "rmsnorm-kernel-verdict-comment",
-            },
-        )
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return json.loads(response.read() or b"null")
 
 
 def bot_comment(client: Client, repo: str, number: int, bot: str) -> tuple[int, str] | None:
@@ -532,14 +488,20 @@ def publish(client: Client, repo: str, run: Run, entries: list[Entry], bot: str)
         return f"#{run.number} is not open: nothing posted"
     current = (pull.get("head") or {}).get("sha", "")
     done = []
-    status = commit_status(entries, run)
+    status = check_conclusion(entries, run)
     if status:
-        state, description = status
-        payload = {"state": state, "description": description, "context": STATUS_CONTEXT}
+        conclusion, title = status
+        payload = {
+            "name": CHECK_NAME,
+            "head_sha": run.head_sha,
+            "status": "completed",
+            "conclusion": conclusion,
+            "output": {"title": f"GPU verdict: {title}", "summary": f"GPU verdict: {title}."},
+        }
         if run.url:
-            payload["target_url"] = run.url
-        client.request("POST", f"/repos/{repo}/statuses/{run.head_sha}", payload)
-        done.append(f"status {state} on {run.head_sha[:12]}")
+            payload["details_url"] = run.url
+        client.request("POST", f"/repos/{repo}/check-runs", payload)
+        done.append(f"check run {conclusion} on {run.head_sha[:12]}")
     existing = bot_comment(client, repo, run.number, bot)
     if current != run.head_sha:  # the pull request moved on: only retire a verdict of an older head
         if existing and existing[1] != current:
@@ -561,16 +523,33 @@ def publish(client: Client, repo: str, run: Run, entries: list[Entry], bot: str)
     return "; ".join(done)
 
 
+def load_trigger(path: Path) -> Run:
+    """The run as verify_trigger.py verified it from the API, checked once more."""
+    facts = load_json(path, MAX_PR_BYTES)
+    ok = isinstance(facts, dict) and isinstance(facts.get("number"), int) and facts["number"] > 0
+    ok = ok and SHA.fullmatch(str(facts.get("head_sha"))) and facts.get("conclusion") in CONCLUSIONS
+    if not ok:
+        raise VerdictError(f"{path.name} is not a verified trigger")
+    url = str(facts.get("url") or "")
+    return Run(facts["number"], facts["head_sha"], url if RUN_URL.fullmatch(url) else "", facts["conclusion"])
+
+
 def main(argv: list[str] | None = None, client: Client | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--verdicts", type=Path, required=True, help="folder of verdict-KIND/ artifact folders"
     )
     parser.add_argument("--repo", default=os.environ.get("GITHUB_REPOSITORY", ""), help="owner/name")
-    parser.add_argument("--run-title", default="", help="the GPU run's title: 'GPU verdict #N at SHA'")
-    parser.add_argument("--head-sha", default="", help="head commit, for --dry-run without --run-title")
-    parser.add_argument("--run-url", default="", help="the GPU run's page (its job logs)")
-    parser.add_argument("--conclusion", default="", help="conclusion of the GPU workflow run")
+    parser.add_argument("--trigger", type=Path, help="the run as verify_trigger.py verified it (posting)")
+    parser.add_argument(
+        "--kinds", default="", help="the GPU matrix's kinds, comma-separated: read only these"
+    )
+    parser.add_argument(
+        "--run-title", default="", help="--dry-run: the GPU run's title 'GPU verdict #N at SHA'"
+    )
+    parser.add_argument("--head-sha", default="", help="--dry-run: head commit, without --run-title")
+    parser.add_argument("--run-url", default="", help="--dry-run: the GPU run's page (its job logs)")
+    parser.add_argument("--conclusion", default="", help="--dry-run: conclusion of the GPU workflow run")
     parser.add_argument(
         "--pages-url",
         default="",
@@ -580,27 +559,36 @@ def main(argv: list[str] | None = None, client: Client | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="print the comment body; post nothing")
     args = parser.parse_args(argv)
 
-    title = RUN_TITLE.fullmatch(args.run_title)
-    if args.run_title and not title:
-        parser.error(f"--run-title {args.run_title[:80]!r} is not 'GPU verdict #N at SHA'")
-    head = title.group(2) if title else args.head_sha
-    if head and not SHA.fullmatch(head):
-        parser.error("--head-sha must be a 40-hex commit SHA")
-    url = args.run_url if RUN_URL.fullmatch(args.run_url) else ""
+    kinds = tuple(k for k in args.kinds.split(",") if k)
+    if not all(KIND.fullmatch(k) for k in kinds) or len(kinds) > MAX_KINDS:
+        parser.error(f"--kinds must be names matching {KIND.pattern}, comma-separated")
     if args.pages_url and not PAGES_URL.fullmatch(args.pages_url):
         parser.error(f"--pages-url must match {PAGES_URL.pattern}")
-    run = Run(int(title.group(1)) if title else 0, head, url, args.conclusion, args.pages_url)
-    entries = collect(args.verdicts, run)
+    if args.trigger:
+        try:
+            run = load_trigger(args.trigger)
+        except VerdictError as exc:
+            parser.error(str(exc))
+        run = Run(run.number, run.head_sha, run.url, run.conclusion, args.pages_url)
+    else:
+        title = RUN_TITLE.fullmatch(args.run_title)
+        if args.run_title and not title:
+            parser.error(f"--run-title {args.run_title[:80]!r} is not 'GPU verdict #N at SHA'")
+        head = title.group(2) if title else args.head_sha
+        if head and not SHA.fullmatch(head):
+            parser.error("--head-sha must be a 40-hex commit SHA")
+        url = args.run_url if RUN_URL.fullmatch(args.run_url) else ""
+        run = Run(int(title.group(1)) if title else 0, head, url, args.conclusion, args.pages_url)
+    entries = collect(args.verdicts, run, kinds=kinds)
     if args.dry_run:
         sys.stdout.write(render(entries, run))
         return 0
 
-    token = os.environ.get("GH_TOKEN") or os.environ.get("GITHUB_TOKEN") or ""
-    if not REPO.fullmatch(args.repo) or not title or (client is None and not token):
-        parser.error("posting needs GH_TOKEN, --repo owner/name and --run-title (or use --dry-run)")
-    client = client or GitHub(os.environ.get("GITHUB_API_URL", "https://api.github.com"), token)
+    # Posting believes only a run verified from the API (verify_trigger.py), never a title.
+    if not REPO.fullmatch(args.repo) or not args.trigger or not kinds:
+        parser.error("posting needs --repo owner/name, --trigger and --kinds (or use --dry-run)")
     try:
-        print(publish(client, args.repo, run, entries, args.bot_login))
+        print(publish(client or client_from_env(), args.repo, run, entries, args.bot_login))
     except urllib.error.HTTPError as exc:
         raise SystemExit(f"GitHub API error {exc.code} on {exc.url}") from None
     return 0

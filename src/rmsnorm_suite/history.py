@@ -11,8 +11,15 @@ public CDNs. Where local copies exist (``RMSNORM_ASV_JS``, default ``.asv/js``:
 ``bash tools/fetch_asv_js.sh``), the page's tags are pointed at copies under ``.asv/html/vendor``,
 so ``asv preview`` works offline; without them it says the page needs the network.
 
+``tags``: asv shows every tag name on the page as HTML, so in CI's throwaway clone every tag that
+is not a release (``RELEASE_TAG``) is deleted before ``asv publish``. ``baseline``: drift's
+baseline, the release tag on the newest commit of the first-parent history, the newest by creation
+where one commit has several (an old commit tagged later does not move it back).
+
     python -m rmsnorm_suite.history results [--remote origin]
     python -m rmsnorm_suite.history localise [--js DIR]
+    python -m rmsnorm_suite.history tags [--force]  # deletes tags: CI clones only
+    python -m rmsnorm_suite.history baseline [--rev HEAD]
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ RESULTS_BRANCH = "asv-results"
 RESULTS = Path(".asv/results")  # asv.conf.json's results_dir and html_dir, from the repository root
 HTML = Path(".asv/html")
 JS = Path(".asv/js")  # where tools/fetch_asv_js.sh writes the local copies
+RELEASE_TAG = re.compile(r"v\d+(\.\d+)*")  # the only tags asv may see and drift may judge against
 HOW_TO_GET_RESULTS = (
     "Results come from a GPU machine: `nox -s asv` (or `nox --no-venv -s asv`) records the current "
     "commit into .asv/results; on GitHub the history workflow appends main's results to the "
@@ -120,6 +128,41 @@ def cdn_tags(site: Path) -> list[str]:
     return re.findall(r'<(?:script|link)[^>]*(?:src|href)="(https://[^"]+)"', text)
 
 
+def _tags(root: Path) -> list[tuple[str, str, int]]:
+    """(name, commit, creation time) of every tag: a tag object's date, else its commit's."""
+    fmt = "%(refname)%00%(objectname)%00%(*objectname)%00%(creatordate:unix)"
+    out = _git("for-each-ref", f"--format={fmt}", "refs/tags", cwd=root).stdout.decode("utf-8", "replace")
+    tags = []
+    for line in out.splitlines():
+        ref, obj, peeled, when = line.split("\0")
+        tags.append((ref.removeprefix("refs/tags/"), peeled or obj, int(when or 0)))
+    return tags
+
+
+def drop_tags(root: Path) -> list[str]:
+    """Delete every tag of ``root`` whose name is not a release (``RELEASE_TAG``); the names dropped."""
+    dropped = [name for name, _, _ in _tags(root) if not RELEASE_TAG.fullmatch(name)]
+    for name in dropped:
+        _git("update-ref", "-d", f"refs/tags/{name}", cwd=root)  # a ref path: no name read as an option
+    return dropped
+
+
+def release_baseline(root: Path, rev: str = "HEAD") -> str:
+    """The release tag on the newest commit of ``rev``'s first-parent history (the newest tag by
+    creation where that commit has several), or ""."""
+    by_commit: dict[str, list[tuple[int, str]]] = {}
+    for name, commit, when in _tags(root):
+        if RELEASE_TAG.fullmatch(name):
+            by_commit.setdefault(commit, []).append((when, name))
+    if not by_commit:
+        return ""
+    history = _git("rev-list", "--first-parent", rev, "--", cwd=root).stdout.decode().split()
+    for commit in history:
+        if commit in by_commit:
+            return max(by_commit[commit])[1]
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m rmsnorm_suite.history", description=__doc__.split("\n")[0]
@@ -131,8 +174,28 @@ def main(argv: list[str] | None = None) -> int:
     fetch.add_argument("--remote", default="origin")
     local = sub.add_parser("localise", help=f"point {HTML}/index.html at local copies of its scripts")
     local.add_argument("--js", default=os.environ.get("RMSNORM_ASV_JS") or str(JS))
+    tags = sub.add_parser("tags", help="delete every tag that is not a release (CI's throwaway clone)")
+    tags.add_argument("--force", action="store_true", help="outside GitHub Actions too (deletes tags here)")
+    base = sub.add_parser(
+        "baseline", help="print drift's baseline: the newest release tag on first-parent history"
+    )
+    base.add_argument("--rev", default="HEAD")
     args = parser.parse_args(argv)
     root = Path.cwd()
+    if args.step == "tags":
+        if os.environ.get("GITHUB_ACTIONS") != "true" and not args.force:
+            print(
+                "history: tags deletes this clone's non-release tags; outside CI pass --force",
+                file=sys.stderr,
+            )
+            return 2
+        dropped = drop_tags(root)
+        print(f"history: dropped {len(dropped)} tags that are not releases ({RELEASE_TAG.pattern})")
+        return 0
+    if args.step == "baseline":
+        tag = release_baseline(root, args.rev)
+        print(tag)
+        return 0 if tag else 1
     if args.step == "results":
         return 0 if fetch_results(root, args.remote) else 1
     site = root / HTML

@@ -1,0 +1,134 @@
+"""The rehearsal's stand-ins for the actions the workflows use (act cannot fetch them offline).
+
+Each ``tools/rehearse/actions/OWNER/NAME/action.yml`` is a composite action that calls one
+command here with its inputs in the environment (``INPUT_*``); act maps ``OWNER/NAME@SHA`` to it
+with ``--local-repository``. What each approximates:
+
+- ``checkout``: a clone of the local bare repository ``REHEARSE_ORIGIN`` (GitHub's copy) at
+  ``ref`` or the default branch; ``fetch-depth`` 0 (all history and tags) or 1, ``path``,
+  ``sparse-checkout`` (non-cone). No credentials are ever written (persist-credentials ignored).
+- ``upload``: the files of ``path`` (lines; a folder is taken whole, hidden files only with
+  ``include-hidden-files``), zipped relative to their common folder, posted to the fake API;
+  ``if-no-files-found``: error, warn or ignore.
+- ``download``: the REST calls download-artifact makes with ``run-id`` and ``github-token``:
+  list the run's artifacts, keep those matching ``name`` or ``pattern``, unzip each into
+  ``path/NAME`` (or into ``path`` with ``merge-multiple`` or ``name``).
+- ``app-token``: create-github-app-token's two calls (the installation of the repository, then an
+  installation token), the private key standing for the JWT it signs; outputs ``token``,
+  ``app-slug`` and ``installation-id``.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import io
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+import zipfile
+from pathlib import Path
+
+
+def inp(name: str, default: str = "") -> str:
+    return os.environ.get(f"INPUT_{name.upper().replace('-', '_')}", "") or default
+
+
+def api(method: str, path: str, token: str, payload=None, raw: bytes | None = None):
+    url = os.environ["GITHUB_API_URL"].rstrip("/") + path
+    data = raw if raw is not None else None if payload is None else json.dumps(payload).encode()
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    headers["Content-Type"] = "application/zip" if raw is not None else "application/json"
+    with urllib.request.urlopen(urllib.request.Request(url, data, headers, method=method), timeout=30) as r:
+        body = r.read()
+        return body if r.headers.get("Content-Type") == "application/zip" else json.loads(body or b"null")
+
+
+def git(*args: str, cwd: Path) -> None:
+    subprocess.run(["git", "-c", "advice.detachedHead=false", *args], cwd=cwd, check=True)
+
+
+def checkout() -> None:
+    target = Path(os.environ["GITHUB_WORKSPACE"]) / inp("path", ".")
+    origin = os.environ["REHEARSE_ORIGIN"]
+    ref = inp("ref", "main")
+    target.mkdir(parents=True, exist_ok=True)
+    depth = [] if inp("fetch-depth", "1") == "0" else ["--depth", inp("fetch-depth", "1")]
+    git("init", "-q", "-b", "rehearse-empty", cwd=target)
+    git("remote", "add", "origin", origin, cwd=target)
+    tags = ["--tags"] if not depth or inp("fetch-tags") == "true" else ["--no-tags"]
+    git("fetch", "-q", *depth, *tags, "origin", f"+{ref}:refs/remotes/origin/{ref}"
+        if not ref.startswith("refs/") else ref, cwd=target)  # fmt: skip
+    sparse = [line.strip() for line in inp("sparse-checkout").splitlines() if line.strip()]
+    if sparse:
+        git("sparse-checkout", "set", "--no-cone", *sparse, cwd=target)
+    git("checkout", "-q", "-B", ref.rsplit("/", 1)[-1], "FETCH_HEAD", cwd=target)
+
+
+def upload() -> None:
+    workspace = Path(os.environ["GITHUB_WORKSPACE"])
+    hidden = inp("include-hidden-files") == "true"
+    files: list[Path] = []
+    for line in inp("path").splitlines():
+        if not line.strip():
+            continue
+        p = workspace / line.strip()
+        if p.is_file():
+            files.append(p)
+        elif p.is_dir():
+            files += [f for f in sorted(p.rglob("*")) if f.is_file() and
+                      (hidden or not any(part.startswith(".") for part in f.relative_to(p).parts))]  # fmt: skip
+    name = inp("name", "artifact")
+    if not files:
+        mode = inp("if-no-files-found", "warn")
+        print(f"{'::error::' if mode == 'error' else '::warning::' if mode == 'warn' else ''}"
+              f"no files found for the artifact {name}")  # fmt: skip
+        sys.exit(1 if mode == "error" else 0)
+    root = Path(os.path.commonpath([str(f.parent) for f in files]))
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for f in files:
+            archive.write(f, f.relative_to(root).as_posix())
+    api("POST", f"/_rehearse/upload?name={name}", "", raw=buffer.getvalue())
+    print(f"uploaded {len(files)} files as {name}")
+
+
+def download() -> None:
+    repo, token = os.environ["GITHUB_REPOSITORY"], inp("github-token")
+    run_id = inp("run-id") or os.environ.get("GITHUB_RUN_ID", "")
+    dest = Path(os.environ["GITHUB_WORKSPACE"]) / inp("path", ".")
+    listed = api("GET", f"/repos/{repo}/actions/runs/{run_id}/artifacts", token)["artifacts"]
+    name, pattern = inp("name"), inp("pattern")
+    chosen = [
+        a for a in listed if (a["name"] == name if name else fnmatch.fnmatchcase(a["name"], pattern or "*"))
+    ]
+    if name and not chosen:
+        sys.exit(f"::error::no artifact named {name}")
+    merge = bool(name) or inp("merge-multiple") == "true"
+    for art in chosen:
+        data = api("GET", art["archive_download_url"], token)
+        folder = dest if merge else dest / art["name"]
+        folder.mkdir(parents=True, exist_ok=True)
+        zipfile.ZipFile(io.BytesIO(data)).extractall(folder)
+    print(f"downloaded {len(chosen)} artifacts into {dest}")
+
+
+def app_token() -> None:
+    repo = os.environ["GITHUB_REPOSITORY"]
+    key = inp("private-key")  # stands for the JWT the action signs with it
+    installation = api("GET", f"/repos/{repo}/installation", key)
+    permissions = {k.removeprefix("INPUT_PERMISSION_").lower().replace("_", "-"): v
+                   for k, v in os.environ.items() if k.startswith("INPUT_PERMISSION_") and v}  # fmt: skip
+    minted = api("POST", f"/app/installations/{installation['id']}/access_tokens", key,
+                 {"repositories": [repo.split("/")[1]], "permissions": permissions})  # fmt: skip
+    with open(os.environ["GITHUB_OUTPUT"], "a", encoding="utf-8") as out:
+        out.write(f"token={minted['token']}\napp-slug={installation['app_slug']}\n")
+        out.write(f"installation-id={installation['id']}\n")
+    print(f"::add-mask::{minted['token']}")
+
+
+if __name__ == "__main__":
+    {"checkout": checkout, "upload": upload, "download": download, "app-token": app_token}[sys.argv[1]]()

@@ -1,0 +1,1 @@
+"""The rehearsal's stand-in for nox (__main__.py)."""
