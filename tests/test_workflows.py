@@ -122,6 +122,15 @@ def test_bash_is_the_default_shell_and_jobs_have_timeouts(wf_name):
         assert isinstance(job.get("timeout-minutes"), int), f"{wf_name}/{job_id}: no timeout-minutes"
 
 
+def test_no_workflow_restores_or_saves_an_actions_cache():
+    """A job that runs a PR's code could write a cache entry that a trusted job restores
+    (docs/ci.md): no `cache:` input and no cache action anywhere."""
+    for wf_name, job_id, _, step in steps():
+        uses = step.get("uses", "")
+        assert not uses.startswith(("actions/cache@", "actions/cache/")), f"{wf_name}/{job_id}: {uses}"
+        assert "cache" not in step.get("with", {}), f"{wf_name}/{job_id}: {uses} caches"
+
+
 def test_checkouts_do_not_persist_credentials():
     checkouts = [(w, j, s) for w, j, _, s in steps() if s.get("uses", "").startswith("actions/checkout@")]
     assert checkouts
