@@ -188,7 +188,9 @@ def ab(args, repo: Path, base: str) -> list[str]:
 
 
 def host(args, repo: Path, base: str) -> list[str]:
-    head = commit_on(repo, base, {"src/rmsnorm_kernel/host/__init__.py": PYTHON_HOST}, "the Python host path only")
+    head = commit_on(
+        repo, base, {"src/rmsnorm_kernel/host/__init__.py": PYTHON_HOST}, "the Python host path only"
+    )
     data = pr_verdict(args, repo, base, head, "host-python")
     rows = [r for r in data.get("rows", []) if r["kind"] == "latency"]
     forward = [r for r in rows if r["check"].startswith("host ") and r["check"].endswith(" forward")]

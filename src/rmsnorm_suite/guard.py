@@ -119,7 +119,7 @@ class Calibration:
     """A copy of known size, timed with the clocks bound at construction (before the op runs):
     CUDA events on the GPU, the host clock in the CPU stand-in."""
 
-    def __init__(self, timing: str) -> None:
+    def __init__(self, timing: str, device: str = "cuda") -> None:
         import time
 
         import torch
@@ -131,7 +131,7 @@ class Calibration:
             self.event = torch.cuda.Event
             self.record, self.elapsed = torch.cuda.Event.record, torch.cuda.Event.elapsed_time
             self.synchronize = torch.cuda.synchronize
-            self.src = torch.rand(CALIBRATION_ELEMENTS["cuda"], device="cuda", dtype=torch.bfloat16)
+            self.src = torch.rand(CALIBRATION_ELEMENTS["cuda"], device=device, dtype=torch.bfloat16)
         else:
             self.src = torch.rand(CALIBRATION_ELEMENTS["host"], dtype=torch.float32)
         self.dst = torch.empty_like(self.src)

@@ -94,6 +94,8 @@ def script(box: Sandbox, hidden: Sequence[Path] = ()) -> str:
         if ro:
             lines.append(f"mount -o remount,bind,ro {q(target)}")
 
+    # the private /tmp first: Python folders under the judge's /tmp are bound on top of it
+    lines += [f"mkdir -p {r}/tmp", f"mount -t tmpfs -o mode=1777 tmp {r}/tmp"]
     for name in SYSTEM:
         top = Path("/", name)
         if top.is_symlink():
@@ -105,7 +107,7 @@ def script(box: Sandbox, hidden: Sequence[Path] = ()) -> str:
     for inside, outside in box.readonly.items():
         bind(outside, inside)
     bind(box.state, STATE, ro=False)
-    lines += [f"mkdir -p {r}/tmp {r}/proc {r}/dev/shm", f"mount -t tmpfs -o mode=1777 tmp {r}/tmp"]
+    lines.append(f"mkdir -p {r}/proc {r}/dev/shm")
     lines.append(f"mount -t tmpfs -o mode=1777 shm {r}/dev/shm")
     for name in DEVICES:
         bind(f"/dev/{name}", f"/dev/{name}", ro=False, folder=False)

@@ -120,14 +120,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if timing not in TIMINGS:
         print(f"spec: timing must be one of {list(TIMINGS)}, got {spec.get('timing')!r}", file=sys.stderr)
         return 2
-    out, fd = spec.get("out"), spec.get("result_fd")
-    if fd is None and Path(out or "").suffix != ".json":
-        print(f"spec: out must name a .json file, or result_fd a descriptor; got {out!r}", file=sys.stderr)
-        return 2
     # The judge's clocks, bound before any code of the commit runs.
     held = guard.Guard()
     try:
-        calibration = guard.Calibration(timing)
+        calibration = guard.Calibration(timing, bench.DEVICE)
     except Exception as exc:
         print(f"calibration: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
@@ -140,6 +136,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if problem:
             print(problem, file=sys.stderr)
             return 2
+    out, fd = spec.get("out"), spec.get("result_fd")
+    if fd is None and Path(out or "").suffix != ".json":
+        print(f"spec: out must name a .json file, or result_fd a descriptor; got {out!r}", file=sys.stderr)
+        return 2
     if replaced := held.replaced():
         print(f"the clock was replaced when the op was imported: {', '.join(replaced[:8])}", file=sys.stderr)
         return 3
