@@ -105,10 +105,11 @@ def stage_op(repo: Path, sha: str, dest: Path) -> Path:
 
 
 def stage_head_tests(repo: Path, sha: str, trusted_root: Path, dest: Path) -> tuple[Path, str]:
-    """Head's ``src/`` and ``tests/`` from git's objects under ``dest``, plain files only, with
-    the trusted checkout's ``tests/conftest.py`` and ``pyproject.toml`` (pytest's configuration)
-    in place of head's. Returns (dest, a note naming what was head's and what was left out)."""
-    entries = tree_entries(repo, sha, "src") + tree_entries(repo, sha, "tests")
+    """Head's whole tree from git's objects under ``dest`` (its tests read docs, workflows and
+    configs too), plain files only, every conftest.py of head's left out and the trusted
+    checkout's ``tests/conftest.py`` and ``pyproject.toml`` (pytest's configuration) in their
+    place. Returns (dest, a note naming what was head's and what was left out)."""
+    entries = tree_entries(repo, sha, ".")
     plain = [e for e in entries if e[0] in PLAIN and Path(e[3]).name != "conftest.py"]
     conftests = [e[3] for e in entries if Path(e[3]).name == "conftest.py"]
     others = [e[3] for e in entries if e[0] not in PLAIN]
