@@ -1,9 +1,11 @@
-"""Two blind spots of the residual call, as properties (interpreter on CPU, kernels on CUDA):
+"""Blind spots the suite had, as properties (interpreter on CPU, kernels on CUDA):
 
 - a residual with x's number of elements but another shape is refused before any launch, with
   an error that is torch's class for it (RuntimeError) as well as a ValueError;
 - incoming gradients at y *and* at h in every layout torch accepts (row-strided, column-stepped,
-  offset into a larger storage, expanded rows) give dx, dresidual and dw of float64 torch.
+  offset into a larger storage, expanded rows) give dx, dresidual and dw of float64 torch;
+- values users meet besides randn: rows whose mean square is comparable to eps (eps's place in
+  the formula shows), near the half types' overflow and underflow, one outlier per row, constant.
 
 Tolerances are declared here, before any comparison: fp32 results within RTOL/ATOL of the float64
 oracle, on rows whose mean square is about 1 (randn), eps = 1e-6.
@@ -91,3 +93,48 @@ def test_gradients_at_y_and_h_in_every_layout(device, m, n, gy_layout, gh_layout
     assert math.isfinite(sum(float(t.abs().sum()) for t in want))
     for name, got, exp in zip(("dx", "dresidual", "dw"), grads, want):
         torch.testing.assert_close(got.cpu().double(), exp, rtol=RTOL, atol=ATOL * max(1.0, m), msg=name)
+
+
+# Rows whose mean square is comparable to eps (where eps's place in the formula shows) and rows
+# near the half types' overflow and underflow. Declared bounds: fp32 1e-5 relative to the float64
+# oracle; fp16 and bf16 one rounding of the output (2**-10 and 2**-7 relative) plus the input's.
+VALUE_BOUNDS = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@settings(max_examples=30, deadline=None)
+@given(
+    dtype=st.sampled_from(list(VALUE_BOUNDS)),
+    kind=st.sampled_from(["near-eps", "huge", "tiny", "outlier", "constant"]),
+    n=st.sampled_from([1, 8, 67, 300]),
+    seed=st.integers(0, 2**16),
+)
+def test_values_users_meet_match_torch(device, dtype, kind, n, seed):
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randn(3, n, generator=g, dtype=torch.float64)
+    eps = 1e-2 if kind == "near-eps" else 1e-6
+    # fp16 near its own overflow; bf16 and fp32 near where an fp32 square (sum of n) overflows
+    big = 6e4 if dtype == torch.float16 else 1e17
+    scale = {"near-eps": 0.1, "huge": big / 4, "tiny": 1e-4 if dtype == torch.float16 else 1e-30}.get(
+        kind, 1.0
+    )
+    values = base * scale
+    if kind == "outlier":
+        values[:, 0] = 1e4 if dtype == torch.float16 else 1e17
+    if kind == "constant":
+        values = torch.full_like(values, 3.0)
+    x = values.to(dtype).to(device).requires_grad_()
+    w = torch.randn(n, generator=g).to(device).requires_grad_()
+    y = rms_norm(x, weight=w, eps=eps)
+    xd, wd = x.detach().cpu().double().requires_grad_(), w.detach().cpu().double().requires_grad_()
+    yd = F.rms_norm(xd, (n,), wd, eps=eps)
+    bound = VALUE_BOUNDS[dtype]
+    torch.testing.assert_close(
+        y.detach().cpu().double(), yd.detach(), rtol=bound, atol=bound * float(wd.abs().max())
+    )
+    if kind == "near-eps" and dtype == torch.float32:  # eps inside the root shows in every gradient
+        dy = torch.randn(3, n, generator=g)
+        got = torch.autograd.grad(y, (x, w), dy.to(device))
+        want = torch.autograd.grad(yd, (xd, wd), dy.double())
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a.cpu().double(), b, rtol=1e-4, atol=1e-4 * float(b.abs().max()))
