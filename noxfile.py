@@ -9,7 +9,13 @@ Environment variables:
   RMSNORM_TORCH        torch requirement (default ``torch==2.13.0``)
   RMSNORM_TRITON       triton requirement, installed together with torch. Unset: keep the triton
                        that torch brings (CUDA builds pin their own), else install ``triton==3.6.0``.
-  RMSNORM_TORCH_INDEX  extra package index for the torch install (a CPU-only wheel index, say)
+  RMSNORM_TORCH_INDEX  package index for the torch install, e.g. PyTorch's CPU-only wheel index
+                       (its address is the one pytorch.org's install selector gives for "CPU").
+                       Unset: the index pip is configured with (a machine whose index serves a
+                       CPU build keeps working offline).
+  RMSNORM_PYTEST_WORKERS
+                       pytest-xdist workers (``auto``: one per core; ``0``: one process). Default:
+                       ``auto`` for the CPU sessions, ``0`` for `gpu` (its runs share one device)
   RMSNORM_EXTRA_PINS   more requirements installed with torch, space-separated (CI's oldest-torch
                        job: ``numpy<2.4``, which triton 3.2's interpreter needs)
   RMSNORM_ASV_MACHINE  asv machine name of this runner (the `asv` session)
@@ -44,6 +50,12 @@ TORCH = os.environ.get("RMSNORM_TORCH", "torch==2.13.0")
 DEFAULT_TRITON = "triton==3.6.0"
 TORCH_INDEX = os.environ.get("RMSNORM_TORCH_INDEX", "")
 LINT_REQUIREMENTS = "requirements/lint.txt"
+# Test dependencies whose releases change behaviour (transformers: the swap sweep's classes), pinned
+# once for every session and for the GPU runner's installed environment (tests/test_noxfile.py).
+CONSTRAINTS = "requirements/constraints.txt"
+# The torch releases whose results the suite and its documents record (2.11 to 2.13); another torch
+# release (CI's oldest-torch job: the declared floor) runs the same sessions after one warning.
+TESTED_TORCH = ((2, 11), (2, 13))
 NOX_REQUIREMENTS = "requirements/nox.txt"
 # the suite's own dependencies; numpy for the Triton interpreter; pytest and pytest-benchmark;
 # asv and matplotlib (plots are tested on CPU too); transformers (the swap sweep and model tests);
@@ -53,7 +65,7 @@ WORKFLOWS = ".github/workflows"
 ARC_VALUES = "deploy/arc"  # runner scale sets: *.yaml values checked against values.schema.json
 HISTORY_PAGE_TEST = "tests/test_asv_page.py"  # headless Chromium; skips, with the reason, without it
 HISTORY_SCRIPT = "src/rmsnorm_suite/history.py"  # the results branch and the page's local scripts
-PYTEST_FLAGS = ("-ra", "--strict-markers", "--strict-config", "--tb=short", "--durations=10")
+PYTEST_FLAGS = ("-ra", "--strict-markers", "--strict-config", "--tb=short", "--durations=15")
 
 
 def is_passthrough(session: nox.Session) -> bool:
@@ -88,17 +100,47 @@ def install(session: nox.Session, extras: tuple[str, ...] = EXTRAS, needs_cuda: 
         session.error(cuda_message(session, "no NVIDIA device: no /dev/nvidia*, no nvidia-smi"))
     if is_passthrough(session):
         use_outer_environment(session)
+        warn_untested_torch(session, distribution_version(session, "torch"))
         return
     index = ["--extra-index-url", TORCH_INDEX] if TORCH_INDEX else []
     pins = os.environ.get("RMSNORM_EXTRA_PINS", "").split()
     triton = os.environ.get("RMSNORM_TRITON", "")
+    quiet = ["--progress-bar", "off"]  # nox shows pip's output only when it fails: no bar fragments
     if triton:
-        session.install(*index, TORCH, triton, *pins)
+        session.install(*quiet, *index, TORCH, triton, *pins)
     else:
-        session.install(*index, TORCH, *pins)
+        session.install(*quiet, *index, TORCH, *pins)
         if not distribution_version(session, "triton"):
-            session.install(DEFAULT_TRITON)
-    session.install(f".[{','.join(extras)}]" if extras else ".")
+            session.install(*quiet, DEFAULT_TRITON)
+    session.install(*quiet, "-c", CONSTRAINTS, f".[{','.join(extras)}]" if extras else ".")
+    warn_untested_torch(session, distribution_version(session, "torch"))
+
+
+def warn_untested_torch(session: nox.Session, version: str) -> bool:
+    """One warning where the installed torch is outside TESTED_TORCH; True when it is."""
+    parts = version.split("+", 1)[0].split(".")
+    try:
+        found = (int(parts[0]), int(parts[1]))
+    except (IndexError, ValueError):
+        return False
+    if TESTED_TORCH[0] <= found <= TESTED_TORCH[1]:
+        return False
+    low, high = (".".join(map(str, v)) for v in TESTED_TORCH)
+    session.warn(f"torch {version} is outside the tested range (torch {low} to {high}); results may differ")
+    return True
+
+
+def pytest_workers(session: nox.Session, default: str = "auto") -> tuple[str, ...]:
+    """``-n N`` (N: $RMSNORM_PYTEST_WORKERS, else ``default``) where pytest-xdist is installed (the
+    `test` extra) and more than one worker is asked for; else nothing: one process."""
+    workers = os.environ.get("RMSNORM_PYTEST_WORKERS", default)
+    if workers in ("0", "1") or any(a == "-n" or a.startswith("--numprocesses") for a in session.posargs):
+        return ()
+    if {"--collect-only", "--co", "--pdb"} & set(session.posargs):
+        return ()
+    if not distribution_version(session, "pytest-xdist"):
+        return ()
+    return ("-n", workers)
 
 
 def distribution_version(session: nox.Session, name: str) -> str:
@@ -183,7 +225,12 @@ def interpreter_tests(session: nox.Session, one_of_several: bool = False) -> Non
     """The interpret-marked tests in a pytest process of their own: the interpreter is chosen when
     Triton decorates the kernels, so TRITON_INTERPRET=1 has to be set before the package is imported."""
     pytest(
-        session, "-m", "interpret and not gpu", one_of_several=one_of_several, env={"TRITON_INTERPRET": "1"}
+        session,
+        "-m",
+        "interpret and not gpu",
+        *pytest_workers(session),
+        one_of_several=one_of_several,
+        env={"TRITON_INTERPRET": "1"},
     )
 
 
@@ -194,7 +241,7 @@ def tests(session: nox.Session) -> None:
     if not is_passthrough(session):
         session.install("-r", NOX_REQUIREMENTS)  # tests/test_noxfile.py runs `nox -l` and GPU sessions
     # One virtualenv (one torch install) serves both pytest runs.
-    pytest(session, "-m", "not gpu and not interpret", one_of_several=True)
+    pytest(session, "-m", "not gpu and not interpret", *pytest_workers(session), one_of_several=True)
     interpreter_tests(session, one_of_several=True)
 
 
@@ -210,14 +257,19 @@ def gpu(session: nox.Session) -> None:
     """GPU numerics, gradients, training integration, compile, CUDA graphs, determinism (-m gpu)."""
     install(session, needs_cuda=True)
     require_cuda(session)
-    # The differential tests' many-example profile (tests/differential_strategies.py).
-    session.env["RMSNORM_HYPOTHESIS_PROFILE"] = os.environ.get("RMSNORM_HYPOTHESIS_PROFILE", "gpu")
     # Both host paths (rmsnorm_kernel/host/): everything on the compiled one, which must build
-    # here, then the op's own tests again on the Python one.
+    # here, with the differential tests' many-example profile (tests/differential_strategies.py);
+    # then the tests of the op's results again on the Python one, with the derandomized "ci"
+    # profile: each property once on each path, the wide random search once.
+    # RMSNORM_PYTEST_WORKERS=N spreads both runs over N processes on the one GPU (pytest-xdist).
+    workers = pytest_workers(session, default="0")
+    profile = os.environ.get("RMSNORM_HYPOTHESIS_PROFILE", "")
+    session.env["RMSNORM_HYPOTHESIS_PROFILE"] = profile or "gpu"
     session.env["RMSNORM_KERNEL_HOST"] = "compiled"
-    pytest(session, "-m", "gpu")
+    pytest(session, "-m", "gpu", *workers)
+    session.env["RMSNORM_HYPOTHESIS_PROFILE"] = profile or "ci"
     session.env["RMSNORM_KERNEL_HOST"] = "python"
-    pytest(session, "-m", "gpu", *PYTHON_HOST_TESTS)
+    pytest(session, "-m", "gpu", *workers, *PYTHON_HOST_TESTS)
 
 
 # The tests of the op's results, rerun on the Python host path by the gpu session.

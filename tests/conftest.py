@@ -58,11 +58,31 @@ def _extension_here():
 
 
 # Reports a test hands to the end of the run (the mutant catalogue's table): printed by
-# pytest_terminal_summary after the results, not among the progress dots.
+# pytest_terminal_summary after the results, not among the progress dots. They travel on the test's
+# report, so a pytest-xdist worker's reports reach the terminal too. Without -v only each report's
+# first paragraph is shown (one summary line in CI's log); the file named in the title has the rest.
 TERMINAL_REPORTS: list[tuple[str, str]] = []
+_REPORTED: list[tuple[str, str]] = []
 
 
-def pytest_terminal_summary(terminalreporter):
-    for title, text in TERMINAL_REPORTS:
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if call.when == "call" and TERMINAL_REPORTS:
+        report.user_properties.extend(("terminal report", entry) for entry in TERMINAL_REPORTS)
+        TERMINAL_REPORTS.clear()
+    return report
+
+
+def pytest_runtest_logreport(report):
+    _REPORTED.extend(tuple(value) for key, value in report.user_properties if key == "terminal report")
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    for title, text in _REPORTED:
         terminalreporter.write_sep("=", title)
-        terminalreporter.write_line(text)
+        if config.get_verbosity() > 0:
+            terminalreporter.write_line(text)
+            continue
+        paragraphs = [p for p in text.strip().split("\n\n") if not p.startswith("#")]
+        terminalreporter.write_line(paragraphs[0] if paragraphs else text.strip().splitlines()[0])

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from rmsnorm_suite.history import localise
+from rmsnorm_suite.history import blank_graphs, localise
 
 ROOT = Path(__file__).resolve().parents[1]
 HTML = ROOT / ".asv" / "html"
@@ -152,3 +152,14 @@ def test_one_shape_per_graph_by_link(site):
     series = re.findall(r'class="legendLabel">([^<]*)<', dom)
     assert series and all(f"shape-{SHAPE}" in s for s in series), series
     assert any("provider-kernel" in s for s in series), series
+
+
+def test_every_graph_has_data_points():
+    """A page whose graphs have no data point (every recorded value null) draws empty axes and
+    passes the rendering tests: this check fails it (tests/test_history.py feeds it such a page)."""
+    if not (HTML / "index.html").is_file():
+        cannot_run("no published asv page (.asv/html/index.html): run `nox -s history` (asv publish) first")
+    graphs = list((HTML / "graphs").rglob("*.json"))
+    assert graphs, "the published page has no graphs"
+    blank = blank_graphs(HTML)
+    assert not blank, f"{len(blank)} of {len(graphs)} graphs have no data point: {blank[:5]}"

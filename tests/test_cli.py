@@ -5,6 +5,7 @@ import importlib
 import json
 import math
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -443,3 +444,45 @@ def test_exercise(project, capsys):
     assert rows[257]["wrong_block"]["mean"] == 0.501953125
     rc, out, _ = run_cli(capsys, "exercise")
     assert "wrong variant (/512)" in out and "cannot see the bug" in out
+
+
+def _command_missing(monkeypatch, module_name: str) -> None:
+    """A subcommand `ghost` whose run imports ``module_name``, which is not installed."""
+    import types
+
+    ghost = types.ModuleType("rmsnorm_suite_ghost")
+    ghost.configure = lambda parser, name: None
+
+    def run(args):
+        raise ModuleNotFoundError(f"No module named {module_name!r}", name=module_name)
+
+    ghost.run = run
+    monkeypatch.setitem(sys.modules, "rmsnorm_suite_ghost", ghost)
+    monkeypatch.setitem(cli.COMMANDS, "ghost", ("rmsnorm_suite_ghost", "a command with a missing dependency"))
+
+
+@pytest.mark.parametrize(
+    "module_name, extra",
+    [("matplotlib.pyplot", "bench"), ("asv", "bench"), ("transformers", "models"), ("scipy.stats", "suite")],
+)
+def test_a_missing_optional_dependency_names_its_extra_in_one_line(monkeypatch, capsys, module_name, extra):
+    _command_missing(monkeypatch, module_name)
+    assert cli.main(["ghost"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f'rmsnorm-kernel ghost: needs {module_name}: pip install "rmsnorm-kernel[{extra}]"'], err
+
+
+def test_a_missing_module_of_no_extra_is_not_hidden(monkeypatch):
+    _command_missing(monkeypatch, "no_such_module")
+    with pytest.raises(ModuleNotFoundError):
+        cli.main(["ghost"])
+
+
+def test_every_extra_named_for_a_missing_module_is_declared():
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: the `suite` extra's tomli
+        import tomli as tomllib
+
+    declared = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    assert set(cli.EXTRA_OF.values()) <= set(declared["project"]["optional-dependencies"])

@@ -95,3 +95,19 @@ def test_localise_points_the_page_at_local_copies(tmp_path):
     assert history.cdn_tags(site) == ["https://cdn.example/other.js"]
     assert 'src="vendor/jquery-3.3.1.min.js"' in (site / "index.html").read_text()
     assert history.localise(site, js) == []  # already localised: nothing left to change
+
+
+def test_blank_graphs_are_found_and_graphs_with_data_are_not(tmp_path):
+    """The page check's blank-results fixture: every value null fails it; one value passes."""
+    from rmsnorm_suite.history import blank_graphs
+
+    graphs = tmp_path / "graphs" / "branch-main" / "machine-h200"
+    graphs.mkdir(parents=True)
+    (graphs / "bench.Forward.track_median_ms.json").write_text(json.dumps([[1, None], [2, [None, None]]]))
+    (graphs / "bench.Forward.track_min_ms.json").write_text(json.dumps([]))
+    (graphs / "bench.Forward.track_max_ms.json").write_text(json.dumps([[1, None], [2, [None, 0.12]]]))
+    (graphs / "bench.Backward.track_median_ms.json").write_text(json.dumps([[1, 0.5]]))
+    assert blank_graphs(tmp_path) == [
+        "graphs/branch-main/machine-h200/bench.Forward.track_median_ms.json",
+        "graphs/branch-main/machine-h200/bench.Forward.track_min_ms.json",
+    ]

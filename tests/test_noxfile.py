@@ -267,3 +267,67 @@ def test_drift_session_stops_before_benchmarking_without_a_baseline(noxfile_modu
     assert result.returncode != 0, output
     assert "no release tag v*" in output and "RMSNORM_DRIFT_BASELINE" in output, output
     assert "Session drift aborted" in output, output
+
+
+def test_one_constraints_file_pins_transformers_within_the_models_extra():
+    """requirements/constraints.txt holds the one transformers pin; every installing session passes
+    it to pip, and the pinned release satisfies the `models` extra (the GPU runner has it installed)."""
+    from packaging.requirements import Requirement
+
+    pins = {}
+    for line in (ROOT / "requirements" / "constraints.txt").read_text(encoding="utf-8").splitlines():
+        requirement = line.split("#", 1)[0].strip()
+        if requirement:
+            name, version = requirement.split("==")
+            pins[name] = version
+    assert pins.get("transformers") == "5.17.0", pins
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    models = re.search(r'^models = \["([^"]+)"\]', pyproject, re.M).group(1)
+    assert Requirement(models).specifier.contains(pins["transformers"]), models
+    noxfile = NOXFILE.read_text(encoding="utf-8")
+    assert '"-c", CONSTRAINTS' in noxfile and 'CONSTRAINTS = "requirements/constraints.txt"' in noxfile
+    swap = (ROOT / "tests" / "test_swap.py").read_text(encoding="utf-8")
+    assert f'TABLE_VERSION = "{pins["transformers"]}"' in swap, "the swap sweep's table is of another release"
+
+
+class _Session:
+    """What warn_untested_torch and pytest_workers use of a nox session."""
+
+    def __init__(self, posargs=(), xdist="3.8.0"):
+        self.posargs, self.warnings, self.xdist = list(posargs), [], xdist
+        self.venv_backend = "virtualenv"
+
+    def warn(self, message):
+        self.warnings.append(message)
+
+
+@pytest.mark.parametrize(
+    "version, warns",
+    [("2.13.0", False), ("2.11.0+cpu", False), ("2.12.1", False), ("2.10.0", True), ("2.14.0+cu130", True),
+     ("2.6.0", True), ("", False)],
+)  # fmt: skip
+def test_a_torch_outside_the_tested_range_warns_once_naming_it(noxfile_module, version, warns):
+    session = _Session()
+    assert noxfile_module.warn_untested_torch(session, version) is warns
+    assert len(session.warnings) == (1 if warns else 0)
+    if warns:
+        assert f"torch {version} is outside the tested range (torch 2.11 to 2.13)" in session.warnings[0]
+
+
+@pytest.mark.parametrize(
+    "posargs, environ, xdist, expected",
+    [
+        ([], {}, "3.8.0", ("-n", "auto")),
+        ([], {"RMSNORM_PYTEST_WORKERS": "2"}, "3.8.0", ("-n", "2")),
+        ([], {"RMSNORM_PYTEST_WORKERS": "0"}, "3.8.0", ()),
+        ([], {}, "", ()),  # no pytest-xdist (a GPU runner's own environment): one process
+        (["-n", "3"], {}, "3.8.0", ()),  # the user's own -n wins
+        (["--collect-only", "-q"], {}, "3.8.0", ()),
+    ],
+)
+def test_pytest_workers(noxfile_module, monkeypatch, posargs, environ, xdist, expected):
+    monkeypatch.delenv("RMSNORM_PYTEST_WORKERS", raising=False)
+    for key, value in environ.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(noxfile_module, "distribution_version", lambda session, name: session.xdist)
+    assert noxfile_module.pytest_workers(_Session(posargs, xdist)) == expected

@@ -40,6 +40,25 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "pr-verdict": ("rmsnorm_suite.prverdict", "benchmark base and head interleaved, then gate them"),
 }
 
+# optional dependency (top-level module) -> the extra of pyproject.toml that installs it
+EXTRA_OF = {
+    "yaml": "suite",
+    "tqdm": "suite",
+    "scipy": "suite",
+    "tomli": "suite",
+    "matplotlib": "bench",
+    "asv": "bench",
+    "pytest_benchmark": "bench",
+    "transformers": "models",
+    "liger_kernel": "peers",
+    "cosmic_ray": "mutation",
+}
+
+
+def missing_extra(error: ModuleNotFoundError) -> str | None:
+    """The extra that installs the module ``error`` names, or None for a module of no extra."""
+    return EXTRA_OF.get((error.name or "").split(".", 1)[0])
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rmsnorm-kernel", description=__doc__.splitlines()[0])
@@ -57,12 +76,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     name = argv[0]
     module_name, help_text = COMMANDS[name]
-    module = importlib.import_module(module_name)
-    sub = argparse.ArgumentParser(prog=f"rmsnorm-kernel {name}", description=help_text)
-    module.configure(sub, name)
-    args = sub.parse_args(argv[1:])
-    args.command = name
-    return int(module.run(args) or 0)
+    try:
+        module = importlib.import_module(module_name)
+        sub = argparse.ArgumentParser(prog=f"rmsnorm-kernel {name}", description=help_text)
+        module.configure(sub, name)
+        args = sub.parse_args(argv[1:])
+        args.command = name
+        return int(module.run(args) or 0)
+    except ModuleNotFoundError as error:
+        extra = missing_extra(error)
+        if extra is None:
+            raise
+        print(
+            f'rmsnorm-kernel {name}: needs {error.name}: pip install "rmsnorm-kernel[{extra}]"',
+            file=sys.stderr,
+        )
+        return 2
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import re
 import shutil
@@ -120,6 +121,26 @@ def localise(site: Path, js_dir: Path) -> list[str]:
     text = re.sub(r'<(script|link)[^>]*(?:src|href)="(https://[^"]+)"[^>]*>', swap, text)
     index.write_text(text, encoding="utf-8")
     return used
+
+
+def _has_value(value) -> bool:
+    if isinstance(value, list):
+        return any(_has_value(v) for v in value)
+    return value is not None
+
+
+def blank_graphs(site: Path) -> list[str]:
+    """The graphs of a published page (``graphs/**/*.json``, lists of [revision, value] points;
+    a parameterised benchmark's value is a list, one per combination) with no data point: every
+    value null, or no point at all. A page of blank graphs draws empty axes; its check fails."""
+    blank = []
+    for path in sorted((site / "graphs").rglob("*.json")):
+        points = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(points, list) or not any(
+            isinstance(p, list) and len(p) > 1 and _has_value(p[1]) for p in points
+        ):
+            blank.append(str(path.relative_to(site)))
+    return blank
 
 
 def cdn_tags(site: Path) -> list[str]:
