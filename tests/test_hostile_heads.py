@@ -81,7 +81,10 @@ def world(tmp_path_factory):
     for name in catalogue.ATTACKS:
         git(repo, "checkout", "-q", "-B", name, base)
         code = catalogue.attack(
-            name, str(out / name / "verdict.json"), str(markers / name), f"rmsnorm-hostile-{root.name}"
+            name,
+            str(out / name / "verdict.json"),
+            str(markers / name),
+            f"rmsnorm-hostile-{root.name}-{os.getpid()}",
         )
         heads[name] = commit(repo, {op + "ops.py": OPS.format(cost=SLOW_S) + code}, name)
     git(repo, "checkout", "-q", "-B", "symlinked-package", base)
@@ -106,7 +109,7 @@ def world(tmp_path_factory):
     (trusted / "pyproject.toml").write_text(TRUSTED_PYPROJECT)
     (root / "loose.toml").write_text(LOOSE.format())
     return {"repo": repo, "base": base, "heads": heads, "out": out, "markers": markers, "root": root,
-            "trusted": trusted, "token": f"rmsnorm-hostile-{root.name}"}  # fmt: skip
+            "trusted": trusted, "token": f"rmsnorm-hostile-{root.name}-{os.getpid()}"}  # fmt: skip
 
 
 def run_verdict(world, name: str, monkeypatch, gpu_tests: bool = False) -> dict:
