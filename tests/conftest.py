@@ -78,7 +78,39 @@ def pytest_runtest_logreport(report):
     _REPORTED.extend(tuple(value) for key, value in report.user_properties if key == "terminal report")
 
 
+# GPU tests this run left out (deselected by -m, or skipped for want of CUDA), counted where
+# they are collected (each pytest-xdist worker hands its count back) and said in one line.
+_GPU_LEFT_OUT: dict[str, set[str]] = {"deselected": set(), "skipped": set()}
+
+
+def pytest_deselected(items):
+    _GPU_LEFT_OUT["deselected"].update(i.nodeid for i in items if i.get_closest_marker("gpu"))
+
+
+def pytest_collection_modifyitems(config, items):
+    if not HAS_CUDA:
+        _GPU_LEFT_OUT["skipped"].update(i.nodeid for i in items if i.get_closest_marker("gpu"))
+
+
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workeroutput"):  # a pytest-xdist worker
+        session.config.workeroutput["gpu_left_out"] = {k: sorted(v) for k, v in _GPU_LEFT_OUT.items()}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    for kind, ids in getattr(node, "workeroutput", {}).get("gpu_left_out", {}).items():
+        _GPU_LEFT_OUT[kind].update(ids)
+
+
 def pytest_terminal_summary(terminalreporter, config):
+    left_out = _GPU_LEFT_OUT["deselected"] | _GPU_LEFT_OUT["skipped"]
+    if left_out:
+        terminalreporter.write_line(
+            f"{len(left_out)} GPU tests left out here ({len(_GPU_LEFT_OUT['deselected'])} deselected, "
+            f"{len(_GPU_LEFT_OUT['skipped'] - _GPU_LEFT_OUT['deselected'])} without CUDA): "
+            "`nox -s gpu` on a CUDA machine runs them"
+        )
     for title, text in _REPORTED:
         terminalreporter.write_sep("=", title)
         if config.get_verbosity() > 0:
