@@ -28,9 +28,11 @@ def rms_norm(x, weight=None, eps=1e-6):
 SLOW_S = 0.003
 TRUSTED_CONFTEST = "import pytest\n"
 TRUSTED_PYPROJECT = '[tool.pytest.ini_options]\nmarkers = ["gpu: needs CUDA"]\n'
+# factor 2: on a loaded 2-core machine an A/A's host-clock rounds move by tens of percent; the
+# slow heads are hundreds of times slower
 LOOSE = (
     "[gate]\nmin_samples = 2\n[clock]\ntolerance = 0.5\ncheckpoint = 50.0\n"
-    "[latency.large.forward]\nfactor = 1.05\nalpha = 0.01\n"
+    "[latency.large.forward]\nfactor = 2.0\nalpha = 0.01\n"
     "[numerics.bfloat16]\ngrowth = 1.05\nceiling = {{y = 0.01}}\n"
 )
 ARGS = ["--shapes", "32768x4096-bfloat16", "--modes", "forward", "--rounds", "3", "--samples", "8"]
@@ -279,3 +281,20 @@ def test_sandbox_for_a_judge_that_is_not_root(tmp_path):
         assert seen["remount"] != 0
     finally:
         shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_a_flood_on_the_pipe_or_stdout_is_cut(tmp_path, monkeypatch):
+    """The judge keeps at most OUTPUT_CAP of what a sandbox hands back: results past it are
+    dropped whole (the round fails), stdout keeps its tail."""
+    monkeypatch.setattr(prverdict, "OUTPUT_CAP", 2**20)
+    box = sandbox.Sandbox(tmp_path / "root", {}, tmp_path / "state")
+    box.root.mkdir()
+    code = (
+        "import os, sys\nfd = int(sys.stdin.read())\n"
+        "os.write(1, b'x' * 3 * 2**20 + b'END')\n"
+        "for _ in range(3):\n    os.write(fd, b'y' * 2**20)\n"
+    )
+    done = prverdict.sandboxed(box, [os.sys.executable, "-I", "-c", code], str, 60)
+    exit_code, out, err, sent = done
+    assert exit_code == 0 and sent == "" and "more than 1048576 bytes, cut" in err
+    assert len(out) == 2**20 and out.endswith("END")

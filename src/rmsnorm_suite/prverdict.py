@@ -179,6 +179,25 @@ def _tail(text: str, lines: int = 15) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
+OUTPUT_CAP = 64 * 2**20  # bytes of results, and of each of stdout and stderr, a sandbox may hand back
+FILE_CAP = 1 * 2**30  # RLIMIT_FSIZE of the sandbox's processes (its logs and caches)
+
+
+def _limit_files() -> None:
+    """In the sandbox's first process, before exec: no file (its stdout and stderr included)
+    may grow past FILE_CAP, so a head cannot fill the judge's disk."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_CAP, FILE_CAP))
+
+
+def _tail_of(f) -> str:
+    """The last OUTPUT_CAP bytes a sandbox wrote to ``f``, as text."""
+    size = f.seek(0, os.SEEK_END)
+    f.seek(max(0, size - OUTPUT_CAP))
+    return f.read().decode("utf-8", errors="replace")
+
+
 def sandboxed(
     box: sandbox.Sandbox,
     argv: Sequence[str],
@@ -194,35 +213,42 @@ def sandboxed(
     read, write = os.pipe()
     chunks: list[bytes] = []
 
-    def drain() -> None:
+    def drain() -> None:  # at most OUTPUT_CAP kept: a flood is cut, not held in memory
+        kept = 0
         with os.fdopen(read, "rb") as pipe:
             while block := pipe.read(1 << 16):
-                chunks.append(block)
+                if kept < OUTPUT_CAP:
+                    chunks.append(block[: OUTPUT_CAP - kept])
+                    kept += len(block)
 
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
-    try:
-        proc = subprocess.Popen(
-            sandbox.command(box, argv, hidden=hidden), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, start_new_session=True, pass_fds=(write,),
-        )  # fmt: skip
-    finally:
-        os.close(write)
-    if watch is not None:
-        watch.start(proc.pid)
-    try:
-        out, err = proc.communicate(stdin(write), timeout=max(timeout, 0.01))
-        code: int | None = proc.returncode
-    except subprocess.TimeoutExpired:
+    with tempfile.TemporaryFile() as out_file, tempfile.TemporaryFile() as err_file:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        out, err = proc.communicate()
-        code = None
-    if watch is not None:
-        watch.stop()
+            proc = subprocess.Popen(
+                sandbox.command(box, argv, hidden=hidden), stdin=subprocess.PIPE, stdout=out_file,
+                stderr=err_file, start_new_session=True, pass_fds=(write,), preexec_fn=_limit_files,
+            )  # fmt: skip
+        finally:
+            os.close(write)
+        if watch is not None:
+            watch.start(proc.pid)
+        try:
+            proc.communicate(stdin(write).encode(), timeout=max(timeout, 0.01))
+            code: int | None = proc.returncode
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.communicate()
+            code = None
+        if watch is not None:
+            watch.stop()
+        out, err = _tail_of(out_file), _tail_of(err_file)
     reader.join(timeout=30)
+    if sum(map(len, chunks)) >= OUTPUT_CAP:
+        return code, out, err + f"\nresults pipe: more than {OUTPUT_CAP} bytes, cut", ""
     return code, out, err, b"".join(chunks).decode("utf-8", errors="replace")
 
 
