@@ -180,15 +180,7 @@ def _tail(text: str, lines: int = 15) -> str:
 
 
 OUTPUT_CAP = 64 * 2**20  # bytes of results, and of each of stdout and stderr, a sandbox may hand back
-FILE_CAP = 1 * 2**30  # RLIMIT_FSIZE of the sandbox's processes (its logs and caches)
-
-
-def _limit_files() -> None:
-    """In the sandbox's first process, before exec: no file (its stdout and stderr included)
-    may grow past FILE_CAP, so a head cannot fill the judge's disk."""
-    import resource
-
-    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_CAP, FILE_CAP))
+FILE_CAP = 1 * 2**30  # RLIMIT_FSIZE of the sandbox's processes (prlimit): no file past it, stdout included
 
 
 def _tail_of(f) -> str:
@@ -226,8 +218,9 @@ def sandboxed(
     with tempfile.TemporaryFile() as out_file, tempfile.TemporaryFile() as err_file:
         try:
             proc = subprocess.Popen(
-                sandbox.command(box, argv, hidden=hidden), stdin=subprocess.PIPE, stdout=out_file,
-                stderr=err_file, start_new_session=True, pass_fds=(write,), preexec_fn=_limit_files,
+                ["prlimit", f"--fsize={FILE_CAP}", "--", *sandbox.command(box, argv, hidden=hidden)],
+                stdin=subprocess.PIPE, stdout=out_file,
+                stderr=err_file, start_new_session=True, pass_fds=(write,),
             )  # fmt: skip
         finally:
             os.close(write)

@@ -49,7 +49,7 @@ class Sandbox:
 
 
 def missing_tools() -> list[str]:
-    return [t for t in ("unshare", "setpriv", "chroot", "mount", "env") if shutil.which(t) is None]
+    return [t for t in ("unshare", "setpriv", "prlimit", "chroot", "mount", "env") if shutil.which(t) is None]
 
 
 def python_folders() -> list[Path]:
