@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -16,6 +17,8 @@ import pytest
 
 from rmsnorm_suite import cli, prverdict, sandbox, staging
 from tests import hostile_catalogue as catalogue
+from tests.test_prverdict import commit as prverdict_commit
+from tests.test_prverdict import git
 
 OPS = """import time
 COST_S = {cost}
@@ -40,30 +43,17 @@ ARGS = ["--shapes", "32768x4096-bfloat16", "--modes", "forward", "--rounds", "3"
 pytestmark = pytest.mark.skipif(bool(sandbox.check()), reason=f"no sandbox here: {sandbox.check()}")
 
 
-def git(repo: Path, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args],
-        cwd=repo, capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    return done.stdout.strip()
-
-
 def commit(repo: Path, files: dict[str, str], message: str, links: dict[str, str] | None = None) -> str:
-    for name, text in files.items():
-        path = repo / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+    """test_prverdict's commit, with ``links``: paths committed as symbolic links to a target."""
     for name, target in (links or {}).items():
         path = repo / name
         if path.is_dir() and not path.is_symlink():
-            subprocess.run(["rm", "-rf", str(path)], check=True)
+            shutil.rmtree(path)
         elif path.exists() or path.is_symlink():
             path.unlink()
         path.parent.mkdir(parents=True, exist_ok=True)
         path.symlink_to(target)
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", message)
-    return git(repo, "rev-parse", "HEAD")
+    return prverdict_commit(repo, files, message)
 
 
 @pytest.fixture(scope="module")
