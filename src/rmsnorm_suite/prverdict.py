@@ -400,7 +400,10 @@ def run(args: argparse.Namespace) -> int:
         }
         context = {"base_ref": base_ref, "shas": shas, "thresholds": thresholds, "label": label,
                    "repo": repo, "tmp": tmp}  # fmt: skip
-        return _judge_pr(args, out, context, boxes, cases_, deadline)
+        try:
+            return _judge_pr(args, out, context, boxes, cases_, deadline)
+        except Exception as exc:  # whatever a commit did to the judge's folders: a verdict, exit 2
+            return _stop(out, "judge", f"the judge failed: {type(exc).__name__}: {exc}"[:400], commits)
     finally:
         if args.keep_staged:
             print(f"staged commits kept under {tmp}", file=sys.stderr)
@@ -418,8 +421,13 @@ def share_builds(base: Path, head: Path) -> None:
     round (the base builds first: ABBA). Head's op rebuilds whatever its sources change; nothing
     of head ever reaches the base's state."""
     for sub in ("torch-extensions", "triton"):
-        if (base / sub).is_dir() and not any((head / sub).glob("*")):
-            shutil.copytree(base / sub, head / sub, symlinks=True, dirs_exist_ok=True)
+        target = head / sub
+        if (base / sub).is_dir() and not target.exists() and not target.is_symlink():
+            shutil.copytree(base / sub, target, symlinks=True)
+            if os.geteuid() == 0:  # head has not run yet: nothing in its state can race this
+                for folder, dirs, files in os.walk(target):
+                    for name in [folder, *(os.path.join(folder, n) for n in dirs + files)]:
+                        os.lchown(name, sandbox.NOBODY, sandbox.NOBODY)
 
 
 def _sampler() -> tuple[telemetry.Sampler | None, str | None]:
@@ -465,6 +473,7 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
     extra: list[gate.Row] = []
     bar = bench._Progress(args.rounds * len(SIDES), "pr-verdict rounds", True)
     done = redos = 0
+    head_started = False  # the base's builds are shared only before head's code ever ran
     seen: dict[str, dict[str, Any] | None] = {}  # each round's telemetry
     watch, why = _sampler()
     if why:
@@ -486,6 +495,7 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
                     "commit": shas[side],
                     "timing": WORKER_TIMING,
                 }
+                head_started = head_started or side == "head"
                 log = rounds_dir / f"{side}-{k}.log"
                 while True:
                     run, problem = run_round(
@@ -504,7 +514,7 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
                 if run is not None:
                     runs[side].append(run)
                     results.write(run, rounds_dir, f"{side}-{k}")
-                    if side == "base" and not runs["head"]:
+                    if side == "base" and not head_started:
                         share_builds(boxes["base"].state, boxes["head"].state)
                 else:
                     failures[side].append(f"round {k}: {problem}")

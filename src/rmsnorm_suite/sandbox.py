@@ -146,23 +146,42 @@ def environment(box: Sandbox, hidden: Sequence[Path] = ()) -> dict[str, str]:
     return env
 
 
+STATE_FOLDERS = ("home", "cache", "triton", "torch-extensions")
+
+
+def prepare_state(state: Path, root: bool) -> None:
+    """The state folder and its subfolders, each a real folder: anything the commit left in
+    their place (a link, a file) is removed, and only folders made here are handed to nobody.
+    Nothing inside them is walked or chowned, so no link the commit planted is ever followed."""
+    state.mkdir(parents=True, exist_ok=True)
+    for folder in (state, *(state / sub for sub in STATE_FOLDERS)):
+        if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+            folder.unlink()
+        if not folder.exists():
+            folder.mkdir()
+            if root:
+                os.lchown(folder, NOBODY, NOBODY)
+        elif folder == state and root:
+            os.lchown(folder, NOBODY, NOBODY)
+
+
 def command(box: Sandbox, argv: Sequence[str], cwd: str = STATE, hidden: Sequence[Path] = ()) -> list[str]:
     """The command that runs ``argv`` in ``box``; ``hidden``: outside folders never bound."""
     missing = missing_tools()
     if missing:
         raise SandboxUnavailable(f"the sandbox needs util-linux's {', '.join(missing)}")
     root = os.geteuid() == 0
-    for sub in ("home", "cache", "triton", "torch-extensions"):
-        (box.state / sub).mkdir(parents=True, exist_ok=True)
-    if root:  # the commit's processes run as nobody: the state folder must be theirs
-        for path in [box.state, *box.state.rglob("*")]:
-            os.lchown(path, NOBODY, NOBODY)
+    prepare_state(box.state, root)
     drop = ["setpriv", "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all"]
     if root:
         drop += [f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
     env = [f"{k}={v}" for k, v in environment(box, hidden).items()]
     inner = ["chroot", str(box.root), *drop, "env", "-i", "-C", cwd, *env, *argv]
-    body = script(box, hidden) + "\nexec " + " ".join(shlex.quote(a) for a in inner)
+    # PID 1 stays this root shell, which never runs the commit's code: a worker that leaves the
+    # session cannot outlive it, and when it returns (or is killed) the namespace dies whole.
+    # stdin is passed on through fd 3 (an asynchronous list's own stdin is /dev/null).
+    run = " ".join(shlex.quote(a) for a in inner)
+    body = script(box, hidden) + f"\nexec 3<&0\n{run} <&3 3<&- &\nwait $!"
     user = [] if root else ["--user", "--map-root-user"]
     return ["unshare", *user, "--mount", "--pid", "--fork", "--net", "--kill-child", "sh", "-c", body]
 

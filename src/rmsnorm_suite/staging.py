@@ -70,6 +70,8 @@ def tree_entries(repo: Path, sha: str, path: str) -> list[tuple[str, str, str, s
     entries = []
     for item in filter(None, raw.split("\0")):
         meta, name = item.split("\t", 1)
+        if "\\" in name or any(part in ("", ".", "..", ".git") for part in name.split("/")):
+            raise ValueError(f"{sha[:12]}: the tree holds a path that is refused: {name!r}")
         mode, kind, obj = meta.split()
         entries.append((mode, kind, obj, name))
     return entries
@@ -78,6 +80,8 @@ def tree_entries(repo: Path, sha: str, path: str) -> list[tuple[str, str, str, s
 def _write_blobs(repo: Path, entries, strip: str, dest: Path) -> None:
     for _mode, _kind, obj, name in entries:
         target = dest / name[len(strip) :].lstrip("/")
+        if not target.resolve().is_relative_to(dest.resolve()):
+            raise ValueError(f"{name!r} would be staged outside its folder")
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(_git_bytes(repo, "cat-file", "blob", obj))
 
