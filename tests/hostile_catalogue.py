@@ -54,6 +54,40 @@ ATTACKS = {
         "    _sp.Popen([_sys.executable, '-c', _code.format(verdict='{verdict}', marker='{marker}'), '{token}'],\n"
         "              start_new_session=True, stdout=_sp.DEVNULL, stderr=_sp.DEVNULL)\n"
     ),
+    # the harness's recorded times scaled down through the caller's frames (nothing replaced)
+    "frames-rewrite": (
+        "import sys as _sys\n_done = {}\n"
+        "def _scale(values):\n"
+        "    if isinstance(values, list) and values and all(type(v) is float for v in values):\n"
+        "        start = _done.get(id(values), 0)\n        start = 0 if start > len(values) else start\n"
+        "        for i in range(start, len(values)):\n            values[i] *= _FACTOR\n"
+        "        _done[id(values)] = len(values)\n"
+        "def _forge():\n    frame = _sys._getframe(2)\n    while frame is not None:\n"
+        "        for name, value in list(frame.f_locals.items()):\n"
+        "            if name in ('times', 'host'):\n                _scale(value)\n"
+        "            if name == 'by_key' and isinstance(value, dict):\n"
+        "                for tally in value.values():\n"
+        "                    for attr, lst in vars(tally).items():\n"
+        "                        if attr.endswith('_ms'):\n                            _scale(lst)\n"
+        "        frame = frame.f_back\n"
+        "try:\n    import torch as _torch\n    _FACTOR = 0.45 if _torch.cuda.is_available() else 0.001\n"
+        "except Exception:\n    _FACTOR = 0.001\n"
+        "_slow = rms_norm\n"
+        "def rms_norm(*a, **k):\n    _forge()\n    return _slow(*a, **k)\n"
+    ),
+    # outputs kept per input tensor: a timing loop that calls again on the same inputs is served
+    # from the cache (forward only; a call that needs gradients is left alone)
+    "cached-outputs": (
+        "_cache = {}\n_slow = rms_norm\n"
+        "def rms_norm(*a, **k):\n"
+        "    args = list(a) + list(k.values())\n"
+        "    tensors = [v for v in args if hasattr(v, 'data_ptr')]\n"
+        "    if any(t.requires_grad for t in tensors):\n        return _slow(*a, **k)\n"
+        "    key = tuple((t.data_ptr(), t._version, tuple(t.shape)) for t in tensors)\n"
+        "    key += tuple(repr(v) for v in args if not hasattr(v, 'data_ptr'))\n"
+        "    if key not in _cache:\n        _cache.clear()\n        _cache[key] = _slow(*a, **k)\n"
+        "    return _cache[key]\n"
+    ),
     # left behind to load the GPU while the base's rounds run
     "spins-during-the-base": (
         "import subprocess as _sp, sys as _sys\n"
@@ -62,6 +96,8 @@ ATTACKS = {
         "    _sp.Popen([_sys.executable, '-c', _code, '{token}'], start_new_session=True)\n"
     ),
 }
+# Attacks that replace nothing the guard holds: only the judge's stopwatch can see them.
+STOPWATCH_ONLY = ("frames-rewrite", "cached-outputs")
 # Attacks in the tree rather than in the op's code.
 LINKED_PACKAGE = "symlinked-package"  # src/rmsnorm_kernel a link to a folder elsewhere
 LINKED_MODULE = "symlinked-module"  # one module of the op a link out of the repository

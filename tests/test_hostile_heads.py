@@ -34,7 +34,7 @@ TRUSTED_PYPROJECT = '[tool.pytest.ini_options]\nmarkers = ["gpu: needs CUDA"]\n'
 # factor 2: on a loaded 2-core machine an A/A's host-clock rounds move by tens of percent; the
 # slow heads are hundreds of times slower
 LOOSE = (
-    "[gate]\nmin_samples = 2\n[clock]\ntolerance = 0.5\ncheckpoint = 50.0\n"
+    "[gate]\nmin_samples = 2\n[clock]\ntolerance = 0.5\ncheckpoint = 50.0\n[stopwatch]\ntolerance = 3.0\n"
     "[latency.large.forward]\nfactor = 2.0\nalpha = 0.01\n"
     "[numerics.bfloat16]\ngrowth = 1.05\nceiling = {{y = 0.01}}\n"
 )
@@ -136,6 +136,8 @@ def survivors(token: str) -> list[str]:
         ("left-behind-writer", "regression", ""),
         # its spinners load its own rounds until each ends: its own calibration may disagree
         ("spins-during-the-base", "regression error", ""),
+        ("frames-rewrite", "regression", "by the judge's clock"),
+        ("cached-outputs", "regression", "by the judge's clock"),
         ("symlinked-package", "error", "src/rmsnorm_kernel (a link)"),
         ("symlinked-module", "error", "src/rmsnorm_kernel/ops.py (a link)"),
     ],
@@ -148,6 +150,17 @@ def test_hostile_head_never_passes(world, monkeypatch, name, status, why):
     assert not (world["markers"] / name).exists(), "a process of the head outlived its sandbox"
     assert survivors(world["token"]) == []
     assert "forged" not in (world["out"] / name / "verdict.json").read_text()
+
+
+@pytest.mark.parametrize("name", catalogue.STOPWATCH_ONLY)
+def test_only_the_stopwatch_sees_a_head_that_fools_its_process(world, monkeypatch, name):
+    """These heads make the harness inside their process report them fast (the latency rows
+    pass); the judge's own clock, outside the sandbox, sees them slow."""
+    data = run_verdict(world, name, monkeypatch)
+    rows = {r["check"]: r for r in data["rows"]}
+    latency = [r for r in data["rows"] if r["kind"] == "latency"]
+    assert latency and all(r["verdict"] == "pass" for r in latency), latency
+    assert rows["stopwatch"]["verdict"] == "regression" and rows["stopwatch"]["ratio"] > 4, rows["stopwatch"]
 
 
 def test_head_conftest_never_runs(world, monkeypatch):
@@ -285,9 +298,8 @@ def test_a_flood_on_the_pipe_or_stdout_is_cut(tmp_path, monkeypatch):
         "for _ in range(3):\n    os.write(fd, b'y' * 2**20)\n"
     )
     done = prverdict.sandboxed(box, [os.sys.executable, "-I", "-c", code], str, 60)
-    exit_code, out, err, sent = done
-    assert exit_code == 0 and sent == "" and "more than 1048576 bytes, cut" in err
-    assert len(out) == 2**20 and out.endswith("END")
+    assert done.code == 0 and done.lines == [] and "more than 1048576 bytes, cut" in done.err
+    assert len(done.out) == 2**20 and done.out.endswith("END")
 
 
 def test_a_tree_entry_named_dotdot_is_refused(tmp_path):
@@ -324,7 +336,7 @@ def test_a_worker_that_leaves_the_session_dies_with_its_round(tmp_path):
     box = sandbox.Sandbox(tmp_path / "root", {}, tmp_path / "state")
     box.root.mkdir()
     code = "import os, subprocess, sys, time\nos.setsid()\nsubprocess.Popen(['sleep', '300', sys.argv[1]])\ntime.sleep(300)\n"
-    exit_code, *_ = prverdict.sandboxed(box, [os.sys.executable, "-I", "-c", code, token], str, 3)
+    exit_code = prverdict.sandboxed(box, [os.sys.executable, "-I", "-c", code, token], str, 3).code
     assert exit_code is None  # timed out
     time.sleep(1)
     assert survivors(token) == []

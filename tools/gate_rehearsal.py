@@ -16,7 +16,8 @@ hostile: head slows the op (an extra fp32 pass over x before every call) and rew
 aa: ``--aa-runs`` A/A runs. ab: one A/B run whose head adds a forward over 1/``--extra-rows`` of
 the rows to every call (about 5% more forward bytes, plus a launch); every large device forward
 row must be flagged. catalogue: the heads of tests/hostile_catalogue.py, each slowed as hostile's is;
-each must end REGRESSION or error, leave no process behind and no marker written. host: head never builds the compiled host path (the Python host path serves
+each must end REGRESSION or error, leave no process behind and no marker written, and the heads
+that fool their own process (catalogue.STOPWATCH_ONLY) must be seen by the judge's stopwatch. host: head never builds the compiled host path (the Python host path serves
 every call, same kernels); every host-time forward row of ``--shapes`` must be flagged, and no
 device row (the GPU work is the same). Each run prints its wall time and every latency row's ratio
 and interval.
@@ -132,6 +133,9 @@ def pr_verdict(args, repo: Path, base: str, head: str, name: str, gpu_tests: boo
                 f"   {row['check']:<48} ratio {row['ratio']:.4f} [{row['ci_low']:.4f}, {row['ci_high']:.4f}]"
                 f" p={row['p_value']:.2g} > {row['threshold']} : {row['verdict']}"
             )
+    for row in data.get("rows", []):
+        if row["kind"] == "run":
+            print(f"   {row['check']:<48} {row['verdict']}: {row.get('note', '')[:160]}")
     return data
 
 
@@ -245,6 +249,9 @@ def catalogue(args, repo: Path, base: str) -> list[str]:
         left = subprocess.run(["pgrep", "-f", token], capture_output=True, text=True).stdout.split()
         if data.get("status") not in ("regression", "error"):
             problems.append(f"{name}: {data.get('summary')}")
+        watch = next((r for r in data.get("rows", []) if r["check"] == "stopwatch"), {})
+        if name in cat.STOPWATCH_ONLY and watch.get("verdict") != "regression":
+            problems.append(f"{name}: the stopwatch did not see it: {watch.get('note')}")
         if left or (OUT / f"{name}.marker").exists():
             problems.append(f"{name}: a process of the head outlived its sandbox: {left}")
         if "forged" in (

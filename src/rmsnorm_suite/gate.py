@@ -165,6 +165,8 @@ class Thresholds:
     clock_tolerance: float = 0.05  # [clock]: head/base calibration, median over rounds
     clock_checkpoint: float = 0.25  # [clock]: any calibration against its own round's median
     telemetry_redo: int = 2  # [telemetry]: noisy rounds redone per verdict before it errs
+    stopwatch_tolerance: float = 0.10  # [stopwatch]: head/base by the judge's clock, median over rounds
+    stopwatch_sums: float = 0.02  # [stopwatch]: relative disagreement of a round's checksums
 
 
 def _number(
@@ -196,7 +198,16 @@ def parse_thresholds(data: dict[str, Any], source: str = "<thresholds>") -> Thre
         _only(
             "top level",
             data,
-            ["gate", "clock", "telemetry", "latency", "device_latency", "host_latency", "numerics"],
+            [
+                "gate",
+                "clock",
+                "stopwatch",
+                "telemetry",
+                "latency",
+                "device_latency",
+                "host_latency",
+                "numerics",
+            ],
         )
         gate = _table("gate", data.get("gate", {}))
         _only("gate", gate, ["min_samples", "min_rounds"])
@@ -210,6 +221,12 @@ def parse_thresholds(data: dict[str, Any], source: str = "<thresholds>") -> Thre
         _only("clock", clock, ["tolerance", "checkpoint"])
         clock_tolerance = _number("clock.tolerance", clock.get("tolerance", 0.05), low=0.0, high=0.5)
         clock_checkpoint = _number("clock.checkpoint", clock.get("checkpoint", 0.25), low=0.0, high=100.0)
+        watch = _table("stopwatch", data.get("stopwatch", {}))
+        _only("stopwatch", watch, ["tolerance", "sums"])
+        stopwatch_tolerance = _number(
+            "stopwatch.tolerance", watch.get("tolerance", 0.10), low=0.0, high=100.0
+        )
+        stopwatch_sums = _number("stopwatch.sums", watch.get("sums", 0.02), low=0.0, high=0.5)
         tele = _table("telemetry", data.get("telemetry", {}))
         _only("telemetry", tele, ["redo"])
         redo = tele.get("redo", 2)
@@ -245,6 +262,8 @@ def parse_thresholds(data: dict[str, Any], source: str = "<thresholds>") -> Thre
         clock_tolerance=clock_tolerance,
         clock_checkpoint=clock_checkpoint,
         telemetry_redo=redo,
+        stopwatch_tolerance=stopwatch_tolerance,
+        stopwatch_sums=stopwatch_sums,
     )
 
 

@@ -33,6 +33,8 @@ import argparse
 import dataclasses
 import json
 import os
+import queue
+import secrets
 import shutil
 import signal
 import subprocess
@@ -47,7 +49,7 @@ from typing import Any
 
 import scipy.stats  # noqa: F401  the gate's statistics, loaded before any commit's code runs
 
-from rmsnorm_suite import bench, cases, gate, guard, results, sandbox, staging, telemetry  # noqa: F401  cases: the gate orders its table by it
+from rmsnorm_suite import bench, cases, gate, guard, results, sandbox, staging, stopwatch, telemetry, worker  # noqa: F401  cases: the gate orders its table by it
 
 SIDES = ("base", "head")
 DEFAULT_ROUNDS = 6
@@ -190,6 +192,18 @@ def _tail_of(f) -> str:
     return f.read().decode("utf-8", errors="replace")
 
 
+@dataclass
+class Answer:
+    """What a sandbox gave back: exit status (None on timeout), stdout, stderr, the lines that
+    came on the result pipe, and the judge's seconds from its go line to the next line."""
+
+    code: int | None
+    out: str
+    err: str
+    lines: list[str]
+    stopwatch_s: float | None = None
+
+
 def sandboxed(
     box: sandbox.Sandbox,
     argv: Sequence[str],
@@ -197,24 +211,46 @@ def sandboxed(
     timeout: float,
     hidden: Sequence[Path] = (),
     watch: telemetry.Sampler | None = None,
-) -> tuple[int | None, str, str, str]:
-    """Run ``argv`` in ``box``, its standard input ``stdin(fd)`` where ``fd`` is the write end of
-    a result pipe open inside; (exit status or None on timeout, stdout, stderr, what came back
-    on the pipe). A timeout kills the sandbox's whole process group. ``watch`` samples the GPU
-    while it runs."""
+    go: str | None = None,
+) -> Answer:
+    """Run ``argv`` in ``box``, its standard input the line ``stdin(fd)`` where ``fd`` is the
+    write end of a result pipe open inside. With ``go``: once the first line has come back on the
+    pipe, ``go`` is written to standard input, and the judge's clock runs from then until the
+    next line arrives (the stopwatch). A timeout kills the sandbox's whole process group.
+    ``watch`` samples the GPU while it runs."""
     read, write = os.pipe()
     chunks: list[bytes] = []
+    arrivals: queue.Queue[tuple[float, int]] = queue.Queue()  # (judge's clock, lines so far)
 
     def drain() -> None:  # at most OUTPUT_CAP kept: a flood is cut, not held in memory
-        kept = 0
-        with os.fdopen(read, "rb") as pipe:
-            while block := pipe.read(1 << 16):
-                if kept < OUTPUT_CAP:
-                    chunks.append(block[: OUTPUT_CAP - kept])
-                    kept += len(block)
+        kept = lines = 0
+        while block := os.read(read, 1 << 16):
+            now = time.perf_counter()
+            if kept < OUTPUT_CAP:
+                chunks.append(block[: OUTPUT_CAP - kept])
+                kept += len(block)
+            for _ in range(block.count(b"\n")):
+                lines += 1
+                arrivals.put((now, lines))
+        os.close(read)
+        arrivals.put((time.perf_counter(), -1))
+
+    def line(n: int, until: float) -> float | None:  # the judge's time line ``n`` arrived
+        while (left := until - time.monotonic()) > 0:
+            try:
+                when, count = arrivals.get(timeout=left)
+            except queue.Empty:
+                return None
+            if count < 0:
+                return None
+            if count >= n:
+                return when
+        return None
 
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
+    until = time.monotonic() + max(timeout, 0.01)
+    seconds = None
     with tempfile.TemporaryFile() as out_file, tempfile.TemporaryFile() as err_file:
         try:
             proc = subprocess.Popen(
@@ -227,22 +263,34 @@ def sandboxed(
         if watch is not None:
             watch.start(proc.pid)
         try:
-            proc.communicate(stdin(write).encode(), timeout=max(timeout, 0.01))
-            code: int | None = proc.returncode
+            proc.stdin.write(stdin(write).encode() + b"\n")
+            proc.stdin.flush()
+            if go is not None and line(1, until) is not None:
+                proc.stdin.write(go.encode() + b"\n")
+                proc.stdin.flush()
+                started = time.perf_counter()
+                if (done := line(2, until)) is not None:
+                    seconds = done - started
+            proc.stdin.close()
+        except BrokenPipeError:  # it exited before reading: its status says why
+            pass
+        try:
+            code: int | None = proc.wait(timeout=max(until - time.monotonic(), 0.01))
         except subprocess.TimeoutExpired:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            proc.communicate()
+            proc.wait()
             code = None
         if watch is not None:
             watch.stop()
         out, err = _tail_of(out_file), _tail_of(err_file)
     reader.join(timeout=30)
     if sum(map(len, chunks)) >= OUTPUT_CAP:
-        return code, out, err + f"\nresults pipe: more than {OUTPUT_CAP} bytes, cut", ""
-    return code, out, err, b"".join(chunks).decode("utf-8", errors="replace")
+        return Answer(code, out, err + f"\nresults pipe: more than {OUTPUT_CAP} bytes, cut", [])
+    text = b"".join(chunks).decode("utf-8", errors="replace")
+    return Answer(code, out, err, text.splitlines(), seconds)
 
 
 def run_round(
@@ -252,30 +300,40 @@ def run_round(
     timeout: float,
     hidden: Sequence[Path],
     watch: telemetry.Sampler | None = None,
+    seed: int = 0,
 ) -> tuple[results.Run | None, str | None]:
     """One side's round in a sandboxed worker; (the validated results, None) or (None, why not).
-    The spec goes in on standard input and the results come back on a pipe; this process
-    validates them and writes every file itself."""
+    The spec goes in on standard input and the results come back on a pipe; then the stopwatch
+    (``seed`` its inputs', :mod:`rmsnorm_suite.stopwatch`). This process validates what came
+    back and writes every file itself; the stopwatch's seconds and sums go in the run's settings."""
     argv = [sys.executable, "-I", "-B", "-c", BOOTSTRAP, "/judge/suite", "/judge/op", "-"]
-    spec = {**spec, "expect_suite_under": "/judge/suite", "expect_op_under": "/judge/op"}
-    code, out, err, sent = sandboxed(
-        box, argv, lambda fd: json.dumps({**spec, "result_fd": fd}), timeout, hidden, watch
-    )
-    log_path.write_text(out + err, encoding="utf-8")
-    if code is None:
+    spec = {**spec, "expect_suite_under": "/judge/suite", "expect_op_under": "/judge/op", "stopwatch": True}
+    got = sandboxed(
+        box, argv, lambda fd: json.dumps({**spec, "result_fd": fd}), timeout, hidden, watch,
+        go=json.dumps({"go": seed}),
+    )  # fmt: skip
+    log_path.write_text(got.out + got.err, encoding="utf-8")
+    if got.code is None:
         return None, f"timed out after {timeout:.0f} s"
-    if code == 3:
-        return None, f"the clock was replaced: {_tail(err, 1)}"
-    if code != 0:
-        return None, f"exit {code}: {_tail(err, 3)}"
+    if got.code == 3:
+        return None, f"the clock was replaced: {_tail(got.err, 1)}"
+    if got.code != 0:
+        return None, f"exit {got.code}: {_tail(got.err, 3)}"
+    if len(got.lines) != 2 or got.stopwatch_s is None:
+        return None, f"it sent {len(got.lines)} lines, not its results and the stopwatch's answer"
     try:
-        run = results.from_json(json.loads(sent))
+        run = results.from_json(json.loads(got.lines[0]))
         guard.read_calibration(run.settings)
-    except (ValueError, TypeError) as exc:
+        blocks = stopwatch.plan(
+            [bench.case_from_json(c) for c in spec["cases"]], spec["modes"], spec["timing"], worker.HOST_SHAPE
+        )
+        sums = stopwatch.read_answer(got.lines[1], 2 * len(blocks))
+    except (ValueError, TypeError, KeyError) as exc:
         return None, f"its results were not valid: {str(exc)[:200]}"
     if run.label != spec["label"] or run.round != spec["round"] or run.git.commit != spec["commit"]:
         return None, "its results name another side, round or commit"
-    return run, None
+    settings = {**run.settings, "stopwatch": {"seconds": got.stopwatch_s, "sums": sums, "seed": seed}}
+    return dataclasses.replace(run, settings=settings), None
 
 
 def run_gpu_tests(
@@ -285,7 +343,8 @@ def run_gpu_tests(
     failure). Failed tests: regression; no tests, a collection or usage error, a timeout: cannot judge."""
     argv = [sys.executable, "-I", "-B", "-c", PYTEST_BOOTSTRAP, "-m", "gpu", "-q", "-p", "no:cacheprovider",
             "-c", "/judge/head/pyproject.toml", "--rootdir", "/judge/head", "/judge/head/tests"]  # fmt: skip
-    code, out, err, _ = sandboxed(box, argv, lambda fd: "", timeout, hidden)
+    got = sandboxed(box, argv, lambda fd: "", timeout, hidden)
+    code, out, err = got.code, got.out, got.err
     log_path.write_text(out + err, encoding="utf-8")
     if code is None:
         return gate.Row("gpu tests (head)", None, None, None, None, "error", "run", note=f"timed out; {note}")
@@ -450,6 +509,22 @@ def clock_row(runs: Mapping[str, Sequence[results.Run]], thresholds: gate.Thresh
     return gate.Row("clock", None, None, ratio, 1.0 + thresholds.clock_tolerance, verdict, "run", note=note)
 
 
+def stopwatch_row(runs: Mapping[str, Sequence[results.Run]], thresholds: gate.Thresholds) -> gate.Row:
+    """Head's stopwatch held to base's, round by round (regression.toml [stopwatch])."""
+    got = {
+        side: {
+            run.round: (run.settings["stopwatch"]["seconds"], run.settings["stopwatch"]["sums"])
+            for run in runs[side]
+        }
+        for side in SIDES
+    }
+    verdict, ratio, note = stopwatch.judge(
+        got["base"], got["head"], thresholds.stopwatch_tolerance, thresholds.stopwatch_sums
+    )
+    limit = 1.0 + thresholds.stopwatch_tolerance
+    return gate.Row("stopwatch", None, None, ratio, limit, verdict, "run", note=note)
+
+
 def _head_tests(context, out: Path, deadline: Deadline) -> gate.Row:
     """Head's GPU tests, staged from git with the trusted conftest, in a sandbox of their own."""
     tmp = context["tmp"]
@@ -480,6 +555,7 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
         extra.append(gate.Row("telemetry", None, None, None, None, "error", "run", note=why))
     try:
         for k in range(args.rounds):
+            seed = secrets.randbits(62)  # the stopwatch's inputs, drawn by the judge, the same for both sides
             for side in round_order(k):
                 if deadline.passed:
                     break
@@ -499,7 +575,7 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
                 log = rounds_dir / f"{side}-{k}.log"
                 while True:
                     run, problem = run_round(
-                        boxes[side], spec, log, deadline.cap(WORKER_TIMEOUT_S), hidden, watch
+                        boxes[side], spec, log, deadline.cap(WORKER_TIMEOUT_S), hidden, watch, seed
                     )
                     done += 1
                     noisy = watch.round.noisy() if watch is not None and run is not None else None
@@ -543,6 +619,7 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
     for side in SIDES:
         if merged[side]:
             results.write(merged[side], out, side)
+    extra.insert(0, stopwatch_row(runs, context["thresholds"]))
     extra.insert(0, clock_row(runs, context["thresholds"]))
     verdict = gate.judge(
         merged["base"], merged["head"], context["thresholds"], extra_rows=extra, missing=missing

@@ -5,7 +5,9 @@ with two read-only folders first on the path: the trusted suite and the commit's
 the op is imported the worker binds the judge's clocks (:mod:`rmsnorm_suite.guard`); after the
 import and after the round it checks that none was replaced (exit 3 if one was), and it times the
 judge's calibration copy before each case and at the end. The results go to the file descriptor
-the spec names (``result_fd``: a pipe the parent reads and validates) or to ``out``.
+the spec names (``result_fd``: a pipe the parent reads and validates) or to ``out``. With
+``"stopwatch": true`` the results are one line, and the worker then waits on standard input for
+the judge's ``go`` line and answers with the stopwatch's checksums (:mod:`rmsnorm_suite.stopwatch`).
 
 ``"timing": "host"`` in the spec is a stand-in for machines without CUDA (the CPU tests of
 pr-verdict): the commit's ``rms_norm`` is called on small CPU tensors and timed with the host
@@ -24,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rmsnorm_suite import bench, guard, numerics, results
+from rmsnorm_suite import bench, guard, numerics, results, stopwatch
 
 TIMINGS = ("cuda", "host")
 HOST_SHAPE = (4, 64)  # rows, columns (at most the case's) of the host stand-in's CPU inputs
@@ -114,7 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rmsnorm_suite.worker")
     parser.add_argument("spec", metavar="SPEC.json", help="the round's spec, or - for standard input")
     args = parser.parse_args(argv)
-    text = sys.stdin.read() if args.spec == "-" else Path(args.spec).read_text(encoding="utf-8")
+    # one line from standard input: the judge's go line may follow it on the same stream
+    text = sys.stdin.readline() if args.spec == "-" else Path(args.spec).read_text(encoding="utf-8")
     spec = json.loads(text)
     timing = spec.get("timing", "cuda")
     if timing not in TIMINGS:
@@ -159,7 +162,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         results.write(result, Path(out).parent, Path(out).stem)
         return 0
     with open(int(fd), "w", encoding="utf-8", closefd=True) as pipe:
-        pipe.write(json.dumps(result.to_json()))
+        pipe.write(json.dumps(result.to_json()) + "\n")
+        pipe.flush()
+        if spec.get("stopwatch"):
+            return answer_stopwatch(spec, pipe)
+    return 0
+
+
+def answer_stopwatch(spec: dict[str, Any], pipe) -> int:
+    """Wait for the judge's ``go`` line, run the stopwatch's calls, answer with their checksums."""
+    line = sys.stdin.readline()
+    if not line:
+        return 0  # the judge did not start the stopwatch
+    seed = int(json.loads(line)["go"])
+    fn = bench.get_provider("kernel").build(spec.get("eps", 1e-6))
+    timing = spec.get("timing", "cuda")
+    blocks = stopwatch.plan(
+        [bench.case_from_json(c) for c in spec["cases"]], spec["modes"], timing, HOST_SHAPE
+    )
+    sums = stopwatch.run(fn, blocks, seed, "cpu" if timing == "host" else bench.DEVICE)
+    pipe.write(json.dumps({"sums": sums}) + "\n")
     return 0
 
 
