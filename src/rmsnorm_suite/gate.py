@@ -264,8 +264,8 @@ def parse_thresholds(data: dict[str, Any], source: str = "<thresholds>") -> Thre
             "top level",
             data,
             [
-                "gate", "clock", "telemetry", "family", "accept", "latency", "device_latency",
-                "host_latency", "numerics",
+                "gate", "clock", "telemetry", "family", "accept", "drift", "latency",
+                "device_latency", "host_latency", "numerics",
             ],
         )  # fmt: skip
         gate = _table("gate", data.get("gate", {}))
