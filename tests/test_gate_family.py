@@ -292,3 +292,27 @@ def test_gate_command_reads_trailers_from_git(tmp_path, monkeypatch, capsys, bas
     assert [r["verdict"] for r in data["rows"] if r["check"] == DEVICE_LARGE] == ["accepted"]
     assert data["acceptance"]["granted"][0]["commit"] and data["family"]["method"] == "holm"
     assert cli.main([*argv[:-2], "--accept-from-git", "nonsense"]) == 2
+
+
+def test_the_pr_comment_shows_an_accepted_row_without_failing(base_run, slow_head):
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    scripts = Path(__file__).resolve().parents[1] / ".github" / "scripts"
+    if not (scripts / "post_verdict_comment.py").is_file():
+        pytest.skip("no .github/scripts in this checkout")
+    sys.path.insert(0, str(scripts))
+    try:
+        spec = importlib.util.spec_from_file_location("pvc_accept", scripts / "post_verdict_comment.py")
+        pvc = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = pvc  # its dataclasses look their module up
+        spec.loader.exec_module(pvc)
+    finally:
+        sys.path.remove(str(scripts))
+    verdict = gate.judge(base_run, slow_head, THRESHOLDS, acceptances=request(f"{DEVICE_LARGE} 1.12 expected"))
+    entry = pvc.parse_verdict(json.loads(json.dumps(verdict.to_json())), "h200")
+    assert entry.status == "pass"
+    assert "1 accepted" in pvc.kind_summary(entry)
+    rows = [r for r in entry.rows if r.verdict == "accepted"]
+    assert "accepted (Accept-Regression)" in "\n".join(pvc.table(rows, True))
