@@ -34,7 +34,9 @@ def series(n: int, steps: dict[int, float], noise: float, seed: int, level: floa
 def test_a_planted_step_is_named_by_its_first_commit(seed):
     c = commits(40)
     found = cp.detect(series(40, {23: 1.05}, 0.005, seed), c, FAST, name="fwd")
-    assert [(s.index, s.first_commit, s.last_before, s.direction) for s in found] == [(23, c[23], c[22], "slowdown")]
+    assert [(s.index, s.first_commit, s.last_before, s.direction) for s in found] == [
+        (23, c[23], c[22], "slowdown")
+    ]
     assert found[0].ratio == pytest.approx(1.05, abs=0.01) and found[0].p_value < FAST.rate
 
 
@@ -114,7 +116,9 @@ def test_asv_history_with_a_planted_step_names_the_commit(tmp_path, capsys):
     assert list(got) == [name] and [commit for commit, _ in got[name]] == c
     # first-parent order given: commits outside it are left out, the order is the given one
     order = list(reversed(c[5:]))
-    assert [commit for commit, _ in cp.asv_series(tmp_path / "results", "h200", "kernel", order)[name]] == order
+    assert [
+        commit for commit, _ in cp.asv_series(tmp_path / "results", "h200", "kernel", order)[name]
+    ] == order
     out = tmp_path / "steps.json"
     argv = ["changepoints", "--results", str(tmp_path / "results"), "--machine", "h200", "--out", str(out)]
     assert cli.main(argv) == 2  # this checkout's first-parent history holds none of these commits

@@ -206,7 +206,7 @@ def test_grant_refuses_what_is_not_approved_or_out_of_bounds():
         + request(f"device {SMALL} forward 1.10 no approval", by=None)
         + request(f"device {SMALL} forward 1.5 too far")
         + request(f"latency {LARGE} forward 1.10 kind not allowed")
-        + request(f"device 999x999-bfloat16 forward 1.1 no such row")
+        + request("device 999x999-bfloat16 forward 1.1 no such row")
         + request(f"{DEVICE_LARGE} 1.10 twice")
         + request(f"device {SMALL} forward 1.0 not a slowdown")
         + request(f"host {SMALL} forward 1.2 second granted")
@@ -235,7 +235,9 @@ def slow_head():
 
 
 def test_an_approved_acceptance_shows_the_row_as_accepted_never_pass(base_run, slow_head):
-    verdict = gate.judge(base_run, slow_head, THRESHOLDS, acceptances=request(f"{DEVICE_LARGE} 1.12 expected"))
+    verdict = gate.judge(
+        base_run, slow_head, THRESHOLDS, acceptances=request(f"{DEVICE_LARGE} 1.12 expected")
+    )
     assert verdict.status == "pass", verdict.summary
     row = next(r for r in verdict.rows if r.check == DEVICE_LARGE)
     assert row.verdict == "accepted" and row.threshold == 1.12 and row.table_factor == 1.03
@@ -248,7 +250,9 @@ def test_an_approved_acceptance_shows_the_row_as_accepted_never_pass(base_run, s
 
 
 def test_a_regression_beyond_the_accepted_factor_still_fails(base_run, slow_head):
-    verdict = gate.judge(base_run, slow_head, THRESHOLDS, acceptances=request(f"{DEVICE_LARGE} 1.04 too little"))
+    verdict = gate.judge(
+        base_run, slow_head, THRESHOLDS, acceptances=request(f"{DEVICE_LARGE} 1.04 too little")
+    )
     assert verdict.status == "regression"
     row = next(r for r in verdict.rows if r.check == DEVICE_LARGE)
     assert row.verdict == "regression" and row.note == "beyond the accepted factor"
@@ -284,7 +288,17 @@ def test_gate_command_reads_trailers_from_git(tmp_path, monkeypatch, capsys, bas
     for path, run in ((b, base_run), (h, slow_head)):
         results.write(results.as_run(run), path.parent, path.stem)
     monkeypatch.chdir(repo)
-    argv = ["gate", "--base", str(b), "--head", str(h), "--out", str(tmp_path / "v"), "--accept-from-git", "HEAD~1..HEAD"]
+    argv = [
+        "gate",
+        "--base",
+        str(b),
+        "--head",
+        str(h),
+        "--out",
+        str(tmp_path / "v"),
+        "--accept-from-git",
+        "HEAD~1..HEAD",
+    ]
     assert cli.main(argv) == 1  # not approved: still a regression
     capsys.readouterr()
     assert cli.main([*argv, "--accept-approved-by", "maintainer"]) == 0
@@ -310,7 +324,9 @@ def test_the_pr_comment_shows_an_accepted_row_without_failing(base_run, slow_hea
         spec.loader.exec_module(pvc)
     finally:
         sys.path.remove(str(scripts))
-    verdict = gate.judge(base_run, slow_head, THRESHOLDS, acceptances=request(f"{DEVICE_LARGE} 1.12 expected"))
+    verdict = gate.judge(
+        base_run, slow_head, THRESHOLDS, acceptances=request(f"{DEVICE_LARGE} 1.12 expected")
+    )
     entry = pvc.parse_verdict(json.loads(json.dumps(verdict.to_json())), "h200")
     assert entry.status == "pass"
     assert "1 accepted" in pvc.kind_summary(entry)

@@ -46,17 +46,25 @@ def test_power_grows_with_the_shift_and_false_alarms_stay_under_the_rate():
     out = power.study(aa, THRESHOLDS, candidates, [1.03, 1.05], ["device/large/forward"], trials=800)
     for e in out:
         assert e["false_alarm"] <= rate
-        assert e["power"]["device/large/forward x1.03"]["mean"] <= e["power"]["device/large/forward x1.05"]["mean"]
+        assert (
+            e["power"]["device/large/forward x1.03"]["mean"]
+            <= e["power"]["device/large/forward x1.05"]["mean"]
+        )
         assert e["power"]["device/large/forward x1.05"]["verdict_fails"] > 0.95
     # more rounds, more power at the same factor
-    assert out[1]["power"]["device/large/forward x1.03"]["mean"] > out[0]["power"]["device/large/forward x1.03"]["mean"]
+    assert (
+        out[1]["power"]["device/large/forward x1.03"]["mean"]
+        > out[0]["power"]["device/large/forward x1.03"]["mean"]
+    )
 
 
 def test_a_shift_exactly_at_the_factor_is_flagged_rarely():
     """At the factor itself a row is flagged with probability at most its level: the factor is the
     slowdown tolerated, so 1.03 cannot give power at +3%."""
     aa = power.synthetic_aa(ROWS, MODEL, runs=10, rounds=6, seed=3)
-    out = power.study(aa, THRESHOLDS, [power.Candidate(1.03, 6)], [1.03], ["device/large/forward"], trials=800)
+    out = power.study(
+        aa, THRESHOLDS, [power.Candidate(1.03, 6)], [1.03], ["device/large/forward"], trials=800
+    )
     assert out[0]["power"]["device/large/forward x1.03"]["mean"] < 0.05
 
 

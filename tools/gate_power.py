@@ -70,19 +70,33 @@ def render(aa: power.AASet, entries: list[dict], resolve: dict | None, args) -> 
         "",
     ]
     keys = sorted({k for e in entries for k in e["power"]})
-    head = "| candidate | family-wise false alarm | " + " | ".join(f"power {k} (mean / min row)" for k in keys) + " |"
+    head = (
+        "| candidate | family-wise false alarm | "
+        + " | ".join(f"power {k} (mean / min row)" for k in keys)
+        + " |"
+    )
     lines += [head, "|---" * (2 + len(keys)) + "|"]
     for e in entries:
         cells = [e["candidate"], f"{e['false_alarm']:.4f}"]
-        cells += [f"{e['power'][k]['mean']:.3f} / {e['power'][k]['min']:.3f}" if k in e["power"] else "-" for k in keys]
+        cells += [
+            f"{e['power'][k]['mean']:.3f} / {e['power'][k]['min']:.3f}" if k in e["power"] else "-"
+            for k in keys
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     if resolve:
-        lines += ["", f"smallest shift flagged with 90% power at the table's factors ({args.resolve_rounds} rounds):", ""]
-        lines += [f"- {cls}: {'x%g' % v if v else 'none on the grid'}" for cls, v in resolve.items()]
+        lines += [
+            "",
+            f"smallest shift flagged with 90% power at the table's factors ({args.resolve_rounds} rounds):",
+            "",
+        ]
+        lines += [f"- {cls}: {f'x{v:g}' if v else 'none on the grid'}" for cls, v in resolve.items()]
     if aa.synthetic:
         lines += ["", f"{power.SYNTHETIC}: these figures test the tool, they justify no threshold."]
     elif len(aa.d) < 10:
-        lines += ["", f"only {len(aa.d)} A/A runs: the run-to-run offset is poorly sampled (10 or more wanted)."]
+        lines += [
+            "",
+            f"only {len(aa.d)} A/A runs: the run-to-run offset is poorly sampled (10 or more wanted).",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -120,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     resolve = None
     if args.resolve:
         grid = [1.01, 1.02, 1.03, 1.05, 1.08, 1.10, 1.15, 1.25, 1.5, 2.0, 3.0, 4.0]
-        resolve = power.resolvable(aa, thresholds, args.resolve_rounds, grid, trials=max(200, args.trials // 4), rate=rate)
+        resolve = power.resolvable(
+            aa, thresholds, args.resolve_rounds, grid, trials=max(200, args.trials // 4), rate=rate
+        )
     print(render(aa, entries, resolve, args), end="")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -64,13 +64,17 @@ def parse(value: str, commit: str | None = None) -> Request:
     kind, shape, mode, factor_text, reason = parts
     check = f"{kind} {shape} {mode}"
     if kind not in KINDS or not SHAPE.fullmatch(shape) or mode not in MODES:
-        return Request(check, math.nan, reason[:MAX_REASON], commit, problem=f"not a latency check: {check!r}")
+        return Request(
+            check, math.nan, reason[:MAX_REASON], commit, problem=f"not a latency check: {check!r}"
+        )
     try:
         factor = float(factor_text)
     except ValueError:
         factor = math.nan
     if not math.isfinite(factor):
-        return Request(check, math.nan, reason[:MAX_REASON], commit, problem=f"factor {factor_text!r} is not a number")
+        return Request(
+            check, math.nan, reason[:MAX_REASON], commit, problem=f"factor {factor_text!r} is not a number"
+        )
     return Request(check, factor, reason[:MAX_REASON], commit)
 
 

@@ -104,7 +104,9 @@ def _split_stats(x: np.ndarray, min_size: int) -> np.ndarray:
     return t
 
 
-def best_split(x: Sequence[float], min_size: int, permutations: int, rng: np.random.Generator) -> tuple[int, float]:
+def best_split(
+    x: Sequence[float], min_size: int, permutations: int, rng: np.random.Generator
+) -> tuple[int, float]:
     """The split point (first index after it) of the largest step of ``x`` and its permutation
     p-value; (0, 1.0) when ``x`` is too short for two segments of ``min_size``."""
     x = np.asarray(x, dtype=float)
@@ -181,7 +183,10 @@ def detect_all(
 
 def first_parent_order(repo: str | Path, rev: str = "HEAD") -> list[str]:
     out = subprocess.run(
-        ["git", "rev-list", "--first-parent", "--reverse", rev, "--"], cwd=repo, capture_output=True, timeout=120
+        ["git", "rev-list", "--first-parent", "--reverse", rev, "--"],
+        cwd=repo,
+        capture_output=True,
+        timeout=120,
     )
     return out.stdout.decode().split() if out.returncode == 0 else []
 
@@ -197,7 +202,9 @@ def asv_series(
     points: dict[str, dict[str, float]] = {}
     dates: dict[str, float] = {}
     root = Path(results_dir)
-    machines = [root / machine] if machine else sorted(p for p in root.iterdir() if (p / "machine.json").is_file())
+    machines = (
+        [root / machine] if machine else sorted(p for p in root.iterdir() if (p / "machine.json").is_file())
+    )
     for folder in machines:
         for path in sorted(folder.glob("*.json")):
             if path.name == "machine.json":
@@ -219,7 +226,12 @@ def asv_series(
                     combos = list(itertools.product(*params)) if params else [()]
                 for combo, value in zip(combos, values):
                     name = bench + (f"({', '.join(str(c) for c in combo)})" if combo else "")
-                    if pattern.search(name) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0:
+                    if (
+                        pattern.search(name)
+                        and isinstance(value, (int, float))
+                        and math.isfinite(value)
+                        and value > 0
+                    ):
                         points.setdefault(name, {})[commit] = float(value)
     if order:
         rank = {c: i for i, c in enumerate(order)}
@@ -251,7 +263,9 @@ def configure(parser: argparse.ArgumentParser, command: str) -> None:
         default="git",
         help="asv results in --rev's first-parent order (commits off it left out; default) or by commit date",
     )
-    parser.add_argument("--thresholds", default=None, help="regression.toml with [drift] (default: the suite's)")
+    parser.add_argument(
+        "--thresholds", default=None, help="regression.toml with [drift] (default: the suite's)"
+    )
     parser.add_argument("--out", default=None, metavar="JSON", help="write the steps found")
 
 
@@ -263,10 +277,14 @@ def run(args: argparse.Namespace) -> int:
             series = {str(k): [(str(c), float(v)) for c, v in pts] for k, pts in raw.items()}
         else:
             if not Path(args.results).is_dir():
-                raise ValueError(f"no asv results at {args.results} (rmsnorm_suite.history results fetches them)")
+                raise ValueError(
+                    f"no asv results at {args.results} (rmsnorm_suite.history results fetches them)"
+                )
             order = first_parent_order(Path.cwd(), args.rev) if args.order == "git" else []
             if args.order == "git" and not order:
-                raise ValueError(f"no first-parent history of {args.rev} here (run in the repository, or --order date)")
+                raise ValueError(
+                    f"no first-parent history of {args.rev} here (run in the repository, or --order date)"
+                )
             series = asv_series(args.results, args.machine, args.match, order)
     except (OSError, ValueError, TypeError) as exc:
         print(f"changepoints: could not judge: {exc}", file=sys.stderr)
@@ -287,7 +305,12 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        payload = {"rule": asdict(rule), "level": level, "series": judged, "steps": [asdict(s) for s in steps]}
+        payload = {
+            "rule": asdict(rule),
+            "level": level,
+            "series": judged,
+            "steps": [asdict(s) for s in steps],
+        }
         Path(args.out).write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
     return 1 if any(s.direction == "slowdown" for s in steps) else 0
 

@@ -397,7 +397,7 @@ class Row:
     head: float | None
     ratio: float | None
     threshold: float | None
-    verdict: str  # "pass", "accepted" (regressed within an approved Accept-Regression), "regression" or "error"
+    verdict: str  # "pass", "accepted" (within an approved Accept-Regression), "regression", "error"
     kind: str = "latency"  # "latency", "numerics" or "run"
     p_value: float | None = None  # latency: one-sided t-test p over rounds for "head slower"
     alpha: float | None = None  # latency: 1 - confidence level of the ratio's lower bound
@@ -775,9 +775,12 @@ def to_markdown(verdict: Verdict) -> str:
         "|---|---|---|---|---|---|",
     ]
     for r in verdict.rows:
-        mark = {"pass": "pass", "accepted": "**accepted**", "regression": "**regression**", "error": "**error**"}[
-            r.verdict
-        ]
+        mark = {
+            "pass": "pass",
+            "accepted": "**accepted**",
+            "regression": "**regression**",
+            "error": "**error**",
+        }[r.verdict]
         # numerics notes say which limit binds and already show in the threshold column
         note = f" ({_escape(r.note)})" if r.note and r.kind != "numerics" else ""
         if r.kind == "numerics" and r.verdict == "error":

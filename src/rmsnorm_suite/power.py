@@ -98,7 +98,9 @@ def load_aa(folders: Iterable[str | Path], provider: str = "kernel") -> AASet:
         labels.append(str(folder))
     if not per_run:
         raise ValueError("no A/A run given")
-    common = sorted(set.intersection(*(set(r) for r in per_run)), key=lambda k: (k.kind, k.group, k.shape, k.mode))
+    common = sorted(
+        set.intersection(*(set(r) for r in per_run)), key=lambda k: (k.kind, k.group, k.shape, k.mode)
+    )
     if not common:
         raise ValueError("the A/A runs share no row with paired rounds")
     return AASet(common, [np.stack([r[k] for k in common]) for r in per_run], "recorded A/A", labels)
@@ -221,7 +223,11 @@ class Candidate:
 
 def table_factors(rows: Sequence[RowKey], thresholds, device_factor: float | None = None) -> np.ndarray:
     """Each row's factor from a gate.Thresholds; device rows at ``device_factor`` when given."""
-    tables = {"whole": thresholds.latency, "device": thresholds.device_latency, "host": thresholds.host_latency}
+    tables = {
+        "whole": thresholds.latency,
+        "device": thresholds.device_latency,
+        "host": thresholds.host_latency,
+    }
     out = []
     for k in rows:
         if k.kind == "device" and device_factor is not None:
