@@ -47,6 +47,8 @@ KIND = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 REPO = re.compile(r"[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}")
 
 STATUSES = ("pass", "regression", "error")  # in order of severity
+# a row's verdicts: "accepted" (a regression within an approved Accept-Regression) counts as a pass
+ROW_VERDICTS = ("pass", "accepted", "regression", "error")
 ICON = {"pass": "✅ pass", "regression": "❌ regression", "error": "⚠️ could not judge"}
 ROW_KINDS = ("latency", "numerics", "run")
 # (lowest, highest) accepted for each numeric field of a row: latencies in ms, relative errors,
@@ -163,8 +165,8 @@ def parse_row(raw: Any, i: int) -> Row:
     check, verdict, kind = raw.get("check"), raw.get("verdict"), raw.get("kind", "latency")
     if not isinstance(check, str) or not CHECK.fullmatch(check):
         raise VerdictError(f"row {i}: check name does not match {CHECK.pattern}")
-    if verdict not in STATUSES or kind not in ROW_KINDS:
-        raise VerdictError(f"row {i}: verdict or kind not one of {STATUSES} / {ROW_KINDS}")
+    if verdict not in ROW_VERDICTS or kind not in ROW_KINDS:
+        raise VerdictError(f"row {i}: verdict or kind not one of {ROW_VERDICTS} / {ROW_KINDS}")
     note = raw.get("note") or ""
     if not isinstance(note, str):
         raise VerdictError(f"row {i}: note is not text")
@@ -187,7 +189,7 @@ def parse_verdict(data: Any, kind: str) -> Entry:
     if not isinstance(rows, list) or len(rows) > MAX_ROWS:
         raise VerdictError(f"verdict.json 'rows' is not a list of at most {MAX_ROWS}")
     parsed = [parse_row(raw, i) for i, raw in enumerate(rows)]
-    derived = worst(r.verdict for r in parsed) if parsed else "error"
+    derived = worst("pass" if r.verdict == "accepted" else r.verdict for r in parsed) if parsed else "error"
     status = worst([data["status"], derived])
     problem = "" if parsed else "the verdict has no checks"
     shas = {name: sha(data, name) for name in ("base_sha", "base_ref_sha", "head_sha")}
@@ -306,7 +308,7 @@ def history_link(row: Row, pages: str) -> str:
 def change_key(row: Row) -> tuple[int, float, str]:
     """Regressions first, then rows that could not be judged, then passes; each by change, largest first."""
     change = row.ratio if row.ratio is not None else -math.inf
-    return (("regression", "error", "pass").index(row.verdict), -change, row.check)
+    return (("regression", "error", "accepted", "pass").index(row.verdict), -change, row.check)
 
 
 def table(rows: list[Row], with_verdict: bool, pages: str = "") -> list[str]:
@@ -327,7 +329,9 @@ def table(rows: list[Row], with_verdict: bool, pages: str = "") -> list[str]:
             f"{value(r, 'base')} → {value(r, 'head')}",
         ]
         if with_verdict:
-            verdict = "**regression**" if r.verdict == "regression" else "could not judge"
+            verdict = {"regression": "**regression**", "accepted": "accepted (Accept-Regression)"}.get(
+                r.verdict, "could not judge"
+            )
             cells.append(verdict + (f": {plain(r.note)}" if r.note else ""))
         if links:
             cells.append(history_link(r, pages))
@@ -339,12 +343,14 @@ def kind_summary(entry: Entry) -> str:
     """One line per GPU kind, counted from the rows."""
     if entry.problem and not entry.rows:
         return f"- **{entry.kind}**: {ICON['error']}: {plain(entry.problem)}"
-    counts = {s: sum(r.verdict == s for r in entry.rows) for s in STATUSES}
+    counts = {s: sum(r.verdict == s for r in entry.rows) for s in ROW_VERDICTS}
     parts = [
         f"{counts['regression']} regressed",
         f"{counts['error']} could not judge",
         f"{counts['pass']} pass",
     ]
+    if counts["accepted"]:
+        parts.insert(1, f"{counts['accepted']} accepted")
     line = f"- **{entry.kind}**: {ICON[entry.status]}: " + ", ".join(parts) + f" of {len(entry.rows)} checks"
     flagged = sorted((r for r in entry.rows if r.verdict == "regression"), key=change_key)
     if flagged:

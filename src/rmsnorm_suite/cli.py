@@ -38,6 +38,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "gate": ("rmsnorm_suite.gate", "compare base and head results against regression.toml"),
     "pr-verdict": ("rmsnorm_suite.prverdict", "benchmark base and head interleaved, then gate them"),
+    "changepoints": (
+        "rmsnorm_suite.changepoint",
+        "steps in main's benchmark history, and the first commit of each",
+    ),
 }
 
 # optional dependency (top-level module) -> the extra of pyproject.toml that installs it

@@ -13,6 +13,17 @@ speed and so can be held to a tight factor at every shape, and host latency (the
 around the whole calls: the caller's time to issue one; ``[host_latency]``), which a call's GPU
 work does not hide.
 
+Across rows (``[family]``): with ``method = "holm"`` the latency rows of one verdict are one
+family. Each row's p-value is that of "head/base is above the factor" (the same t test, shifted
+by the factor), and Holm's step-down procedure at the family rate decides which rows regress, so
+the chance that a verdict flags any row whose true ratio is within its factor is at most the
+rate, whatever the number of rows. The rows' interval is then shown at the level Holm tested
+the row at. ``method = "none"``: each row at its own ``alpha``, as before.
+
+Accepted regressions (:mod:`rmsnorm_suite.accept`): a row a pull request declared, and a
+maintainer approved, is judged against the accepted factor; past the table's factor but within
+the accepted one it is ``accepted``, never ``pass``, and the verdict lists it.
+
 Numerics, per (shape, quantity): a regression when the head's relative error against the
 float64 oracle exceeds min(ceiling, base error x growth) of the shape's dtype.
 
@@ -25,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -42,7 +54,9 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 STATUSES = ("pass", "regression", "error")
+ROW_VERDICTS = ("pass", "accepted", "regression", "error")  # a row's; "accepted" never fails a verdict
 EXIT = {"pass": 0, "regression": 1, "error": 2}
+FAMILY_METHODS = ("holm", "none")
 QUANTITIES = {"forward": ("y",), "forward_backward": ("dx", "dw")}
 THRESHOLDS_NAME = "regression.toml"  # package data of rmsnorm_suite: src/rmsnorm_suite/regression.toml
 THRESHOLDS_IN_TREE = (
@@ -71,16 +85,23 @@ class RatioEstimate:
     p_value: float  # one-sided p of the t test for "head slower" (ratio > 1)
     rounds: int  # independent units per side (the fewer of the two when unpaired)
     paired: bool
+    p_factor: float | None = None  # one-sided p of the same test for "ratio > factor", given a factor
 
 
 def ratio_estimate(
-    base_units: Sequence[float], head_units: Sequence[float], alpha: float, paired: bool
+    base_units: Sequence[float],
+    head_units: Sequence[float],
+    alpha: float,
+    paired: bool,
+    factor: float | None = None,
 ) -> RatioEstimate:
     """Student-t inference on the logs of per-round medians: paired (``scipy.stats.ttest_rel``)
     where round k of base and of head ran side by side, else Welch (``ttest_ind``). Rank tests were
     not chosen: with 4-6 rounds their smallest one-sided p (1/64 for a signed-rank test on 6
     pairs) cannot reach an alpha of 0.01. A spread of zero collapses the interval onto the
-    estimate."""
+    estimate. With ``factor``, ``p_factor`` is the p of the test of "ratio > factor" (head's
+    logs shifted down by log factor): the lower bound at level a exceeds the factor exactly when
+    ``p_factor`` < a, which is what the family rule (:func:`holm`) works on."""
     from scipy import stats
 
     lb = [math.log(v) for v in base_units]
@@ -97,12 +118,39 @@ def ratio_estimate(
         estimate = sum(lh) / len(lh) - sum(lb) / len(lb)
         spread = max(lh) - min(lh) + max(lb) - min(lb)
         test = stats.ttest_ind(lh, lb, equal_var=False, alternative="greater")
+    shift = math.log(factor) if factor is not None else None
     if spread == 0:
         low, p = estimate, (0.0 if estimate > 0 else 1.0)
+        p_factor = None if shift is None else (0.0 if estimate > shift else 1.0)
     else:
         low, p = float(test.confidence_interval(1 - alpha).low), float(test.pvalue)
+        p_factor = None
+        if shift is not None:
+            lh_shifted = [v - shift for v in lh]
+            if paired:
+                shifted = stats.ttest_rel(lh_shifted, lb, alternative="greater")
+            else:
+                shifted = stats.ttest_ind(lh_shifted, lb, equal_var=False, alternative="greater")
+            p_factor = float(shifted.pvalue)
     high = 2 * estimate - low
-    return RatioEstimate(math.exp(estimate), math.exp(low), math.exp(high), p, min(len(lb), len(lh)), paired)
+    rounds = min(len(lb), len(lh))
+    return RatioEstimate(math.exp(estimate), math.exp(low), math.exp(high), p, rounds, paired, p_factor)
+
+
+def holm(p_values: Sequence[float], rate: float) -> tuple[list[bool], list[float]]:
+    """Holm's step-down procedure: which hypotheses to reject so that the chance of rejecting any
+    true one is at most ``rate`` (family-wise, under any dependence between them), and the level
+    each was tested at (``rate / (m - rank)``, rank 0 for the smallest p). Rejection stops at the
+    first p that does not clear its level; ties keep their input order."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    reject, levels = [False] * m, [0.0] * m
+    going = True
+    for rank, i in enumerate(order):
+        levels[i] = rate / (m - rank)
+        going = going and p_values[i] < levels[i]
+        reject[i] = going
+    return reject, levels
 
 
 # The judgements, each a small function of its own (mutation testing targets them).
@@ -144,7 +192,24 @@ def median(values: Sequence[float]) -> float:
 @dataclass(frozen=True)
 class LatencyRule:
     factor: float
-    alpha: float
+    alpha: float | None  # None: the row's level comes from [family]
+
+
+@dataclass(frozen=True)
+class Family:
+    """[family]: how the latency rows of one verdict share its false-alarm rate."""
+
+    method: str = "none"  # "holm": Holm over the latency rows at ``rate``; "none": each row's alpha
+    rate: float | None = None  # the family-wise false-alarm rate (holm)
+
+
+@dataclass(frozen=True)
+class AcceptLimits:
+    """[accept]: how far an approved Accept-Regression may go (rmsnorm_suite.accept)."""
+
+    max_rows: int = 0  # 0: no acceptance is honoured
+    max_factor: float = 1.0  # the largest factor a row may be accepted at
+    kinds: tuple[str, ...] = ()  # the check prefixes ("device", "latency", "host") that may be accepted
 
 
 @dataclass(frozen=True)
@@ -167,6 +232,8 @@ class Thresholds:
     telemetry_redo: int = 2  # [telemetry]: noisy rounds redone per verdict before it errs
     stopwatch_tolerance: float = 0.10  # [stopwatch]: head/base by the judge's clock, median over rounds
     stopwatch_sums: float = 0.02  # [stopwatch]: relative disagreement of a round's checksums
+    family: Family = Family()  # [family]: the rate shared by a verdict's latency rows
+    accept: AcceptLimits = AcceptLimits()  # [accept]: bounds on accepted regressions
 
 
 def _number(
@@ -199,16 +266,10 @@ def parse_thresholds(data: dict[str, Any], source: str = "<thresholds>") -> Thre
             "top level",
             data,
             [
-                "gate",
-                "clock",
-                "stopwatch",
-                "telemetry",
-                "latency",
-                "device_latency",
-                "host_latency",
-                "numerics",
+                "gate", "clock", "stopwatch", "telemetry", "family", "accept", "drift", "latency",
+                "device_latency", "host_latency", "numerics",
             ],
-        )
+        )  # fmt: skip
         gate = _table("gate", data.get("gate", {}))
         _only("gate", gate, ["min_samples", "min_rounds"])
         min_samples = gate.get("min_samples", 20)
@@ -232,9 +293,12 @@ def parse_thresholds(data: dict[str, Any], source: str = "<thresholds>") -> Thre
         redo = tele.get("redo", 2)
         if isinstance(redo, bool) or not isinstance(redo, int) or not 0 <= redo <= 12:
             raise ValueError(f"telemetry.redo must be an integer in [0, 12], got {redo!r}")
-        latency = _latency_rules("latency", data.get("latency"))
-        device_latency = _latency_rules("device_latency", data.get("device_latency", {}))
-        host_latency = _latency_rules("host_latency", data.get("host_latency", {}))
+        family = _family(_table("family", data.get("family", {})))
+        accept = _accept(_table("accept", data.get("accept", {})))
+        own_alpha = family.method == "none"
+        latency = _latency_rules("latency", data.get("latency"), own_alpha)
+        device_latency = _latency_rules("device_latency", data.get("device_latency", {}), own_alpha)
+        host_latency = _latency_rules("host_latency", data.get("host_latency", {}), own_alpha)
         numerics: dict[str, NumericRule] = {}
         for dtype, rule in _table("numerics", data.get("numerics")).items():
             where = f"numerics.{dtype}"
@@ -264,11 +328,41 @@ def parse_thresholds(data: dict[str, Any], source: str = "<thresholds>") -> Thre
         telemetry_redo=redo,
         stopwatch_tolerance=stopwatch_tolerance,
         stopwatch_sums=stopwatch_sums,
+        family=family,
+        accept=accept,
     )
 
 
-def _latency_rules(table: str, value: Any) -> dict[tuple[str, str], LatencyRule]:
-    """[table.GROUP.MODE] = {factor, alpha} -> {(group, mode): rule}."""
+def _family(table: dict[str, Any]) -> Family:
+    _only("family", table, ["method", "rate"])
+    method = table.get("method", "none")
+    if method not in FAMILY_METHODS:
+        raise ValueError(f"family.method must be one of {list(FAMILY_METHODS)}, got {method!r}")
+    if method == "none":
+        if "rate" in table:
+            raise ValueError("family.rate is set but family.method is 'none': each row has its own alpha")
+        return Family()
+    if "rate" not in table:
+        raise ValueError("family.rate is missing")
+    return Family(method, _number("family.rate", table["rate"], low=0.0, high=0.2))
+
+
+def _accept(table: dict[str, Any]) -> AcceptLimits:
+    _only("accept", table, ["max_rows", "max_factor", "kinds"])
+    rows = table.get("max_rows", 0)
+    if isinstance(rows, bool) or not isinstance(rows, int) or not 0 <= rows <= 16:
+        raise ValueError(f"accept.max_rows must be an integer in [0, 16], got {rows!r}")
+    top = _number("accept.max_factor", table.get("max_factor", 1.0), low=1.0, low_inclusive=True, high=4.0)
+    kinds = table.get("kinds", [])
+    known = list(CHECK_PREFIXES.values())
+    if not isinstance(kinds, list) or any(k not in known for k in kinds):
+        raise ValueError(f"accept.kinds must be a list of some of {known}, got {kinds!r}")
+    return AcceptLimits(rows, top, tuple(kinds))
+
+
+def _latency_rules(table: str, value: Any, own_alpha: bool = True) -> dict[tuple[str, str], LatencyRule]:
+    """[table.GROUP.MODE] = {factor, alpha} -> {(group, mode): rule}. ``own_alpha`` false (a
+    [family] rule sets the levels): a row's alpha is refused, not silently ignored."""
     rules: dict[tuple[str, str], LatencyRule] = {}
     for group, modes in _table(table, value).items():
         for mode, rule in _table(f"{table}.{group}", modes).items():
@@ -277,12 +371,14 @@ def _latency_rules(table: str, value: Any) -> dict[tuple[str, str], LatencyRule]
                 raise ValueError(f"{where}: unknown mode {mode!r}; expected one of {list(QUANTITIES)}")
             rule = _table(where, rule)
             _only(where, rule, ["factor", "alpha"])
-            for key in ("factor", "alpha"):
+            for key in ("factor", "alpha") if own_alpha else ("factor",):
                 if key not in rule:
                     raise ValueError(f"{where}.{key} is missing")
+            if not own_alpha and "alpha" in rule:
+                raise ValueError(f"{where}.alpha: the level is set by [family] (method = holm), not per row")
             rules[group, mode] = LatencyRule(
                 factor=_number(f"{where}.factor", rule["factor"], low=1.0, low_inclusive=True),
-                alpha=_number(f"{where}.alpha", rule["alpha"], low=0.0, high=0.5),
+                alpha=_number(f"{where}.alpha", rule["alpha"], low=0.0, high=0.5) if own_alpha else None,
             )
     return rules
 
@@ -311,7 +407,7 @@ class Row:
     head: float | None
     ratio: float | None
     threshold: float | None
-    verdict: str  # "pass", "regression" or "error"
+    verdict: str  # "pass", "accepted" (within an approved Accept-Regression), "regression", "error"
     kind: str = "latency"  # "latency", "numerics" or "run"
     p_value: float | None = None  # latency: one-sided t-test p over rounds for "head slower"
     alpha: float | None = None  # latency: 1 - confidence level of the ratio's lower bound
@@ -322,6 +418,10 @@ class Row:
     ci_high: float | None = None
     confidence: float | None = None
     rounds: int | None = None
+    # latency: the p of "ratio > factor" (the family rule's input), and the factor the table sets
+    # where an accepted regression replaced it (``threshold`` then holds the accepted factor)
+    p_factor: float | None = None
+    table_factor: float | None = None
 
 
 @dataclass
@@ -332,6 +432,8 @@ class Verdict:
     base: dict[str, Any] = field(default_factory=dict)
     head: dict[str, Any] = field(default_factory=dict)
     thresholds: str = ""
+    family: dict[str, Any] = field(default_factory=dict)  # the rule across rows, and what it tested
+    acceptance: dict[str, Any] = field(default_factory=dict)  # Accept-Regression: asked, granted, refused
 
     @property
     def exit_code(self) -> int:
@@ -345,6 +447,8 @@ class Verdict:
             "base": self.base,
             "head": self.head,
             "thresholds": self.thresholds,
+            "family": self.family,
+            "acceptance": self.acceptance,
         }
 
 
@@ -389,17 +493,30 @@ def judge(
     provider: str = "kernel",
     extra_rows: Sequence[Row] = (),
     missing: dict[str, str] | None = None,
+    acceptances: Sequence[Any] = (),
 ) -> Verdict:
     """Compare two benchmark runs (:class:`rmsnorm_suite.results.Run`, or their JSON form) and
     return the verdict.
 
     ``base`` or ``head`` may be None (the file could not be read; ``missing`` says why);
-    ``extra_rows`` come first in the table (pr-verdict's GPU-test row)."""
+    ``extra_rows`` come first in the table (pr-verdict's GPU-test row). ``acceptances``:
+    :class:`rmsnorm_suite.accept.Request` records (Accept-Regression), granted or refused here
+    against ``thresholds.accept`` and listed in the verdict either way."""
+    from rmsnorm_suite import accept as accepting
+
     base, head = (None if run is None else results.as_run(run) for run in (base, head))
     rows: list[Row] = list(extra_rows)
     b = base.rows_of(provider) if base is not None else {}
     h = head.rows_of(provider) if head is not None else {}
     paired = interleaved(base, head)
+    checks = [
+        f"{CHECK_PREFIXES[kind]} {shape} {mode}"
+        for shape, mode in set(b) & set(h)
+        for kind in ("whole", "device", "host")
+        if kind == "whole" or getattr(thresholds, LATENCY_TABLES[kind])
+    ]
+    granted, acceptance = accepting.grant(acceptances, thresholds.accept, checks)
+    units: dict[int, tuple] = {}  # id(row) -> what its estimate rests on, for the family rule
     for side, run in (("base", base), ("head", head)):
         if run is None:
             note = (missing or {}).get(side, "missing")
@@ -421,13 +538,18 @@ def judge(
             note = "; ".join(f"{side} failed: {r.error or r.status}" for side, r in failed)
             rows.append(Row(f"latency {name}", None, None, None, None, "error", note=note[:300]))
             continue
-        rows.append(_latency_row(name, br, hr, thresholds, paired=paired))
-        if thresholds.device_latency:
-            rows.append(_latency_row(name, br, hr, thresholds, "device", paired=paired))
-        if thresholds.host_latency:
-            rows.append(_latency_row(name, br, hr, thresholds, "host", paired=paired))
+        for kind in ("whole", "device", "host"):
+            if kind == "whole" or getattr(thresholds, LATENCY_TABLES[kind]):
+                rows.append(
+                    _latency_row(name, br, hr, thresholds, kind, paired=paired, granted=granted, units=units)
+                )
         rows.extend(_numeric_rows(shape, mode, br, hr, thresholds))
-    return _verdict(rows, base, head, thresholds)
+    family = apply_family(rows, units, thresholds)
+    verdict = _verdict(rows, base, head, thresholds)
+    verdict.family, verdict.acceptance = family, acceptance
+    if acceptance.get("requested"):
+        verdict.summary += accepting.summary(acceptance, rows)
+    return verdict
 
 
 # A row's timing (results.KINDS) -> its table of factors in regression.toml, and its checks' prefix.
@@ -442,11 +564,16 @@ def _latency_row(
     th: Thresholds,
     kind: str = "whole",
     paired: bool = False,
+    granted: Mapping[str, Any] | None = None,
+    units: dict[int, tuple] | None = None,
 ) -> Row:
     """Host-inclusive latency (the rows' ``whole`` timing, [latency]), GPU time from graph replays
     (``device``, [device_latency]) or the host clock around the whole calls (``host``,
     [host_latency]); the units are the block (round) medians; ``paired``: the runs' rounds ran
-    side by side (pr-verdict), so round k of base is compared with round k of head."""
+    side by side (pr-verdict), so round k of base is compared with round k of head. ``granted``:
+    approved Accept-Regression records by check name; such a row is held to the accepted factor
+    and is ``accepted`` where it passes the table's factor only by that. ``units``: where the
+    family rule (:func:`apply_family`) finds each row's per-round medians."""
     table = LATENCY_TABLES[kind]
     check = f"{CHECK_PREFIXES[kind]} {name}"
     device = kind == "device"
@@ -471,21 +598,72 @@ def _latency_row(
         note = f"too few rounds (base {len(bu)}, head {len(hu)}; need {th.min_rounds})"
         return Row(check, bm, hm, None, rule.factor, "error", note=note)
     bm, hm = median(bu), median(hu)
-    est = ratio_estimate(bu, hu, rule.alpha, paired and len(bu) == len(hu))
-    regressed = exceeds_factor(est.low, rule.factor)
-    if regressed:
-        note = ""
-    elif est.ratio > rule.factor:
-        note = f"above factor, but its lower bound {est.low:.3f} is not"
-    elif significant(est.p_value, rule.alpha):
-        note = "significantly slower, within factor"
-    else:
-        note = ""
-    verdict = "regression" if regressed else "pass"
-    return Row(
-        check, bm, hm, est.ratio, rule.factor, verdict, "latency", est.p_value, rule.alpha, note,
-        ci_low=est.low, ci_high=est.high, confidence=1 - 2 * rule.alpha, rounds=est.rounds,
+    pair = paired and len(bu) == len(hu)
+    acceptance = (granted or {}).get(check)
+    factor = acceptance.factor if acceptance is not None else rule.factor
+    # under [family] the level is Holm's, set in apply_family; until then the family rate
+    alpha = rule.alpha if rule.alpha is not None else th.family.rate
+    est = ratio_estimate(bu, hu, alpha, pair, factor)
+    row = Row(
+        check, bm, hm, est.ratio, factor, "pass", "latency", est.p_value, alpha, "",
+        ci_low=est.low, ci_high=est.high, confidence=1 - 2 * alpha, rounds=est.rounds,
+        p_factor=est.p_factor, table_factor=rule.factor if acceptance is not None else None,
     )  # fmt: skip
+    if units is not None:
+        units[id(row)] = (bu, hu, pair, rule.factor)
+    # an accepted row's bound is held to the accepted factor and, for `accepted`, to the table's
+    decide(row, exceeds_factor(est.low, factor), est.low if acceptance is not None else None)
+    return row
+
+
+def decide(row: Row, regressed: bool, table_low: float | None = None, holm_stopped: bool = False) -> None:
+    """A latency row's verdict and note from its bound: ``regressed`` (the bound, or Holm, cleared
+    the factor in ``threshold``); an accepted row (``table_factor`` set) that did not is
+    ``accepted`` when its bound clears the table's factor."""
+    factor, low = row.threshold, row.ci_low
+    if regressed:
+        row.verdict = "regression"
+        row.note = "beyond the accepted factor" if row.table_factor is not None else ""
+        return
+    row.verdict = "pass"
+    if row.table_factor is not None and table_low is not None and exceeds_factor(table_low, row.table_factor):
+        row.verdict = "accepted"
+        row.note = f"lower bound {low:.3f} past the table's factor {row.table_factor:.2f}, within the accepted {factor:.2f}"
+    elif row.table_factor is not None:
+        row.note = f"Accept-Regression unused: within the table's factor {row.table_factor:.2f}"
+    elif holm_stopped and exceeds_factor(low, factor):
+        row.note = "its lower bound clears the factor at its Holm level, but Holm stopped at an earlier row"
+    elif row.ratio > factor:
+        row.note = f"above factor, but its lower bound {low:.3f} is not"
+    elif significant(row.p_value, row.alpha):
+        row.note = "significantly slower, within factor"
+    else:
+        row.note = ""
+
+
+def apply_family(rows: Sequence[Row], units: Mapping[int, tuple], th: Thresholds) -> dict[str, Any]:
+    """[family] method = holm: Holm at the family rate over the latency rows that were judged
+    (their ``p_factor``); each row's ``alpha`` becomes the level Holm tested it at, its interval is
+    recomputed at that level, and its verdict is Holm's. Returns what the verdict records."""
+    if th.family.method != "holm":
+        return {"method": "none", "note": "each latency row at its own alpha"}
+    judged = [r for r in rows if id(r) in units and r.p_factor is not None]
+    reject, levels = holm([r.p_factor for r in judged], th.family.rate)
+    stopped = False
+    for r, rejected, level in sorted(zip(judged, reject, levels), key=lambda t: t[2]):
+        bu, hu, pair, table_factor = units[id(r)]
+        est = ratio_estimate(bu, hu, level, pair, r.threshold)
+        r.alpha, r.ci_low, r.ci_high, r.confidence = level, est.low, est.high, 1 - 2 * level
+        table_low = est.low if r.table_factor is not None else None  # the same bound, the table's factor
+        decide(r, rejected, table_low, holm_stopped=stopped)
+        stopped = stopped or not rejected
+    return {
+        "method": "holm",
+        "rate": th.family.rate,
+        "rows": len(judged),
+        "first_level": th.family.rate / len(judged) if judged else None,
+        "rejected": sum(reject),
+    }
 
 
 def _numeric_rows(shape: str, mode: str, br: ResultRow, hr: ResultRow, th: Thresholds) -> list[Row]:
@@ -516,6 +694,7 @@ def _numeric_rows(shape: str, mode: str, br: ResultRow, hr: ResultRow, th: Thres
 def _verdict(rows: list[Row], base, head, th: Thresholds) -> Verdict:
     errors = [r for r in rows if r.verdict == "error"]
     regressions = [r for r in rows if r.verdict == "regression"]
+    accepted = [r for r in rows if r.verdict == "accepted"]
     judged = len(rows) - len(errors)
     if errors:
         status = "error"
@@ -542,6 +721,12 @@ def _verdict(rows: list[Row], base, head, th: Thresholds) -> Verdict:
         device = f"{n_dev} device latency, " if n_dev else ""
         host = f"{n_host} host latency, " if n_host else ""
         summary = f"all {judged} checks pass ({n_lat} latency, {device}{host}{n_num} numerics)"
+        if accepted:
+            summary = (
+                f"{judged - len(accepted)} of {judged} checks pass, {len(accepted)} accepted "
+                f"({n_lat} latency, {device}{host}{n_num} numerics): "
+                + ", ".join(_short(r) for r in accepted[:4])
+            )
     return Verdict(status, f"{status.upper()}: {summary}", rows, _describe(base), _describe(head), th.source)
 
 
@@ -570,7 +755,7 @@ def _cell(r: Row, which: str) -> str:
         if which == "threshold":
             if r.alpha is None:
                 return f"> {value:.2f}"
-            return f"lower bound > {value:.2f} ({100 * (1 - r.alpha):g}%)"
+            return f"lower bound > {value:.2f} ({100 * (1 - r.alpha):.4g}%)"
     if r.kind == "numerics":
         if which == "ratio":
             return f"{value:.2f}"
@@ -593,13 +778,19 @@ def to_markdown(verdict: Verdict) -> str:
         't-test p for "head slower" and the number of rounds. '
         "`latency` rows time whole calls (host work included); `device` rows time CUDA-graph "
         "replays (the kernels' GPU time alone); `host` rows time the host's work of the same calls."
-        + _host_paths(b, h),
+        + _host_paths(b, h)
+        + _family_line(verdict.family),
         "",
         "| check | base | head | ratio | threshold | verdict |",
         "|---|---|---|---|---|---|",
     ]
     for r in verdict.rows:
-        mark = {"pass": "pass", "regression": "**regression**", "error": "**error**"}[r.verdict]
+        mark = {
+            "pass": "pass",
+            "accepted": "**accepted**",
+            "regression": "**regression**",
+            "error": "**error**",
+        }[r.verdict]
         # numerics notes say which limit binds and already show in the threshold column
         note = f" ({_escape(r.note)})" if r.note and r.kind != "numerics" else ""
         if r.kind == "numerics" and r.verdict == "error":
@@ -607,6 +798,17 @@ def to_markdown(verdict: Verdict) -> str:
         cells = [_cell(r, "base"), _cell(r, "head"), _cell(r, "ratio"), _cell(r, "threshold")]
         lines.append(f"| {r.check} | " + " | ".join(cells) + f" | {mark}{note} |")
     return "\n".join(lines) + "\n"
+
+
+def _family_line(family: Mapping[str, Any]) -> str:
+    """The rule across rows, as the verdict applied it."""
+    if family.get("method") != "holm" or not family.get("rows"):
+        return ""
+    return (
+        f" Across rows: Holm at a family-wise rate of {family['rate']:g} over {family['rows']} latency rows "
+        f"(the first tested at {family['first_level']:.2g}); each row's interval is at the level Holm "
+        "tested it at."
+    )
 
 
 def _host_paths(b: Mapping[str, Any], h: Mapping[str, Any]) -> str:
@@ -647,6 +849,39 @@ def configure(parser: argparse.ArgumentParser, command: str) -> None:
         "--out", default="outputs/gate", metavar="DIR", help="where verdict.md and verdict.json go"
     )
     parser.add_argument("--provider", default="kernel", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--accept-regression",
+        action="append",
+        default=[],
+        metavar="'KIND SHAPE MODE FACTOR REASON'",
+        help="an Accept-Regression request (repeatable; rmsnorm_suite.accept); granted only with --accept-approved-by",
+    )
+    parser.add_argument(
+        "--accept-from-git",
+        default=None,
+        metavar="BASE..HEAD",
+        help="read Accept-Regression trailers from the commit messages of this range (the current repository)",
+    )
+    parser.add_argument(
+        "--accept-approved-by",
+        default=None,
+        metavar="WHO",
+        help="the maintainer who approved the requests (set by the trusted caller, never by a commit)",
+    )
+
+
+def requests_of(args: argparse.Namespace) -> list:
+    """The Accept-Regression requests of the command line and of --accept-from-git, approved as given."""
+    from rmsnorm_suite import accept
+
+    requests = [accept.parse(text) for text in getattr(args, "accept_regression", []) or []]
+    span = getattr(args, "accept_from_git", None)
+    if span:
+        base, _, head = span.partition("..")
+        if not base or not head:
+            raise ValueError(f"--accept-from-git: expected BASE..HEAD, got {span!r}")
+        requests += accept.from_git(Path.cwd(), base, head)
+    return accept.approve(requests, getattr(args, "accept_approved_by", None))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -662,7 +897,14 @@ def run(args: argparse.Namespace) -> int:
             runs[side] = results.load(getattr(args, side))
         except ValueError as exc:
             runs[side], missing[side] = None, str(exc)
-    verdict = judge(runs["base"], runs["head"], thresholds, provider=args.provider, missing=missing)
+    try:
+        requests = requests_of(args)
+    except (ValueError, OSError, subprocess.SubprocessError) as exc:
+        print(f"gate: could not read the Accept-Regression requests: {exc}", file=sys.stderr)
+        return EXIT["error"]
+    verdict = judge(
+        runs["base"], runs["head"], thresholds, provider=args.provider, missing=missing, acceptances=requests
+    )
     md, js = write_verdict(verdict, args.out)
     print(verdict.summary)
     print(f"verdict: {md} {js}")

@@ -1,0 +1,169 @@
+"""Accepting one expected regression without bypassing the gate.
+
+A pull request that knows it makes a row slower (a numerics fix that costs time, a feature)
+declares it in a commit message trailer of the judged range, one line per row:
+
+    Accept-Regression: device 32768x4096-bfloat16 forward 1.08 fp32 accumulation of the variance
+
+(the check as the verdict names it: ``device``, ``latency`` or ``host``, the shape, the mode;
+then the factor the row may reach, then why). The trailer is data: the trusted judge reads the
+messages from git's objects, runs nothing of the commit, and grants a request only when
+
+- a maintainer approved it: the approval is an argument of the judge's caller
+  (``--accept-approved-by WHO``), never something a commit can write;
+- it names a latency row of this verdict of a kind ``[accept] kinds`` allows, at a factor above 1
+  and at most ``[accept] max_factor``, and no more than ``[accept] max_rows`` rows are granted
+  (the trusted checkout's regression.toml, never head's).
+
+A granted row is judged against the accepted factor instead of its table's: past the table's
+factor and within the accepted one it is ``accepted`` (never ``pass``), past the accepted one it
+is a ``regression``. Every request, granted or refused (and why), is in ``verdict.json``
+(``acceptance``) and the summary; the other rows are judged as always. Numerics cannot be
+accepted: the accuracy contract is not traded for time.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+TRAILER = "Accept-Regression"
+LINE = re.compile(rf"^\s*{TRAILER}\s*:\s*(.*)$", re.IGNORECASE | re.MULTILINE)
+KINDS = ("device", "latency", "host")  # gate.CHECK_PREFIXES' values
+SHAPE = re.compile(r"[0-9]{1,7}x[0-9]{1,7}-[a-z0-9]{1,16}")
+MODES = ("forward", "forward_backward")
+MAX_REQUESTS = 32  # trailers read per verdict; the rest are refused unread
+MAX_REASON = 200
+
+
+@dataclass(frozen=True)
+class Request:
+    """One Accept-Regression line: ``check`` (``kind shape mode``), ``factor``, ``reason``; where it
+    came from; who approved it (set by the judge's caller only); ``problem``: why it cannot be read."""
+
+    check: str
+    factor: float
+    reason: str
+    commit: str | None = None
+    approved_by: str | None = None
+    problem: str | None = None
+
+
+def parse(value: str, commit: str | None = None) -> Request:
+    """A trailer's value (``kind shape mode factor reason``) as a Request; a malformed one keeps its
+    text in ``check`` and says why in ``problem``."""
+    text = value.strip()[:400]
+    parts = text.split(maxsplit=4)
+    if len(parts) < 5:
+        return Request(text, math.nan, "", commit, problem="expected: KIND SHAPE MODE FACTOR REASON")
+    kind, shape, mode, factor_text, reason = parts
+    check = f"{kind} {shape} {mode}"
+    if kind not in KINDS or not SHAPE.fullmatch(shape) or mode not in MODES:
+        return Request(
+            check, math.nan, reason[:MAX_REASON], commit, problem=f"not a latency check: {check!r}"
+        )
+    try:
+        factor = float(factor_text)
+    except ValueError:
+        factor = math.nan
+    if not math.isfinite(factor):
+        return Request(
+            check, math.nan, reason[:MAX_REASON], commit, problem=f"factor {factor_text!r} is not a number"
+        )
+    return Request(check, factor, reason[:MAX_REASON], commit)
+
+
+def from_message(message: str, commit: str | None = None) -> list[Request]:
+    """Every Accept-Regression line of one commit message."""
+    return [parse(m.group(1), commit) for m in LINE.finditer(message)]
+
+
+def from_git(repo: str | Path, base: str, head: str) -> list[Request]:
+    """The requests in the messages of ``base..head`` (git's objects only), oldest first."""
+    out = subprocess.run(
+        ["git", "log", "--reverse", "--format=%H%x1f%B%x1e", f"{base}..{head}", "--"],
+        cwd=repo,
+        capture_output=True,
+        timeout=60,
+        check=True,
+    ).stdout.decode("utf-8", "replace")
+    requests: list[Request] = []
+    for record in out.split("\x1e"):
+        if "\x1f" in record:
+            sha, message = record.split("\x1f", 1)
+            requests += from_message(message, sha.strip())
+    return requests
+
+
+def approve(requests: Iterable[Request], by: str | None) -> list[Request]:
+    """The requests as approved by ``by`` (the judge's caller's word; None or "": not approved)."""
+    who = (by or "").strip()[:100] or None
+    return [replace(r, approved_by=who) for r in requests]
+
+
+def grant(
+    requests: Sequence[Request], limits: Any, checks: Iterable[str]
+) -> tuple[dict[str, Request], dict[str, Any]]:
+    """Which requests hold (by check name) under ``limits`` (gate.AcceptLimits) for a verdict whose
+    latency rows are ``checks``, and the record the verdict keeps: every request, granted or
+    refused with why. In order: the first ``max_rows`` valid requests are granted."""
+    if not requests:
+        return {}, {}
+    known = set(checks)
+    granted: dict[str, Request] = {}
+    refused: list[dict[str, Any]] = []
+    for i, r in enumerate(requests):
+        why = None
+        if i >= MAX_REQUESTS:
+            why = f"more than {MAX_REQUESTS} requests"
+        elif r.problem:
+            why = r.problem
+        elif not r.approved_by:
+            why = "no maintainer approval"
+        elif limits.max_rows == 0:
+            why = "regression.toml [accept] allows no accepted row"
+        elif r.check.split(" ", 1)[0] not in limits.kinds:
+            why = f"[accept] kinds {list(limits.kinds)} do not include {r.check.split(' ', 1)[0]!r}"
+        elif not 1.0 < r.factor <= limits.max_factor:
+            why = f"factor {r.factor:g} not in (1, {limits.max_factor:g}] ([accept] max_factor)"
+        elif r.check not in known:
+            why = "names no latency row of this verdict"
+        elif r.check in granted:
+            why = "the row was already accepted by an earlier line"
+        elif len(granted) >= limits.max_rows:
+            why = f"more than [accept] max_rows = {limits.max_rows} rows"
+        if why:
+            refused.append({**_record(r), "why": why})
+        else:
+            granted[r.check] = r
+    record = {
+        "requested": [_record(r) for r in requests[:MAX_REQUESTS]],
+        "granted": [_record(r) for r in granted.values()],
+        "refused": refused,
+        "limits": {"max_rows": limits.max_rows, "max_factor": limits.max_factor, "kinds": list(limits.kinds)},
+    }
+    return granted, record
+
+
+def _record(r: Request) -> dict[str, Any]:
+    d = asdict(r)
+    d["factor"] = r.factor if math.isfinite(r.factor) else None  # JSON has no NaN
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def summary(acceptance: Mapping[str, Any], rows: Sequence[Any]) -> str:
+    """What the verdict's summary adds: rows accepted, requests granted and refused."""
+    accepted = [r.check for r in rows if r.verdict == "accepted"]
+    granted, refused = acceptance.get("granted", []), acceptance.get("refused", [])
+    text = f" [Accept-Regression: {len(granted)} granted"
+    if granted:
+        text += " (" + ", ".join(f"{g['check']} <= {g['factor']:g}" for g in granted[:4]) + ")"
+    text += f", {len(accepted)} row(s) accepted"
+    if refused:
+        text += f", {len(refused)} refused: " + "; ".join(f"{x['check']}: {x['why']}" for x in refused[:3])
+    return text + "]"

@@ -1,0 +1,325 @@
+"""`rmsnorm-kernel changepoints`: steps in main's history, and the first commit of each.
+
+Sub-threshold slowdowns add up: five pull requests at +2% each pass the gate and leave main 10%
+slower. Drift against the last release tag (``nox -s drift``) says that main moved, not where.
+This finds where: per series (one asv benchmark and parameter combination, in first-parent
+order of main), the logs of the values are split where a two-sample step is largest, a step
+is kept only when
+
+- its permutation p-value (the largest standardised difference of means over every split point,
+  against the same largest value over random reorderings of the series: the false-alarm rate of
+  "some step somewhere in this series" under no change) is under ``rate / number of series``
+  (Bonferroni across the series judged), and
+- it moves the median by at least ``min_step`` (a step too small to matter is not a finding),
+
+and each kept step's two sides are searched again (binary segmentation), so several steps in
+one series are found. A step is named by the first commit measured after it: the step happened
+in ``(last commit before, first commit after]``, which ``git bisect`` narrows when the history
+skipped commits. Values where larger is worse (asv ``track_`` figures in ms): a step up is a
+``slowdown``, down an ``improvement``. The thresholds are ``[drift]`` in regression.toml.
+
+The permutation test assumes the values are exchangeable under no change (independent noise
+around one level); a machine that changed, or noise that drifts slowly, breaks it, and a step
+it finds then names the commit where the machine changed.
+
+    rmsnorm-kernel changepoints --results .asv/results [--machine h200] [--match 'gpu_median.*kernel'] [--order date]
+    rmsnorm-kernel changepoints --series series.json   # {"name": [[commit, value], ...], ...}
+
+Exit status: 0 no slowdown found, 1 a slowdown found (named), 2 could not judge (no data).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import re
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Step:
+    """A step between ``index - 1`` and ``index`` of a series (``index``: first point after it)."""
+
+    series: str
+    index: int
+    first_commit: str  # the first commit measured after the step
+    last_before: str  # the last commit measured before it: the step is in (last_before, first_commit]
+    before: float  # median of the segment before
+    after: float  # median of the segment after
+    ratio: float  # after / before
+    p_value: float
+    level: float  # what p had to be under
+    direction: str  # "slowdown" (larger is worse) or "improvement"
+
+
+@dataclass(frozen=True)
+class DriftRule:
+    rate: float = 0.01
+    min_step: float = 0.02
+    min_size: int = 3
+    permutations: int = 9999
+
+
+def rule_from(thresholds_path: str | Path | None = None) -> DriftRule:
+    """``[drift]`` of regression.toml (the suite's by default); absent keys take the defaults."""
+    from rmsnorm_suite import gate
+
+    path = gate.default_thresholds() if thresholds_path is None else Path(thresholds_path)
+    data = gate.tomllib.loads(path.read_text(encoding="utf-8")).get("drift", {})
+    rule = DriftRule(**{k: data[k] for k in ("rate", "min_step", "min_size", "permutations") if k in data})
+    if not (0 < rule.rate < 0.5 and rule.min_step >= 0 and rule.min_size >= 2 and rule.permutations >= 99):
+        raise ValueError(f"{path}: [drift] out of range: {rule}")
+    return rule
+
+
+# ---------------------------------------------------------------------------------------------
+# The test
+# ---------------------------------------------------------------------------------------------
+
+
+def _split_stats(x: np.ndarray, min_size: int) -> np.ndarray:
+    """|mean after - mean before| / (pooled SD x sqrt(1/a + 1/b)) for every split point, on the
+    last axis (rows: permutations); splits closer than ``min_size`` to an end are 0."""
+    n = x.shape[-1]
+    k = np.arange(1, n)
+    c1 = np.cumsum(x, axis=-1)[..., :-1]
+    c2 = np.cumsum(x**2, axis=-1)[..., :-1]
+    tot, tot2 = x.sum(axis=-1, keepdims=True), (x**2).sum(axis=-1, keepdims=True)
+    m1, m2 = c1 / k, (tot - c1) / (n - k)
+    ss = (c2 - c1**2 / k) + ((tot2 - c2) - (tot - c1) ** 2 / (n - k))
+    sd = np.sqrt(np.maximum(ss, 0) / max(n - 2, 1))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.abs(m2 - m1) / (sd * np.sqrt(1 / k + 1 / (n - k)))
+    t = np.where(np.isfinite(t), t, np.where(m2 != m1, np.inf, 0.0))
+    t[..., : min_size - 1] = 0
+    t[..., n - min_size :] = 0
+    return t
+
+
+def best_split(
+    x: Sequence[float], min_size: int, permutations: int, rng: np.random.Generator
+) -> tuple[int, float]:
+    """The split point (first index after it) of the largest step of ``x`` and its permutation
+    p-value; (0, 1.0) when ``x`` is too short for two segments of ``min_size``."""
+    x = np.asarray(x, dtype=float)
+    n = len(x)
+    if n < 2 * min_size:
+        return 0, 1.0
+    observed = _split_stats(x, min_size)
+    tau = int(np.argmax(observed)) + 1
+    top = observed[tau - 1]
+    exceed, done = 0, 0
+    while done < permutations:  # in chunks: a long history times many permutations stays small
+        b = min(2000, permutations - done)
+        perm = rng.permuted(np.broadcast_to(x, (b, n)), axis=1)
+        exceed += int((_split_stats(perm, min_size).max(axis=1) >= top * (1 - 1e-12)).sum())
+        done += b
+    return tau, (1 + exceed) / (1 + permutations)
+
+
+def detect(
+    values: Sequence[float],
+    commits: Sequence[str],
+    rule: DriftRule = DriftRule(),
+    level: float | None = None,
+    name: str = "",
+    seed: int = 0,
+) -> list[Step]:
+    """Steps of one series (values in commit order, larger worse), each tested at ``level``
+    (default ``rule.rate``), by binary segmentation; in commit order."""
+    if len(values) != len(commits):
+        raise ValueError(f"{len(values)} values for {len(commits)} commits")
+    if any(not (math.isfinite(v) and v > 0) for v in values):
+        raise ValueError(f"{name or 'series'}: values must be finite and positive")
+    level = rule.rate if level is None else level
+    rng = np.random.default_rng(seed)
+    logs = np.log(np.asarray(values, dtype=float))
+    found: list[Step] = []
+    todo = [(0, len(values))]
+    while todo:
+        lo, hi = todo.pop()
+        tau, p = best_split(logs[lo:hi], rule.min_size, rule.permutations, rng)
+        if tau == 0 or p >= level:
+            continue
+        i = lo + tau
+        before, after = float(np.median(values[lo:i])), float(np.median(values[i:hi]))
+        ratio = after / before
+        if abs(math.log(ratio)) < math.log1p(rule.min_step):
+            continue  # significant, too small to matter: not split further here
+        found.append(
+            Step(name, i, commits[i], commits[i - 1], before, after, ratio, p, level,
+                 "slowdown" if ratio > 1 else "improvement")
+        )  # fmt: skip
+        todo += [(lo, i), (i, hi)]
+    return sorted(found, key=lambda s: s.index)
+
+
+def detect_all(
+    series: Mapping[str, Sequence[tuple[str, float]]], rule: DriftRule = DriftRule(), seed: int = 0
+) -> tuple[list[Step], float]:
+    """Every series at ``rule.rate / len(series)`` (the false-alarm rate across the series judged);
+    the steps found and that level."""
+    usable = {k: v for k, v in series.items() if len(v) >= 2 * rule.min_size}
+    level = rule.rate / max(len(usable), 1)
+    steps: list[Step] = []
+    for i, (name, points) in enumerate(sorted(usable.items())):
+        commits, values = [c for c, _ in points], [v for _, v in points]
+        steps += detect(values, commits, rule, level, name, seed + i)
+    return steps, level
+
+
+# ---------------------------------------------------------------------------------------------
+# Histories
+# ---------------------------------------------------------------------------------------------
+
+
+def first_parent_order(repo: str | Path, rev: str = "HEAD") -> list[str]:
+    out = subprocess.run(
+        ["git", "rev-list", "--first-parent", "--reverse", rev, "--"],
+        cwd=repo,
+        capture_output=True,
+        timeout=120,
+    )
+    return out.stdout.decode().split() if out.returncode == 0 else []
+
+
+def asv_series(
+    results_dir: str | Path, machine: str | None = None, match: str = "", order: Sequence[str] = ()
+) -> dict[str, list[tuple[str, float]]]:
+    """Series from asv result files (``MACHINE/HASH8-ENV.json``): one per benchmark and parameter
+    combination whose name matches ``match`` (a regular expression), each as (commit, value) in
+    ``order`` (full SHAs, first-parent order of main; commits outside it are left out) or, without
+    it, by the results' commit date."""
+    pattern = re.compile(match)
+    points: dict[str, dict[str, float]] = {}
+    dates: dict[str, float] = {}
+    root = Path(results_dir)
+    machines = (
+        [root / machine] if machine else sorted(p for p in root.iterdir() if (p / "machine.json").is_file())
+    )
+    for folder in machines:
+        for path in sorted(folder.glob("*.json")):
+            if path.name == "machine.json":
+                continue
+            data = json.loads(path.read_text(encoding="utf-8"))
+            commit = data.get("commit_hash")
+            if not isinstance(commit, str):
+                continue
+            dates[commit] = float(data.get("date") or 0)
+            columns = data.get("result_columns")
+            for bench, entry in (data.get("results") or {}).items():
+                res = dict(zip(columns, entry)) if columns and isinstance(entry, list) else entry
+                if not isinstance(res, dict):
+                    continue
+                values, params = res.get("result"), res.get("params") or []
+                if not isinstance(values, list):
+                    values, combos = [values], [()]
+                else:
+                    combos = list(itertools.product(*params)) if params else [()]
+                for combo, value in zip(combos, values):
+                    name = bench + (f"({', '.join(str(c) for c in combo)})" if combo else "")
+                    if (
+                        pattern.search(name)
+                        and isinstance(value, (int, float))
+                        and math.isfinite(value)
+                        and value > 0
+                    ):
+                        points.setdefault(name, {})[commit] = float(value)
+    if order:
+        rank = {c: i for i, c in enumerate(order)}
+        return {
+            n: sorted(((c, v) for c, v in p.items() if c in rank), key=lambda cv: rank[cv[0]])
+            for n, p in points.items()
+            if any(c in rank for c in p)
+        }
+    return {n: sorted(p.items(), key=lambda cv: dates.get(cv[0], 0)) for n, p in points.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# The command
+# ---------------------------------------------------------------------------------------------
+
+
+def configure(parser: argparse.ArgumentParser, command: str) -> None:
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--results", default=".asv/results", help="asv results folder (default .asv/results)")
+    source.add_argument("--series", default=None, metavar="JSON", help='{"name": [[commit, value], ...]}')
+    parser.add_argument("--machine", default=None, help="asv machine name (default: every machine)")
+    parser.add_argument(
+        "--match", default=r"track_gpu_median_ms\(.*'kernel'\)", help="regular expression on series names"
+    )
+    parser.add_argument("--rev", default="HEAD", help="first-parent order of this revision (asv results)")
+    parser.add_argument(
+        "--order",
+        choices=("git", "date"),
+        default="git",
+        help="asv results in --rev's first-parent order (commits off it left out; default) or by commit date",
+    )
+    parser.add_argument(
+        "--thresholds", default=None, help="regression.toml with [drift] (default: the suite's)"
+    )
+    parser.add_argument("--out", default=None, metavar="JSON", help="write the steps found")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        rule = rule_from(args.thresholds)
+        if args.series:
+            raw = json.loads(Path(args.series).read_text(encoding="utf-8"))
+            series = {str(k): [(str(c), float(v)) for c, v in pts] for k, pts in raw.items()}
+        else:
+            if not Path(args.results).is_dir():
+                raise ValueError(
+                    f"no asv results at {args.results} (rmsnorm_suite.history results fetches them)"
+                )
+            order = first_parent_order(Path.cwd(), args.rev) if args.order == "git" else []
+            if args.order == "git" and not order:
+                raise ValueError(
+                    f"no first-parent history of {args.rev} here (run in the repository, or --order date)"
+                )
+            series = asv_series(args.results, args.machine, args.match, order)
+    except (OSError, ValueError, TypeError) as exc:
+        print(f"changepoints: could not judge: {exc}", file=sys.stderr)
+        return 2
+    if not any(len(p) >= 2 * rule.min_size for p in series.values()):
+        print(f"changepoints: no series with {2 * rule.min_size} or more points", file=sys.stderr)
+        return 2
+    steps, level = detect_all(series, rule)
+    judged = sum(len(p) >= 2 * rule.min_size for p in series.values())
+    print(
+        f"changepoints: {judged} series, each tested at {level:.2g} (rate {rule.rate:g} over the series), "
+        f"steps of {100 * rule.min_step:g}% or more"
+    )
+    for s in steps:
+        print(
+            f"  {s.direction}: {s.series}: x{s.ratio:.3f} ({s.before:.4g} -> {s.after:.4g}), p={s.p_value:.2g}, "
+            f"first commit after it {s.first_commit[:12]}, in {s.last_before[:12]}..{s.first_commit[:12]}"
+        )
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "rule": asdict(rule),
+            "level": level,
+            "series": judged,
+            "steps": [asdict(s) for s in steps],
+        }
+        Path(args.out).write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
+    return 1 if any(s.direction == "slowdown" for s in steps) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rmsnorm-kernel changepoints", description=__doc__.splitlines()[0])
+    configure(parser, "changepoints")
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Change points over main's history (rmsnorm_suite.changepoint) on synthetic series with known
+steps: the first commit of a step is named, a series without one stays quiet at the stated
+rate, a step under min_step is not reported, and asv result files are read in first-parent order."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from rmsnorm_suite import changepoint as cp
+from rmsnorm_suite import cli
+
+FAST = cp.DriftRule(rate=0.01, min_step=0.02, min_size=3, permutations=1999)
+
+
+def commits(n: int) -> list[str]:
+    return [f"{i:08x}" + "ab" * 16 for i in range(1, n + 1)]  # distinct asv file names (HASH8)
+
+
+def series(n: int, steps: dict[int, float], noise: float, seed: int, level: float = 0.1) -> list[float]:
+    """``level`` ms with log-normal noise, multiplied by each step's factor from its index on."""
+    rng = np.random.default_rng(seed)
+    values, scale = [], level
+    for i in range(n):
+        scale *= steps.get(i, 1.0)
+        values.append(scale * math.exp(noise * rng.standard_normal()))
+    return values
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_planted_step_is_named_by_its_first_commit(seed):
+    c = commits(40)
+    found = cp.detect(series(40, {23: 1.05}, 0.005, seed), c, FAST, name="fwd")
+    assert [(s.index, s.first_commit, s.last_before, s.direction) for s in found] == [
+        (23, c[23], c[22], "slowdown")
+    ]
+    assert found[0].ratio == pytest.approx(1.05, abs=0.01) and found[0].p_value < FAST.rate
+
+
+def test_two_steps_are_both_found():
+    c = commits(60)
+    found = cp.detect(series(60, {15: 1.08, 40: 0.95}, 0.005, 7), c, FAST)
+    assert [(s.index, s.direction) for s in found] == [(15, "slowdown"), (40, "improvement")]
+
+
+def test_a_significant_step_under_min_step_is_not_reported():
+    c = commits(40)
+    assert cp.detect(series(40, {20: 1.01}, 0.001, 3), c, FAST) == []
+    loose = cp.DriftRule(FAST.rate, 0.005, FAST.min_size, FAST.permutations)
+    assert [s.index for s in cp.detect(series(40, {20: 1.01}, 0.001, 3), c, loose)] == [20]
+
+
+def test_the_false_alarm_rate_without_a_step_is_under_the_rate():
+    """300 series of pure noise at a per-series rate of 0.05: the share with any step reported
+    (min_step 0, so only the test decides) stays within the rate plus three binomial SDs."""
+    rule = cp.DriftRule(rate=0.05, min_step=0.0, min_size=3, permutations=199)
+    c = commits(30)
+    alarms = sum(bool(cp.detect(series(30, {}, 0.01, 1000 + i), c, rule, seed=i)) for i in range(300))
+    assert alarms / 300 <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / 300), alarms
+
+
+def test_a_step_at_the_edge_needs_min_size_points_on_each_side():
+    c = commits(20)
+    assert cp.detect(series(20, {19: 1.5}, 0.005, 1), c, FAST) == []  # one point after it: no judgement
+    assert [s.index for s in cp.detect(series(20, {17: 1.5}, 0.005, 1), c, FAST)] == [17]
+
+
+def test_bad_series_are_refused():
+    with pytest.raises(ValueError, match="values for"):
+        cp.detect([1.0, 2.0], commits(3))
+    with pytest.raises(ValueError, match="finite and positive"):
+        cp.detect([1.0, 0.0, 1.0], commits(3))
+
+
+def test_detect_all_shares_the_rate_across_series():
+    c = commits(40)
+    data = {f"s{i}": list(zip(c, series(40, {}, 0.005, i))) for i in range(9)}
+    data["planted"] = list(zip(c, series(40, {25: 1.04}, 0.005, 99)))
+    steps, level = cp.detect_all(data, FAST)
+    assert level == pytest.approx(FAST.rate / 10)
+    assert [(s.series, s.first_commit) for s in steps] == [("planted", c[25])]
+
+
+def write_asv(root, machine: str, points: list[tuple[str, float, float]]) -> None:
+    """asv results (format 2) for one parameterised benchmark: (commit, kernel value, eager value)."""
+    (root / machine).mkdir(parents=True)
+    (root / "benchmarks.json").write_text("{}")
+    (root / machine / "machine.json").write_text(json.dumps({"machine": machine}))
+    for i, (commit, kernel, eager) in enumerate(points):
+        data = {
+            "commit_hash": commit,
+            "date": 1_700_000_000_000 + i,
+            "result_columns": ["result", "params", "version"],
+            "results": {
+                "bench_rmsnorm.Forward.track_gpu_median_ms": [
+                    [kernel, eager],
+                    [["'32768x4096-bfloat16'"], ["'kernel'", "'eager'"]],
+                    "1",
+                ]
+            },
+            "version": 2,
+        }
+        (root / machine / f"{commit[:8]}-existing.json").write_text(json.dumps(data))
+
+
+def test_asv_history_with_a_planted_step_names_the_commit(tmp_path, capsys):
+    c = commits(30)
+    kernel = series(30, {18: 1.06}, 0.004, 5)
+    eager = series(30, {}, 0.004, 6, level=0.3)
+    write_asv(tmp_path / "results", "h200", list(zip(c, kernel, eager)))
+    got = cp.asv_series(tmp_path / "results", "h200", r"track_gpu_median_ms\(.*kernel")
+    name = "bench_rmsnorm.Forward.track_gpu_median_ms('32768x4096-bfloat16', 'kernel')"
+    assert list(got) == [name] and [commit for commit, _ in got[name]] == c
+    # first-parent order given: commits outside it are left out, the order is the given one
+    order = list(reversed(c[5:]))
+    assert [
+        commit for commit, _ in cp.asv_series(tmp_path / "results", "h200", "kernel", order)[name]
+    ] == order
+    out = tmp_path / "steps.json"
+    argv = ["changepoints", "--results", str(tmp_path / "results"), "--machine", "h200", "--out", str(out)]
+    assert cli.main(argv) == 2  # this checkout's first-parent history holds none of these commits
+    code = cli.main([*argv, "--order", "date"])
+    text = capsys.readouterr().out
+    assert code == 1, text
+    assert f"first commit after it {c[18][:12]}" in text and "slowdown" in text
+    steps = json.loads(out.read_text())["steps"]
+    assert [(s["first_commit"], s["last_before"]) for s in steps] == [(c[18], c[17])]
+
+
+def test_series_json_and_nothing_to_judge(tmp_path, capsys):
+    c = commits(12)
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"flat": [[x, v] for x, v in zip(c, series(12, {}, 0.004, 1))]}))
+    assert cli.main(["changepoints", "--series", str(path)]) == 0
+    path.write_text(json.dumps({"short": [[c[0], 1.0], [c[1], 1.0]]}))
+    assert cli.main(["changepoints", "--series", str(path)]) == 2
+    assert cli.main(["changepoints", "--results", str(tmp_path / "none")]) == 2
+    assert "could not judge" in capsys.readouterr().err
+
+
+def test_the_drift_rule_is_declared_in_regression_toml():
+    assert cp.rule_from() == cp.DriftRule(rate=0.01, min_step=0.02, min_size=3, permutations=9999)
