@@ -148,6 +148,33 @@ def test_dtensor_fsdp2_tensor_parallel_on_one_gpu(tmp_path):
 
 
 @requires_distributed
+def test_the_package_import_leaves_dtensor_alone_and_registers_on_its_import():
+    """A fresh process: importing the package does not import torch.distributed.tensor (its
+    import takes longer than the package's); importing it afterwards registers the rules (the
+    import hook), which DTensor's propagator then holds."""
+    code = (
+        "import sys, torch, rmsnorm_kernel\n"
+        "from rmsnorm_kernel import sharding\n"
+        "assert sharding.DTENSOR_MODULE not in sys.modules, 'the package imported DTensor'\n"
+        "assert not sharding.registered()\n"
+        "from torch.distributed.tensor import DTensor\n"
+        "rules = DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs\n"
+        "print(sorted(sharding.registered()), torch.ops.rmsnorm_kernel.forward.default in rules,\n"
+        "      torch.ops.rmsnorm_kernel.backward.default in rules, sharding._hook in sys.meta_path)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [
+        "['rmsnorm_kernel::backward',",
+        "'rmsnorm_kernel::forward']",
+        "True",
+        "True",
+        "False",
+    ]
+
+
+@requires_distributed
 def test_rules_registered_once_dtensor_is_imported():
     """Importing torch.distributed.tensor (in either order with the package) registers the rules
     of both operators; registering again adds nothing."""
