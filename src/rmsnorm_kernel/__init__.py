@@ -1,5 +1,6 @@
 """rmsnorm-kernel: a Triton RMSNorm for PyTorch with forward, backward, autograd and torch.compile support."""
 
+from rmsnorm_kernel import sharding  # noqa: F401 - DTensor's rules for the operators
 from rmsnorm_kernel.module import RMSNorm, swap_rms_norm
 from rmsnorm_kernel.ops import CALLS, reset_counters, rms_norm
 

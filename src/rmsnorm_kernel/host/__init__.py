@@ -47,6 +47,8 @@ _extension = _UNSET
 # The loaded extension's common_call (rms_norm's first step), None until it loads or where the
 # Python path serves: rms_norm reads this attribute on every call.
 entry = None
+# Called once the extension has loaded (sharding.py's: DTensor's rules for its operators).
+on_load: list = []
 
 
 def mode() -> str:
@@ -99,6 +101,8 @@ def _load():
     ext.set_contract(table["dtypes"], table["castings"], table["default_eps"])
     global entry
     entry = ext.common_call
+    for hook in on_load:
+        hook()
     return ext
 
 
