@@ -100,7 +100,8 @@ def _rsqrt_rn(v):
 
 @triton.jit
 def _rsqrt_newton(v):
-    """1 / sqrt(v) for launches of few rows: the hardware estimate r0 (up to two ulps off) and one
+    """1 / sqrt(v) for launches of few rows where batch invariance is off (launch.BATCH_INVARIANT:
+    it rounds some rows differently from _rsqrt_rn, so a row's bits would depend on the batch): the hardware estimate r0 (up to two ulps off) and one
     Newton step in FMAs, r = r0 + r0/2 * (1 - v*r0^2). Within an ulp of 1 / sqrt(v), as
     _rsqrt_rn's two roundings are: what is left is rounding error (of v*r0, half an ulp at most,
     and of the result), not the estimate's own error, which dw would add up over the rows.
@@ -143,7 +144,7 @@ def forward_tile(
     # Store r for the backward; off where none follows, as its scattered stores cost more than
     # their bytes at narrow rows (measured: docs/performance-notes.md, STORE_RSTD).
     STORE_RSTD: tl.constexpr = True,
-    # r by _rsqrt_newton (launches of few rows) rather than _rsqrt_rn.
+    # r by _rsqrt_newton (launches of few rows, batch invariance off) rather than _rsqrt_rn.
     NEWTON_R: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
