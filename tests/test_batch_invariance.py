@@ -30,7 +30,9 @@ def _cases(widths, interpreted):
     """(device, n, dtype, residual) params: every combination on CUDA; under the interpreter the
     few in ``interpreted`` (each of which fails with batch invariance off, but 257 bf16)."""
     out = [
-        pytest.param("cpu", n, d, r, marks=INTERPRET.marks, id=f"interpret-{n}-{_NAMES[d]}-{'res' if r else 'plain'}")
+        pytest.param(
+            "cpu", n, d, r, marks=INTERPRET.marks, id=f"interpret-{n}-{_NAMES[d]}-{'res' if r else 'plain'}"
+        )
         for n, d, r in interpreted
     ]
     out += [

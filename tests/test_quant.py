@@ -74,7 +74,12 @@ def _same_bits(a, b):
 
 # (mode, scale, scale_ub): static as a float and as a tensor, per row, per row with a bound that
 # binds on some rows.
-MODES = [("static", 0.02, None), ("static tensor", "tensor", None), ("dynamic", None, None), ("dynamic ub", None, 0.004)]
+MODES = [
+    ("static", 0.02, None),
+    ("static tensor", "tensor", None),
+    ("dynamic", None, None),
+    ("dynamic ub", None, 0.004),
+]
 
 
 def _scale(scale, device):
@@ -92,7 +97,9 @@ def test_quantised_output_is_torchs_sequence(device, out_dtype, mode, scale, sca
     x, res, w = _make(m, n, dtype, device, seed=n)
     scale = _scale(scale, device)
     r = res if residual else None
-    out = rmsnorm_kernel.rms_norm(x, weight=w, eps=1e-6, residual=r, out_dtype=out_dtype, scale=scale, scale_ub=scale_ub)
+    out = rmsnorm_kernel.rms_norm(
+        x, weight=w, eps=1e-6, residual=r, out_dtype=out_dtype, scale=scale, scale_ub=scale_ub
+    )
     out = out if isinstance(out, tuple) else (out,)
     y_q, rest = out[0], list(out[1:])
     scales = rest.pop(0) if scale is None else None
@@ -110,7 +117,9 @@ def test_quantised_output_is_torchs_sequence(device, out_dtype, mode, scale, sca
         assert torch.equal(h, h32)
     # Torch's fp32 norm: one quantum.
     src = (x.float() + res.float()).to(dtype) if residual else x
-    q_tt, s_tt = torch_sequence(rms_norm_reference(src, w, 1e-6, out_dtype=torch.float32), out_dtype, scale, scale_ub)
+    q_tt, s_tt = torch_sequence(
+        rms_norm_reference(src, w, 1e-6, out_dtype=torch.float32), out_dtype, scale, scale_ub
+    )
     assert int(_codes_apart(y_q, q_tt).max()) <= ONE_QUANTUM
     if scale is None:
         torch.testing.assert_close(scales, s_tt, rtol=RTOL_SCALES, atol=0)
@@ -199,7 +208,9 @@ def test_fallback_runs_torchs_sequence():
     with pytest.raises(contract.UnsupportedInput):
         rmsnorm_kernel.rms_norm(x, out_dtype=I8)
     q, s = rmsnorm_kernel.rms_norm(x, out_dtype=I8, allow_fallback=True)
-    ref, s_ref = torch_sequence(rms_norm_reference(x, None, torch.finfo(torch.float32).eps).float(), I8, None, None)
+    ref, s_ref = torch_sequence(
+        rms_norm_reference(x, None, torch.finfo(torch.float32).eps).float(), I8, None, None
+    )
     assert q.dtype == I8 and int(_codes_apart(q, ref).max()) <= ONE_QUANTUM
 
 

@@ -99,7 +99,7 @@ def rms_norm(
     quant.py says how. docs/features.md gives torch's semantics on every input, and what is refused.
     """
     x = input
-    if out_dtype in _QUANT_DTYPES or scale is not None or scale_ub is not None:
+    if (out_dtype is not None and out_dtype in _QUANT_DTYPES) or scale is not None or scale_ub is not None:
         return quant.rms_norm_quant(
             x, normalized_shape, weight, eps, residual=residual, residual_dtype=residual_dtype, offset=offset,
             casting=casting, out_dtype=out_dtype, scale=scale, scale_ub=scale_ub, allow_fallback=allow_fallback,

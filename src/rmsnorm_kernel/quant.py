@@ -114,7 +114,9 @@ def quant_tile(
     if HAS_WEIGHT:
         w_raw = tl.load(W + cols, mask=cols < N, other=0.0)
     if HAS_RESIDUAL:
-        res = tl.load((RES + first64 * stride_res) + local64 * stride_res + cols[None, :], mask=mask, other=0.0)
+        res = tl.load(
+            (RES + first64 * stride_res) + local64 * stride_res + cols[None, :], mask=mask, other=0.0
+        )
         h = (x + res.to(tl.float32)).to(H.dtype.element_ty)
         tl.store((H + first64 * N) + local64 * N + cols[None, :], h, mask=mask)
         x = h.to(tl.float32)
@@ -172,7 +174,9 @@ def quant_looped(
     h_row = H + row64 * N
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for start in range(0, N, BLOCK_N):
-        acc += kernels._chunk_squares(x_row, res_row, h_row, start + cols, N, "evict_last", HAS_RESIDUAL, True)
+        acc += kernels._chunk_squares(
+            x_row, res_row, h_row, start + cols, N, "evict_last", HAS_RESIDUAL, True
+        )
     rstd = kernels._rsqrt_rn(tl.sum(acc, axis=0) / N + eps)
     if HAS_RESIDUAL:
         src_row = h_row
@@ -215,7 +219,14 @@ class QuantPlan(NamedTuple):
 def _plan(n, has_weight, has_residual, casting, dynamic, scale_ptr, has_ub, out_dtype) -> QuantPlan:
     """The plain forward's plan at this width (batch invariant: the many-row tile plan), with the
     quantisation's constexprs after it."""
-    quant = (dynamic, scale_ptr, has_ub, out_dtype == torch.int8, contract.QMIN[out_dtype], contract.QMAX[out_dtype])
+    quant = (
+        dynamic,
+        scale_ptr,
+        has_ub,
+        out_dtype == torch.int8,
+        contract.QMIN[out_dtype],
+        contract.QMAX[out_dtype],
+    )
     if n <= launch.FORWARD_MAX_TILE:
         block_n, rows, num_warps = launch.forward_config(n)
         return QuantPlan(False, rows, num_warps, (has_weight, has_residual, casting, block_n, rows, *quant))
@@ -238,7 +249,9 @@ def forward(x2, weight, res2, eps, offset, casting, out_dtype, residual_dtype, s
     scales = torch.empty(*shape[:-1], 1, dtype=torch.float32, device=device) if dynamic else None
     if m == 0:
         return y, scales, h
-    plan = _plan(n, weight is not None, res2 is not None, casting, dynamic, scale_ptr, scale_ub is not None, out_dtype)
+    plan = _plan(
+        n, weight is not None, res2 is not None, casting, dynamic, scale_ptr, scale_ub is not None, out_dtype
+    )
     # Pointers a launch does not use get x2.
     args = (
         x2, res2 if res2 is not None else x2, weight if weight is not None else x2, y,
@@ -266,7 +279,11 @@ def quantise(y: Tensor, out_dtype: torch.dtype, scale, scale_ub, k: int) -> tupl
     dims = tuple(range(y.dim() - k, y.dim()))
     scales = None
     if scale is None:
-        amax = y.abs().amax(dim=dims, keepdim=True) if y.numel() else y.new_zeros(*y.shape[: y.dim() - k], *([1] * k))
+        amax = (
+            y.abs().amax(dim=dims, keepdim=True)
+            if y.numel()
+            else y.new_zeros(*y.shape[: y.dim() - k], *([1] * k))
+        )
         scales = (amax / hi).clamp(min=contract.min_scale(out_dtype))
         if scale_ub is not None:
             scales = scales.clamp(max=torch.tensor(scale_ub, dtype=torch.float32).item())
@@ -281,7 +298,9 @@ def quantise(y: Tensor, out_dtype: torch.dtype, scale, scale_ub, k: int) -> tupl
     return v.clamp(lo, hi).to(out_dtype), scales
 
 
-def composite(x, normalized_shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype, scale, scale_ub):
+def composite(
+    x, normalized_shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype, scale, scale_ub
+):
     """The quantised call in torch ops (rms_norm's composite for y, then ``quantise``)."""
     from rmsnorm_kernel import ops
 
@@ -322,7 +341,7 @@ def rms_norm_quant(
     """RMSNorm with a quantised output (module docstring), forward only. Every argument is
     checked before any launch (contract.validate and contract.validate_quant)."""
     n, shape = contract.normalized_size(x, normalized_shape, weight)
-    dynamic = contract.validate_quant(x, out_dtype, scale, scale_ub)
+    contract.validate_quant(x, out_dtype, scale, scale_ub)
     if isinstance(eps, Tensor) and eps.dim() == 0 and not eps.requires_grad and not eps.is_complex():
         eps = float(eps)
     if eps is None:
@@ -335,7 +354,8 @@ def rms_norm_quant(
             raise
         unsupported = True
     if torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (x, weight, residual, scale if isinstance(scale, Tensor) else None)
+        t is not None and t.requires_grad
+        for t in (x, weight, residual, scale if isinstance(scale, Tensor) else None)
     ):
         raise contract.ForwardOnly(
             "a quantised out_dtype is forward only: an input requires grad under grad mode; call it under "
