@@ -310,8 +310,24 @@ FORWARD_TILE_LAUNCH = [
 
 @pytest.mark.parametrize(("n", "few_rows", "rows", "warps"), FORWARD_TILE_LAUNCH)
 def test_forward_tile_launch(n, few_rows, rows, warps):
-    plan = launch._forward_tile_plan(n, True, False, 0, few_rows, True)
+    """The table's entries, as the plans take them where batch invariance is off."""
+    plan = launch._forward_tile_plan(n, True, False, 0, few_rows, True, invariant=False)
     assert (plan.rows, plan.num_warps) == tuple(launch.forward_config(n, few_rows)[1:]) == (rows, warps)
+
+
+@pytest.mark.parametrize("n", sorted({n for n, *_ in FORWARD_TILE_LAUNCH} | {1, 7, 64, 4000}))
+def test_batch_invariant_tile_plans_differ_only_in_masks(n):
+    """Batch invariance (the default): a launch of few rows takes the many-row plan's rows per
+    program and warps (which fix the order of a row's sum of squares) and the correctly rounded r;
+    only EVEN (masks dropped, no value changed) may differ."""
+    assert launch.BATCH_INVARIANT
+    names = ["HAS_WEIGHT", "HAS_RESIDUAL", "CASTING", "BLOCK_N", "ROWS", "EVEN", "STORE_RSTD", "NEWTON_R"]
+    few = launch._forward_tile_plan(n, True, False, 0, True, True, invariant=True)
+    many = launch._forward_tile_plan(n, True, False, 0, False, True, invariant=True)
+    assert (few.rows, few.num_warps) == (many.rows, many.num_warps) == tuple(launch.forward_config(n)[1:])
+    few_c, many_c = dict(zip(names, few.constexprs)), dict(zip(names, many.constexprs))
+    assert few_c["NEWTON_R"] is many_c["NEWTON_R"] is False
+    assert {k for k in names if few_c[k] != many_c[k]} <= {"EVEN"}
 
 
 # Two-walk forward launches by row width: (N, warps, chunk, y's store hint, walks unrolled).

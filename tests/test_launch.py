@@ -399,12 +399,27 @@ def _tile_constexprs(constexprs: tuple) -> dict:
     ("m", "newton"), [(1, True), (launch.EVEN_MAX_ROWS, True), (launch.EVEN_MAX_ROWS + 1, False)]
 )
 def test_tile_forward_takes_the_newton_r_only_for_few_rows(compiled_mode, monkeypatch, m, newton):
-    """Launches of at most EVEN_MAX_ROWS rows compute r by the hardware estimate and a Newton step
-    (shorter where a launch is one memory round trip); more rows keep the correctly rounded sqrt
-    and division (the Newton step measured slower at 4096x4096)."""
+    """With batch invariance off, launches of at most EVEN_MAX_ROWS rows compute r by the hardware
+    estimate and a Newton step (shorter where a launch is one memory round trip); more rows keep
+    the correctly rounded sqrt and division (the Newton step measured slower at 4096x4096)."""
     monkeypatch.setattr(launch, "_forward_tile", _Recorder("tile", []))
+    monkeypatch.setattr(launch, "BATCH_INVARIANT", False)
     launch.forward(torch.randn(m, 257), torch.randn(257), None, 1e-6, 0.0, 0, torch.float32, torch.float32)
     assert _tile_constexprs(launch._forward_tile.last[3])["NEWTON_R"] is newton
+
+
+@pytest.mark.parametrize("m", [1, 7, launch.EVEN_MAX_ROWS, launch.EVEN_MAX_ROWS + 1, 4096])
+@pytest.mark.parametrize("n", [128, 257, 1024, 4096])
+def test_batch_invariant_tile_forward_launches_one_plan(compiled_mode, monkeypatch, m, n):
+    """Batch invariance (the default): every M launches the tile forward with the same rows per
+    program, warps and r (no Newton step); only the masks (EVEN) may be dropped at few rows."""
+    assert launch.BATCH_INVARIANT
+    monkeypatch.setattr(launch, "_forward_tile", _Recorder("tile", []))
+    launch.forward(torch.randn(m, n), torch.randn(n), None, 1e-6, 0.0, 0, torch.float32, torch.float32)
+    _, _, num_warps, constexprs = launch._forward_tile.last
+    named = _tile_constexprs(constexprs)
+    _, rows, warps = launch.forward_config(n)
+    assert named["NEWTON_R"] is False and (named["ROWS"], num_warps) == (rows, warps)
 
 
 @pytest.mark.parametrize("want_rstd", [True, False])

@@ -26,6 +26,21 @@ CASTINGS = {"default": (CAST_FP32, False), "gemma": (CAST_FP32, False), "llama":
 CASTING_CODES = {name: code for name, (code, _) in CASTINGS.items()}
 PROMOTING_CASTINGS = tuple(name for name, (_, promotes) in CASTINGS.items() if promotes)
 
+# Quantised output (quant.py; forward only): out_dtype float8_e4m3fn or int8, with a static
+# ``scale`` (y_q = saturate(y / scale)) or per row (dynamic, ``scale=None``: scale = amax(|y|) /
+# QMAX, at least MIN_SCALE, at most ``scale_ub``). Saturating to [-QMAX, QMAX] for fp8 and to
+# [-128, 127] for int8, which rounds to nearest even. y is the fp32 y of out_dtype=float32.
+QUANT_DTYPES = (torch.float8_e4m3fn, torch.int8)
+QMAX = {torch.float8_e4m3fn: 448.0, torch.int8: 127.0}
+QMIN = {torch.float8_e4m3fn: -448.0, torch.int8: -128.0}
+
+
+def min_scale(dtype: torch.dtype) -> float:
+    """The smallest per-row scale (a row of zeros gets it rather than 0): 1 / (QMAX * 512) in
+    fp32, as vLLM's per-token kernels bound theirs."""
+    return float(torch.tensor(1.0 / (QMAX[dtype] * 512.0), dtype=torch.float32))
+
+
 # torch's eps for eps=None: the epsilon of the opmath type (float32 for every kernel dtype).
 FLOAT32_EPS = torch.finfo(torch.float32).eps
 
@@ -67,6 +82,12 @@ class InvalidDtype(TypeError, NotImplementedError):
 class UnsupportedInput(ValueError, NotImplementedError):
     """Valid input that the kernels do not run (fp64, CPU tensors without the interpreter, an
     integer or bool weight). ``rms_norm(..., allow_fallback=True)`` runs torch ops instead."""
+
+
+class ForwardOnly(RuntimeError):
+    """A quantised output asked for where autograd would record the call (an input that requires
+    grad, under grad mode): quantised outputs are forward only. torch raises RuntimeError for a
+    graph it cannot differentiate; call under torch.no_grad() or torch.inference_mode()."""
 
 
 class Refused(TypeError, NotImplementedError):
@@ -229,3 +250,39 @@ def table() -> dict:
         "castings": [(name, code, promotes) for name, (code, promotes) in CASTINGS.items()],
         "default_eps": FLOAT32_EPS,
     }
+
+
+def validate_quant(x: Tensor, out_dtype, scale, scale_ub) -> bool:
+    """The quantised output's own arguments (the rest are ``validate``'s), before any launch.
+    Returns whether the scale is dynamic (per row). TypeError for a wrong type or dtype,
+    ValueError for a combination that means nothing, InvalidArgument for a device."""
+    if out_dtype not in QUANT_DTYPES:
+        if isinstance(out_dtype, torch.dtype) and (out_dtype.is_floating_point and out_dtype.itemsize == 1):
+            raise TypeError(
+                f"out_dtype {dtype_name(out_dtype)}: the quantised output is float8_e4m3fn or int8"
+            )
+        raise ValueError(
+            f"scale and scale_ub need a quantised out_dtype (float8_e4m3fn or int8), got out_dtype={out_dtype}"
+        )
+    dynamic = scale is None
+    if not dynamic:
+        if scale_ub is not None:
+            raise ValueError("scale_ub bounds a per-row (dynamic) scale: pass scale=None with it")
+        if isinstance(scale, Tensor):
+            if scale.numel() != 1 or scale.dtype != torch.float32:
+                raise TypeError(
+                    f"scale must be a float or a float32 tensor of one element, got "
+                    f"{dtype_name(scale.dtype)} of shape {tuple(scale.shape)}"
+                )
+            if isinstance(x, Tensor) and scale.device != x.device:
+                raise InvalidArgument(f"scale must be on x's device {x.device}, got {scale.device}")
+        elif not real_number(scale) or isinstance(scale, bool):
+            raise TypeError(f"scale must be a float, a float32 tensor of one element or None, got {type(scale).__name__}")
+        elif not (math.isfinite(scale) and scale > 0):
+            raise ValueError(f"scale must be finite and positive, got {scale!r}")
+    if scale_ub is not None:
+        if not real_number(scale_ub) or isinstance(scale_ub, bool):
+            raise TypeError(f"scale_ub must be a float or None, got {type(scale_ub).__name__}")
+        if not (math.isfinite(scale_ub) and scale_ub > 0):
+            raise ValueError(f"scale_ub must be finite and positive, got {scale_ub!r}")
+    return dynamic

@@ -86,8 +86,38 @@ def _interpreter_rounds_bf16_to_nearest_even() -> None:
     builder._rmsnorm_kernel_rtne = True
 
 
+def _interpreter_casts_fp8_as_the_gpu() -> None:
+    """Make the Triton interpreter's fp32 -> float8e4nv (torch.float8_e4m3fn) cast the GPU's
+    ``cvt.rn.satfinite``: round to nearest even, saturating at +-448, NaN kept.
+
+    Triton 3.6's interpreter drops the carry of a rounding into the exponent (31.6 becomes 16, not
+    32) and returns NaN past 448, so fp8 results on CPU would be off by a factor of two where the
+    GPU's are exact (tests/test_quant.py keeps that as a known difference). Only the
+    interpreter's cast is changed; compiled kernels are untouched.
+    """
+    import numpy as np
+    import torch
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    if getattr(builder, "_rmsnorm_kernel_fp8", False):
+        return
+    original = builder.create_fp_to_fp
+
+    def create_fp_to_fp(self, src, dst_type, rounding_mode):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.float8e4nv:
+            data = torch.from_numpy(np.ascontiguousarray(src.data, dtype=np.float32))
+            data = torch.where(data.isnan(), data, data.clamp(-448.0, 448.0))
+            return interpreter.TensorHandle(data.to(torch.float8_e4m3fn).view(torch.uint8).numpy(), dst_type.scalar)
+        return original(self, src, dst_type, rounding_mode)
+
+    builder.create_fp_to_fp = create_fp_to_fp
+    builder._rmsnorm_kernel_fp8 = True
+
+
 if INTERPRET:
     _interpreter_rounds_bf16_to_nearest_even()
+    _interpreter_casts_fp8_as_the_gpu()
 
 
 @triton.jit
@@ -100,7 +130,8 @@ def _rsqrt_rn(v):
 
 @triton.jit
 def _rsqrt_newton(v):
-    """1 / sqrt(v) for launches of few rows: the hardware estimate r0 (up to two ulps off) and one
+    """1 / sqrt(v) for launches of few rows where batch invariance is off (launch.BATCH_INVARIANT:
+    it rounds some rows differently from _rsqrt_rn, so a row's bits would depend on the batch): the hardware estimate r0 (up to two ulps off) and one
     Newton step in FMAs, r = r0 + r0/2 * (1 - v*r0^2). Within an ulp of 1 / sqrt(v), as
     _rsqrt_rn's two roundings are: what is left is rounding error (of v*r0, half an ulp at most,
     and of the result), not the estimate's own error, which dw would add up over the rows.
@@ -143,7 +174,7 @@ def forward_tile(
     # Store r for the backward; off where none follows, as its scattered stores cost more than
     # their bytes at narrow rows (measured: docs/performance-notes.md, STORE_RSTD).
     STORE_RSTD: tl.constexpr = True,
-    # r by _rsqrt_newton (launches of few rows) rather than _rsqrt_rn.
+    # r by _rsqrt_newton (launches of few rows, batch invariance off) rather than _rsqrt_rn.
     NEWTON_R: tl.constexpr = False,
 ):
     pid = tl.program_id(0)

@@ -11,6 +11,7 @@ import contextlib
 import functools
 import math
 import operator
+import os
 from typing import NamedTuple
 
 import torch
@@ -364,6 +365,14 @@ FORWARD_TILE = {
 # Launches of at most this many rows, with N the tile width and one row per program, run the tile
 # forward without masks (forward_tile's EVEN). Measured: docs/performance-notes.md, EVEN_MAX_ROWS.
 EVEN_MAX_ROWS = 256
+# Batch invariance: a row's outputs do not depend on how many rows share the call, nor on where
+# the row sits. On, every launch of the tile forward takes its many-row plan's rows and warps
+# (the warps along a row fix the order of its sum of squares) and the correctly rounded r; the
+# masks dropped at few rows (EVEN) change no value. Off (RMSNORM_KERNEL_BATCH_INVARIANT=0, read
+# once at import), launches of at most EVEN_MAX_ROWS rows take FORWARD_TILE's few-row rows and
+# warps and r by the hardware estimate and a Newton step (_rsqrt_newton), which can round a row
+# differently. docs/features.md, Batch invariance.
+BATCH_INVARIANT = os.environ.get("RMSNORM_KERNEL_BATCH_INVARIANT", "1").strip() != "0"
 BACKWARD_TILE = {
     1024: BackwardTile(rows=2, warps=4, per_sm=(4, 4), prefetch=True),
     2048: BackwardTile(rows=1, warps=4, per_sm=(4, 4), prefetch=False),
@@ -444,12 +453,20 @@ class ReducePlan(NamedTuple):
 
 @functools.cache
 def _forward_tile_plan(
-    n: int, has_weight: bool, has_residual: bool, casting: int, few_rows: bool, store_rstd: bool
+    n: int,
+    has_weight: bool,
+    has_residual: bool,
+    casting: int,
+    few_rows: bool,
+    store_rstd: bool,
+    invariant: bool = True,
 ) -> ForwardTilePlan:
-    """forward_tile's plan; ``few_rows``: at most EVEN_MAX_ROWS rows."""
-    block_n, rows, num_warps = forward_config(n, few_rows)
+    """forward_tile's plan; ``few_rows``: at most EVEN_MAX_ROWS rows. ``invariant``
+    (BATCH_INVARIANT): a row's values do not depend on few_rows, which then only drops masks."""
+    tuned = few_rows and not invariant
+    block_n, rows, num_warps = forward_config(n, tuned)
     even = few_rows and n == block_n and rows == 1
-    constexprs = (has_weight, has_residual, casting, block_n, rows, even, store_rstd, few_rows)
+    constexprs = (has_weight, has_residual, casting, block_n, rows, even, store_rstd, tuned)
     return ForwardTilePlan(rows, num_warps, constexprs)
 
 
@@ -581,7 +598,7 @@ def forward(
         r, hs, stride_r = res2, h, res2.stride(0)
     if n <= FORWARD_MAX_TILE:
         rows, num_warps, constexprs = _forward_tile_plan(
-            n, weight is not None, res2 is not None, casting, m <= EVEN_MAX_ROWS, want_rstd
+            n, weight is not None, res2 is not None, casting, m <= EVEN_MAX_ROWS, want_rstd, BATCH_INVARIANT
         )
         args = (x2, r, w, y, hs, r_out, m, n, stride_x, stride_r, n, n, eps, offset)
         _forward_tile(((m + rows - 1) // rows, 1, 1), args, num_warps, constexprs)

@@ -15,7 +15,7 @@ import torch
 from torch.autograd import forward_ad
 from torch.overrides import handle_torch_function, has_torch_function
 
-from rmsnorm_kernel import contract, host, kernels, launch
+from rmsnorm_kernel import contract, host, kernels, launch, quant
 from rmsnorm_kernel.contract import default_eps, default_out_dtype, validate
 from rmsnorm_kernel.contract import normalized_size as _normalized_size
 from rmsnorm_kernel.reference import rms_norm_reference
@@ -60,6 +60,7 @@ def reset_counters() -> None:
 # ---------------------------------------------------------------------------------------------
 
 _DEFAULT_EPS = contract.FLOAT32_EPS  # torch's eps=None for every kernel dtype
+_QUANT_DTYPES = contract.QUANT_DTYPES  # out_dtypes quant.py serves
 # Memory formats torch's rms_norm keeps for its output (any other layout gives a contiguous one).
 _KEPT_FORMATS = {4: torch.channels_last, 5: torch.channels_last_3d}
 
@@ -85,15 +86,24 @@ def rms_norm(
     casting: str = "default",
     out_dtype: torch.dtype | None = None,
     allow_fallback: bool = False,
-) -> Tensor | tuple[Tensor, Tensor]:
+    scale: Tensor | float | None = None,
+    scale_ub: float | None = None,
+) -> Tensor | tuple[Tensor, ...]:
     """RMSNorm over the trailing ``normalized_shape`` dims of ``input`` (x), torch's arguments first:
     ``y = x * rsqrt(mean(x^2) + eps) * (offset + weight)``, squares and sums in fp32. With
     ``residual``, normalises ``h = x + residual`` (stored in ``residual_dtype``) and returns
     ``(y, h)``. ``casting`` is "default", "gemma" or "llama"; ``out_dtype`` overrides y's dtype.
     Input the kernels do not run raises ``UnsupportedInput`` unless ``allow_fallback=True``.
-    docs/features.md gives torch's semantics on every input, and what is refused.
+    ``out_dtype`` torch.float8_e4m3fn or torch.int8 quantises y (forward only): with ``scale``
+    static, without it per row, returning ``(y_q, scales)`` (``scale_ub`` bounds the scales);
+    quant.py says how. docs/features.md gives torch's semantics on every input, and what is refused.
     """
     x = input
+    if (out_dtype is not None and out_dtype in _QUANT_DTYPES) or scale is not None or scale_ub is not None:
+        return quant.rms_norm_quant(
+            x, normalized_shape, weight, eps, residual=residual, residual_dtype=residual_dtype, offset=offset,
+            casting=casting, out_dtype=out_dtype, scale=scale, scale_ub=scale_ub, allow_fallback=allow_fallback,
+        )  # fmt: skip
     # The common call's fast path: the host cost of a call at small shapes exceeds the kernel's,
     # so a few cheap tests take valid, runnable input only (_takes_fast_path; in C++, the compiled
     # host path's common_call, loaded by a process's first CUDA call, which also takes a plain
