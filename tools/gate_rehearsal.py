@@ -244,6 +244,8 @@ def catalogue(args, repo: Path, base: str) -> list[str]:
     heads[cat.HEAD_CONFTEST] = (commit_on(repo, git(repo, "commit", "-q", "-m", "t") or git(repo, "rev-parse", "HEAD"),
                                           conftest, cat.HEAD_CONFTEST), True)  # fmt: skip
     for name, (head, gpu_tests) in heads.items():
+        if args.only and name not in args.only:
+            continue
         data = pr_verdict(args, repo, base, head, name, gpu_tests=gpu_tests)
         time.sleep(1)
         left = subprocess.run(["pgrep", "-f", token], capture_output=True, text=True).stdout.split()
@@ -297,6 +299,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=list(REHEARSALS))
     parser.add_argument("--aa-runs", type=int, default=2, help="A/A runs (aa)")
+    parser.add_argument("--only", nargs="+", default=None, metavar="HEAD", help="catalogue: these heads alone")
     parser.add_argument("--extra-rows", type=int, default=20, help="A/B head: extra forward over 1/K rows")
     parser.add_argument(
         "--shapes", nargs="+", default=["large"], help="pr-verdict's --shapes (default: large)"
