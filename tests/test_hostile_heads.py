@@ -340,3 +340,25 @@ def test_a_worker_that_leaves_the_session_dies_with_its_round(tmp_path):
     assert exit_code is None  # timed out
     time.sleep(1)
     assert survivors(token) == []
+
+
+def test_the_sandbox_bounds_its_memory_files_and_processes(tmp_path, monkeypatch):
+    """/tmp inside is a tmpfs of at most TMPFS_BYTES (it lives in the judge's memory), and its
+    user's processes stop at PROC_CAP: a head cannot fill the judge's memory or fork without end."""
+    monkeypatch.setattr(sandbox, "TMPFS_BYTES", 4 * 2**20)
+    monkeypatch.setattr(prverdict, "PROC_CAP", 64)
+    box = sandbox.Sandbox(tmp_path / "root", {}, tmp_path / "state")
+    box.root.mkdir()
+    code = (
+        "import os, subprocess, sys\n"
+        "try:\n    open('/tmp/big', 'wb').write(b'x' * 16 * 2**20)\n    print('tmp: wrote 16 MiB')\n"
+        "except OSError as exc:\n    print('tmp:', exc.strerror)\n"
+        "kids = []\n"
+        "try:\n    for _ in range(200):\n        kids.append(subprocess.Popen(['sleep', '30']))\n"
+        "except OSError as exc:\n    print('processes:', len(kids), exc.strerror)\n"
+        "for k in kids:\n    k.kill()\n"
+    )
+    done = prverdict.sandboxed(box, [os.sys.executable, "-I", "-c", code], str, 60)
+    assert "tmp: No space left on device" in done.out, done.out + done.err
+    assert "processes:" in done.out and "Resource temporarily unavailable" in done.out, done.out + done.err
+    assert int(done.out.split("processes:")[1].split()[0]) < 64

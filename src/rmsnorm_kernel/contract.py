@@ -277,7 +277,9 @@ def validate_quant(x: Tensor, out_dtype, scale, scale_ub) -> bool:
             if isinstance(x, Tensor) and scale.device != x.device:
                 raise InvalidArgument(f"scale must be on x's device {x.device}, got {scale.device}")
         elif not real_number(scale) or isinstance(scale, bool):
-            raise TypeError(f"scale must be a float, a float32 tensor of one element or None, got {type(scale).__name__}")
+            raise TypeError(
+                f"scale must be a float, a float32 tensor of one element or None, got {type(scale).__name__}"
+            )
         elif not (math.isfinite(scale) and scale > 0):
             raise ValueError(f"scale must be finite and positive, got {scale!r}")
     if scale_ub is not None:

@@ -108,7 +108,9 @@ def _interpreter_casts_fp8_as_the_gpu() -> None:
         if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.float8e4nv:
             data = torch.from_numpy(np.ascontiguousarray(src.data, dtype=np.float32))
             data = torch.where(data.isnan(), data, data.clamp(-448.0, 448.0))
-            return interpreter.TensorHandle(data.to(torch.float8_e4m3fn).view(torch.uint8).numpy(), dst_type.scalar)
+            return interpreter.TensorHandle(
+                data.to(torch.float8_e4m3fn).view(torch.uint8).numpy(), dst_type.scalar
+            )
         return original(self, src, dst_type, rounding_mode)
 
     builder.create_fp_to_fp = create_fp_to_fp

@@ -183,6 +183,7 @@ def _tail(text: str, lines: int = 15) -> str:
 
 OUTPUT_CAP = 64 * 2**20  # bytes of results, and of each of stdout and stderr, a sandbox may hand back
 FILE_CAP = 1 * 2**30  # RLIMIT_FSIZE of the sandbox's processes (prlimit): no file past it, stdout included
+PROC_CAP = 4096  # RLIMIT_NPROC of its user's processes and threads (prlimit): a fork bomb stops there
 
 
 def _tail_of(f) -> str:
@@ -254,7 +255,7 @@ def sandboxed(
     with tempfile.TemporaryFile() as out_file, tempfile.TemporaryFile() as err_file:
         try:
             proc = subprocess.Popen(
-                ["prlimit", f"--fsize={FILE_CAP}", "--", *sandbox.command(box, argv, hidden=hidden)],
+                ["prlimit", f"--fsize={FILE_CAP}", f"--nproc={PROC_CAP}", "--", *sandbox.command(box, argv, hidden=hidden)],
                 stdin=subprocess.PIPE, stdout=out_file,
                 stderr=err_file, start_new_session=True, pass_fds=(write,),
             )  # fmt: skip

@@ -22,6 +22,8 @@ from pathlib import Path
 
 NOBODY = 65534  # the user and group a root judge runs commits as
 STATE = "/state"  # the writable folder inside: home, temp, Triton and extension caches
+# Each tmpfs inside (/tmp, /dev/shm) holds at most this much: they live in the judge's memory.
+TMPFS_BYTES = 2 * 2**30
 SYSTEM = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "opt")  # read-only, as they are
 DEVICES = ("null", "zero", "full", "random", "urandom")
 # Passed through from the judge's environment when set (the GPU and its toolchain); nothing else is.
@@ -95,7 +97,7 @@ def script(box: Sandbox, hidden: Sequence[Path] = ()) -> str:
             lines.append(f"mount -o remount,bind,ro {q(target)}")
 
     # the private /tmp first: Python folders under the judge's /tmp are bound on top of it
-    lines += [f"mkdir -p {r}/tmp", f"mount -t tmpfs -o mode=1777 tmp {r}/tmp"]
+    lines += [f"mkdir -p {r}/tmp", f"mount -t tmpfs -o mode=1777,size={TMPFS_BYTES} tmp {r}/tmp"]
     for name in SYSTEM:
         top = Path("/", name)
         if top.is_symlink():
@@ -108,12 +110,12 @@ def script(box: Sandbox, hidden: Sequence[Path] = ()) -> str:
         bind(outside, inside)
     bind(box.state, STATE, ro=False)
     lines.append(f"mkdir -p {r}/proc {r}/dev/shm")
-    lines.append(f"mount -t tmpfs -o mode=1777 shm {r}/dev/shm")
+    lines.append(f"mount -t tmpfs -o mode=1777,size={TMPFS_BYTES} shm {r}/dev/shm")
     for name in DEVICES:
         bind(f"/dev/{name}", f"/dev/{name}", ro=False, folder=False)
     for node in sorted(Path("/dev").glob("nvidia*")):
         bind(node, str(node), ro=False, folder=node.is_dir())
-    if Path("/sys").is_dir():
+    if Path("/sys").is_dir():  # its submounts (cgroup, ...) stay as they are: root's, not the user's
         bind("/sys", "/sys")
     lines.append(f"mount -t proc proc {r}/proc")
     lines.append(f"mount -o remount,bind,ro {r}")
