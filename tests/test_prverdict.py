@@ -144,6 +144,29 @@ def test_same_commit_passes(repo, host_timing, tmp_path):
     assert data["status"] == "pass" and data["base_sha"] == data["head_sha"] == shas["main"]
 
 
+@pytest.mark.parametrize("approved_by", [None, "maintainer"])
+def test_accept_regression_is_read_from_git_and_needs_approval(repo, host_timing, tmp_path, approved_by):
+    """A trailer in the judged commits is a request; only the caller's approval grants it, and a
+    grant bounds the row at the accepted factor (this head is far past it: still a regression)."""
+    repo, shas = repo
+    git(repo, "checkout", "-q", "-b", f"accept-{approved_by}", shas["old"])
+    trailer = "Accept-Regression: latency 32768x4096-bfloat16 forward 1.10 a slower, fixed variance"
+    head = commit(repo, {"src/rmsnorm_kernel/ops.py": OPS.format(cost=SLOW_S)}, f"slower\n\n{trailer}")
+    git(repo, "checkout", "-q", "main")
+    out = tmp_path / "verdict"
+    extra = ["--modes", "forward"] + (["--accept-approved-by", approved_by] if approved_by else [])
+    assert pr_verdict(repo, shas["old"], head, out, *extra) == 1
+    data = json.loads((out / "verdict.json").read_text())
+    acceptance = data["acceptance"]
+    assert [r["check"] for r in acceptance["requested"]] == ["latency 32768x4096-bfloat16 forward"]
+    if approved_by is None:
+        assert acceptance["granted"] == [] and acceptance["refused"][0]["why"] == "no maintainer approval"
+    else:
+        assert [r["approved_by"] for r in acceptance["granted"]] == ["maintainer"]
+        row = next(r for r in data["rows"] if r["check"] == "latency 32768x4096-bfloat16 forward")
+        assert row["verdict"] == "regression" and row["threshold"] == 1.10, row
+
+
 def test_deadline_turns_a_hang_into_an_error_verdict(repo, host_timing, tmp_path):
     repo, shas = repo
     out = tmp_path / "verdict"

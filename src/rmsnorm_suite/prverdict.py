@@ -49,7 +49,7 @@ from typing import Any
 
 import scipy.stats  # noqa: F401  the gate's statistics, loaded before any commit's code runs
 
-from rmsnorm_suite import bench, cases, gate, guard, results, sandbox, staging, stopwatch, telemetry, worker  # noqa: F401  cases: the gate orders its table by it
+from rmsnorm_suite import accept, bench, cases, gate, guard, results, sandbox, staging, stopwatch, telemetry, worker  # noqa: F401  cases: the gate orders its table by it
 
 SIDES = ("base", "head")
 DEFAULT_ROUNDS = 6
@@ -396,6 +396,13 @@ def configure(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument(
         "--keep-staged", action="store_true", help="leave the staged commits and sandbox states in place"
     )
+    parser.add_argument(
+        "--accept-approved-by",
+        metavar="WHO",
+        default=None,
+        help="a maintainer approved the Accept-Regression trailers of the judged commits "
+        "(the workflow passes who applied the accept-regression label; a commit cannot)",
+    )
 
 
 def _stop(out: Path, check: str, note: str, commits: dict[str, str] | None = None) -> int:
@@ -622,9 +629,17 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
             results.write(merged[side], out, side)
     extra.insert(0, stopwatch_row(runs, context["thresholds"]))
     extra.insert(0, clock_row(runs, context["thresholds"]))
+    try:  # Accept-Regression trailers: data read from git's objects, honoured only when approved
+        requests = accept.approve(
+            accept.from_git(context["repo"], shas["base"], shas["head"]), args.accept_approved_by
+        )
+    except (subprocess.SubprocessError, OSError) as exc:
+        requests = []
+        extra.append(gate.Row("accept-regression", None, None, None, None, "error", "run", note=str(exc)[:200]))
     verdict = gate.judge(
-        merged["base"], merged["head"], context["thresholds"], extra_rows=extra, missing=missing
-    )
+        merged["base"], merged["head"], context["thresholds"], extra_rows=extra, missing=missing,
+        acceptances=requests,
+    )  # fmt: skip
     verdict.thresholds = context["label"]
     if args.skip_gpu_tests:
         verdict.summary += " (GPU tests skipped)"
