@@ -49,7 +49,19 @@ from typing import Any
 
 import scipy.stats  # noqa: F401  the gate's statistics, loaded before any commit's code runs
 
-from rmsnorm_suite import accept, bench, cases, gate, guard, results, sandbox, staging, stopwatch, telemetry, worker  # noqa: F401  cases: the gate orders its table by it
+from rmsnorm_suite import (
+    accept,
+    bench,
+    cases,  # noqa: F401  the gate orders its table by it
+    gate,
+    guard,
+    results,
+    sandbox,
+    staging,
+    stopwatch,
+    telemetry,
+    worker,
+)
 
 SIDES = ("base", "head")
 DEFAULT_ROUNDS = 6
