@@ -299,7 +299,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=list(REHEARSALS))
     parser.add_argument("--aa-runs", type=int, default=2, help="A/A runs (aa)")
-    parser.add_argument("--only", nargs="+", default=None, metavar="HEAD", help="catalogue: these heads alone")
+    parser.add_argument(
+        "--only", nargs="+", default=None, metavar="HEAD", help="catalogue: these heads alone"
+    )
     parser.add_argument("--extra-rows", type=int, default=20, help="A/B head: extra forward over 1/K rows")
     parser.add_argument(
         "--shapes", nargs="+", default=["large"], help="pr-verdict's --shapes (default: large)"

@@ -647,7 +647,9 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
         )
     except (subprocess.SubprocessError, OSError) as exc:
         requests = []
-        extra.append(gate.Row("accept-regression", None, None, None, None, "error", "run", note=str(exc)[:200]))
+        extra.append(
+            gate.Row("accept-regression", None, None, None, None, "error", "run", note=str(exc)[:200])
+        )
     verdict = gate.judge(
         merged["base"], merged["head"], context["thresholds"], extra_rows=extra, missing=missing,
         acceptances=requests,
