@@ -403,6 +403,13 @@ def _run_forward(
     without one."""
     n = x.shape[-1]
     dim = x.dim()
+    if residual is None and n <= launch.FORWARD_MAX_TILE:
+        heads = launch.strided_heads(x, n)  # per-head views of a fused qkv tensor: read in place
+        if heads is not None:
+            groups = [(heads, _weight_row(weight, n), out_dtype, x.shape)]
+            ((y, rstd),) = launch.forward_heads(groups, eps, offset, casting, want_rstd)
+            _COUNTS["forward"] += 1
+            return y, rstd, None
     x2 = launch.as_rows(x, n)
     r2 = launch.as_rows(residual, n) if residual is not None else None
     w = _weight_row(weight, n)
@@ -437,6 +444,19 @@ def _run_backward(
         dy = dy.resolve_neg()
     if dh is not None and dh.is_neg():
         dh = dh.resolve_neg()
+    if dh is None and n <= launch.BACKWARD_MAX_TILE:
+        x_heads, dy_heads = launch.strided_heads(xh, n), launch.strided_heads(dy, n)
+        if x_heads is not None or dy_heads is not None:  # per-head views: read in place
+            group = (
+                x_heads or launch.head_rows_or_copy(xh, n),
+                dy_heads or launch.head_rows_or_copy(dy, n),
+                w, rstd.reshape(-1), dx_dtype, need_dw, xh.shape,
+            )  # fmt: skip
+            ((dx, dw),) = launch.backward_heads([group], offset, casting)
+            _COUNTS["backward"] += 1
+            if dw is not None and w is not weight:
+                dw = dw.view(weight.shape)
+            return dx, dw
     dx, dw = launch.backward(
         launch.as_rows(dy, n),
         launch.as_rows(dh, n) if dh is not None else None,
