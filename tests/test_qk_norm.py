@@ -115,7 +115,9 @@ def _leading_layouts(device):
 
 @pytest.mark.parametrize("device", DEVICE)
 @pytest.mark.parametrize("kind", ["rms_norm", "qk_norm"])
-@pytest.mark.parametrize("layout", range(5), ids=["batch-tokens", "tokens-step", "batch-step", "wide", "transposed"])
+@pytest.mark.parametrize(
+    "layout", range(5), ids=["batch-tokens", "tokens-step", "batch-step", "wide", "transposed"]
+)
 def test_non_contiguous_leading_strides(device, kind, layout):
     name, qkv, in_place = _leading_layouts(device)[layout]
     d, hq, hk = 16, 4, 2
@@ -219,7 +221,10 @@ def test_no_copy_the_kernels_read_the_qkv_memory(device, kind, monkeypatch):
     read_back = [c[0] for c in bwd.calls] + [c[6] for c in bwd.calls if kind == "qk_norm"]
     storage = qkv.untyped_storage().data_ptr()
     for got in (read, read_back):  # (autograd runs k's backward first after two rms_norm calls)
-        assert sorted((t.data_ptr(), t.stride()) for t in got) == [(q.data_ptr(), q.stride()), (k.data_ptr(), k.stride())]
+        assert sorted((t.data_ptr(), t.stride()) for t in got) == [
+            (q.data_ptr(), q.stride()),
+            (k.data_ptr(), k.stride()),
+        ]
         assert all(t.untyped_storage().data_ptr() == storage for t in got)
     assert as_rows_calls == [] and all(r.calls == [] for r in row_kernels.values())
 
@@ -320,10 +325,18 @@ BAD_QK = [
     ("dtypes differ", _qk(k=torch.randn(2, 2, 8, dtype=torch.float16)), TypeError, "share a dtype"),
     ("q not a tensor", _qk(q=[[1.0]]), TypeError, "q must be a torch.Tensor"),
     ("scalar k", _qk(k=torch.tensor(1.0)), ValueError, "at least one dimension"),
-    ("integer q", _qk(q=torch.ones(2, 4, 8, dtype=torch.int32), k=torch.ones(2, 2, 8, dtype=torch.int32)),
-     TypeError, "x must be"),  # fmt: skip
-    ("casting", lambda: rmsnorm_kernel.qk_norm(torch.randn(2, 8), torch.randn(2, 8), casting="x"), ValueError,
-     "casting"),  # fmt: skip
+    (
+        "integer q",
+        _qk(q=torch.ones(2, 4, 8, dtype=torch.int32), k=torch.ones(2, 2, 8, dtype=torch.int32)),
+        TypeError,
+        "x must be",
+    ),  # fmt: skip
+    (
+        "casting",
+        lambda: rmsnorm_kernel.qk_norm(torch.randn(2, 8), torch.randn(2, 8), casting="x"),
+        ValueError,
+        "casting",
+    ),  # fmt: skip
 ]
 
 

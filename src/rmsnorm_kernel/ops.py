@@ -860,8 +860,12 @@ def _qk_backward(ctx, dyq, _drq, dyk, _drk):
     need_q, need_k, need_wq, need_wk = ctx.needs_input_grad[:4]
     need_dw = q_weight is not None and (need_wq or need_wk)
     if _composite_backward_needed(dyq) or _composite_backward_needed(dyk):
-        dq, dwq = _backward_composite(dyq, None, q, q_weight, ctx.eps, ctx.offset, ctx.casting, need_dw, q.dtype)
-        dk, dwk = _backward_composite(dyk, None, k, k_weight, ctx.eps, ctx.offset, ctx.casting, need_dw, k.dtype)
+        dq, dwq = _backward_composite(
+            dyq, None, q, q_weight, ctx.eps, ctx.offset, ctx.casting, need_dw, q.dtype
+        )
+        dk, dwk = _backward_composite(
+            dyk, None, k, k_weight, ctx.eps, ctx.offset, ctx.casting, need_dw, k.dtype
+        )
     else:
         dq, dwq, dk, dwk = qk_backward_op(dyq, dyk, q, k, q_weight, k_weight, rq, rk, ctx.offset, ctx.casting,
                                           need_dw)  # fmt: skip
