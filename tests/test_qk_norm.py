@@ -259,6 +259,29 @@ def test_qk_norm_without_weights_and_one_output_used(device):
 
 
 @pytest.mark.parametrize("device", DEVICE)
+@pytest.mark.parametrize("t", [0, 1])
+def test_qk_norm_of_no_token_one_token_and_1_d_heads(device, t):
+    """Decode (one token), an empty batch, and 1-D / 2-D q and k (one head, no token dim)."""
+    d = 16
+    qkv = _fused(t, 4, 2, d, torch.float32, device, seed=12).requires_grad_()
+    wq, wk = (w.requires_grad_() for w in _weights(d, torch.float32, device, seed=12))
+    q, k = _views(qkv, 4, 2, d)
+    yq, yk = rmsnorm_kernel.qk_norm(q, k, wq, wk, EPS)
+    (yq.sum() + yk.sum()).backward()
+    _close(yq, F.rms_norm(q.double(), (d,), wq.double(), EPS), TOL[torch.float32])
+    _close(yk, F.rms_norm(k.double(), (d,), wk.double(), EPS), TOL[torch.float32])
+    assert wq.grad is not None and (t > 0 or not wq.grad.any())
+    a, b = (
+        qkv.detach()[..., :d].reshape(-1)[:d].clone() if t else torch.randn(d, device=device),
+        torch.randn(3, d),
+    )
+    ya, yb = rmsnorm_kernel.qk_norm(a, b.to(device))
+    assert ya.shape == (d,) and yb.shape == (3, d)
+    _close(ya, F.rms_norm(a.double(), (d,)), TOL[torch.float32])
+    _close(yb, F.rms_norm(b.double(), (d,)).to(device), TOL[torch.float32])
+
+
+@pytest.mark.parametrize("device", DEVICE)
 def test_qk_norm_traces_with_aot_autograd(device):
     """torch.compile (aot_eager) traces qk_norm's operators without a graph break: their fakes
     and autograd, forward and backward, give eager's results."""

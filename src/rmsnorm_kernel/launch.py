@@ -801,7 +801,8 @@ def forward_heads(groups: list, eps: float, offset: float, casting: int, want_rs
     for rows, _w, out_dtype, shape in groups:
         device = rows.t.device
         y = torch.empty(*shape, dtype=out_dtype, device=device)
-        rstd = torch.empty(*shape[:-1], dtype=torch.float32, device=device) if want_rstd else None
+        # (a tuple of sizes: 1-D rows have rstd of shape ())
+        rstd = torch.empty(shape[:-1], dtype=torch.float32, device=device) if want_rstd else None
         outs.append((y, rstd))
     live = [(g, o) for g, o in zip(groups, outs) if g[0].m > 0]
     if not live:
