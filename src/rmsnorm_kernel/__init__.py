@@ -2,7 +2,7 @@
 
 from rmsnorm_kernel import sharding  # noqa: F401 - DTensor's rules for the operators
 from rmsnorm_kernel.module import RMSNorm, swap_rms_norm
-from rmsnorm_kernel.ops import CALLS, reset_counters, rms_norm
+from rmsnorm_kernel.ops import CALLS, qk_norm, reset_counters, rms_norm
 
-__all__ = ["CALLS", "RMSNorm", "reset_counters", "rms_norm", "swap_rms_norm"]
+__all__ = ["CALLS", "RMSNorm", "qk_norm", "reset_counters", "rms_norm", "swap_rms_norm"]
 __version__ = "0.1.0"

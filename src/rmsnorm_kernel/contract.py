@@ -288,3 +288,35 @@ def validate_quant(x: Tensor, out_dtype, scale, scale_ub) -> bool:
         if not (math.isfinite(scale_ub) and scale_ub > 0):
             raise ValueError(f"scale_ub must be finite and positive, got {scale_ub!r}")
     return dynamic
+
+
+# ---------------------------------------------------------------------------------------------
+# QK-norm: q and k normalised per head in one call (ops.qk_norm)
+# ---------------------------------------------------------------------------------------------
+
+
+def validate_qk(q: Tensor, k: Tensor, q_weight, k_weight, eps, offset, casting: str) -> None:
+    """``qk_norm(q, k, q_weight, k_weight, eps)``: q (..., Hq, D) and k (..., Hk, D) share the head
+    dim D, the device and the dtype; the weights are (D,) tensors, both given or both None (one
+    launch serves both with or without). Each of q and k is then checked as ``rms_norm(t, (D,),
+    weight, eps, offset=offset, casting=casting)`` checks it: the same errors, UnsupportedInput
+    included. Per-head (H, D) weights are not taken (InvalidArgument)."""
+    for name, t in (("q", q), ("k", k)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() == 0:
+            raise InvalidArgument(f"{name} must have at least one dimension (..., heads, head_dim)")
+    if q.shape[-1] != k.shape[-1]:
+        raise InvalidArgument(f"q and k must share the head dim, got {q.shape[-1]} and {k.shape[-1]}")
+    if q.device != k.device:
+        raise InvalidArgument(f"k must be on q's device {q.device}, got {k.device}")
+    if q.dtype != k.dtype:
+        raise TypeError(f"q and k must share a dtype, got {dtype_name(q.dtype)} and {dtype_name(k.dtype)}")
+    if (q_weight is None) != (k_weight is None):
+        raise ValueError("q_weight and k_weight: pass both or neither")
+    n = q.shape[-1]
+    for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
+        if isinstance(w, Tensor) and tuple(w.shape) != (n,):
+            raise InvalidArgument(f"{name} must have shape (head_dim,) = ({n},), got {tuple(w.shape)}")
+    validate(q, q_weight, None, eps, offset, casting, None, None, n)
+    validate(k, k_weight, None, eps, offset, casting, None, None, n)

@@ -823,3 +823,187 @@ def reduce_columns(
         mask = (rows < P)[:, None] & (cols < N)[None, :]
         acc += tl.load(PARTIAL + rows.to(tl.int64)[:, None] * N + cols[None, :], mask=mask, other=0.0)
     tl.store(OUT + cols, tl.sum(acc, axis=0).to(OUT.dtype.element_ty), mask=cols < N)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-head rows (QK-norm), one or two tensors per launch
+# ---------------------------------------------------------------------------------------------
+#
+# The heads of q and k sliced out of a fused qkv projection, x of shape (..., H, N): row
+# ``token * H + head`` lies at ``token * stride_t + head * stride_h`` (unit stride along the row),
+# which no single row stride reaches. These kernels read such rows in place; the kernels above
+# are untouched. The math is forward_tile's and backward_tile's, op for op, with their launch
+# plans (BLOCK_N, ROWS, warps), so a row's y, r and dx have the bits the contiguous path gives
+# (r always by _rsqrt_rn, as there with batch invariance on). y, r and dx are fresh and
+# contiguous. Up to two tensors (q and k, each with its own weight and layout) share a launch:
+# the first ``blocks0`` (forward) or ``programs0`` (backward) programs take tensor 0, the rest
+# tensor 1. Rows no wider than a tile (launch.FORWARD_MAX_TILE, launch.BACKWARD_MAX_TILE).
+
+
+@triton.jit
+def _head_offsets(rows, HEADS, stride_t, stride_h):
+    """Element offsets of rows ``token * HEADS + head`` (64-bit): token * stride_t + head * stride_h."""
+    token = rows // HEADS
+    head = rows - token * HEADS
+    return token.to(tl.int64) * stride_t + head.to(tl.int64) * stride_h
+
+
+@triton.jit
+def _heads_forward_block(
+    X, W, Y, RSTD, block, M, HEADS, stride_t, stride_h, N, eps, offset,
+    HAS_WEIGHT: tl.constexpr, CASTING: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+    STORE_RSTD: tl.constexpr,
+):  # fmt: skip
+    """forward_tile's block of ROWS rows, read at per-head offsets, written contiguously."""
+    rows = block * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    mask = row_ok[:, None] & (cols < N)[None, :]
+    x_offs = _head_offsets(rows, HEADS, stride_t, stride_h)
+    x = tl.load(X + x_offs[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if HAS_WEIGHT:
+        w_raw = tl.load(W + cols, mask=cols < N, other=0.0)
+    v = tl.sum(x * x, axis=1) / N + eps
+    rstd = _rsqrt_rn(v)
+    if STORE_RSTD:
+        tl.store(RSTD + rows, rstd, mask=row_ok)
+    xn = x * rstd[:, None]
+    if CASTING == 1:
+        xn = xn.to(X.dtype.element_ty).to(tl.float32)
+    if HAS_WEIGHT:
+        xn = xn * (offset + w_raw.to(tl.float32))[None, :]
+    y_ptrs = Y + rows.to(tl.int64)[:, None] * N + cols[None, :]
+    tl.store(y_ptrs, xn.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def heads_forward(
+    X0,  # tensor 0's rows (q), read at token * stride_t0 + head * stride_h0   [M0 = T0 * HEADS0, N]
+    W0,  # its weight (if HAS_WEIGHT)                                          [N]
+    Y0,  # its output, contiguous                                              [M0, N]
+    RSTD0,  # its per-row r (if STORE_RSTD)                                     [M0]
+    X1,  # tensor 1 (k), the same (unused without TWO)
+    W1,
+    Y1,
+    RSTD1,
+    M0,
+    HEADS0,
+    stride_t0,
+    stride_h0,
+    M1,
+    HEADS1,
+    stride_t1,
+    stride_h1,
+    blocks0,  # programs of tensor 0: ceil(M0 / ROWS)
+    N,
+    eps,
+    offset,
+    HAS_WEIGHT: tl.constexpr,
+    CASTING: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr,
+    STORE_RSTD: tl.constexpr,
+    TWO: tl.constexpr,  # tensor 1 is launched too
+):
+    pid = tl.program_id(0)
+    if TWO:
+        if pid < blocks0:
+            _heads_forward_block(X0, W0, Y0, RSTD0, pid, M0, HEADS0, stride_t0, stride_h0, N, eps, offset,
+                                 HAS_WEIGHT, CASTING, BLOCK_N, ROWS, STORE_RSTD)  # fmt: skip
+        else:
+            _heads_forward_block(X1, W1, Y1, RSTD1, pid - blocks0, M1, HEADS1, stride_t1, stride_h1, N, eps,
+                                 offset, HAS_WEIGHT, CASTING, BLOCK_N, ROWS, STORE_RSTD)  # fmt: skip
+    else:
+        _heads_forward_block(X0, W0, Y0, RSTD0, pid, M0, HEADS0, stride_t0, stride_h0, N, eps, offset,
+                             HAS_WEIGHT, CASTING, BLOCK_N, ROWS, STORE_RSTD)  # fmt: skip
+
+
+@triton.jit
+def _heads_backward_program(
+    X, W, DY, RSTD, DX, DW_PARTIAL, p, programs, M, HEADS, sx_t, sx_h, sdy_t, sdy_h, N, offset,
+    HAS_WEIGHT: tl.constexpr, COMPUTE_DW: tl.constexpr, CASTING: tl.constexpr, BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr,
+):  # fmt: skip
+    """backward_tile's program ``p`` of ``programs`` (persistent over row blocks, its dw share
+    written to its own scratch row), x and dy read at per-head offsets, dx written contiguously."""
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    if HAS_WEIGHT:
+        scale = offset + tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    dw_acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
+    for first in range(p * ROWS, M, programs * ROWS):
+        rows = first + tl.arange(0, ROWS)
+        row_ok = rows < M
+        mask = row_ok[:, None] & col_ok[None, :]
+        x_offs = _head_offsets(rows, HEADS, sx_t, sx_h)
+        dy_offs = _head_offsets(rows, HEADS, sdy_t, sdy_h)
+        x_raw = tl.load(X + x_offs[:, None] + cols[None, :], mask=mask, other=0.0)
+        dy = tl.load(DY + dy_offs[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
+        xn = x_raw.to(tl.float32) * rstd[:, None]
+        if HAS_WEIGHT:
+            u = dy * scale[None, :]
+        else:
+            u = dy
+        c = tl.sum(u * xn, axis=1) / N
+        dx = (u - xn * c[:, None]) * rstd[:, None]
+        tl.store(DX + rows.to(tl.int64)[:, None] * N + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+        if COMPUTE_DW:
+            if CASTING == 1:
+                xn = xn.to(x_raw.dtype).to(tl.float32)
+            dw_acc += dy * xn
+    if COMPUTE_DW:
+        dw_row = tl.sum(dw_acc, axis=0).to(DW_PARTIAL.dtype.element_ty)
+        tl.store(DW_PARTIAL + p.to(tl.int64) * N + cols, dw_row, mask=col_ok)
+
+
+@triton.jit
+def heads_backward(
+    X0,  # tensor 0's saved input, per-head offsets (sx_t0, sx_h0)             [M0, N]
+    W0,
+    DY0,  # gradient of its y, per-head offsets (sdy_t0, sdy_h0)               [M0, N]
+    RSTD0,
+    DX0,  # contiguous                                                        [M0, N]
+    P0,  # fp32 dw scratch, one row per program (or dw itself with one)       [programs0, N]
+    X1,  # tensor 1, the same (unused without TWO)
+    W1,
+    DY1,
+    RSTD1,
+    DX1,
+    P1,
+    M0,
+    HEADS0,
+    sx_t0,
+    sx_h0,
+    sdy_t0,
+    sdy_h0,
+    M1,
+    HEADS1,
+    sx_t1,
+    sx_h1,
+    sdy_t1,
+    sdy_h1,
+    programs0,
+    programs1,
+    N,
+    offset,
+    HAS_WEIGHT: tl.constexpr,
+    COMPUTE_DW: tl.constexpr,
+    CASTING: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr,
+    TWO: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if TWO:
+        if pid < programs0:
+            _heads_backward_program(X0, W0, DY0, RSTD0, DX0, P0, pid, programs0, M0, HEADS0, sx_t0, sx_h0,
+                                    sdy_t0, sdy_h0, N, offset, HAS_WEIGHT, COMPUTE_DW, CASTING, BLOCK_N,
+                                    ROWS)  # fmt: skip
+        else:
+            _heads_backward_program(X1, W1, DY1, RSTD1, DX1, P1, pid - programs0, programs1, M1, HEADS1, sx_t1,
+                                    sx_h1, sdy_t1, sdy_h1, N, offset, HAS_WEIGHT, COMPUTE_DW, CASTING, BLOCK_N,
+                                    ROWS)  # fmt: skip
+    else:
+        _heads_backward_program(X0, W0, DY0, RSTD0, DX0, P0, pid, programs0, M0, HEADS0, sx_t0, sx_h0, sdy_t0,
+                                sdy_h0, N, offset, HAS_WEIGHT, COMPUTE_DW, CASTING, BLOCK_N, ROWS)  # fmt: skip

@@ -728,3 +728,148 @@ def backward(
         grid, num_warps, constexprs = _reduce_plan(n, programs)
         _reduce_columns(grid, (partial, dw, programs, n), num_warps, constexprs)
     return dx, dw
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-head rows (QK-norm): the heads of q and k sliced out of a fused qkv tensor, read in place
+# ---------------------------------------------------------------------------------------------
+
+_heads_forward = Launcher(kernels.heads_forward, 8)
+_heads_backward = Launcher(kernels.heads_backward, 12)
+
+
+class HeadRows(NamedTuple):
+    """A tensor of shape (..., H, N) with unit stride along its rows, read as M = T * H rows (T
+    the leading dims flattened): row ``token * H + head`` at ``token * stride_t + head * stride_h``
+    elements from the tensor's first element. The kernels take the tensor itself: no copy."""
+
+    t: Tensor
+    m: int
+    heads: int
+    stride_t: int
+    stride_h: int
+
+
+def _flat_stride(sizes, strides) -> int | None:
+    """The one stride that steps through dims (sizes, strides) flattened in row-major order, or
+    None where there is none; 0 where they hold at most one element."""
+    stride, expected = 0, None
+    for size, s in zip(reversed(tuple(sizes)), reversed(tuple(strides))):
+        if size == 1:
+            continue
+        if expected is not None and s != expected:
+            return None
+        if expected is None:
+            stride = s
+        expected = s * size
+    return stride
+
+
+def head_rows(t: Tensor, n: int) -> HeadRows | None:
+    """``t`` (..., H, n) as HeadRows, or None where its rows are not at unit stride or its leading
+    dims (all but the last two) do not flatten to one stride."""
+    if t.dim() == 0 or t.shape[-1] != n or (n > 1 and t.stride(-1) != 1):
+        return None
+    shape, strides = t.shape, t.stride()
+    heads, stride_h = (shape[-2], strides[-2]) if t.dim() >= 2 else (1, 0)
+    stride_t = _flat_stride(shape[:-2], strides[:-2])
+    if stride_t is None:
+        return None
+    return HeadRows(t, math.prod(shape[:-1]), heads, stride_t, stride_h)
+
+
+def strided_heads(t: Tensor, n: int) -> HeadRows | None:
+    """HeadRows of ``t`` where as_rows would copy it (no single row stride reaches its rows) and
+    head_rows reads it in place; None otherwise (as_rows serves, or both copy)."""
+    if t.dim() < 3 or t.stride(-1) != 1 or _flat_stride(t.shape[:-1], t.stride()[:-1]) is not None:
+        return None
+    return head_rows(t, n)
+
+
+def head_rows_or_copy(t: Tensor, n: int) -> HeadRows:
+    """head_rows of ``t``, or of a contiguous copy where its layout has none."""
+    rows = head_rows(t, n)
+    return rows if rows is not None else head_rows(t.contiguous(), n)
+
+
+def forward_heads(groups: list, eps: float, offset: float, casting: int, want_rstd: bool = True) -> list:
+    """One launch of heads_forward over one or two ``(HeadRows, weight, out_dtype, shape)``
+    groups (rows of one width N <= FORWARD_MAX_TILE; the weights, 1-D contiguous, all given or
+    all None). Returns ``(y, rstd)`` per group: y contiguous of ``shape``, rstd fp32 of
+    ``shape[:-1]`` (None without ``want_rstd``)."""
+    outs = []
+    for rows, _w, out_dtype, shape in groups:
+        device = rows.t.device
+        y = torch.empty(*shape, dtype=out_dtype, device=device)
+        # (a tuple of sizes: 1-D rows have rstd of shape ())
+        rstd = torch.empty(shape[:-1], dtype=torch.float32, device=device) if want_rstd else None
+        outs.append((y, rstd))
+    live = [(g, o) for g, o in zip(groups, outs) if g[0].m > 0]
+    if not live:
+        return outs
+    n = live[0][0][0].t.shape[-1]
+    block_n, rows_per, num_warps = forward_config(n)
+    has_weight = live[0][0][1] is not None
+    tensors, scalars, blocks = [], [], []
+    for (rows, w, _dtype, _shape), (y, rstd) in live:
+        tensors += [rows.t, w if w is not None else rows.t, y, rstd if rstd is not None else y]
+        scalars += [rows.m, rows.heads, rows.stride_t, rows.stride_h]
+        blocks.append((rows.m + rows_per - 1) // rows_per)
+    two = len(live) == 2
+    if not two:  # tensor 1's parameters get tensor 0's (unused)
+        tensors += tensors[:4]
+        scalars += [0, 1, 0, 0]
+    args = (*tensors, *scalars, blocks[0], n, eps, offset)
+    constexprs = (has_weight, casting, block_n, rows_per, want_rstd, two)
+    _heads_forward((sum(blocks), 1, 1), args, num_warps, constexprs)
+    return outs
+
+
+def backward_heads(groups: list, offset: float, casting: int) -> list:
+    """One launch of heads_backward over one or two ``(x HeadRows, dy HeadRows, weight, rstd,
+    dx_dtype, need_dw, shape)`` groups (rstd contiguous, as forward_heads returns it), then the
+    dw reductions. Returns ``(dx, dw)`` per group: dx contiguous of ``shape``; dw (N,) in the
+    weight's dtype, None without need_dw or a weight."""
+    outs, live = [], []
+    compute_dw = any(need and w is not None for _x, _dy, w, _r, _dt, need, _s in groups)
+    n = groups[0][0].t.shape[-1]
+    block_n, rows_per, num_warps, per_sm, _prefetch = backward_config(n)
+    for group in groups:
+        x, dy, w, rstd, dx_dtype, need_dw, shape = group
+        device = x.t.device
+        dx = torch.empty(*shape, dtype=dx_dtype, device=device)
+        dw = torch.empty(n, dtype=w.dtype, device=device) if compute_dw and w is not None else None
+        outs.append((dx, dw))
+        if x.m == 0:
+            if dw is not None:
+                dw.zero_()
+            continue
+        programs = backward_programs((x.m + rows_per - 1) // rows_per, per_sm, sm_count(device))
+        if not compute_dw:
+            partial = rstd
+        elif programs == 1:  # one program sums every row itself and writes the final dw
+            partial = dw
+        else:
+            partial = _scratch(programs, n, dtype=torch.float32, device=device)
+        live.append((group, dx, dw, programs, partial))
+    if not live:
+        return [(dx, dw if need else None) for (dx, dw), (*_, need, _s) in zip(outs, groups)]
+    tensors, x_scalars, programs = [], [], []
+    for (x, dy, w, rstd, *_), dx, _dw, progs, partial in live:
+        tensors += [x.t, w if w is not None else x.t, dy.t, rstd, dx, partial]
+        x_scalars += [x.m, x.heads, x.stride_t, x.stride_h, dy.stride_t, dy.stride_h]
+        programs.append(progs)
+    two = len(live) == 2
+    if not two:
+        tensors += tensors[:6]
+        x_scalars += [0, 1, 0, 0, 0, 0]
+        programs.append(0)
+    has_weight = live[0][0][2] is not None
+    args = (*tensors, *x_scalars, *programs, n, offset)
+    constexprs = (has_weight, compute_dw, casting, block_n, rows_per, two)
+    _heads_backward((programs[0] + programs[1], 1, 1), args, num_warps, constexprs)
+    for _group, _dx, dw, progs, partial in live:
+        if dw is not None and partial is not dw:
+            grid, warps, reduce_constexprs = _reduce_plan(n, progs)
+            _reduce_columns(grid, (partial, dw, progs, n), warps, reduce_constexprs)
+    return [(dx, dw if need else None) for (dx, dw), (*_, need, _s) in zip(outs, groups)]

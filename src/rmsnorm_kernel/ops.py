@@ -403,6 +403,13 @@ def _run_forward(
     without one."""
     n = x.shape[-1]
     dim = x.dim()
+    if residual is None and n <= launch.FORWARD_MAX_TILE:
+        heads = launch.strided_heads(x, n)  # per-head views of a fused qkv tensor: read in place
+        if heads is not None:
+            groups = [(heads, _weight_row(weight, n), out_dtype, x.shape)]
+            ((y, rstd),) = launch.forward_heads(groups, eps, offset, casting, want_rstd)
+            _COUNTS["forward"] += 1
+            return y, rstd, None
     x2 = launch.as_rows(x, n)
     r2 = launch.as_rows(residual, n) if residual is not None else None
     w = _weight_row(weight, n)
@@ -437,6 +444,19 @@ def _run_backward(
         dy = dy.resolve_neg()
     if dh is not None and dh.is_neg():
         dh = dh.resolve_neg()
+    if dh is None and n <= launch.BACKWARD_MAX_TILE:
+        x_heads, dy_heads = launch.strided_heads(xh, n), launch.strided_heads(dy, n)
+        if x_heads is not None or dy_heads is not None:  # per-head views: read in place
+            group = (
+                x_heads or launch.head_rows_or_copy(xh, n),
+                dy_heads or launch.head_rows_or_copy(dy, n),
+                w, rstd.reshape(-1), dx_dtype, need_dw, xh.shape,
+            )  # fmt: skip
+            ((dx, dw),) = launch.backward_heads([group], offset, casting)
+            _COUNTS["backward"] += 1
+            if dw is not None and w is not weight:
+                dw = dw.view(weight.shape)
+            return dx, dw
     dx, dw = launch.backward(
         launch.as_rows(dy, n),
         launch.as_rows(dh, n) if dh is not None else None,
@@ -695,3 +715,167 @@ forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 # The C++ side's planners and composite backward: this module's functions, handed downward.
 host.install(_run_forward, _run_backward, _backward_composite)
+
+
+# ---------------------------------------------------------------------------------------------
+# QK-norm: q's heads and k's heads normalised in one launch, views of a fused qkv read in place
+# ---------------------------------------------------------------------------------------------
+
+
+def qk_norm(
+    q: Tensor,
+    k: Tensor,
+    q_weight: Tensor | None = None,
+    k_weight: Tensor | None = None,
+    eps: float | None = None,
+    *,
+    offset: float = 0.0,
+    casting: str = "default",
+    allow_fallback: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """``(rms_norm(q, (D,), q_weight, eps), rms_norm(k, (D,), k_weight, eps))`` in one launch:
+    the per-head norm of Qwen3-, OLMo2- and Gemma3-style attention (Gemma's ``offset=1.0``), q
+    (..., Hq, D) and k (..., Hk, D) any views with unit stride along D whose leading dims flatten
+    to one stride (``qkv[:, :q_size].view(T, Hq, D)``), read in place; others are copied first.
+    Forward and backward (one backward launch for both). contract.validate_qk says what it takes;
+    what the launch does not run (rows wider than a tile, transforms, allow_fallback) takes two
+    ``rms_norm`` calls, whose results these equal."""
+    if not torch.compiler.is_compiling() and has_torch_function((q, k, q_weight, k_weight)):
+        return handle_torch_function(
+            qk_norm, (q, k, q_weight, k_weight), q, k, q_weight, k_weight, eps, offset=offset, casting=casting,
+            allow_fallback=allow_fallback,
+        )  # fmt: skip
+    if isinstance(eps, Tensor) and eps.dim() == 0 and not eps.requires_grad and not eps.is_complex():
+        eps = float(eps)
+    if eps is None:
+        eps = default_eps(q.dtype) if isinstance(q, Tensor) else _DEFAULT_EPS
+    transformed = _composite_needed(q, k, q_weight, k_weight)
+    try:
+        contract.validate_qk(q, k, q_weight, k_weight, eps, offset, casting)
+        unsupported = False
+    except contract.UnsupportedInput:
+        if not (allow_fallback or transformed):
+            raise
+        unsupported = True
+    n = q.shape[-1]
+    if transformed or unsupported or not 0 < n <= launch.FORWARD_MAX_TILE:
+        kw = {"offset": offset, "casting": casting, "allow_fallback": allow_fallback}
+        return rms_norm(q, (n,), q_weight, eps, **kw), rms_norm(k, (n,), k_weight, eps, **kw)
+    eps, offset = float(eps), float(offset)
+    if not torch.compiler.is_compiling():
+        q, k, q_weight, k_weight = (_resolve_neg(t) for t in (q, k, q_weight, k_weight))
+    q_out = contract.output_dtype(q.dtype, q_weight, casting, None, _autocast_float32(q))
+    k_out = contract.output_dtype(k.dtype, k_weight, casting, None, _autocast_float32(k))
+    yq, _rq, yk, _rk = qk_forward_op(
+        q, k, q_weight, k_weight, eps, offset, launch.CASTING_MODES[casting], q_out, k_out
+    )
+    return yq, yk
+
+
+def _qk_forward_impl(
+    q: Tensor,
+    k: Tensor,
+    q_weight: Tensor | None,
+    k_weight: Tensor | None,
+    eps: float,
+    offset: float,
+    casting: int,
+    q_out_dtype: torch.dtype,
+    k_out_dtype: torch.dtype,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(yq, rq, yk, rk): y contiguous in the input's shape, r fp32 without the last dim."""
+    n = q.shape[-1]
+    groups = [
+        (launch.head_rows_or_copy(q, n), _weight_row(q_weight, n), q_out_dtype, q.shape),
+        (launch.head_rows_or_copy(k, n), _weight_row(k_weight, n), k_out_dtype, k.shape),
+    ]
+    (yq, rq), (yk, rk) = launch.forward_heads(groups, eps, offset, casting)
+    _COUNTS["forward"] += 1
+    return yq, rq, yk, rk
+
+
+qk_forward_op = torch.library.custom_op("rmsnorm_kernel::qk_forward", _qk_forward_impl, mutates_args=())
+
+
+@qk_forward_op.register_fake
+def _qk_forward_fake(q, k, q_weight, k_weight, eps, offset, casting, q_out_dtype, k_out_dtype):
+    return (
+        q.new_empty(q.shape, dtype=q_out_dtype),
+        q.new_empty(q.shape[:-1], dtype=torch.float32),
+        k.new_empty(k.shape, dtype=k_out_dtype),
+        k.new_empty(k.shape[:-1], dtype=torch.float32),
+    )
+
+
+def _qk_backward_impl(
+    dyq: Tensor,
+    dyk: Tensor,
+    q: Tensor,
+    k: Tensor,
+    q_weight: Tensor | None,
+    k_weight: Tensor | None,
+    rq: Tensor,
+    rk: Tensor,
+    offset: float,
+    casting: int,
+    need_dw: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dwq, dk, dwk): dq and dk contiguous in q's and k's dtypes; dw empty without need_dw
+    or weights."""
+    n = q.shape[-1]
+    groups = []
+    for x, dy, w, r in ((q, dyq, q_weight, rq), (k, dyk, k_weight, rk)):
+        dy = _resolve_neg(dy)
+        rows = launch.head_rows_or_copy(x, n)
+        groups.append((rows, launch.head_rows_or_copy(dy, n), _weight_row(w, n), r.reshape(-1), x.dtype, need_dw,
+                       x.shape))  # fmt: skip
+    (dq, dwq), (dk, dwk) = launch.backward_heads(groups, offset, casting)
+    _COUNTS["backward"] += 1
+    empty = q.new_empty((0,), dtype=torch.float32)
+    dwq = dwq.view(q_weight.shape) if dwq is not None else empty
+    dwk = dwk.view(k_weight.shape) if dwk is not None else empty.clone()
+    return dq, dwq, dk, dwk
+
+
+qk_backward_op = torch.library.custom_op("rmsnorm_kernel::qk_backward", _qk_backward_impl, mutates_args=())
+
+
+@qk_backward_op.register_fake
+def _qk_backward_fake(dyq, dyk, q, k, q_weight, k_weight, rq, rk, offset, casting, need_dw):
+    def dw(w):
+        return w.new_empty(w.shape) if need_dw and w is not None else q.new_empty((0,), dtype=torch.float32)
+
+    return q.new_empty(q.shape), dw(q_weight), k.new_empty(k.shape), dw(k_weight)
+
+
+def _qk_setup_context(ctx, inputs, output):
+    q, k, q_weight, k_weight, eps, offset, casting, _q_out, _k_out = inputs
+    _yq, rq, _yk, rk = output
+    ctx.save_for_backward(q, k, q_weight, k_weight, rq, rk)
+    ctx.eps, ctx.offset, ctx.casting = eps, offset, casting
+
+
+def _qk_backward(ctx, dyq, _drq, dyk, _drk):
+    q, k, q_weight, k_weight, rq, rk = ctx.saved_tensors
+    need_q, need_k, need_wq, need_wk = ctx.needs_input_grad[:4]
+    need_dw = q_weight is not None and (need_wq or need_wk)
+    if _composite_backward_needed(dyq) or _composite_backward_needed(dyk):
+        dq, dwq = _backward_composite(
+            dyq, None, q, q_weight, ctx.eps, ctx.offset, ctx.casting, need_dw, q.dtype
+        )
+        dk, dwk = _backward_composite(
+            dyk, None, k, k_weight, ctx.eps, ctx.offset, ctx.casting, need_dw, k.dtype
+        )
+    else:
+        dq, dwq, dk, dwk = qk_backward_op(dyq, dyk, q, k, q_weight, k_weight, rq, rk, ctx.offset, ctx.casting,
+                                          need_dw)  # fmt: skip
+    return (
+        dq if need_q else None,
+        dk if need_k else None,
+        dwq if need_wq else None,
+        dwk if need_wk else None,
+        None, None, None, None, None,
+    )  # fmt: skip
+
+
+qk_forward_op.register_autograd(_qk_backward, setup_context=_qk_setup_context)
