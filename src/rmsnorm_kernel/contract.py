@@ -28,7 +28,8 @@ PROMOTING_CASTINGS = tuple(name for name, (_, promotes) in CASTINGS.items() if p
 
 # Quantised output (quant.py; forward only): out_dtype float8_e4m3fn or int8, with a static
 # ``scale`` (y_q = saturate(y / scale)) or per row (dynamic, ``scale=None``: scale = amax(|y|) /
-# QMAX, at least MIN_SCALE, at most ``scale_ub``). Saturating to [-QMAX, QMAX] for fp8 and to
+# QMAX as torch computes it on the device (on CUDA, amax * float32(1 / QMAX)), at least
+# MIN_SCALE, at most ``scale_ub``). Saturating to [-QMAX, QMAX] for fp8 and to
 # [-128, 127] for int8, which rounds to nearest even. y is the fp32 y of out_dtype=float32.
 QUANT_DTYPES = (torch.float8_e4m3fn, torch.int8)
 QMAX = {torch.float8_e4m3fn: 448.0, torch.int8: 127.0}

@@ -251,6 +251,27 @@ def _chunk_squares(
 
 
 @triton.jit
+def _looped_rstd(
+    x_row, res_row, h_row, cols, eps, N: tl.constexpr, BLOCK_N: tl.constexpr, POLICY: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, UNROLL_WALKS: tl.constexpr,
+):  # fmt: skip
+    """forward_looped's first walk (h stored with a residual) and its r, written once for it and
+    for quant.py's looped kernel: with N a compile-time constant the compiler contracts the
+    squares into the chunk's sum (FMAs), so a kernel that walks a runtime N rounds the sum
+    differently, and its r with it."""
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    if UNROLL_WALKS:
+        tl.static_assert(N <= 4 * BLOCK_N, "the unrolled walks hold at most four chunks")
+        for start in tl.static_range(0, N, BLOCK_N):
+            acc += _chunk_squares(x_row, res_row, h_row, start + cols, N, POLICY, HAS_RESIDUAL,
+                                  start + BLOCK_N > N)  # fmt: skip
+    else:
+        for start in range(0, N, BLOCK_N):
+            acc += _chunk_squares(x_row, res_row, h_row, start + cols, N, POLICY, HAS_RESIDUAL, True)
+    return _rsqrt_rn(tl.sum(acc, axis=0) / N + eps)
+
+
+@triton.jit
 def _store_scaled(
     x, y_row, W, c, N, rstd, offset, STORE_POLICY: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     HAS_OFFSET: tl.constexpr, CASTING: tl.constexpr, MASKED: tl.constexpr,
@@ -328,18 +349,9 @@ def forward_looped(
         x_row = X + row64 * stride_x
         res_row = RES + row64 * stride_res
     h_row = H + row64 * N
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    if UNROLL_WALKS:
-        tl.static_assert(N <= 4 * BLOCK_N, "the unrolled walks hold at most four chunks")
-        for start in tl.static_range(0, N, BLOCK_N):
-            acc += _chunk_squares(x_row, res_row, h_row, start + cols, N, FIRST_WALK_POLICY, HAS_RESIDUAL,
-                                  start + BLOCK_N > N)  # fmt: skip
-    else:
-        for start in range(0, N, BLOCK_N):
-            acc += _chunk_squares(
-                x_row, res_row, h_row, start + cols, N, FIRST_WALK_POLICY, HAS_RESIDUAL, True
-            )
-    rstd = _rsqrt_rn(tl.sum(acc, axis=0) / N + eps)
+    rstd = _looped_rstd(
+        x_row, res_row, h_row, cols, eps, N, BLOCK_N, FIRST_WALK_POLICY, HAS_RESIDUAL, UNROLL_WALKS
+    )
     if STORE_RSTD:
         tl.store(RSTD + row, rstd)
 

@@ -9,7 +9,9 @@ calls here) computes y exactly as ``out_dtype=torch.float32`` does, in fp32, the
             scale = min(max(amax(|y|) / QMAX, MIN_SCALE), scale_ub)    ``scale_ub`` optional
             y_q   = saturate(y / scale)                                returns (y_q, scales)
 
-with the division correctly rounded, ``saturate`` clamping to [-448, 448] (fp8, then rounding
+with ``y / scale`` correctly rounded and ``amax / QMAX`` as torch computes it on the device (on
+CUDA torch multiplies by the float32 reciprocal of a Python-number divisor, on CPU it divides),
+``saturate`` clamping to [-448, 448] (fp8, then rounding
 to nearest even) or [-128, 127] (int8, rounding to nearest even), as torch's sequence
 ``(y / scale).clamp(lo, hi).to(fp8)`` and ``torch.round(y / scale).clamp(lo, hi).to(int8)``
 does. ``scales`` has x's shape with the normalised dims set to 1, in fp32. With a residual,
@@ -22,8 +24,10 @@ subclasses, and with ``allow_fallback`` for input the kernels do not run, the sa
 in torch ops (``composite``).
 
 The kernels repeat forward_tile's and forward_looped's arithmetic and launch plans (rows per
-program, warps, chunks), so y before quantisation is the bits ``out_dtype=torch.float32`` gives
-on the same device: a quantised row is torch's sequence applied to the op's fp32 row.
+program, warps, chunks), and on the GPU the order of each row's sum of squares too (quant_tile
+says why that takes more than the same source: the layout), so y before quantisation is the bits
+``out_dtype=torch.float32`` gives on the same device: a quantised row is torch's sequence applied
+to the op's fp32 row.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import functools
 import math
 from typing import NamedTuple
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -61,9 +66,16 @@ def _quantise(y, scale, QMIN: tl.constexpr, QMAX: tl.constexpr, INT8: tl.constex
 
 
 @triton.jit
-def _row_scale(amax, scale_ub, min_scale, QMAX: tl.constexpr, HAS_UB: tl.constexpr):
-    """A row's dynamic scale from its amax(|y|)."""
-    s = tl.maximum(tl.div_rn(amax, QMAX), min_scale)
+def _row_scale(amax, qmax_inv, scale_ub, min_scale, QMAX: tl.constexpr, HAS_UB: tl.constexpr,
+               RECIPROCAL: tl.constexpr):  # fmt: skip
+    """A row's dynamic scale from its amax(|y|): amax / QMAX as torch computes it on the device
+    (RECIPROCAL, CUDA: torch multiplies by the float32 reciprocal of a Python-number divisor,
+    ``qmax_inv``; on CPU it divides)."""
+    if RECIPROCAL:
+        s = amax * qmax_inv
+    else:
+        s = tl.div_rn(amax, QMAX)
+    s = tl.maximum(s, min_scale)
     if HAS_UB:
         s = tl.minimum(s, scale_ub)
     return s
@@ -85,6 +97,7 @@ def quant_tile(
     eps,
     offset,
     scale_value,  # static scale as a float (unless SCALE_PTR)
+    qmax_inv,  # float32 1 / QMAX (if RECIPROCAL)
     scale_ub,
     min_scale,
     HAS_WEIGHT: tl.constexpr,
@@ -98,8 +111,17 @@ def quant_tile(
     INT8: tl.constexpr,
     QMIN: tl.constexpr,
     QMAX: tl.constexpr,
+    RECIPROCAL: tl.constexpr,
+    STORE_VEC: tl.constexpr,  # elements per thread of forward_tile's fp32 store: 4, or BLOCK_N if less
 ):
-    """forward_tile's y (same arithmetic, same plan), quantised at the store."""
+    """forward_tile's y (same arithmetic, same plan, same layout), quantised at the store.
+
+    The layout: Triton gives every value of a kernel one layout, chosen among its loads' and
+    stores' (16-byte vectors), and the layout fixes which elements each thread sums first, so
+    it fixes the order, and the bits, of a row's sum of squares. forward_tile's y store is fp32
+    (4 elements a vector); a 1-byte y_q store would be 16, and y before quantisation would round
+    differently from out_dtype=torch.float32's. y_q's column offsets are therefore declared
+    contiguous in runs of STORE_VEC only: its store then asks for the fp32 store's layout."""
     pid = tl.program_id(0)
     first = pid * ROWS
     local = tl.arange(0, ROWS)
@@ -131,7 +153,9 @@ def quant_tile(
     if HAS_WEIGHT:
         xn = xn * (offset + w_raw.to(tl.float32))[None, :]
     if DYNAMIC:
-        scale = _row_scale(tl.max(tl.abs(xn), axis=1), scale_ub, min_scale, QMAX, HAS_UB)
+        scale = _row_scale(
+            tl.max(tl.abs(xn), axis=1), qmax_inv, scale_ub, min_scale, QMAX, HAS_UB, RECIPROCAL
+        )
         tl.store(SCALES + rows, scale, mask=row_ok)
         q = _quantise(xn, scale[:, None], QMIN, QMAX, INT8)
     else:
@@ -140,44 +164,57 @@ def quant_tile(
         else:
             scale = scale_value
         q = _quantise(xn, scale, QMIN, QMAX, INT8)
-    tl.store((Y + first64 * N) + local64 * N + cols[None, :], q.to(Y.dtype.element_ty), mask=mask)
+    q_cols = tl.max_contiguous(tl.arange(0, BLOCK_N), STORE_VEC)
+    q_mask = row_ok[:, None] & (q_cols < N)[None, :]
+    tl.store((Y + first64 * N) + local64 * N + q_cols[None, :], q.to(Y.dtype.element_ty), mask=q_mask)
 
 
 @triton.jit
-def _chunk_y(src_row, W, c, N, rstd, offset, HAS_WEIGHT: tl.constexpr, CASTING: tl.constexpr):
-    """y of one chunk of a normalised row (x, or h as stored): forward_looped's second walk."""
+def _chunk_y(src_row, W, c, N, rstd, offset, HAS_WEIGHT: tl.constexpr, HAS_OFFSET: tl.constexpr,
+             CASTING: tl.constexpr):  # fmt: skip
+    """y of one chunk of a normalised row (x, or h as stored): kernels._store_scaled's
+    arithmetic (the offset added only with HAS_OFFSET, as there)."""
     x = tl.load(src_row + c, mask=c < N, other=0.0)
     xn = x.to(tl.float32) * rstd
     if CASTING == 1:
         xn = xn.to(x.dtype).to(tl.float32)
     if HAS_WEIGHT:
-        xn = xn * (offset + tl.load(W + c, mask=c < N, other=0.0).to(tl.float32))
+        w = tl.load(W + c, mask=c < N, other=0.0)
+        if HAS_OFFSET:
+            xn = xn * (offset + w.to(tl.float32))
+        else:
+            xn = xn * w.to(tl.float32)
     return xn
 
 
 @triton.jit
 def quant_looped(
     X, RES, W, Y, H, SCALE, SCALES,
-    M, N, stride_x, stride_res, eps, offset, scale_value, scale_ub, min_scale,
+    stride_x, stride_res, eps, offset, scale_value, qmax_inv, scale_ub, min_scale,
     HAS_WEIGHT: tl.constexpr, HAS_RESIDUAL: tl.constexpr, CASTING: tl.constexpr, BLOCK_N: tl.constexpr,
-    ROWS: tl.constexpr, DYNAMIC: tl.constexpr, SCALE_PTR: tl.constexpr, HAS_UB: tl.constexpr,
-    INT8: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr,
+    FIRST_WALK_POLICY: tl.constexpr, UNROLL_WALKS: tl.constexpr, N: tl.constexpr, CONTIGUOUS: tl.constexpr,
+    HAS_OFFSET: tl.constexpr,
+    DYNAMIC: tl.constexpr, SCALE_PTR: tl.constexpr, HAS_UB: tl.constexpr, INT8: tl.constexpr,
+    QMIN: tl.constexpr, QMAX: tl.constexpr, RECIPROCAL: tl.constexpr, STORE_VEC: tl.constexpr,
 ):  # fmt: skip
-    """Rows wider than a tile, one program per row, in BLOCK_N chunks: forward_looped's sum of
-    squares (h stored in the first walk), then (DYNAMIC) a walk for amax(|y|), then the walk
-    that stores y_q. Parameters as quant_tile's (ROWS is 1)."""
+    """Rows wider than a tile, one program per row, in BLOCK_N chunks: forward_looped's first
+    walk itself (kernels._looped_rstd, with forward_looped's plan: N a compile-time constant,
+    its chunk, warps and unrolling), then (DYNAMIC) a walk for amax(|y|), then the walk that
+    stores y_q. y_q's offsets are declared contiguous in runs of STORE_VEC, as in quant_tile.
+    Other parameters as quant_tile's."""
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     row64 = tl.cast(row, tl.int64)
-    x_row = X + row64 * stride_x
-    res_row = RES + row64 * stride_res
+    if CONTIGUOUS:
+        x_row = X + row64 * N
+        res_row = RES + row64 * N
+    else:
+        x_row = X + row64 * stride_x
+        res_row = RES + row64 * stride_res
     h_row = H + row64 * N
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for start in range(0, N, BLOCK_N):
-        acc += kernels._chunk_squares(
-            x_row, res_row, h_row, start + cols, N, "evict_last", HAS_RESIDUAL, True
-        )
-    rstd = kernels._rsqrt_rn(tl.sum(acc, axis=0) / N + eps)
+    rstd = kernels._looped_rstd(
+        x_row, res_row, h_row, cols, eps, N, BLOCK_N, FIRST_WALK_POLICY, HAS_RESIDUAL, UNROLL_WALKS
+    )
     if HAS_RESIDUAL:
         src_row = h_row
     else:
@@ -185,18 +222,19 @@ def quant_looped(
     if DYNAMIC:
         amax = tl.zeros((BLOCK_N,), dtype=tl.float32)
         for start in range(0, N, BLOCK_N):
-            y = _chunk_y(src_row, W, start + cols, N, rstd, offset, HAS_WEIGHT, CASTING)
+            y = _chunk_y(src_row, W, start + cols, N, rstd, offset, HAS_WEIGHT, HAS_OFFSET, CASTING)
             amax = tl.maximum(amax, tl.abs(y))
-        scale = _row_scale(tl.max(amax, axis=0), scale_ub, min_scale, QMAX, HAS_UB)
+        scale = _row_scale(tl.max(amax, axis=0), qmax_inv, scale_ub, min_scale, QMAX, HAS_UB, RECIPROCAL)
         tl.store(SCALES + row, scale)
     elif SCALE_PTR:
         scale = tl.load(SCALE)
     else:
         scale = scale_value
     y_row = Y + row64 * N
+    q_cols = tl.max_contiguous(tl.arange(0, BLOCK_N), STORE_VEC)
     for start in range(0, N, BLOCK_N):
-        c = start + cols
-        y = _chunk_y(src_row, W, c, N, rstd, offset, HAS_WEIGHT, CASTING)
+        y = _chunk_y(src_row, W, start + cols, N, rstd, offset, HAS_WEIGHT, HAS_OFFSET, CASTING)
+        c = start + q_cols
         tl.store(y_row + c, _quantise(y, scale, QMIN, QMAX, INT8).to(Y.dtype.element_ty), mask=c < N)
 
 
@@ -215,10 +253,26 @@ class QuantPlan(NamedTuple):
     constexprs: tuple
 
 
+# torch's float32 reciprocal of QMAX, by which it multiplies on CUDA for ``amax / QMAX``.
+QMAX_INV = {dtype: float(np.float32(1.0) / np.float32(q)) for dtype, q in contract.QMAX.items()}
+
+
 @functools.cache
-def _plan(n, has_weight, has_residual, casting, dynamic, scale_ptr, has_ub, out_dtype) -> QuantPlan:
-    """The plain forward's plan at this width (batch invariant: the many-row tile plan), with the
-    quantisation's constexprs after it."""
+def _plan(
+    n,
+    has_weight,
+    has_residual,
+    casting,
+    dynamic,
+    scale_ptr,
+    has_ub,
+    out_dtype,
+    reciprocal,
+    contiguous,
+    has_offset,
+) -> QuantPlan:
+    """The plain forward's plan at this width (launch._forward_tile_plan's many-row plan, batch
+    invariant; launch._forward_looped_plan's), with the quantisation's constexprs after it."""
     quant = (
         dynamic,
         scale_ptr,
@@ -226,15 +280,30 @@ def _plan(n, has_weight, has_residual, casting, dynamic, scale_ptr, has_ub, out_
         out_dtype == torch.int8,
         contract.QMIN[out_dtype],
         contract.QMAX[out_dtype],
+        reciprocal,
     )
     if n <= launch.FORWARD_MAX_TILE:
         block_n, rows, num_warps = launch.forward_config(n)
-        return QuantPlan(False, rows, num_warps, (has_weight, has_residual, casting, block_n, rows, *quant))
-    if n <= launch.TWO_WALK_MAX:
-        num_warps, block_n = launch.FORWARD_WALK_WARPS, launch.FORWARD_WALK_BLOCK
-    else:
-        num_warps, block_n = launch.FORWARD_WIDE_WARPS, launch.FORWARD_WIDE_BLOCK
-    return QuantPlan(True, 1, num_warps, (has_weight, has_residual, casting, block_n, 1, *quant))
+        store_vec = min(4, block_n)
+        return QuantPlan(
+            False, rows, num_warps, (has_weight, has_residual, casting, block_n, rows, *quant, store_vec)
+        )
+    num_warps, plain = launch._forward_looped_plan(
+        n, has_weight, has_residual, casting, contiguous, has_offset, False
+    )
+    (_, _, _, block_n, first_walk_policy, _, _, unroll_walks, _, _, _, _) = plain
+    looped = (
+        has_weight,
+        has_residual,
+        casting,
+        block_n,
+        first_walk_policy,
+        unroll_walks,
+        n,
+        contiguous,
+        has_offset,
+    )
+    return QuantPlan(True, 1, num_warps, (*looped, *quant, min(4, block_n)))
 
 
 def forward(x2, weight, res2, eps, offset, casting, out_dtype, residual_dtype, scale, scale_ub, shape):
@@ -249,22 +318,29 @@ def forward(x2, weight, res2, eps, offset, casting, out_dtype, residual_dtype, s
     scales = torch.empty(*shape[:-1], 1, dtype=torch.float32, device=device) if dynamic else None
     if m == 0:
         return y, scales, h
+    stride_x = x2.stride(0)
+    stride_r = res2.stride(0) if res2 is not None else stride_x
     plan = _plan(
-        n, weight is not None, res2 is not None, casting, dynamic, scale_ptr, scale_ub is not None, out_dtype
-    )
+        n, weight is not None, res2 is not None, casting, dynamic, scale_ptr, scale_ub is not None, out_dtype,
+        device.type == "cuda", stride_x == n and stride_r == n, offset != 0.0,
+    )  # fmt: skip
     # Pointers a launch does not use get x2.
-    args = (
+    pointers = (
         x2, res2 if res2 is not None else x2, weight if weight is not None else x2, y,
         h if h is not None else x2, scale if scale_ptr else x2, scales if dynamic else x2,
-        m, n, x2.stride(0), res2.stride(0) if res2 is not None else x2.stride(0), eps, offset,
+    )  # fmt: skip
+    scalars = (
+        stride_x, stride_r, eps, offset,
         float(scale) if not (dynamic or scale_ptr) else 1.0,
+        QMAX_INV[out_dtype],
         float(scale_ub) if scale_ub is not None else 1.0,
         contract.min_scale(out_dtype),
     )  # fmt: skip
     if plan.looped:
-        _quant_looped((m, 1, 1), args, plan.num_warps, plan.constexprs)
+        _quant_looped((m, 1, 1), (*pointers, *scalars), plan.num_warps, plan.constexprs)
     else:
-        _quant_tile(((m + plan.grid_rows - 1) // plan.grid_rows, 1, 1), args, plan.num_warps, plan.constexprs)
+        grid = ((m + plan.grid_rows - 1) // plan.grid_rows, 1, 1)
+        _quant_tile(grid, (*pointers, m, n, *scalars), plan.num_warps, plan.constexprs)
     return y, scales, h
 
 
