@@ -812,7 +812,7 @@ def _family_line(family: Mapping[str, Any]) -> str:
 
 
 def _host_paths(b: Mapping[str, Any], h: Mapping[str, Any]) -> str:
-    """The host path each side's calls took (bench.op_host_path), where a run recorded it."""
+    """The host path each side's calls took (harness.op_host_path), where a run recorded it."""
     if not (b.get("op_host_path") or h.get("op_host_path")):
         return ""
     return f" The op's host path: base {b.get('op_host_path') or '?'}, head {h.get('op_host_path') or '?'}."

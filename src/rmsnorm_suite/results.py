@@ -1,6 +1,6 @@
 """Benchmark results: typed records of a run and its rows, one ``load`` and one ``write``.
 
-The file is the JSON that :mod:`rmsnorm_suite.bench` has written since its first version,
+The file is the JSON that :mod:`rmsnorm_suite.harness` has written since its first version,
 ``schema`` 1 (docs/gate.md lists its keys). Files from before GPU-only timing (no ``device_*``
 keys, no ``residual``, no ``same_bytes_copy``) load with those figures absent. ``load`` checks
 every field it reads and raises a ValueError naming the file and the field
