@@ -1,7 +1,7 @@
 """asv benchmarks: every provider at every shape of ``cases.BENCH_SHAPES``, forward and forward+backward.
 
 asv's own timers measure host wall time; these benchmarks instead report the figures of the
-project's harness (:mod:`rmsnorm_suite.bench`: CUDA events around whole calls, L2 flushed before
+project's harness (:mod:`rmsnorm_suite.harness`: CUDA events around whole calls, L2 flushed before
 each sample, three blocks of samples, the median; the GPU time alone from CUDA-graph
 replays; and the host's time per call) as ``track_`` values, so that the asv history,
 the gate, pytest-benchmark's extra info and docs/performance.md all show the same numbers.
@@ -28,10 +28,10 @@ import os
 
 import torch
 
-from rmsnorm_suite import bench, cases, results
+from rmsnorm_suite import cases, harness, providers, results, timing
 
 SHAPES = [s.name for s in cases.BENCH_SHAPES]
-PROVIDERS = [name for name, p in bench.PROVIDERS.items() if not p.residual]  # plain RMSNorm only
+PROVIDERS = [name for name, p in providers.PROVIDERS.items() if not p.residual]  # plain RMSNorm only
 
 
 def _tracked(row: results.Row) -> dict:
@@ -55,10 +55,10 @@ class _Suite:
         if saved:  # a run of the harness made just before, for this commit: record it, measure nothing
             run = results.load(saved)
         elif not torch.cuda.is_available():
-            return {"skip": bench.cuda_message()}
+            return {"skip": timing.cuda_message()}
         else:
-            run = bench.run_benchmarks(
-                bench.select_cases(["all"]), bench.available_providers(), bench.MODES, progress=False
+            run = harness.run_benchmarks(
+                harness.select_cases(["all"]), providers.available_providers(), harness.MODES, progress=False
             )
         # asv tracks the median and the spread of the samples; the cache keeps those, not the samples
         rows = {key: _tracked(row) for key, row in run.index().items()}

@@ -14,29 +14,32 @@ docs/gate.md says how these relate to the gate (they do not replace it).
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 import torch
 
-from rmsnorm_suite import bench, cases
+from rmsnorm_suite import cases, harness, providers, results, timing
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason=bench.cuda_message()),
+    pytest.mark.skipif(not torch.cuda.is_available(), reason=timing.cuda_message()),
 ]
 
 ROUNDS = 50
 PROVIDERS = [
     pytest.param(
-        name, marks=pytest.mark.skipif(not bench.provider_available(name), reason=f"{name} not importable")
+        name,
+        marks=pytest.mark.skipif(not providers.provider_available(name), reason=f"{name} not importable"),
     )
-    for name in bench.PROVIDERS
-    if not bench.PROVIDERS[name].residual  # the fused residual pass is a different operation
+    for name in providers.PROVIDERS
+    if not providers.PROVIDERS[name].residual  # the fused residual pass is a different operation
 ]
 
 
 @pytest.fixture(scope="module")
 def flush():
-    return bench.make_flush()
+    return timing.make_flush()
 
 
 @pytest.fixture(scope="module")
@@ -45,22 +48,24 @@ def built():
     return {}
 
 
-@pytest.mark.parametrize("mode", bench.MODES)
+@pytest.mark.parametrize("mode", harness.MODES)
 @pytest.mark.parametrize("provider", PROVIDERS)
 @pytest.mark.parametrize("shape", [s.name for s in cases.BENCH_SHAPES])
 def test_rmsnorm(benchmark, flush, built, shape, provider, mode):
-    case = bench.case_from_bench_shape(cases.bench_shape(shape))
+    case = harness.case_from_bench_shape(cases.bench_shape(shape))
     if provider not in built:
-        built[provider] = bench.get_provider(provider).build(cases.EPS)
-    x, w, dy = bench.make_inputs(case)
-    call, grads = bench.make_call(built[provider], x, w, dy, mode)
+        built[provider] = providers.get_provider(provider).build(cases.EPS)
+    x, w, dy = harness.make_inputs(case)
+    call, grads = harness.make_call(built[provider], x, w, dy, mode)
     host: list[float] = []
-    cuda_ms = bench.median(bench.time_cuda(call, samples=ROUNDS, flush=flush, grads=grads, host_ms=host))
-    graph_call, _ = bench.make_call(
+    cuda_ms = statistics.median(
+        timing.time_cuda(call, samples=ROUNDS, flush=flush, grads=grads, host_ms=host)
+    )
+    graph_call, _ = harness.make_call(
         built[provider], x, w, dy, mode, graph=True
     )  # alive while the graph replays
-    graph, reps = bench.graph_for(graph_call, flush)
-    gpu_ms = bench.median(bench.time_graph(graph, reps, ROUNDS, flush))
+    graph, reps = timing.graph_for(graph_call, flush)
+    gpu_ms = statistics.median(timing.time_graph(graph, reps, ROUNDS, flush))
     del graph, graph_call
 
     def setup():
@@ -78,8 +83,8 @@ def test_rmsnorm(benchmark, flush, built, shape, provider, mode):
         provider=provider,
         cuda_event_median_ms=cuda_ms,
         gpu_only_median_ms=gpu_ms,
-        host_median_ms=bench.median(host),
-        tbs=bench.bandwidth_tbs(case.nbytes[mode], cuda_ms),
+        host_median_ms=statistics.median(host),
+        tbs=results.bandwidth_tbs(case.nbytes[mode], cuda_ms),
         bytes=case.nbytes[mode],
     )
     benchmark.pedantic(timed, setup=setup, rounds=ROUNDS, warmup_rounds=3, iterations=1)

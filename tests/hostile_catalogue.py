@@ -43,8 +43,8 @@ ATTACKS = {
     ),
     # the trusted harness's functions keep their identity; their code is swapped
     "harness-code-swapped": (
-        "import rmsnorm_suite.bench as _b\ndef _fast(values):\n    return 1e-6\n"
-        "_b.median.__code__ = _fast.__code__\n"
+        "import rmsnorm_suite.timing as _t\ndef _fast(values):\n    return 1e-6\n"
+        "_t.median.__code__ = _fast.__code__\n"
     ),
     "left-behind-writer": (
         "import os as _os, subprocess as _sp, sys as _sys\n"

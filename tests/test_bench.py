@@ -15,7 +15,19 @@ import time
 import pytest
 import torch
 
-from rmsnorm_suite import bench, cases, cli, gate, numerics, plots, results, worker
+from rmsnorm_suite import (
+    bench,
+    cases,
+    cli,
+    gate,
+    harness,
+    numerics,
+    plots,
+    providers,
+    results,
+    timing,
+    worker,
+)
 
 ROOT_THRESHOLDS = gate.load_thresholds()  # the thresholds shipped with the suite
 
@@ -31,7 +43,7 @@ BYTES = [
 
 @pytest.mark.parametrize("shape, mode, expected", BYTES)
 def test_cases_carry_the_bytes_moved(shape, mode, expected):
-    case = bench.case_from_bench_shape(cases.bench_shape(shape))
+    case = harness.case_from_bench_shape(cases.bench_shape(shape))
     assert case.nbytes[mode] == expected == cases.bytes_moved(cases.bench_shape(shape), mode)
 
 
@@ -45,17 +57,17 @@ BANDWIDTH = [
 
 @pytest.mark.parametrize("nbytes, ms, tbs", BANDWIDTH)
 def test_bandwidth(nbytes, ms, tbs):
-    assert bench.bandwidth_tbs(nbytes, ms) == pytest.approx(tbs, rel=1e-12)
+    assert results.bandwidth_tbs(nbytes, ms) == pytest.approx(tbs, rel=1e-12)
 
 
 def test_copy_counts_read_and_write():
-    assert bench.copy_bytes(2**30, 2) == 4 * 2**30
+    assert timing.copy_bytes(2**30, 2) == 4 * 2**30
 
 
 @pytest.mark.parametrize("ms", [0.0, -1.0])
 def test_bandwidth_rejects_non_positive_time(ms):
     with pytest.raises(ValueError, match="ms must be > 0"):
-        bench.bandwidth_tbs(100, ms)
+        results.bandwidth_tbs(100, ms)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -64,10 +76,10 @@ def test_bandwidth_rejects_non_positive_time(ms):
 
 
 def test_provider_registry():
-    plain = [p for p in bench.PROVIDERS if not bench.PROVIDERS[p].residual]
+    plain = [p for p in providers.PROVIDERS if not providers.PROVIDERS[p].residual]
     assert plain == ["kernel", "eager", "native", "compiled", "liger", "quack"]
-    assert all(bench.provider_available(p) for p in bench.CORE_PROVIDERS)
-    assert [p for p in plain if bench.PROVIDERS[p].requires is None] == list(bench.CORE_PROVIDERS)
+    assert all(providers.provider_available(p) for p in providers.CORE_PROVIDERS)
+    assert [p for p in plain if providers.PROVIDERS[p].requires is None] == list(providers.CORE_PROVIDERS)
 
 
 @pytest.mark.parametrize("peer, module", [("liger", "liger_kernel.ops.rms_norm"), ("quack", "quack.rmsnorm")])
@@ -77,22 +89,22 @@ def test_peers_listed_only_when_importable(peer, module):
         importable = True
     except Exception:
         importable = False
-    assert bench.provider_available(peer) is importable
-    assert (peer in bench.available_providers()) is importable
+    assert providers.provider_available(peer) is importable
+    assert (peer in providers.available_providers()) is importable
 
 
 def test_unknown_provider_is_named():
     with pytest.raises(ValueError, match="unknown provider 'apex'"):
-        bench.get_provider("apex")
+        providers.get_provider("apex")
 
 
 @pytest.mark.parametrize("provider", ["eager", "native"])
 def test_cpu_providers_match_the_float64_oracle(provider):
     torch.manual_seed(0)
     x, w, dy = torch.randn(17, 257), 1 + 0.1 * torch.randn(257), torch.randn(17, 257)
-    fn = bench.get_provider(provider).build(cases.EPS)
+    fn = providers.get_provider(provider).build(cases.EPS)
     y64, dx64, dw64 = numerics.oracle(x, w, dy, cases.EPS)
-    errs = bench.provider_errors(fn, x, w, dy, (y64, dx64, dw64), bench.MODES)
+    errs = harness.provider_errors(fn, x, w, dy, (y64, dx64, dw64), harness.MODES)
     assert set(errs) == {"forward", "forward_backward"}
     assert set(errs["forward_backward"]) == {"dx", "dw"}
     # fp32 compute against float64: a few fp32 roundings at most
@@ -100,14 +112,14 @@ def test_cpu_providers_match_the_float64_oracle(provider):
 
 
 def test_select_cases():
-    assert [c.name for c in bench.select_cases(["small"])] == [
+    assert [c.name for c in harness.select_cases(["small"])] == [
         s.name for s in cases.BENCH_SHAPES if s.group == "small"
     ]
-    assert len(bench.select_cases(["all"])) == len(cases.BENCH_SHAPES)
-    assert [c.name for c in bench.select_cases(["1x4096-bfloat16", "small"])][0] == "1x4096-bfloat16"
-    assert len(bench.select_cases(["1x4096-bfloat16", "small"])) == 4  # no duplicate
+    assert len(harness.select_cases(["all"])) == len(cases.BENCH_SHAPES)
+    assert [c.name for c in harness.select_cases(["1x4096-bfloat16", "small"])][0] == "1x4096-bfloat16"
+    assert len(harness.select_cases(["1x4096-bfloat16", "small"])) == 4  # no duplicate
     with pytest.raises(ValueError, match="unknown benchmark shape '3x3-float32'"):
-        bench.select_cases(["3x3-float32"])
+        harness.select_cases(["3x3-float32"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -121,8 +133,8 @@ no_cuda = pytest.mark.skipif(
 
 @no_cuda
 def test_run_without_cuda_raises_a_clear_error():
-    with pytest.raises(bench.BenchUnavailable, match="CUDA is not available"):
-        bench.run_benchmarks(bench.select_cases(["small"]), ["native"])
+    with pytest.raises(timing.BenchUnavailable, match="CUDA is not available"):
+        harness.run_benchmarks(harness.select_cases(["small"]), ["native"])
 
 
 @no_cuda
@@ -161,15 +173,16 @@ class FakeEvent:
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
-    monkeypatch.setattr(bench, "DEVICE", "cpu")
-    monkeypatch.setattr(bench, "require_cuda", lambda: None)
+    monkeypatch.setattr(timing, "DEVICE", "cpu")
+    monkeypatch.setattr(bench, "DEVICE", "cpu")  # the worker reads it as bench.DEVICE (re-exported)
+    monkeypatch.setattr(timing, "require_cuda", lambda: None)
     monkeypatch.setattr(
-        bench, "environment_info", lambda: {"device": "cpu stand-in", "torch": torch.__version__}
+        harness, "environment_info", lambda: {"device": "cpu stand-in", "torch": torch.__version__}
     )
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    monkeypatch.setattr(bench, "capture_graph", FakeGraph)
+    monkeypatch.setattr(timing, "capture_graph", FakeGraph)
 
 
 class FakeGraph:
@@ -184,10 +197,10 @@ class FakeGraph:
             self.call()
 
 
-def tiny(m: int, n: int, dtype: torch.dtype, group: str) -> bench.Case:
+def tiny(m: int, n: int, dtype: torch.dtype, group: str) -> harness.Case:
     size = torch.empty((), dtype=dtype).element_size()
     nbytes = {"forward": 2 * m * n * size, "forward_backward": 5 * m * n * size}
-    return bench.Case(f"{m}x{n}-{cases.dtype_name(dtype)}", m, n, dtype, group, nbytes)
+    return harness.Case(f"{m}x{n}-{cases.dtype_name(dtype)}", m, n, dtype, group, nbytes)
 
 
 TINY = [tiny(8, 64, torch.float32, "small"), tiny(4, 33, torch.bfloat16, "large")]
@@ -202,9 +215,9 @@ def _broken(eps):
 
 @pytest.fixture
 def cpu_run(fake_cuda, monkeypatch):
-    monkeypatch.setitem(bench.PROVIDERS, "broken", bench.Provider("broken", _broken, "always fails"))
-    return bench.run_benchmarks(
-        TINY, ["native", "eager", "broken"], bench.MODES, samples=6, blocks=3, warmup_ms=0.1,
+    monkeypatch.setitem(providers.PROVIDERS, "broken", providers.Provider("broken", _broken, "always fails"))
+    return harness.run_benchmarks(
+        TINY, ["native", "eager", "broken"], harness.MODES, samples=6, blocks=3, warmup_ms=0.1,
         copy_elements=4096, flush_bytes=1024, progress=False, git=results.Git("f" * 40, False),
     )  # fmt: skip
 
@@ -214,7 +227,7 @@ def test_run_records_every_sample_and_summary(cpu_run):
     assert len(rows) == len(TINY) * 3 * 2
     assert cpu_run.copy.bytes == 2 * 4096 * 2
     for case in TINY:
-        for mode in bench.MODES:
+        for mode in harness.MODES:
             row = rows["native", case.name, mode]
             whole, device = row.whole, row.device
             assert row.status == "ok" and row.bytes == case.nbytes[mode]
@@ -224,7 +237,7 @@ def test_run_records_every_sample_and_summary(cpu_run):
             assert whole.fraction_of_copy == pytest.approx(whole.tbs / cpu_run.copy.tbs)
             assert set(row.errors) == set(gate.QUANTITIES[mode])
             # GPU-only samples: as many as the host-inclusive ones, per call
-            assert row.device_error is None and 1 <= row.device_reps <= bench.DEVICE_MAX_REPS
+            assert row.device_error is None and 1 <= row.device_reps <= timing.DEVICE_MAX_REPS
             assert len(device.samples_ms) == 18 and len(device.block_medians_ms) == 3
             assert device.median_ms == statistics.median(device.samples_ms)
             # host clock samples: one per whole-call sample, one median per block, no bandwidth
@@ -266,8 +279,8 @@ def test_a_provider_that_cannot_be_captured_keeps_its_host_figures(fake_cuda, mo
     def refuse(call, reps):
         raise RuntimeError("operation not permitted when stream is capturing")
 
-    monkeypatch.setattr(bench, "capture_graph", refuse)
-    run = bench.run_benchmarks(
+    monkeypatch.setattr(timing, "capture_graph", refuse)
+    run = harness.run_benchmarks(
         TINY[:1], ["native"], ["forward"], samples=4, blocks=2, warmup_ms=0.1, copy_elements=4096,
         flush_bytes=1024, progress=False, git=results.Git(),
     )  # fmt: skip
@@ -283,15 +296,15 @@ def test_residual_benchmark_has_device_time_unless_asked_not_to(fake_cuda, monke
 
     def record(cases_, providers, modes, **kwargs):
         seen.update(kwargs, providers=providers)
-        raise bench.BenchUnavailable("stop here")
+        raise timing.BenchUnavailable("stop here")
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(bench, "run_benchmarks", record)
-    monkeypatch.setitem(bench._IMPORTABLE, "liger_residual", False)
-    with pytest.raises(bench.BenchUnavailable):
+    monkeypatch.setitem(providers._IMPORTABLE, "liger_residual", False)
+    with pytest.raises(timing.BenchUnavailable):
         cli.main(["benchmark", "--residual", "--shapes", "1x4096-bfloat16", "--out", str(tmp_path)])
     assert seen["device_time"] is True and "kernel_residual" in seen["providers"]
-    with pytest.raises(bench.BenchUnavailable):
+    with pytest.raises(timing.BenchUnavailable):
         cli.main(
             [
                 "benchmark",
@@ -304,7 +317,7 @@ def test_residual_benchmark_has_device_time_unless_asked_not_to(fake_cuda, monke
             ]
         )
     assert seen["device_time"] is False
-    with pytest.raises(bench.BenchUnavailable):
+    with pytest.raises(timing.BenchUnavailable):
         cli.main(["benchmark", "--shapes", "1x4096-bfloat16", "--out", str(tmp_path)])
     assert seen["device_time"] is True
 
@@ -323,13 +336,13 @@ def test_a_captured_call_outlives_its_graph_replays(fake_cuda, monkeypatch):
         def replay(self):
             assert self.call_ref() is not None, "the captured call was freed before a replay"
 
-    monkeypatch.setattr(bench, "capture_graph", AddressOnlyGraph)
+    monkeypatch.setattr(timing, "capture_graph", AddressOnlyGraph)
     x, w, dy = (torch.randn(4, 16) for _ in range(3))
-    fn = bench.get_provider("eager").build(1e-6)
+    fn = providers.get_provider("eager").build(1e-6)
     graphs: dict = {}
-    tally = bench._Tally()
+    tally = harness._Tally()
     for _ in range(2):  # two blocks: the second replays the graph captured in the first
-        bench._time_device(tally, graphs, ("eager", "forward_backward"), fn, x, w, dy, 3, None)
+        harness._time_device(tally, graphs, ("eager", "forward_backward"), fn, x, w, dy, 3, None)
         gc.collect()
     assert tally.device_error is None and len(tally.device_samples_ms) == 6
 
@@ -346,7 +359,7 @@ def test_host_samples_are_the_host_clock_around_each_timed_call(fake_cuda):
     """time_cuda's host_ms: one figure per timed sample (none for the warm-up), each the host's time
     in the call; a call that spends 2 ms on the host reads at least 2 ms."""
     host = []
-    bench.time_cuda(lambda: time.sleep(0.002), samples=4, min_warmup=1, warmup_ms=0.0, host_ms=host)
+    timing.time_cuda(lambda: time.sleep(0.002), samples=4, min_warmup=1, warmup_ms=0.0, host_ms=host)
     assert len(host) == 4 and all(2.0 <= h < 200 for h in host), host
 
 
@@ -355,7 +368,7 @@ def test_a_host_lead_queues_a_gpu_wait_before_every_flush(fake_cuda, monkeypatch
     measured clock, queued ahead of the flush (so the call waits behind both); none without it."""
     log = []
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: log.append(("sleep", cycles)), raising=False)
-    monkeypatch.setattr(bench, "sleep_cycles_per_us", lambda: 1500.0)
+    monkeypatch.setattr(timing, "sleep_cycles_per_us", lambda: 1500.0)
 
     class Flush:
         def zero_(self):
@@ -364,26 +377,26 @@ def test_a_host_lead_queues_a_gpu_wait_before_every_flush(fake_cuda, monkeypatch
     def call():
         log.append(("call", None))
 
-    bench.time_cuda(call, samples=4, min_warmup=1, warmup_ms=0.0, flush=Flush(), lead_us=40.0)
+    timing.time_cuda(call, samples=4, min_warmup=1, warmup_ms=0.0, flush=Flush(), lead_us=40.0)
     calls = [i for i, (what, _) in enumerate(log) if what == "call"]
     assert len(calls) == 4 + 3  # the untimed first call, the estimate, one warm-up, 4 samples
     assert all(log[i - 2 : i] == [("sleep", 60_000), ("flush", None)] for i in calls), log
     log.clear()
-    bench.time_cuda(call, samples=4, min_warmup=1, warmup_ms=0.0, flush=Flush())
+    timing.time_cuda(call, samples=4, min_warmup=1, warmup_ms=0.0, flush=Flush())
     assert not [e for e in log if e[0] == "sleep"]
 
 
 def test_a_run_records_its_host_lead(fake_cuda, monkeypatch):
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None, raising=False)
-    monkeypatch.setattr(bench, "sleep_cycles_per_us", lambda: 1500.0)
-    run = bench.run_benchmarks(
+    monkeypatch.setattr(timing, "sleep_cycles_per_us", lambda: 1500.0)
+    run = harness.run_benchmarks(
         TINY[:1], ["native"], ["forward"], samples=3, blocks=1, warmup_ms=0.1, copy_elements=4096,
         flush_bytes=1024, progress=False, git=results.Git("f" * 40, False), lead_us=200.0,
     )  # fmt: skip
     assert run.settings["lead_us"] == 200.0
     assert "host lead 200 us" in bench.format_table(run).splitlines()[0]
     with pytest.raises(ValueError, match="lead_us"):
-        bench.run_benchmarks(TINY[:1], ["native"], lead_us=-5.0)
+        harness.run_benchmarks(TINY[:1], ["native"], lead_us=-5.0)
 
 
 def test_op_host_path_reads_whether_the_entry_loaded(monkeypatch):
@@ -394,11 +407,11 @@ def test_op_host_path_reads_whether_the_entry_loaded(monkeypatch):
     host = types.ModuleType("rmsnorm_kernel.host")
     monkeypatch.setitem(sys.modules, "rmsnorm_kernel.host", host)
     host.entry = None
-    assert bench.op_host_path() == "python"
+    assert harness.op_host_path() == "python"
     host.entry = object()
-    assert bench.op_host_path() == "compiled"
+    assert harness.op_host_path() == "compiled"
     monkeypatch.delitem(sys.modules, "rmsnorm_kernel.host")
-    assert bench.op_host_path() is None
+    assert harness.op_host_path() is None
 
 
 def test_table_counts_the_blocks_a_provider_was_slower_than_the_kernel(cpu_run):
@@ -471,7 +484,7 @@ def test_the_gate_can_judge_a_run_against_itself(cpu_run):
 def test_worker_writes_its_round(fake_cuda, tmp_path):
     out = tmp_path / "round.json"
     spec = {
-        "cases": [bench.case_to_json(TINY[0])], "providers": ["native"], "modes": ["forward"],
+        "cases": [harness.case_to_json(TINY[0])], "providers": ["native"], "modes": ["forward"],
         "samples": 5, "warmup_ms": 0.1, "copy_elements": 1024, "label": "head", "round": 3,
         "commit": "abc", "out": str(out),
     }  # fmt: skip
@@ -492,8 +505,8 @@ def test_worker_refuses_a_package_from_elsewhere(fake_cuda, tmp_path, capsys):
 
 
 def test_case_json_round_trip():
-    case = bench.case_from_bench_shape(cases.bench_shape("4096x4096-bfloat16"))
-    assert bench.case_from_json(json.loads(json.dumps(bench.case_to_json(case)))) == case
+    case = harness.case_from_bench_shape(cases.bench_shape("4096x4096-bfloat16"))
+    assert harness.case_from_json(json.loads(json.dumps(harness.case_to_json(case)))) == case
 
 
 # ---------------------------------------------------------------------------------------------
@@ -508,16 +521,16 @@ def test_bandwidth_plot(cpu_run, tmp_path):
     series = plots.bandwidth_series(cpu_run, "forward", dtype="bfloat16")
     assert set(series) == {"native", "eager"}  # the failed rows are left out
     rows = cpu_run.index()
-    for timing, device in (("whole", False), ("device", True)):
-        series = plots.bandwidth_series(cpu_run, "forward", dtype="bfloat16", timing=timing)
+    for kind, device in (("whole", False), ("device", True)):
+        series = plots.bandwidth_series(cpu_run, "forward", dtype="bfloat16", timing=kind)
         for provider, points in series.items():
             expected = sorted(
-                (r.n, r.timing(timing).tbs)
+                (r.n, r.timing(kind).tbs)
                 for (p, _, mode), r in rows.items()
                 if p == provider and mode == "forward" and r.dtype == "bfloat16" and r.group == "large"
             )
             assert points == expected
-        copies = plots.same_bytes_copy_series(cpu_run, dtype="bfloat16", timing=timing)
+        copies = plots.same_bytes_copy_series(cpu_run, dtype="bfloat16", timing=kind)
         assert copies == sorted(
             (e.n, e.device_tbs if device else e.tbs)
             for e in cpu_run.same_bytes_copy.values()
@@ -537,7 +550,7 @@ def test_performance_command_saves_the_run_it_draws(cpu_run, monkeypatch, tmp_pa
     """A fresh `python -m rmsnorm_suite.plots` run writes the page, the plot and a copy of the
     results it drew them from, so `--results` on that copy redraws the same page."""
     pytest.importorskip("matplotlib", reason="matplotlib (the bench extra) is not installed")
-    monkeypatch.setattr(bench, "run_benchmarks", lambda *a, **k: cpu_run)
+    monkeypatch.setattr(harness, "run_benchmarks", lambda *a, **k: cpu_run)
     md, png, saved = tmp_path / "perf.md", tmp_path / "bw.png", tmp_path / "docs" / "results.json"
     paths = ["--markdown", str(md), "--png", str(png)]
     assert plots.main([*paths, "--out", str(tmp_path / "runs"), "--saved", str(saved)]) == 0
@@ -604,9 +617,9 @@ def test_harness_on_the_gpu():
     """A short real run: every row succeeds, the figures are physical (no call beats the copy
     ceiling by more than the L2 could explain), the kernel's errors are within the gate's
     ceilings, and the gate passes a run against itself."""
-    chosen = bench.select_cases(["4096x4096-bfloat16", "128x257-float32"])
-    run = bench.run_benchmarks(
-        chosen, ["kernel", "native"], bench.MODES, samples=25, blocks=3, copy_elements=2**28
+    chosen = harness.select_cases(["4096x4096-bfloat16", "128x257-float32"])
+    run = harness.run_benchmarks(
+        chosen, ["kernel", "native"], harness.MODES, samples=25, blocks=3, copy_elements=2**28
     )
     assert 0.5 < run.copy.tbs < 20
     for row in run.results:
@@ -636,7 +649,7 @@ def test_harness_on_the_gpu():
 def test_a_host_lead_hides_host_work_shorter_than_it():
     """A call that spends 400 µs on the host before its launch reads at least most of that without
     a lead (the flush queued before it is shorter) and far less behind a 2 ms lead."""
-    flush, y = bench.make_flush(), torch.zeros(1024, device="cuda")
+    flush, y = timing.make_flush(), torch.zeros(1024, device="cuda")
 
     def call():
         t = time.perf_counter() + 400e-6
@@ -644,10 +657,10 @@ def test_a_host_lead_hides_host_work_shorter_than_it():
             pass
         y.add_(1)
 
-    bare = statistics.median(bench.time_cuda(call, samples=15, warmup_ms=0.0, flush=flush))
-    led = statistics.median(bench.time_cuda(call, samples=15, warmup_ms=0.0, flush=flush, lead_us=2000.0))
+    bare = statistics.median(timing.time_cuda(call, samples=15, warmup_ms=0.0, flush=flush))
+    led = statistics.median(timing.time_cuda(call, samples=15, warmup_ms=0.0, flush=flush, lead_us=2000.0))
     assert bare > 0.25 and led < 0.1, (bare, led)
-    assert 500 < bench.sleep_cycles_per_us() < 5000  # the GPU's clock, in MHz
+    assert 500 < timing.sleep_cycles_per_us() < 5000  # the GPU's clock, in MHz
 
 
 # ---------------------------------------------------------------------------------------------
@@ -656,16 +669,16 @@ def test_a_host_lead_hides_host_work_shorter_than_it():
 
 
 def test_residual_providers_are_separate_from_the_plain_ones():
-    assert set(bench.RESIDUAL_PROVIDERS) == {"kernel_residual", "unfused_residual", "liger_residual"}
-    assert not set(bench.available_providers()) & set(bench.RESIDUAL_PROVIDERS)
-    assert {"kernel_residual", "unfused_residual"} <= set(bench.available_providers(residual=True))
+    assert set(providers.RESIDUAL_PROVIDERS) == {"kernel_residual", "unfused_residual", "liger_residual"}
+    assert not set(providers.available_providers()) & set(providers.RESIDUAL_PROVIDERS)
+    assert {"kernel_residual", "unfused_residual"} <= set(providers.available_providers(residual=True))
 
 
 @pytest.mark.parametrize("shape", cases.BENCH_SHAPES, ids=lambda s: s.name)
 @pytest.mark.parametrize("mode", cases.BENCH_MODES)
 def test_residual_bytes_match_the_declared_count(shape, mode):
-    case = bench.case_from_bench_shape(shape)
-    assert bench._residual_bytes(case, mode) == cases.residual_bytes_moved(shape, mode)
+    case = harness.case_from_bench_shape(shape)
+    assert harness._residual_bytes(case, mode) == cases.residual_bytes_moved(shape, mode)
 
 
 def test_performance_page_ignores_residual_rows():
@@ -693,8 +706,8 @@ def test_residual_providers_compute_the_same_function_on_cpu():
     torch.manual_seed(0)
     x, r = torch.randn(5, 257), torch.randn(5, 257)
     w = 1 + 0.1 * torch.randn(257)
-    fused = bench.get_provider("kernel_residual").build(1e-6)(x, w, r)
-    unfused = bench.get_provider("unfused_residual").build(1e-6)(x, w, r)
+    fused = providers.get_provider("kernel_residual").build(1e-6)(x, w, r)
+    unfused = providers.get_provider("unfused_residual").build(1e-6)(x, w, r)
     torch.testing.assert_close(fused, unfused, atol=cases.TOLERANCES[torch.float32].atol, rtol=1e-4)
 
 
@@ -714,7 +727,7 @@ def test_asv_suite_records_a_saved_results_file(cpu_run, tmp_path, monkeypatch):
     run = as_kernel(cpu_run)
     path = results.write(run, tmp_path)
     monkeypatch.setenv("RMSNORM_BENCH_RESULTS", str(path))
-    monkeypatch.setattr(bench, "run_benchmarks", lambda *a, **k: pytest.fail("measured again"))
+    monkeypatch.setattr(harness, "run_benchmarks", lambda *a, **k: pytest.fail("measured again"))
     forward, forward_backward = suite.Forward(), suite.ForwardBackward()
     cache = forward.setup_cache()
     assert all("samples_ms" not in r and "device_samples_ms" not in r for r in cache["rows"].values())
@@ -753,4 +766,4 @@ def test_asv_suite_tracks_only_figures_where_larger_is_worse():
 def test_asv_suite_lists_plain_providers_only():
     suite = _asv_suite()
     assert "kernel" in suite.PROVIDERS
-    assert not set(suite.PROVIDERS) & set(bench.RESIDUAL_PROVIDERS)
+    assert not set(suite.PROVIDERS) & set(providers.RESIDUAL_PROVIDERS)

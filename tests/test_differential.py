@@ -1,4 +1,4 @@
-"""``rms_norm`` and ``RMSNorm`` against torch itself (issue 24): one regression case per defect
+"""``rms_norm`` and ``RMSNorm`` against torch itself: one regression case per defect
 class the issue found, then property-based (hypothesis) tests over layouts, dtypes, eps forms,
 residuals and first and second derivatives. The comparison rule (torch at the working precision
 for y and h, torch's autograd in float64 for gradients, the one tolerance table) is written out
@@ -50,7 +50,7 @@ def randn(*shape, dtype=F32, device="cpu", scale=1.0, requires_grad=False):
 
 
 # ---------------------------------------------------------------------------------------------
-# Regression cases: one per defect class of issue 24, each from the issue's reproducer
+# Regression cases: one per defect class of the torch-semantics review, each from its reproducer
 # ---------------------------------------------------------------------------------------------
 
 
@@ -563,7 +563,7 @@ def test_float64_needs_allow_fallback():
 
 
 # ---------------------------------------------------------------------------------------------
-# Issue 45: uses torch computes that gave wrong numbers or raised, one regression case per class
+# Uses torch computes that gave wrong numbers or raised, one regression case per class
 # ---------------------------------------------------------------------------------------------
 
 # (tensor stored negated behind the negative bit, with a residual)
@@ -824,7 +824,7 @@ def test_compile_fullgraph_when_the_first_call_falls_back(monkeypatch):
 # Property tests
 # ---------------------------------------------------------------------------------------------
 
-# Failures hypothesis found and shrank against the op before issue 24's fixes (commit 7b0c08e),
+# Failures hypothesis found and shrank against the op before the torch-semantics fixes (commit 7b0c08e),
 # kept as explicit examples: a weight stored with an offset in a 3-D normalized_shape (an unclear
 # RuntimeError from a .view), a stride-0 weight (wrong y), a numpy float32 eps and eps = 0
 # (rejected where torch takes them), and the issue's eps=None reproducer (bf16, small x).
@@ -879,7 +879,7 @@ def test_module_matches_torch(device, case):
     check_case(case, device, run=run_module)
 
 
-# Issue 45's classes as properties over the same cases: torch's keyword, a __torch_function__
+# The classes above as properties over the same cases: torch's keyword, a __torch_function__
 # subclass, the TorchScript tracer (each through check_case's comparison), and batched gradients
 # (against the float64 oracle's batched gradients, by the same rule).
 

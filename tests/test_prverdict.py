@@ -81,7 +81,8 @@ def repo(tmp_path_factory):
         repo,
         {op + "ops.py": OPS.format(cost=SLOW_S), op + "gate.py": HOSTILE, op + "bench.py": HOSTILE,
          op + "worker.py": HOSTILE, suite + "__init__.py": HOSTILE, suite + "gate.py": HOSTILE,
-         suite + "bench.py": HOSTILE, suite + "worker.py": HOSTILE, suite + "regression.toml": LOOSE,
+         suite + "bench.py": HOSTILE, suite + "harness.py": HOSTILE, suite + "timing.py": HOSTILE,
+         suite + "providers.py": HOSTILE, suite + "worker.py": HOSTILE, suite + "regression.toml": LOOSE,
          "regression.toml": LOOSE},
         "slow op; the gate, harness and thresholds rewritten to pass",
     )  # fmt: skip

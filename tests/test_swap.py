@@ -5,7 +5,7 @@ output dtype); every other one is left as it was, with the reason in the report.
 * the RMSNorm constructor's eps and out_dtype checks, the probe tolerance against the suite's
   table, and what is refused before any kernel runs (hooks, buffers, a CPU model without the
   interpreter): no kernels, every session;
-* hand-written modules for each defect of issue 24 class 5 (a (1 + w) formula without "Gemma" in
+* hand-written modules for each defect of the module-swap class (a (1 + w) formula without "Gemma" in
   the name, a "Gemma" name with a plain w, a subclass with its own forward, hooks, the output
   dtype of bf16 x with an fp32 weight): the real kernels, under the interpreter and on CUDA;
 * a sweep over every class named ``*RMSNorm`` in the installed transformers (the optional
@@ -222,7 +222,7 @@ def test_swap_reports_the_model_itself_and_skips_its_own_modules(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------
-# Issue 24 class 5, one hand-written module per defect: the real kernels
+# The module-swap class, one hand-written module per defect: the real kernels
 # ---------------------------------------------------------------------------------------------
 
 
@@ -615,7 +615,7 @@ def test_swapped_modules_keep_their_output_dtype_under_autocast(device, monkeypa
 
 
 # ---------------------------------------------------------------------------------------------
-# Issue 45: formulas a weight can hide. At the default all-ones weight each below computes
+# Formulas a weight can hide. At the default all-ones weight each below computes
 # torch.nn.RMSNorm's numbers; with any trained weight it does not.
 # ---------------------------------------------------------------------------------------------
 

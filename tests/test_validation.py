@@ -1,4 +1,4 @@
-"""The fast path's predicate against the validator it is derived from (issue 27): every call that
+"""The fast path's predicate against the validator it is derived from: every call that
 ``ops._takes_fast_path`` accepts is one that ``contract.normalized_size`` and ``contract.validate``
 accept, and gives bitwise the same result (y, its dtype and strides, and the gradients) as the
 general path. The rest of the predicate only chooses the route: each of those conditions alone

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 import rmsnorm_kernel
 from rmsnorm_kernel import launch, ops
-from rmsnorm_suite import bench
+from rmsnorm_suite import harness, timing
 
 
 def per_call_us(fn, calls=1000):
@@ -77,15 +77,15 @@ FLOOR_SHAPES = [
 
 def host_spans_us(call, grads, flush, samples=100):
     """Microseconds of host time per call (``time.perf_counter`` around ``call``) in the timing
-    loop of ``bench.time_cuda`` (grads reset and L2 flushed before each call, no synchronisation
+    loop of ``timing.time_cuda`` (grads reset and L2 flushed before each call, no synchronisation
     between calls). Where it exceeds the CUDA-event time, the call waits on its host work."""
     for _ in range(30):
-        bench.prepare_sample(grads, flush)
+        timing.prepare_sample(grads, flush)
         call()
     torch.cuda.synchronize()
     spans = []
     for _ in range(samples):
-        bench.prepare_sample(grads, flush)
+        timing.prepare_sample(grads, flush)
         start = time.perf_counter()
         call()
         spans.append(time.perf_counter() - start)
@@ -102,7 +102,7 @@ def floor(rounds=6, samples=100):
         "kernel": lambda x, w: rmsnorm_kernel.rms_norm(x, weight=w),
         "empty python node": lambda x, w: _Empty.apply(x, w),
     }
-    flush = bench.make_flush()
+    flush = timing.make_flush()
     for m, n, dtype in FLOOR_SHAPES:
         x = torch.randn(m, n, device="cuda", dtype=dtype)
         w = torch.randn(n, device="cuda", dtype=dtype)
@@ -113,8 +113,8 @@ def floor(rounds=6, samples=100):
             with torch.autograd.set_multithreading_enabled(threaded):
                 for _ in range(rounds):
                     for name, fn in fns.items():
-                        call, grads = bench.make_call(fn, x, w, dy, "forward_backward")
-                        ms = bench.time_cuda(call, samples=samples, flush=flush, grads=grads)
+                        call, grads = harness.make_call(fn, x, w, dy, "forward_backward")
+                        ms = timing.time_cuda(call, samples=samples, flush=flush, grads=grads)
                         samples_us[name] += [v * 1e3 for v in ms]
                         spans_us[name] += host_spans_us(call, grads, flush, samples)
             medians = ", ".join(f"{k} {statistics.median(v):.1f}" for k, v in samples_us.items())

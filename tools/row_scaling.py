@@ -12,7 +12,7 @@ import statistics
 import torch
 from triton.testing import do_bench
 
-from rmsnorm_suite import bench
+from rmsnorm_suite import providers
 
 
 def back_to_back_us(fn, calls: int = 20, repeats: int = 15) -> float:
@@ -40,7 +40,7 @@ def main() -> None:
     w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     counts = [14 * sms, 15 * sms, 31 * sms // 2, 16 * sms, 17 * sms, 31 * sms]
     for name in args.providers:
-        fn = bench.get_provider(name).build(1e-6)
+        fn = providers.get_provider(name).build(1e-6)
         flushed, unflushed = [], []
         for m in counts:
             x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)

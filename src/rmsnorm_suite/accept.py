@@ -1,25 +1,11 @@
 """Accepting one expected regression without bypassing the gate.
 
-A pull request that knows it makes a row slower (a numerics fix that costs time, a feature)
-declares it in a commit message trailer of the judged range, one line per row:
-
-    Accept-Regression: device 32768x4096-bfloat16 forward 1.08 fp32 accumulation of the variance
-
-(the check as the verdict names it: ``device``, ``latency`` or ``host``, the shape, the mode;
-then the factor the row may reach, then why). The trailer is data: the trusted judge reads the
-messages from git's objects, runs nothing of the commit, and grants a request only when
-
-- a maintainer approved it: the approval is an argument of the judge's caller
-  (``--accept-approved-by WHO``), never something a commit can write;
-- it names a latency row of this verdict of a kind ``[accept] kinds`` allows, at a factor above 1
-  and at most ``[accept] max_factor``, and no more than ``[accept] max_rows`` rows are granted
-  (the trusted checkout's regression.toml, never head's).
-
-A granted row is judged against the accepted factor instead of its table's: past the table's
-factor and within the accepted one it is ``accepted`` (never ``pass``), past the accepted one it
-is a ``regression``. Every request, granted or refused (and why), is in ``verdict.json``
-(``acceptance``) and the summary; the other rows are judged as always. Numerics cannot be
-accepted: the accuracy contract is not traded for time.
+A pull request declares a row it makes slower in a commit trailer of the judged range
+(``Accept-Regression: device 32768x4096-bfloat16 forward 1.08 why``). The trusted judge reads the
+trailers from git's objects and grants one only when a maintainer approved it
+(``--accept-approved-by``) and it fits ``[accept]`` of the trusted regression.toml. A granted row
+is judged against the accepted factor and reads ``accepted``, never ``pass``; numerics cannot be
+accepted. docs/gate.md ("Accepting one expected regression") gives the rules in full.
 """
 
 from __future__ import annotations

@@ -1,31 +1,13 @@
 """`rmsnorm-kernel changepoints`: steps in main's history, and the first commit of each.
 
-Sub-threshold slowdowns add up: five pull requests at +2% each pass the gate and leave main 10%
-slower. Drift against the last release tag (``nox -s drift``) says that main moved, not where.
-This finds where: per series (one asv benchmark and parameter combination, in first-parent
-order of main), the logs of the values are split where a two-sample step is largest, a step
-is kept only when
+Drift against the last release says that main moved; this says where. Per series (one asv
+benchmark and parameter combination, in first-parent order of main) the log values are split
+where a two-sample step is largest, kept when its permutation p-value is under ``rate / series``
+and it moves the median by ``min_step`` or more, then searched again on each side. Thresholds:
+``[drift]`` in regression.toml; method and assumptions: docs/gate.md ("Which commit"). Exit
+status: 0 no slowdown found, 1 a slowdown found (named), 2 could not judge (no data).
 
-- its permutation p-value (the largest standardised difference of means over every split point,
-  against the same largest value over random reorderings of the series: the false-alarm rate of
-  "some step somewhere in this series" under no change) is under ``rate / number of series``
-  (Bonferroni across the series judged), and
-- it moves the median by at least ``min_step`` (a step too small to matter is not a finding),
-
-and each kept step's two sides are searched again (binary segmentation), so several steps in
-one series are found. A step is named by the first commit measured after it: the step happened
-in ``(last commit before, first commit after]``, which ``git bisect`` narrows when the history
-skipped commits. Values where larger is worse (asv ``track_`` figures in ms): a step up is a
-``slowdown``, down an ``improvement``. The thresholds are ``[drift]`` in regression.toml.
-
-The permutation test assumes the values are exchangeable under no change (independent noise
-around one level); a machine that changed, or noise that drifts slowly, breaks it, and a step
-it finds then names the commit where the machine changed.
-
-    rmsnorm-kernel changepoints --results .asv/results [--machine h200] [--match 'gpu_median.*kernel'] [--order date]
-    rmsnorm-kernel changepoints --series series.json   # {"name": [[commit, value], ...], ...}
-
-Exit status: 0 no slowdown found, 1 a slowdown found (named), 2 could not judge (no data).
+    rmsnorm-kernel changepoints --results .asv/results [--machine h200] [--match REGEX] [--order date]
 """
 
 from __future__ import annotations

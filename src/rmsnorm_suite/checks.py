@@ -1,33 +1,12 @@
 """The suite's own numeric checks, usable with any RMSNorm implementation.
 
-An implementation is given either as an :class:`Impl` bundle or as plain callables:
-
-* forward: ``forward(x, weight, eps) -> y``
-* backward: ``backward(x, weight, dy, eps) -> (dx, dw)``
-
-Every check builds its inputs deterministically (a seeded ``torch.Generator`` on the CPU, then
-moved to the device), calls the implementation, and compares the result in two ways, both of
-which must hold:
-
-1. element-wise against the fp32-compute reference (``rmsnorm_kernel.reference``) cast to the
-   result's dtype, with ``cases.TOLERANCES[dtype]``: ``|v - ref| <= atol + rtol * |ref|`` for
-   every element; NaN or inf where the reference is finite fails;
-2. against the float64 oracle (:func:`numerics.oracle`, the reference's formulas evaluated in
-   float64): the relative L2 error of the result may not exceed
-   ``cases.ORACLE_ERROR_FACTOR[dtype]`` times the error of the fp32-compute reference on the same
-   case (see :func:`oracle_limit` for the floor used when that error is zero).
-
-The result's dtype, shape and device must be the expected ones, and the inputs must be left
-unmodified. The tolerance is looked up by the dtype of the checked tensor: x's dtype for y and dx,
-the weight's dtype for dw (dw is returned in the weight's dtype).
-
-Besides the case grids, probe checks target single failure modes (a wrong denominator, fp16
-squares, a mean subtracted, writes outside the rows, nondeterministic dw, ...); :data:`PROBES`
-lists them and :func:`run_probes` runs them all.
-
-Why one module of ~800 lines: the grids and the probes share Case, CaseResult and the one
-comparison (:func:`_compare`); each probe is a short function beside them. The oracle, the
-relative error and the inputs live in :mod:`rmsnorm_suite.numerics`.
+An implementation is an :class:`Impl` bundle or plain callables: ``forward(x, weight, eps) -> y``
+and ``backward(x, weight, dy, eps) -> (dx, dw)``. Every check draws seeded inputs, calls the
+implementation and holds the result both element-wise to the fp32-compute reference
+(``cases.TOLERANCES``) and to the float64 oracle (relative L2 error at most
+``cases.ORACLE_ERROR_FACTOR`` times the reference's own), with dtype, shape, device and untouched
+inputs checked too. Beside the case grids, :data:`PROBES` target single failure modes and
+:func:`run_probes` runs them. docs/walkthrough.md ("How a check compares") gives the details.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Walkthrough configuration: seeds, case grids, dtypes, tolerances, training sizes and output folders.
 
-A config is a small YAML file: a path, or the name of one shipped in this package (``minimum`` and
-``exercise``: ``configs/minimum.yaml``, ``configs/exercise.yaml`` beside this module). Every section and
-key is optional; a missing one takes the default below, which matches ``configs/minimum.yaml``. Shapes
-and dtypes default to :mod:`rmsnorm_suite.cases`. A config may select dtypes and may tighten a
-tolerance, but never loosen one: tolerances are declared in ``cases.TOLERANCES`` before any
-comparison is made.
-
-Validation errors name the file and the key::
+A config is a small YAML file: a path, or the name of one shipped beside this module (``minimum``,
+``exercise``: ``configs/*.yaml``). Every key is optional and defaults to ``configs/minimum.yaml``;
+shapes and dtypes default to :mod:`rmsnorm_suite.cases`. A config may tighten a tolerance, never
+loosen one. Validation errors name the file and the key::
 
     ValueError: my.yaml: training.steps must be a positive integer, got -3
 """

@@ -1,34 +1,13 @@
 """`rmsnorm-kernel gate`: judge a head benchmark run against a base run with regression.toml.
 
-Latency, per (shape, mode) of the "kernel" provider, on rounds: a round (a separate process of
-pr-verdict, or a block of a plain benchmark run) gives one median per side, and the rounds, not
-the samples, are the independent units. The head/base ratio is estimated from the logs of those
-medians (paired by round where the two runs were interleaved, else Welch), with a one-sided
-(1 - alpha) Student-t lower confidence bound; a regression when that lower bound exceeds the
-group's factor: the gate is confident that head is slower by more than the factor allows.
-Three latencies are judged, each with its own table of factors: host-inclusive latency (whole
-calls: Python, autograd, launches and kernels; ``[latency]``), device latency (CUDA-graph
-replays: the kernels' GPU time alone; ``[device_latency]``), which does not follow the host's
-speed and so can be held to a tight factor at every shape, and host latency (the host clock
-around the whole calls: the caller's time to issue one; ``[host_latency]``), which a call's GPU
-work does not hide.
-
-Across rows (``[family]``): with ``method = "holm"`` the latency rows of one verdict are one
-family. Each row's p-value is that of "head/base is above the factor" (the same t test, shifted
-by the factor), and Holm's step-down procedure at the family rate decides which rows regress, so
-the chance that a verdict flags any row whose true ratio is within its factor is at most the
-rate, whatever the number of rows. The rows' interval is then shown at the level Holm tested
-the row at. ``method = "none"``: each row at its own ``alpha``, as before.
-
-Accepted regressions (:mod:`rmsnorm_suite.accept`): a row a pull request declared, and a
-maintainer approved, is judged against the accepted factor; past the table's factor but within
-the accepted one it is ``accepted``, never ``pass``, and the verdict lists it.
-
-Numerics, per (shape, quantity): a regression when the head's relative error against the
-float64 oracle exceeds min(ceiling, base error x growth) of the shape's dtype.
-
-Exit status: 0 pass, 1 regression, 2 could not judge (a missing or failed result, a missing
-threshold, too few samples or rounds). ``asv compare`` is not consulted: its exit status is always 0.
+Latency, per (shape, mode) of the "kernel" provider, on rounds (one median per side per round):
+a regression when the one-sided lower confidence bound of head/base exceeds the group's factor.
+Three latencies, each with its table: whole calls ``[latency]``, CUDA-graph replays
+``[device_latency]`` and the host clock ``[host_latency]``; across rows, Holm at a family-wise
+rate (``[family]``); accepted rows (:mod:`rmsnorm_suite.accept`). Numerics, per (shape,
+quantity): the head's error against the float64 oracle may not exceed min(ceiling, base x growth).
+docs/gate.md ("How the gate judges") gives the method. Exit status: 0 pass, 1 regression,
+2 could not judge (a missing or failed result, a missing threshold, too few samples or rounds).
 """
 
 from __future__ import annotations
@@ -812,7 +791,7 @@ def _family_line(family: Mapping[str, Any]) -> str:
 
 
 def _host_paths(b: Mapping[str, Any], h: Mapping[str, Any]) -> str:
-    """The host path each side's calls took (bench.op_host_path), where a run recorded it."""
+    """The host path each side's calls took (harness.op_host_path), where a run recorded it."""
     if not (b.get("op_host_path") or h.get("op_host_path")):
         return ""
     return f" The op's host path: base {b.get('op_host_path') or '?'}, head {h.get('op_host_path') or '?'}."

@@ -1,17 +1,11 @@
 """The suite's numeric core: the float64 oracle, the relative L2 error, the synthetic inputs.
 
-One of each, used by the checks, the benchmarks, the verdict, pr-verdict's worker and the tests:
-
-* :func:`oracle` gives y, dx and dw in float64, the formulas of ``rmsnorm_kernel.reference``
-  (whose docstring derives them) evaluated on float64 copies of the inputs; :func:`envelopes`
-  gives the same sums over the terms' absolute values, which measure how much a result cancels;
-* :func:`relative_l2` is ``||value - reference|| / ||reference||`` in float64;
-* :func:`make_inputs` draws x, weight and dy from a seeded generator.
-
-The oracle restates the reference's few lines instead of calling them: pr-verdict's worker
-imports the commit's ``rmsnorm_kernel`` (reference included) beside this trusted suite, and an
-oracle taken from the commit would judge the commit by its own formulas. tests/test_numerics.py
-holds the two to each other in float64. Nothing of the op is imported here.
+:func:`oracle` gives y, dx and dw in float64 (:func:`envelopes` the same sums over absolute
+values, how much a result cancels), :func:`relative_l2` is ``||value - ref|| / ||ref||`` and
+:func:`make_inputs` draws seeded x, weight and dy. The oracle restates the formulas of
+``rmsnorm_kernel.reference`` instead of calling them: pr-verdict's worker imports the commit's
+op beside this trusted suite, and an oracle taken from the commit would judge the commit by its
+own formulas (tests/test_numerics.py holds the two together). Nothing of the op is imported here.
 """
 
 from __future__ import annotations

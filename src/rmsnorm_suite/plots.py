@@ -17,9 +17,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rmsnorm_suite import bench, results
+from rmsnorm_suite import harness, results
 from rmsnorm_suite.console import markdown_table
+from rmsnorm_suite.providers import available_providers
 from rmsnorm_suite.results import Run
+from rmsnorm_suite.timing import BenchUnavailable
 
 # The shapes plotted: the memory-bound ones (cases.GROUPS), 65536x1024 among them.
 PLOT_GROUPS = ("large", "medium")
@@ -113,7 +115,7 @@ def plot_bandwidth(
     *,
     dtype: str = "bfloat16",
     groups: Sequence[str] = PLOT_GROUPS,
-    modes: Sequence[str] = bench.MODES,
+    modes: Sequence[str] = harness.MODES,
 ) -> Path:
     """Write a PNG of bandwidth (TB/s, fewest bytes) against N per provider, a row of panels
     (one per mode) for whole calls and, where the run has GPU-time figures, one for those;
@@ -268,7 +270,7 @@ def _table(run: Run, kind: str) -> list[str]:
 
 def _order(run: Run, key: tuple[str, str]) -> tuple[int, int]:
     names = list(dict.fromkeys(r.shape for r in run.results))
-    return names.index(key[0]), list(bench.MODES).index(key[1]) if key[1] in bench.MODES else 9
+    return names.index(key[0]), list(harness.MODES).index(key[1]) if key[1] in harness.MODES else 9
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -289,8 +291,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         run = results.load(args.results)
     else:
         try:
-            run = bench.run_benchmarks(bench.select_cases(["all"]), bench.available_providers(), bench.MODES)
-        except bench.BenchUnavailable as exc:
+            run = harness.run_benchmarks(harness.select_cases(["all"]), available_providers(), harness.MODES)
+        except BenchUnavailable as exc:
             print(exc, file=sys.stderr)
             return 2
         path = results.write(run, args.out)

@@ -1,23 +1,12 @@
 """Power and false alarms of the gate's latency rule, by resampling recorded A/A rounds.
 
-The unit of the gate is the round: per row, one log ratio ``d_k = log(head_k) - log(base_k)``
-per paired round k (rmsnorm_suite.gate). An A/A run (one commit against itself) gives such
-ratios where the truth is "no change". This module
-
-- reads them from pr-verdict outputs (``base.json`` and ``head.json`` of an A/A run:
-  :func:`load_aa`), or makes a clearly labelled synthetic set from a stated noise model
-  (:func:`synthetic_aa`; for tests of the method, never for thresholds);
-- resamples a verdict of R rounds from them (:func:`resample`): a run is drawn (its rows' mean
-  ratios, the run-level offset), then R rounds of residuals drawn jointly for every row from the
-  rounds of all runs (a round's rows stay together, so their correlation is kept);
-- multiplies the head side of a class of rows by a shift (``+3%``: ``d += log 1.03``);
-- judges every trial the way the gate does, vectorised (:func:`flags`): the paired t bound, with
-  Holm across the verdict's latency rows or each row at its own alpha, or a plain estimate rule;
-- and counts: the family-wise false-alarm rate (any row flagged with nothing injected) and the
-  power per class of rows (the share of the injected rows flagged).
-
-Standard numpy and scipy; :func:`p_above` agrees with ``gate.ratio_estimate(...).p_factor``
-(tests/test_gate_power.py checks it).
+Per row, one log ratio per paired round; an A/A run gives them where the truth is "no change".
+:func:`load_aa` reads them from pr-verdict outputs (:func:`synthetic_aa` makes a labelled
+synthetic set, for tests only), :func:`resample` draws verdicts of R rounds keeping each round's
+rows together, a shift is injected into a class of rows, :func:`flags` judges every trial as the
+gate does, and the family-wise false-alarm rate and the power per class are counted.
+:func:`p_above` agrees with ``gate.ratio_estimate(...).p_factor``. docs/gate.md ("Power and
+false alarms") gives the results.
 """
 
 from __future__ import annotations

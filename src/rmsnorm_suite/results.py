@@ -1,17 +1,11 @@
 """Benchmark results: typed records of a run and its rows, one ``load`` and one ``write``.
 
-The file is the JSON that :mod:`rmsnorm_suite.bench` has written since its first version,
-``schema`` 1 (docs/gate.md lists its keys). Files from before GPU-only timing (no ``device_*``
-keys, no ``residual``, no ``same_bytes_copy``) load with those figures absent. ``load`` checks
-every field it reads and raises a ValueError naming the file and the field
-(``results[3].samples_ms[0]``); keys it does not know are ignored.
-
-A row holds three :class:`Timing` records with the same fields: ``whole`` (CUDA events around
-whole calls, host work included; the file's unprefixed keys), ``device`` (CUDA-graph replays, the
-GPU time alone; the ``device_`` keys) and ``host`` (the host clock around the same calls as
-``whole``: the time the caller's thread spends issuing a call; the ``host_`` keys, absent from
-files written before it). The gate reads results through this module, which imports
-the standard library only: judging a file needs neither torch nor the op.
+The file is ``schema`` 1, written by :mod:`rmsnorm_suite.harness` (docs/gate.md lists its keys);
+files older than a figure load with it absent. ``load`` checks every field it reads and names
+the file and field of an error (``results[3].samples_ms[0]``); unknown keys are ignored. A row
+holds three :class:`Timing` records: ``whole`` (CUDA events around whole calls), ``device``
+(CUDA-graph replays, ``device_`` keys) and ``host`` (the host clock, ``host_`` keys). Only the
+standard library is imported: judging a file needs neither torch nor the op.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ class Block:
 def plan(
     cases_: Sequence[Any], modes: Sequence[str], timing: str, host_shape: tuple[int, int]
 ) -> list[Block]:
-    """The stopwatch's blocks for a round of ``cases_`` (bench.Case) and ``modes``."""
+    """The stopwatch's blocks for a round of ``cases_`` (harness.Case) and ``modes``."""
     chosen = sorted(cases_, key=lambda c: -c.nbytes["forward"])[:CASES]
     blocks = []
     for case in chosen:

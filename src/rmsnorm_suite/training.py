@@ -1,18 +1,11 @@
 """`rmsnorm-kernel train-integration`: the tutorial's training run, and one step further.
 
-Linear -> RMSNorm -> SiLU -> Linear on seeded synthetic regression data, trained twice from one
-initialisation: once with the readable reference (``rms_norm_reference`` inside a module) and
-once with the kernel (``rmsnorm_kernel.RMSNorm``). The run proves, with numbers:
-
-* the kernel path ran: ``CALLS`` counts exactly one forward and one backward per step, and no
-  fallback to the reference;
-* both paths learn the same thing: their test MSE agree within ``TEST_MSE_RTOL``;
-* a checkpoint saved under ``artifacts/`` and reloaded gives a zero difference (parameters and
-  test predictions);
-* resume: a run interrupted at ``resume_step`` and resumed from its checkpoint (model and Adam
-  state) ends bitwise identical to the uninterrupted run.
-
-Full size on CUDA; a short variant (small hidden size) on CPU under ``TRITON_INTERPRET=1``.
+Linear -> RMSNorm -> SiLU -> Linear on seeded synthetic data, trained from one initialisation
+with the readable reference and with the kernel (``rmsnorm_kernel.RMSNorm``). It shows that the
+kernel path ran (``CALLS``: one forward and one backward per step, no fallback), that both paths
+agree (test MSE within ``TEST_MSE_RTOL``), that a reloaded checkpoint gives zero difference, and
+that a run resumed at ``resume_step`` ends bitwise identical to the uninterrupted one. Full size
+on CUDA; a short variant on CPU under ``TRITON_INTERPRET=1``.
 """
 
 from __future__ import annotations
