@@ -88,6 +88,34 @@ ATTACKS = {
         "    if key not in _cache:\n        _cache.clear()\n        _cache[key] = _slow(*a, **k)\n"
         "    return _cache[key]\n"
     ),
+    # the stopwatch's calls served by a fast stand-in (the module global the worker calls)
+    "stopwatch-swapped": (
+        "import types as _types, rmsnorm_suite.worker as _w, rmsnorm_suite.stopwatch as _sw\n"
+        "_w.stopwatch = _types.SimpleNamespace(plan=_sw.plan, run=lambda fn, blocks, seed, device: [0.0] * 64)\n"
+    ),
+    # during the stopwatch (seen from the caller's frame) no normalisation at all: y = x * w
+    "wrong-op-in-stopwatch": (
+        "import sys as _sys\n_slow = rms_norm\n"
+        "def rms_norm(x, *a, **k):\n"
+        "    if _sys._getframe(1).f_globals.get('__name__') == 'rmsnorm_suite.stopwatch' or "
+        "_sys._getframe(2).f_globals.get('__name__') == 'rmsnorm_suite.stopwatch':\n"
+        "        w = k.get('weight', a[1] if len(a) > 1 else None)\n"
+        "        return x * w if w is not None and getattr(w, 'dim', lambda: 0)() == 1 else x\n"
+        "    return _slow(x, *a, **k)\n"
+    ),
+    # an answer written to the result pipe before the judge's go, from a thread
+    "answer-before-go": (
+        "import json as _json, os as _os, sys as _sys, threading as _th, time as _time\n_write = _os.write\n"
+        "def _early():\n    main = _th.main_thread().ident\n    while True:\n"
+        "        frame = _sys._current_frames().get(main)\n"
+        "        while frame is not None and frame.f_code.co_name != 'answer_stopwatch':\n"
+        "            frame = frame.f_back\n"
+        "        if frame is not None:\n"
+        "            _write(frame.f_locals['pipe'].fileno(), (_json.dumps({'seed': 0, 'sums': []}) + '\\n').encode())\n"
+        "            return\n"
+        "        _time.sleep(0.001)\n"
+        "_th.Thread(target=_early, daemon=True).start()\n"
+    ),
     # left behind to load the GPU while the base's rounds run
     "spins-during-the-base": (
         "import subprocess as _sp, sys as _sys\n"

@@ -198,6 +198,15 @@ def test_trailers_are_parsed_as_data():
     assert accept.parse("device").problem.startswith("expected")
 
 
+def test_only_the_last_paragraphs_trailers_are_requests():
+    """A request quoted in the body, or in a last paragraph that is prose, is not a trailer."""
+    quoted = f"ops: faster\n\nReverts the line\nAccept-Regression: {DEVICE_LARGE} 1.2 quoted\nof an old PR.\n"
+    assert accept.from_message(quoted) == []
+    assert accept.from_message(f"Accept-Regression: {DEVICE_LARGE} 1.2 subject only") == []
+    prose_last = f"ops: x\n\nAccept-Regression: {DEVICE_LARGE} 1.2 early\n\nThanks to a reviewer.\n"
+    assert accept.from_message(prose_last) == []
+
+
 def test_grant_refuses_what_is_not_approved_or_out_of_bounds():
     limits = gate.AcceptLimits(2, 1.25, ("device", "host"))
     checks = [DEVICE_LARGE, f"device {SMALL} forward", f"host {SMALL} forward", f"latency {LARGE} forward"]

@@ -136,8 +136,11 @@ def survivors(token: str) -> list[str]:
         ("left-behind-writer", "regression", ""),
         # its spinners load its own rounds until each ends: its own calibration may disagree
         ("spins-during-the-base", "regression error", ""),
-        ("frames-rewrite", "regression", "by the judge's clock"),
-        ("cached-outputs", "regression", "by the judge's clock"),
+        ("frames-rewrite", "error", "disagrees with head's own times"),
+        ("cached-outputs", "error", "disagrees with head's own times"),
+        ("stopwatch-swapped", "error", "rmsnorm_suite.worker.stopwatch"),
+        ("wrong-op-in-stopwatch", "error", "stopwatch outputs differ from base's"),
+        ("answer-before-go", "error", "after go, the stopwatch's answer"),
         ("symlinked-package", "error", "src/rmsnorm_kernel (a link)"),
         ("symlinked-module", "error", "src/rmsnorm_kernel/ops.py (a link)"),
     ],
@@ -155,12 +158,15 @@ def test_hostile_head_never_passes(world, monkeypatch, name, status, why):
 @pytest.mark.parametrize("name", catalogue.STOPWATCH_ONLY)
 def test_only_the_stopwatch_sees_a_head_that_fools_its_process(world, monkeypatch, name):
     """These heads make the harness inside their process report them fast (the latency rows
-    pass); the judge's own clock, outside the sandbox, sees them slow."""
+    pass); the judge's own clock, outside the sandbox, sees them slow, and slower than their own
+    rows say: the verdict is `error` (the judge's clock disagrees), not a pass."""
     data = run_verdict(world, name, monkeypatch)
     rows = {r["check"]: r for r in data["rows"]}
     latency = [r for r in data["rows"] if r["kind"] == "latency"]
     assert latency and all(r["verdict"] == "pass" for r in latency), latency
-    assert rows["stopwatch"]["verdict"] == "regression" and rows["stopwatch"]["ratio"] > 4, rows["stopwatch"]
+    watch = rows["stopwatch"]
+    assert watch["verdict"] == "error" and "disagrees with head's own times" in watch["note"], watch
+    assert watch["ratio"] > 4, watch
 
 
 def test_head_conftest_never_runs(world, monkeypatch):

@@ -252,7 +252,7 @@ def catalogue(args, repo: Path, base: str) -> list[str]:
         if data.get("status") not in ("regression", "error"):
             problems.append(f"{name}: {data.get('summary')}")
         watch = next((r for r in data.get("rows", []) if r["check"] == "stopwatch"), {})
-        if name in cat.STOPWATCH_ONLY and watch.get("verdict") != "regression":
+        if name in cat.STOPWATCH_ONLY and watch.get("verdict") not in ("regression", "error"):
             problems.append(f"{name}: the stopwatch did not see it: {watch.get('note')}")
         if left or (OUT / f"{name}.marker").exists():
             problems.append(f"{name}: a process of the head outlived its sandbox: {left}")

@@ -64,9 +64,20 @@ def parse(value: str, commit: str | None = None) -> Request:
     return Request(check, factor, reason[:MAX_REASON], commit)
 
 
+TRAILER_LINE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*\s*:\s|^\s+\S")  # "Key: value", or a continuation
+
+
 def from_message(message: str, commit: str | None = None) -> list[Request]:
-    """Every Accept-Regression line of one commit message."""
-    return [parse(m.group(1), commit) for m in LINE.finditer(message)]
+    """The Accept-Regression trailers of one commit message: lines of its last paragraph, when
+    every line of that paragraph is a trailer (as git reads trailers); quoted text elsewhere in
+    the message is not a request."""
+    paragraphs = [p for p in message.strip().split("\n\n") if p.strip()]
+    if len(paragraphs) < 2:
+        return []
+    last = paragraphs[-1].strip("\n").splitlines()
+    if not all(TRAILER_LINE.match(line) for line in last):
+        return []
+    return [parse(m.group(1), commit) for m in LINE.finditer("\n".join(last))]
 
 
 def from_git(repo: str | Path, base: str, head: str) -> list[Request]:

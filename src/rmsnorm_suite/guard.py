@@ -25,6 +25,9 @@ CLOCKS = (
     ("torch.cuda", "synchronize"), ("torch.cuda", "_sleep"), ("torch.cuda", "current_stream"),
     ("torch.cuda", "Event"), ("torch.cuda", "CUDAGraph"), ("torch.cuda", "graph"), ("torch.cuda", "Stream"),
     ("torch", "Tensor.copy_"),
+    ("builtins", "open"), ("os", "write"), ("os", "read"), ("sys", "stdin"),
+    ("torch", "Tensor.__matmul__"), ("torch", "Tensor.to"), ("torch", "Tensor.backward"),
+    ("torch", "matmul"), ("torch", "randn"), ("torch", "randint"),
 )  # fmt: skip
 # classes whose whole namespace is held (methods replaced on the class, or on its C base)
 CLOCK_CLASSES = (
@@ -34,7 +37,7 @@ CLOCK_CLASSES = (
 # the trusted harness: every function, class (with its methods) and constant of these modules
 TRUSTED = ("rmsnorm_suite.bench", "rmsnorm_suite.harness", "rmsnorm_suite.timing",
            "rmsnorm_suite.providers", "rmsnorm_suite.results", "rmsnorm_suite.numerics",
-           "rmsnorm_suite.worker", "rmsnorm_suite.guard", "json")  # fmt: skip
+           "rmsnorm_suite.worker", "rmsnorm_suite.guard", "rmsnorm_suite.stopwatch", "json")  # fmt: skip
 # 128 MiB of bf16 on the GPU (over the L2); on the host 64 KiB of fp32, under torch's threshold for a
 # threaded copy (a threaded copy on a loaded machine times the scheduler more than the clock)
 CALIBRATION_ELEMENTS = {"cuda": 2**26, "host": 2**14}
@@ -61,8 +64,8 @@ def _fingerprint(value: Any) -> tuple:
 
 
 def _held(value: Any, module: str) -> bool:
-    if isinstance(value, (types.FunctionType, classmethod, staticmethod)):
-        return True
+    if isinstance(value, (types.FunctionType, classmethod, staticmethod, types.ModuleType)):
+        return True  # a module global replaced (worker.stopwatch = a stand-in) is seen by identity
     if isinstance(value, type):
         return value.__module__ == module
     return isinstance(value, (int, float, str, bytes, tuple, frozenset))

@@ -73,8 +73,8 @@ WORKER_TIMING = "cuda"  # "host": the worker's CPU stand-in (the CPU tests set i
 # The worker's bootstrap under `python -I`: the two staged folders first on the path, then the
 # module run as `python -m rmsnorm_suite.worker SPEC` would run it.
 BOOTSTRAP = (
-    "import sys, runpy; sys.path[:0] = sys.argv[1:3]; del sys.argv[1:3]; "
-    "runpy.run_module('rmsnorm_suite.worker', run_name='__main__', alter_sys=True)"
+    "import sys; sys.path[:0] = sys.argv[1:3]; del sys.argv[1:3]; "
+    "import rmsnorm_suite.worker as w; sys.exit(w.main(sys.argv[1:]))"
 )
 # Head's GPU tests under `python -I`: head's staged src and tests first on the path, then pytest.
 PYTEST_BOOTSTRAP = (
@@ -282,7 +282,8 @@ def sandboxed(
                 proc.stdin.write(go.encode() + b"\n")
                 proc.stdin.flush()
                 started = time.perf_counter()
-                if (done := line(2, until)) is not None:
+                # the answer must come after go: one that was already on its way is refused
+                if (done := line(2, until)) is not None and done > started and arrivals.empty():
                     seconds = done - started
             proc.stdin.close()
         except BrokenPipeError:  # it exited before reading: its status says why
@@ -333,14 +334,17 @@ def run_round(
     if got.code != 0:
         return None, f"exit {got.code}: {_tail(got.err, 3)}"
     if len(got.lines) != 2 or got.stopwatch_s is None:
-        return None, f"it sent {len(got.lines)} lines, not its results and the stopwatch's answer"
+        return (
+            None,
+            f"it sent {len(got.lines)} lines, not its results and then, after go, the stopwatch's answer",
+        )
     try:
         run = results.from_json(json.loads(got.lines[0]))
         guard.read_calibration(run.settings)
         blocks = stopwatch.plan(
             [bench.case_from_json(c) for c in spec["cases"]], spec["modes"], spec["timing"], worker.HOST_SHAPE
         )
-        sums = stopwatch.read_answer(got.lines[1], 2 * len(blocks))
+        sums = stopwatch.read_answer(got.lines[1], blocks, seed)
     except (ValueError, TypeError, KeyError) as exc:
         return None, f"its results were not valid: {str(exc)[:200]}"
     if run.label != spec["label"] or run.round != spec["round"] or run.git.commit != spec["commit"]:
@@ -529,20 +533,31 @@ def clock_row(runs: Mapping[str, Sequence[results.Run]], thresholds: gate.Thresh
     return gate.Row("clock", None, None, ratio, 1.0 + thresholds.clock_tolerance, verdict, "run", note=note)
 
 
-def stopwatch_row(runs: Mapping[str, Sequence[results.Run]], thresholds: gate.Thresholds) -> gate.Row:
-    """Head's stopwatch held to base's, round by round (regression.toml [stopwatch])."""
-    got = {
-        side: {
-            run.round: (run.settings["stopwatch"]["seconds"], run.settings["stopwatch"]["sums"])
-            for run in runs[side]
-        }
-        for side in SIDES
-    }
+def stopwatch_row(
+    runs: Mapping[str, Sequence[results.Run]], cases_: Sequence[Any], modes: Sequence[str],
+    thresholds: gate.Thresholds,
+) -> gate.Row:  # fmt: skip
+    """Head's stopwatch held to base's and to head's own rows, round by round ([stopwatch])."""
+    blocks = stopwatch.plan(cases_, modes, WORKER_TIMING, worker.HOST_SHAPE)
+    got = {side: {run.round: _stopwatch_side(run, blocks) for run in runs[side]} for side in SIDES}
     verdict, ratio, note = stopwatch.judge(
-        got["base"], got["head"], thresholds.stopwatch_tolerance, thresholds.stopwatch_sums
+        got["base"], got["head"], blocks, thresholds.stopwatch_tolerance, thresholds.stopwatch_sums
     )
     limit = 1.0 + thresholds.stopwatch_tolerance
     return gate.Row("stopwatch", None, None, ratio, limit, verdict, "run", note=note)
+
+
+def _stopwatch_side(run: results.Run, blocks: Sequence[stopwatch.Block]) -> stopwatch.Side:
+    """A round's stopwatch, with what its own rows claim the stopwatch's calls cost: reps x the
+    row's per-call median (GPU time where measured, else the whole call), summed over blocks."""
+    rows = {(r.shape, r.mode): r for r in run.results if r.provider == "kernel"}
+    claimed = 0.0
+    for b in blocks:
+        row = rows.get((b.case, b.mode))
+        ms = row and (row.device.median_ms or row.whole.median_ms)
+        claimed += b.reps * (ms or 0.0) / 1e3
+    watch = run.settings["stopwatch"]
+    return stopwatch.Side(watch["seconds"], watch["sums"], claimed)
 
 
 def _head_tests(context, out: Path, deadline: Deadline) -> gate.Row:
@@ -639,7 +654,7 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
     for side in SIDES:
         if merged[side]:
             results.write(merged[side], out, side)
-    extra.insert(0, stopwatch_row(runs, context["thresholds"]))
+    extra.insert(0, stopwatch_row(runs, cases_, args.modes, context["thresholds"]))
     extra.insert(0, clock_row(runs, context["thresholds"]))
     try:  # Accept-Regression trailers: data read from git's objects, honoured only when approved
         requests = accept.approve(

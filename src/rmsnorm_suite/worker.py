@@ -165,12 +165,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         pipe.write(json.dumps(result.to_json()) + "\n")
         pipe.flush()
         if spec.get("stopwatch"):
-            return answer_stopwatch(spec, pipe)
+            return answer_stopwatch(spec, pipe, held)
     return 0
 
 
-def answer_stopwatch(spec: dict[str, Any], pipe) -> int:
-    """Wait for the judge's ``go`` line, run the stopwatch's calls, answer with their checksums."""
+def answer_stopwatch(spec: dict[str, Any], pipe, held: guard.Guard) -> int:
+    """Wait for the judge's ``go`` line, run the stopwatch's calls, check the guard, answer with
+    the projections (and the seed, echoed)."""
     line = sys.stdin.readline()
     if not line:
         return 0  # the judge did not start the stopwatch
@@ -181,9 +182,8 @@ def answer_stopwatch(spec: dict[str, Any], pipe) -> int:
         [bench.case_from_json(c) for c in spec["cases"]], spec["modes"], timing, HOST_SHAPE
     )
     sums = stopwatch.run(fn, blocks, seed, "cpu" if timing == "host" else bench.DEVICE)
-    pipe.write(json.dumps({"sums": sums}) + "\n")
+    if replaced := held.replaced():
+        print(f"the clock was replaced during the stopwatch: {', '.join(replaced[:8])}", file=sys.stderr)
+        return 3
+    pipe.write(json.dumps({"seed": seed, "sums": sums}) + "\n")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
