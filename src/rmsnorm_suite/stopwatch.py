@@ -83,25 +83,26 @@ def run(fn: Callable, blocks: Sequence[Block], seed: int, device: str) -> list[f
         u = torch.randn(m, generator=gen, device=device, dtype=f32)
         v = torch.randn(n, generator=gen, device=device, dtype=f32)
         room = (size - m * n) // ALIGN
-        starts = torch.randint(0, room, (block.reps, 2), generator=gen, device="cpu").mul_(ALIGN).tolist()
+        starts = torch.randint(0, room, (block.reps, 2), generator=gen, device=device).mul_(ALIGN).tolist()
         acc = torch.zeros(2, dtype=torch.float64, device=device)
         norms = torch.zeros(2, dtype=torch.float64, device=device)
         for i, (a, b) in enumerate(starts):
             a += ALIGN if a % n == 0 else 0  # never a row-aligned window: rows differ between calls
             x = xs[a : a + m * n].view(m, n)
             if block.mode == "forward":
-                outs = [_plain(fn(x, w)).to(f32)]
+                outs = [_plain(fn(x, w))]
             else:
                 x = x.detach().requires_grad_()
                 wg = w.detach().requires_grad_()
                 fn(x, wg).backward(dys[b : b + m * n].view(m, n))
-                outs = [_plain(x.grad).to(f32), _plain(wg.grad).to(f32)]
-            acc[0] += u @ (outs[0] @ v)
+                outs = [_plain(x.grad), _plain(wg.grad)]
+            # one read of each output, in its own dtype (a GEMV accumulates in fp32)
+            acc[0] += u @ (outs[0] @ v.to(outs[0].dtype)).to(f32)
             if len(outs) == 2:
-                acc[1] += outs[1] @ v
+                acc[1] += outs[1].to(f32) @ v  # dw: n elements
             if i == 0:  # the scale a projection's disagreement is judged against
                 for j, o in enumerate(outs):
-                    norms[j] = o.norm().double() * math.sqrt(block.reps)
+                    norms[j] = o.to(f32).norm().double() * math.sqrt(block.reps)
         k = 1 if block.mode == "forward" else 2
         out.extend(acc[:k].tolist() + norms[:k].tolist())  # .tolist() waits for the GPU
     return out
