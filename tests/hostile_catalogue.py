@@ -9,7 +9,7 @@ would write; ``{token}``: a word in the command line of every process an attack 
 _WRITER = (
     "import glob, pathlib, time\n"
     "for _ in range(600):\n"
-    "    for p in glob.glob('/tmp/rmsnorm-pr-verdict-*/path/base/rmsnorm_kernel/__init__.py'):\n"
+    "    for p in glob.glob('{staging}/path/base/rmsnorm_kernel/__init__.py'):\n"
     "        pathlib.Path(p).write_text('import time\\\\ntime.sleep(600)\\\\n')\n"
     "    for p in glob.glob('/judge/suite/rmsnorm_suite/gate.py') + glob.glob('{verdict}'):\n"
     "        pathlib.Path(p).write_text('forged')\n"
@@ -139,6 +139,11 @@ FAILING_GPU_TEST = (
 )
 
 
-def attack(name: str, verdict: str, marker: str, token: str) -> str:
-    """The text of an op-code attack, its paths filled in."""
-    return ATTACKS[name].replace("{verdict}", verdict).replace("{marker}", marker).replace("{token}", token)
+STAGING = "/tmp/rmsnorm-pr-verdict-*"  # where the judge stages the commits (a glob)
+
+
+def attack(name: str, verdict: str, marker: str, token: str, staging: str = STAGING) -> str:
+    """The text of an op-code attack, its paths filled in (``staging``: what the writer aims at;
+    a run outside a sandbox aims it at a folder of its own, never at a judge running beside it)."""
+    text = ATTACKS[name].replace("{verdict}", verdict).replace("{marker}", marker)
+    return text.replace("{token}", token).replace("{staging}", staging)

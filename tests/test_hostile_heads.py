@@ -230,7 +230,10 @@ def test_the_writer_attack_works_outside_a_sandbox(tmp_path):
     write, so the sandboxed runs above show the sandbox stopping it, not a dud attack."""
     token = f"rmsnorm-unsandboxed-{tmp_path.name}"
     marker = tmp_path / "marker"
-    code = "def rms_norm(x):\n    return x\n" + catalogue.attack("left-behind-writer", "", str(marker), token)
+    staging = str(tmp_path / "rmsnorm-pr-verdict-*")  # not the judges other tests are running
+    code = "def rms_norm(x):\n    return x\n" + catalogue.attack(
+        "left-behind-writer", "", str(marker), token, staging
+    )
     env = {k: v for k, v in os.environ.items() if k != "RMSNORM_WRITER"}
     subprocess.run([os.sys.executable, "-c", code], check=True, env=env, timeout=60)
     try:

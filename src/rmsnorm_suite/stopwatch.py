@@ -40,6 +40,8 @@ def plan(
     cases_: Sequence[Any], modes: Sequence[str], timing: str, host_shape: tuple[int, int]
 ) -> list[Block]:
     """The stopwatch's blocks for a round of ``cases_`` (harness.Case) and ``modes``."""
+    if not cases_:
+        return []
     top = max(c.nbytes["forward"] for c in cases_)
     chosen = [c for c in cases_ if c.nbytes["forward"] >= LARGE * top]
     blocks = []
