@@ -427,6 +427,29 @@ def reopen_survivors(path: Path) -> int:
     return len(rows)
 
 
+def cosmic_ray_version() -> str:
+    """The installed cosmic-ray's version: its operators draw the population, so a published
+    population is redrawn with this version (requirements/constraints.txt pins it)."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("cosmic-ray")
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+def _head_commit(root: Path) -> str:
+    """The checkout's commit, with ``+changes`` where a tracked file differs from it; "" outside git."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=root, capture_output=True).returncode
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+    return f"{head}+changes" if dirty else head
+
+
 def _job_id(kind: str, key: str) -> str:
     return f"{kind}-{key}"
 
@@ -446,6 +469,9 @@ def init_session(
         "device": device, "sample": per_target, "seed": seed, "hashes": hashes,
         "targets": sorted(config.targets), "patch_ids": sorted(p.id for p in patches),
         "confined": sorted(confined) if confined else None,
+        # what else draws the population: the config's operators and skips, cosmic-ray's operators
+        "config": _file_hashes(root, {CONFIG.as_posix()})[CONFIG.as_posix()],
+        "cosmic_ray": cosmic_ray_version(),
     }  # fmt: skip
     if path.exists():
         meta = read_meta(path)
@@ -488,6 +514,8 @@ def init_session(
         "patches": patch_rows,
         "operators": operator_names(config.operators),
         "elapsed_s": 0.0,
+        "commit": _head_commit(root),
+        "started": time.strftime("%Y-%m-%d", time.gmtime()),
     }
     _write_meta(path, meta)
     return meta
