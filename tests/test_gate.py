@@ -727,3 +727,17 @@ def test_a_long_device_error_is_kept_to_its_first_300_characters():
     (row,) = [r for r in gate.judge(base, head, THRESHOLDS).rows if r.check == f"device {SMALL} forward"]
     assert row.verdict == "error"
     assert row.note == f"base: {why}; head: {why}"[:300] and len(row.note) == 300
+
+
+def test_an_error_row_reports_head_over_base():
+    """An error row's ratio (the table's x column) is head's error over base's: 3 where head's
+    error tripled, 1 where it did not change, none where base has no figure."""
+    base = make_run(1)
+    for r in base["results"]:
+        if (r["shape"], r["mode"]) == (SMALL, "forward"):
+            del r["errors"]["y"]
+    head = make_run(9, errors={(FP32, "forward"): {"y": 3 * TYPICAL_ERROR["float32"]}})
+    rows = {r.check: r for r in gate.judge(base, head, THRESHOLDS).rows}
+    assert rows[f"error y {FP32}"].ratio == pytest.approx(3.0, rel=1e-12)
+    assert rows[f"error dx {FP32}"].ratio == pytest.approx(1.0, rel=1e-12)
+    assert rows[f"error y {SMALL}"].ratio is None
