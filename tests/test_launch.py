@@ -601,3 +601,43 @@ def test_record_takes_the_keyed_path_and_keeps_what_ran(compiled_mode, monkeypat
     assert key in launcher.kernels and launcher.kernels[key].function == 77
     assert len(recording.scratch) == 1 and recording.scratch[0][0] is scratch and recording.scratch[0][1]
     assert torch.equal(scratch, torch.zeros(3)) and launch._recorded is None
+
+
+LAUNCHERS = ("_forward_tile", "_forward_looped", "_backward_tile", "_backward_chunked", "_backward_wide_dot",
+             "_backward_wide", "_backward_wide_fused", "_reduce_columns")  # fmt: skip
+
+
+@pytest.mark.parametrize("fused_refused", [False, True], ids=["one-launch", "two-launch"])
+def test_every_launcher_splits_its_arguments_into_tensors_and_scalars(
+    compiled_mode, monkeypatch, fused_refused
+):
+    """A Launcher's pointer count splits each launch's arguments: the leading tensors, whose
+    data pointers and alignment it reads, then the scalars it keys on. A count one off hands a
+    tensor to the key as a scalar, or an int to _data_ptr; the interpreter never splits, so
+    this is checked on every path's real launches (x, weight, residual, dh, dw), kernels stood in."""
+    called = set()
+
+    class Checker:
+        def __init__(self, name, pointers):
+            self.name, self.pointers, self.refused = name, pointers, {}
+
+        def __call__(self, grid, args, num_warps, constexprs):
+            tensors, scalars = args[: self.pointers], args[self.pointers :]
+            assert all(isinstance(t, torch.Tensor) for t in tensors), (self.name, tensors)
+            assert not any(isinstance(a, torch.Tensor) for a in scalars), (self.name, scalars)
+            called.add(self.name)
+            if self.name == "_backward_wide_fused" and fused_refused:
+                raise launch.CooperativeGridRefused("refused")
+
+    for name in LAUNCHERS:
+        monkeypatch.setattr(launch, name, Checker(name, getattr(launch, name).pointers))
+    for n in (257, 2048, 5000, 9000, 20000, 65537):  # tile, EVEN, both two-walk widths, wide, rolled
+        x, res, w, dy, dh = (torch.randn(3, n) for _ in range(5))
+        w = w[0]
+        launch.forward(x, w, res, 1e-6, 0.0, 0, torch.float32, torch.float32)
+        launch.forward(x, None, None, 1e-6, 0.0, 0, torch.float32, torch.float32, want_rstd=False)
+        rstd = torch.ones(3)
+        launch.backward(dy, dh, x, w, rstd, 0.0, 0, True, torch.float32)
+        launch.backward(dy, None, x, None, rstd, 0.0, 0, False, torch.float32)
+    two_launch = {"_backward_wide_dot", "_backward_wide"}  # the wide backward's fallback
+    assert called == (set(LAUNCHERS) if fused_refused else set(LAUNCHERS) - two_launch), called
