@@ -126,3 +126,34 @@ def test_two_launch_wide_backward(monkeypatch, replanned, device, m, n, strided,
     if with_residual:
         close(rg.grad, dx_ref + extra, F32, "dresidual")
     close(wg.grad, dw_ref, F32, "dw")
+
+
+EXPANDED = {
+    "columns": lambda t: t[:, :1].expand_as(t),  # one value along each row: last dim's stride 0
+    "rows": lambda t: t[:1].expand_as(t),  # one row repeated: row stride 0
+}
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("which", ["x", "residual", "dy", "dh"])
+@pytest.mark.parametrize("expanded", list(EXPANDED))
+def test_expanded_inputs(device, which, expanded):
+    """An input expanded along a dim (stride 0) reads as the tensor it shows, against float64:
+    launch.as_rows copies a last dim of stride 0, which the kernels' unit column step cannot
+    walk (`t.stride(1) == 1` -> `< 1` passed it through), and keeps a row stride of 0."""
+    m, n = 3, 257
+    x, w, dy, res = inputs(m, n, F32, device)
+    given = {"x": x, "residual": res, "dy": dy, "dh": torch.flip(dy, dims=[-1]).contiguous()}
+    given[which] = EXPANDED[expanded](given[which])
+    x, res, dy, dh = given["x"], given["residual"], given["dy"], given["dh"]
+    assert given[which].stride()[0 if expanded == "rows" else 1] == 0
+    xg, rg, wg = (t.detach().requires_grad_() for t in (x, res, w))
+    y, h = rmsnorm_kernel.rms_norm(xg, weight=wg, eps=EPS, residual=rg)
+    torch.autograd.backward([y, h], [dy, dh])
+    hd = x.double() + res.double()
+    close(h, hd, F32, "h")
+    close(y, rms_norm_reference(hd, w.double(), EPS), F32, "y")
+    dx_ref, dw_ref = rms_norm_backward_reference(hd, w.double(), dy.double(), EPS)
+    close(xg.grad, dx_ref + dh.double(), F32, "dx")
+    close(rg.grad, dx_ref + dh.double(), F32, "dresidual")
+    close(wg.grad, dw_ref, F32, "dw")

@@ -641,3 +641,17 @@ def test_every_launcher_splits_its_arguments_into_tensors_and_scalars(
         launch.backward(dy, None, x, None, rstd, 0.0, 0, False, torch.float32)
     two_launch = {"_backward_wide_dot", "_backward_wide"}  # the wide backward's fallback
     assert called == (set(LAUNCHERS) if fused_refused else set(LAUNCHERS) - two_launch), called
+
+
+def test_launch_block_widths_are_powers_of_two():
+    """tl.arange takes a power-of-two width: every block, chunk and segment width the launcher
+    hands a kernel is one, the one cooperative launch's included, which only a GPU runs."""
+    for name in (
+        "FORWARD_WALK_BLOCK",
+        "FORWARD_WIDE_BLOCK",
+        "TWO_WALK_BACKWARD_CHUNK",
+        "SEGMENT",
+        "FUSED_SEGMENT",
+    ):
+        width = getattr(launch, name)
+        assert width > 0 and width & (width - 1) == 0, f"{name} = {width}"
