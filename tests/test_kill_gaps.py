@@ -4,6 +4,8 @@ is refused (so the GPU kill commands never reached it). Each test names the muta
 docs/mutation.md has the survivors and mutation/equivalent.toml the ones argued equivalent.
 """
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -68,6 +70,29 @@ def test_bad_normalized_shape_on_a_kernel_device(device, normalized_shape, error
     x = torch.randn(4, 8, device=device)
     with pytest.raises(error, match="normalized_shape"):
         rmsnorm_kernel.rms_norm(x, normalized_shape)
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"offset": 1.0}, ValueError, "offset needs a weight"),
+        ({"offset": -0.5}, ValueError, "offset needs a weight"),
+        ({"offset": math.inf, "weight": "w"}, ValueError, "offset must be finite"),
+        ({"normalized_shape": 8, "weight": "w[:4]"}, ValueError, "weight must have shape"),
+    ],
+    ids=["offset-without-weight", "negative-offset-without-weight", "infinite-offset", "short-weight"],
+)
+def test_bad_input_on_a_kernel_device(device, kwargs, error, message):
+    """Inputs the contract refuses are refused on a kernel device too, where rms_norm first asks
+    whether its fast path (which validates nothing itself) may take the call: an offset without
+    a weight is for the slow path's validation (`weight is None and offset == 0.0` -> `!=` sent
+    it down the fast path, which normalised without the offset)."""
+    x = torch.randn(4, 8, device=device)
+    w = torch.rand(8, device=device) + 0.5
+    kwargs = {k: {"w": w, "w[:4]": w[:4]}.get(v, v) if isinstance(v, str) else v for k, v in kwargs.items()}
+    with pytest.raises(error, match=message):
+        rmsnorm_kernel.rms_norm(x, **kwargs)
 
 
 # (M, N, strided rows, residual): strided x needs no residual (h would be a fresh contiguous

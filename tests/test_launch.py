@@ -200,6 +200,7 @@ def test_the_hot_path_launches_on_the_current_device_only(compiled_mode, monkeyp
         ("aligned", "misaligned"),  # a pointer off 16-byte alignment compiles its own kernel
         ("m=2", "m=1"),  # an int equal to 1 becomes a constant
         ("m=2", "m=16"),  # an int divisible by 16
+        ("m=2", "m=2**31+2"),  # an int past int32 (Triton passes it as int64)
         ("float32", "float16"),  # a tensor's dtype
         ("warps4", "warps8"),
     ],
@@ -208,7 +209,7 @@ def test_each_specialisation_compiles_its_own_kernel(compiled_mode, first, secon
     def args(variant):
         base = torch.zeros(64, dtype=torch.float16 if variant == "float16" else torch.float32)
         x = base[1:33] if variant == "misaligned" else base[:32]
-        m = {"m=1": 1, "m=16": 16}.get(variant, 2)
+        m = {"m=1": 1, "m=16": 16, "m=2**31+2": 2**31 + 2}.get(variant, 2)
         return (x, torch.zeros(32), m, 1e-6), 8 if variant == "warps8" else 4
 
     kernel = FakeKernel()
@@ -655,3 +656,32 @@ def test_launch_block_widths_are_powers_of_two():
     ):
         width = getattr(launch, name)
         assert width > 0 and width & (width - 1) == 0, f"{name} = {width}"
+
+
+@pytest.mark.parametrize("n", [257, 9000, 20000], ids=["tile", "two-walk", "wide"])
+def test_launch_backward_returns_dw_only_when_asked(compiled_mode, monkeypatch, n):
+    """dw is computed and returned only where it is asked for (need_dw) and there is a weight:
+    else it is None and no dw reduction is launched (kernels stood in)."""
+    log = []
+    for name in LAUNCHERS:
+        monkeypatch.setattr(launch, name, _Recorder(name, log))
+    x, dy, w, rstd = torch.randn(3, n), torch.randn(3, n), torch.randn(n), torch.ones(3)
+    for weight, need_dw in [(w, False), (None, True), (None, False)]:
+        log.clear()
+        dx, dw = launch.backward(dy, None, x, weight, rstd, 0.0, 0, need_dw, torch.float32)
+        assert dw is None and dx.shape == (3, n), (weight is not None, need_dw)
+        assert "_reduce_columns" not in log, log
+    dx, dw = launch.backward(dy, None, x, w, rstd, 0.0, 0, True, torch.float32)
+    assert dw is not None and dw.shape == (n,)
+
+
+def test_launch_rows_per_program_are_powers_of_two():
+    """tl.arange takes a power-of-two width: at every row width a tile path takes, the rows per
+    program (and the block) of both plans are powers of two, the block holding the row."""
+    for n in range(1, launch.FORWARD_MAX_TILE + 1):
+        for few_rows in (False, True):
+            block_n, rows, _ = launch.forward_config(n, few_rows)
+            assert block_n >= n and block_n & (block_n - 1) == 0 and rows & (rows - 1) == 0, (n, few_rows)
+    for n in range(1, launch.BACKWARD_MAX_TILE + 1):
+        block_n, rows = launch.backward_config(n)[:2]
+        assert block_n >= n and block_n & (block_n - 1) == 0 and rows & (rows - 1) == 0, n
