@@ -73,6 +73,19 @@ def test_bad_normalized_shape_on_a_kernel_device(device, normalized_shape, error
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("normalized_shape", [(8, 8), [8, 8], (4, 8, 8)], ids=["tuple", "list", "three-dims"])
+def test_normalized_shape_of_several_dims_on_a_kernel_device(device, normalized_shape):
+    """A normalized_shape of several dims, its first equal to the last (8, 8): rms_norm's fast
+    path takes only the last dim's int or 1-tuple, so these normalise over every dim they name,
+    as torch's F.rms_norm (`len(ns) == 1` -> `!= 1` took (8, 8) for the last dim alone)."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 4, 8, 8, generator=g)
+    y = rmsnorm_kernel.rms_norm(x.to(device), normalized_shape, eps=EPS)
+    expected = F.rms_norm(x.double(), tuple(normalized_shape), eps=EPS)
+    close(y, expected, F32, "y")
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
 @pytest.mark.parametrize(
     "kwargs, error, message",
     [
