@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import rmsnorm_kernel
-from rmsnorm_kernel import host, launch
+from rmsnorm_kernel import host, launch, ops
 from rmsnorm_kernel.reference import rms_norm_backward_reference, rms_norm_reference
 
 from .conftest import KERNEL_DEVICES
@@ -194,4 +194,46 @@ def test_expanded_inputs(device, which, expanded):
     dx_ref, dw_ref = rms_norm_backward_reference(hd, w.double(), dy.double(), EPS)
     close(xg.grad, dx_ref + dh.double(), F32, "dx")
     close(rg.grad, dx_ref + dh.double(), F32, "dresidual")
+    close(wg.grad, dw_ref, F32, "dw")
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("case", ["1-D x", "no dw"])
+def test_custom_ops_fake_and_real_agree_off_the_common_case(device, case):
+    """torch.library.opcheck (fake tensors against the real op, autograd, AOT dispatch) of both
+    custom ops where their outputs take another shape than in the common case: a 1-D x (dx and
+    y viewed back to x's shape; `dim == 1` -> `not dim == 1` returned dx as (1, N)), and a
+    backward without dw (an empty placeholder, the fake's and the real one's both of shape (0,))."""
+    x, w, dy, res = inputs(3, 64, F32, device)
+    if case == "1-D x":
+        x, dy, res = x[0], dy[0], res[0]
+    options = (EPS, 0.0, 0, F32, F32)  # eps, offset, casting, out_dtype, residual_dtype
+    leaves = [t.detach().clone().requires_grad_() for t in (x, w, res)]
+    results = {"forward": torch.library.opcheck(ops.forward_op, (*leaves, *options), raise_exception=False)}
+    _, rstd, h = ops.forward_op(x, w, res, *options)
+    need_dw = case != "no dw"
+    backward = (dy, torch.flip(dy, dims=[-1]).contiguous(), h, w, rstd, 0.0, 0, need_dw, F32)
+    results["backward"] = torch.library.opcheck(ops.backward_op, backward, raise_exception=False)
+    failed = {f"{op} {test}": v for op, r in results.items() for test, v in r.items() if v != "SUCCESS"}
+    assert not failed, failed
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("negative", ["x", "weight", "residual"])
+def test_negative_views_read_as_their_values(device, negative):
+    """A tensor with the negative bit set (torch._neg_view: its storage holds -t) reads as t in
+    the forward and backward, against float64 (rms_norm resolves them before any pointer is
+    read: `if not torch.compiler.is_compiling()` -> `if not not` skipped that in eager calls)."""
+    x, w, dy, res = inputs(3, 257, F32, device)
+    given = {"x": x, "weight": w, "residual": res}
+    given[negative] = torch._neg_view(-given[negative])
+    assert given[negative].is_neg()
+    xg, wg, rg = (t.detach().requires_grad_() for t in (given["x"], given["weight"], given["residual"]))
+    y, h = rmsnorm_kernel.rms_norm(xg, weight=wg, eps=EPS, residual=rg)
+    y.backward(dy)
+    hd = x.double() + res.double()
+    close(h, hd, F32, "h")
+    close(y, rms_norm_reference(hd, w.double(), EPS), F32, "y")
+    dx_ref, dw_ref = rms_norm_backward_reference(hd, w.double(), dy.double(), EPS)
+    close(xg.grad, dx_ref, F32, "dx")
     close(wg.grad, dw_ref, F32, "dw")
