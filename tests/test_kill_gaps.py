@@ -237,3 +237,27 @@ def test_negative_views_read_as_their_values(device, negative):
     dx_ref, dw_ref = rms_norm_backward_reference(hd, w.double(), dy.double(), EPS)
     close(xg.grad, dx_ref, F32, "dx")
     close(wg.grad, dw_ref, F32, "dw")
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_double_backward_through_a_residual_when_only_y_is_used(device):
+    """A gradient penalty through a residual call whose h is not used downstream (no gradient at
+    h): the backward builds a graph, so it must take torch ops (the composite), though only dy
+    arrives (`needed(dy) or (dh is not None and needed(dh))` -> `and` ran the kernels, whose dx
+    carries no graph, and the penalty's second derivative was lost). Against float64 torch."""
+    torch.manual_seed(1)
+    x0, r0, w0, dy0 = torch.randn(3, 16), torch.randn(3, 16), torch.randn(16), torch.randn(3, 16)
+
+    def penalised(fn, dtype, dev):
+        x, r, w = (t.to(dtype=dtype, device=dev).clone().requires_grad_() for t in (x0, r0, w0))
+        y = fn(x, r, w)
+        (dx,) = torch.autograd.grad((y * dy0.to(dtype=dtype, device=dev)).sum(), x, create_graph=True)
+        (y.sum() + dx.pow(2).sum()).backward()
+        return x.grad, r.grad, w.grad
+
+    ours = penalised(
+        lambda x, r, w: rmsnorm_kernel.rms_norm(x, weight=w, eps=EPS, residual=r)[0], F32, device
+    )
+    oracle = penalised(lambda x, r, w: F.rms_norm(x + r, (16,), w, EPS), torch.float64, "cpu")
+    for got, want, what in zip(ours, oracle, ("x.grad", "residual.grad", "w.grad")):
+        close(got, want, F32, what)
