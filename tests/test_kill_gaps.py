@@ -261,3 +261,24 @@ def test_double_backward_through_a_residual_when_only_y_is_used(device):
     oracle = penalised(lambda x, r, w: F.rms_norm(x + r, (16,), w, EPS), torch.float64, "cpu")
     for got, want, what in zip(ours, oracle, ("x.grad", "residual.grad", "w.grad")):
         close(got, want, F32, what)
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_forward_mode_tangents_on_a_kernel_device(device):
+    """Forward-mode AD (a dual x, and a dual weight) outside any functorch transform: the
+    kernels compute no tangent, so rms_norm takes torch ops and y's tangent is the jvp of
+    float64 torch's (`functorch active or has tangent` -> `and` sent it to the kernels)."""
+    import torch.autograd.forward_ad as fwAD
+
+    x, w, tx, _ = inputs(3, 64, F32, device)
+    tw = torch.randn(64, generator=torch.Generator().manual_seed(2)).to(device)
+    with fwAD.dual_level():
+        y = rmsnorm_kernel.rms_norm(fwAD.make_dual(x, tx), weight=fwAD.make_dual(w, tw), eps=EPS)
+        tangent = fwAD.unpack_dual(y).tangent
+    assert tangent is not None, "no tangent: the call ran the kernels"
+    _, expected = torch.func.jvp(
+        lambda a, b: F.rms_norm(a, (64,), b, EPS),
+        (x.double().cpu(), w.double().cpu()),
+        (tx.double().cpu(), tw.double().cpu()),
+    )
+    close(tangent, expected, F32, "tangent")
