@@ -3,6 +3,8 @@ fallback is explicit and observable, and the reference's backward is right (floa
 No kernel runs here."""
 
 import math
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -106,6 +108,37 @@ def test_weight_on_other_device():
 def test_float64_raises_by_default():
     with pytest.raises(UnsupportedInput, match="allow_fallback"):
         rmsnorm_kernel.rms_norm(x_(3, 8, dtype=torch.float64))
+
+
+def test_a_fresh_process_counts_fallbacks_and_kernel_calls_from_zero():
+    """CALLS, read without reset_counters(), shows only the calls made: a process whose one call
+    fell back counts one fallback and no kernel call (a run that stayed off the kernels shows
+    zero). Its own process, as every test before it here may have counted."""
+    code = (
+        "import torch, rmsnorm_kernel\n"
+        "assert dict(rmsnorm_kernel.CALLS) == {'forward': 0, 'backward': 0, 'fallback': 0}, dict(rmsnorm_kernel.CALLS)\n"
+        "x = torch.randn(3, 8, dtype=torch.float64, requires_grad=True)\n"
+        "rmsnorm_kernel.rms_norm(x, allow_fallback=True).sum().backward()\n"
+        "print(dict(rmsnorm_kernel.CALLS))"
+    )
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "{'forward': 0, 'backward': 0, 'fallback': 1}"
+
+
+def test_float64_fallback_with_a_residual_adds_in_float64():
+    """The fallback (torch ops) keeps float64 input in float64: h = x + residual is float64's
+    own sum, exactly, and y is the float64 reference of it (an h summed in float32 is ~1e-8
+    off, which float64's comparison sees)."""
+    g = torch.Generator().manual_seed(5)
+    x, r = (torch.randn(3, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    w = torch.rand(8, generator=g, dtype=torch.float64) + 0.5
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        y, h = rmsnorm_kernel.rms_norm(x, weight=w, eps=1e-6, residual=r, allow_fallback=True)
+    assert h.dtype == y.dtype == torch.float64
+    torch.testing.assert_close(h, x + r, rtol=0, atol=0)
+    torch.testing.assert_close(y, rms_norm_reference(x + r, w, 1e-6), rtol=1e-15, atol=1e-15)
 
 
 def test_fallback_is_explicit_counted_and_warns_once(monkeypatch):

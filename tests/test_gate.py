@@ -68,6 +68,21 @@ def test_identical_rounds_collapse_the_interval():
     assert (est.ratio, est.low, est.p_value) == (1.0, 1.0, 1.0)
 
 
+@pytest.mark.parametrize("paired", [True, False], ids=["paired", "welch"])
+@pytest.mark.parametrize(
+    "head",
+    [[1.0, 1.1, 1.2], [0.5, 1.0, 2.0]],
+    ids=["one-round-unchanged", "symmetric"],
+)
+def test_rounds_that_vary_on_one_side_only_keep_the_interval_open(head, paired):
+    """Base's rounds identical (a coarse clock), head's not: only a spread of zero collapses the
+    interval, so here the bound lies strictly below the estimate and p is a t-test's, in (0, 1).
+    The heads give log ratios that cancel in a sum (-d, 0, d) or a product (one round at 0)."""
+    est = gate.ratio_estimate([1.0] * 3, head, 0.01, paired)
+    assert est.low < est.ratio < est.high
+    assert 0.0 < est.p_value < 1.0
+
+
 @pytest.mark.parametrize(
     "base, head, paired, message",
     [([1.0], [1.0, 1.0], False, "at least 2 rounds"), ([1.0, 1.0, 1.0], [1.0, 1.0], True, "equal counts")],
@@ -705,3 +720,28 @@ def test_pass_summary_counts_each_kind():
     )
     verdict = gate._verdict(rows[:2] + rows[3:6], None, None, THRESHOLDS)
     assert verdict.summary == "PASS: all 5 checks pass (2 latency, 3 numerics)"
+
+
+def test_a_long_device_error_is_kept_to_its_first_300_characters():
+    """The note of a row whose device time was not measured keeps the start of both sides'
+    reasons, cut at 300 characters: the verdict's table stays one readable line per row."""
+    why = "RuntimeError: " + "x" * 400
+    head = no_device(make_run(20), SMALL, "forward", why)
+    base = no_device(make_run(1), SMALL, "forward", why)
+    (row,) = [r for r in gate.judge(base, head, THRESHOLDS).rows if r.check == f"device {SMALL} forward"]
+    assert row.verdict == "error"
+    assert row.note == f"base: {why}; head: {why}"[:300] and len(row.note) == 300
+
+
+def test_an_error_row_reports_head_over_base():
+    """An error row's ratio (the table's x column) is head's error over base's: 3 where head's
+    error tripled, 1 where it did not change, none where base has no figure."""
+    base = make_run(1)
+    for r in base["results"]:
+        if (r["shape"], r["mode"]) == (SMALL, "forward"):
+            del r["errors"]["y"]
+    head = make_run(9, errors={(FP32, "forward"): {"y": 3 * TYPICAL_ERROR["float32"]}})
+    rows = {r.check: r for r in gate.judge(base, head, THRESHOLDS).rows}
+    assert rows[f"error y {FP32}"].ratio == pytest.approx(3.0, rel=1e-12)
+    assert rows[f"error dx {FP32}"].ratio == pytest.approx(1.0, rel=1e-12)
+    assert rows[f"error y {SMALL}"].ratio is None

@@ -7,6 +7,11 @@ wider tensor, so a row stride taken as N shows; an odd row count, so a block pas
 must be masked.
 """
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -132,15 +137,23 @@ def test_residual_offset_and_h_gradient(device, m, n):
 def test_llama_casting_in_bf16(device, m, n):
     """Llama's rounding of xn to bf16 before an fp32 weight multiply: y (fp32) is that product
     exactly, where one more or one less rounding would change nearly every element. (An r one
-    ulp off may flip the rounding of a few elements, hence 99%.) dx does not round."""
+    ulp off may flip the rounding of a few elements, hence 99%.) dx does not round; dw, y's
+    derivative in w, is the sum of dy times the rounded xn: built here from the r the kernel
+    saves, so the roundings are the kernel's own and only the fp32 sum's error is left (a dw of
+    unrounded xn is ~1e-3 away)."""
     x, _, dy, _ = inputs(m, n, BF16, device)
     w = inputs(m, n, F32, device)[1]
-    y, dx, _ = grads(x, w, dy, casting="llama")
+    y, dx, dw = grads(x, w, dy, casting="llama")
     expected = rms_norm_reference(x, w, EPS, casting="llama")  # fp32 compute, as the kernel
     assert y.dtype == expected.dtype == F32
     exact = ((y - expected).abs() <= 1e-6 * expected.abs()).double().mean().item()
     assert exact >= 0.99, f"y is Llama's product in only {exact:.1%} of elements"
     close(dx, rms_norm_backward_reference(x.double(), w.double(), dy.double(), EPS)[0], BF16, "dx")
+    rstd = launch.forward(x, w, None, EPS, 0.0, 1, F32, BF16)[1]
+    xn = (x.float() * rstd[:, None]).to(BF16).double()
+    dw_ref = (dy.double() * xn).sum(0)
+    error = (dw.double() - dw_ref).norm() / dw_ref.norm()
+    assert error < 1e-5, f"dw: relative L2 error {error:.2e} from the sum of dy * bf16(xn)"
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
@@ -183,4 +196,25 @@ def test_many_rows_of_the_unrolled_wide_forward(device, n):
         rms_norm_reference(x.double(), w.double(), EPS),
         F32,
         "y",
+    )
+
+
+@pytest.mark.parametrize("device", [KERNEL_DEVICES[0]])  # the interpreter reads through the addresses
+def test_no_path_touches_memory_past_the_end_of_an_input(device):
+    """Every path's forward and backward with x, the weight, dy, the residual and dh each ending
+    against an inaccessible page (tests/guard_pages.py), in a process of its own: an unmasked load
+    past a row's end stops it, though the values it reads are masked away before any store."""
+    sizes = sorted({n for _, n in PATHS.values()} | {53249})  # and 4 unrolled chunks, the last partial
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.guard_pages", *map(str, sizes)],
+        cwd=Path(__file__).resolve().parents[1],
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    ran = done.stdout.strip().splitlines()
+    assert done.returncode == 0 and ran and ran[-1] == "guarded: every case ran", (
+        f"exit {done.returncode} (-11: SIGSEGV, an access past an input's end) in "
+        f"{ran[-1] if ran else 'the start'}\n{done.stderr[-2000:]}"
     )

@@ -200,6 +200,7 @@ def test_the_hot_path_launches_on_the_current_device_only(compiled_mode, monkeyp
         ("aligned", "misaligned"),  # a pointer off 16-byte alignment compiles its own kernel
         ("m=2", "m=1"),  # an int equal to 1 becomes a constant
         ("m=2", "m=16"),  # an int divisible by 16
+        ("m=2", "m=2**31+2"),  # an int past int32 (Triton passes it as int64)
         ("float32", "float16"),  # a tensor's dtype
         ("warps4", "warps8"),
     ],
@@ -208,7 +209,7 @@ def test_each_specialisation_compiles_its_own_kernel(compiled_mode, first, secon
     def args(variant):
         base = torch.zeros(64, dtype=torch.float16 if variant == "float16" else torch.float32)
         x = base[1:33] if variant == "misaligned" else base[:32]
-        m = {"m=1": 1, "m=16": 16}.get(variant, 2)
+        m = {"m=1": 1, "m=16": 16, "m=2**31+2": 2**31 + 2}.get(variant, 2)
         return (x, torch.zeros(32), m, 1e-6), 8 if variant == "warps8" else 4
 
     kernel = FakeKernel()
@@ -616,3 +617,86 @@ def test_record_takes_the_keyed_path_and_keeps_what_ran(compiled_mode, monkeypat
     assert key in launcher.kernels and launcher.kernels[key].function == 77
     assert len(recording.scratch) == 1 and recording.scratch[0][0] is scratch and recording.scratch[0][1]
     assert torch.equal(scratch, torch.zeros(3)) and launch._recorded is None
+
+
+LAUNCHERS = ("_forward_tile", "_forward_looped", "_backward_tile", "_backward_chunked", "_backward_wide_dot",
+             "_backward_wide", "_backward_wide_fused", "_reduce_columns")  # fmt: skip
+
+
+@pytest.mark.parametrize("fused_refused", [False, True], ids=["one-launch", "two-launch"])
+def test_every_launcher_splits_its_arguments_into_tensors_and_scalars(
+    compiled_mode, monkeypatch, fused_refused
+):
+    """A Launcher's pointer count splits each launch's arguments: the leading tensors, whose
+    data pointers and alignment it reads, then the scalars it keys on. A count one off hands a
+    tensor to the key as a scalar, or an int to _data_ptr; the interpreter never splits, so
+    this is checked on every path's real launches (x, weight, residual, dh, dw), kernels stood in."""
+    called = set()
+
+    class Checker:
+        def __init__(self, name, pointers):
+            self.name, self.pointers, self.refused = name, pointers, {}
+
+        def __call__(self, grid, args, num_warps, constexprs):
+            tensors, scalars = args[: self.pointers], args[self.pointers :]
+            assert all(isinstance(t, torch.Tensor) for t in tensors), (self.name, tensors)
+            assert not any(isinstance(a, torch.Tensor) for a in scalars), (self.name, scalars)
+            called.add(self.name)
+            if self.name == "_backward_wide_fused" and fused_refused:
+                raise launch.CooperativeGridRefused("refused")
+
+    for name in LAUNCHERS:
+        monkeypatch.setattr(launch, name, Checker(name, getattr(launch, name).pointers))
+    for n in (257, 2048, 5000, 9000, 20000, 65537):  # tile, EVEN, both two-walk widths, wide, rolled
+        x, res, w, dy, dh = (torch.randn(3, n) for _ in range(5))
+        w = w[0]
+        launch.forward(x, w, res, 1e-6, 0.0, 0, torch.float32, torch.float32)
+        launch.forward(x, None, None, 1e-6, 0.0, 0, torch.float32, torch.float32, want_rstd=False)
+        rstd = torch.ones(3)
+        launch.backward(dy, dh, x, w, rstd, 0.0, 0, True, torch.float32)
+        launch.backward(dy, None, x, None, rstd, 0.0, 0, False, torch.float32)
+    two_launch = {"_backward_wide_dot", "_backward_wide"}  # the wide backward's fallback
+    assert called == (set(LAUNCHERS) if fused_refused else set(LAUNCHERS) - two_launch), called
+
+
+def test_launch_block_widths_are_powers_of_two():
+    """tl.arange takes a power-of-two width: every block, chunk and segment width the launcher
+    hands a kernel is one, the one cooperative launch's included, which only a GPU runs."""
+    for name in (
+        "FORWARD_WALK_BLOCK",
+        "FORWARD_WIDE_BLOCK",
+        "TWO_WALK_BACKWARD_CHUNK",
+        "SEGMENT",
+        "FUSED_SEGMENT",
+    ):
+        width = getattr(launch, name)
+        assert width > 0 and width & (width - 1) == 0, f"{name} = {width}"
+
+
+@pytest.mark.parametrize("n", [257, 9000, 20000], ids=["tile", "two-walk", "wide"])
+def test_launch_backward_returns_dw_only_when_asked(compiled_mode, monkeypatch, n):
+    """dw is computed and returned only where it is asked for (need_dw) and there is a weight:
+    else it is None and no dw reduction is launched (kernels stood in)."""
+    log = []
+    for name in LAUNCHERS:
+        monkeypatch.setattr(launch, name, _Recorder(name, log))
+    x, dy, w, rstd = torch.randn(3, n), torch.randn(3, n), torch.randn(n), torch.ones(3)
+    for weight, need_dw in [(w, False), (None, True), (None, False)]:
+        log.clear()
+        dx, dw = launch.backward(dy, None, x, weight, rstd, 0.0, 0, need_dw, torch.float32)
+        assert dw is None and dx.shape == (3, n), (weight is not None, need_dw)
+        assert "_reduce_columns" not in log, log
+    dx, dw = launch.backward(dy, None, x, w, rstd, 0.0, 0, True, torch.float32)
+    assert dw is not None and dw.shape == (n,)
+
+
+def test_launch_rows_per_program_are_powers_of_two():
+    """tl.arange takes a power-of-two width: at every row width a tile path takes, the rows per
+    program (and the block) of both plans are powers of two, the block holding the row."""
+    for n in range(1, launch.FORWARD_MAX_TILE + 1):
+        for few_rows in (False, True):
+            block_n, rows, _ = launch.forward_config(n, few_rows)
+            assert block_n >= n and block_n & (block_n - 1) == 0 and rows & (rows - 1) == 0, (n, few_rows)
+    for n in range(1, launch.BACKWARD_MAX_TILE + 1):
+        block_n, rows = launch.backward_config(n)[:2]
+        assert block_n >= n and block_n & (block_n - 1) == 0 and rows & (rows - 1) == 0, n

@@ -318,3 +318,115 @@ def test_a_kill_command_that_fails_unmutated_leaves_its_mutants_pending(tmp_path
     assert "Kill command `toy` fails on the unmutated tree" in mutation.render_report(
         [result], config, patches
     )
+
+
+def test_every_equivalence_entry_names_the_mutant_its_reason_argues():
+    """Each key of mutation/equivalent.toml names a mutant of the population the committed config
+    draws, and that mutant is the one the entry describes (file, operator, function, its line
+    before and after the change, the next line): else the reason excuses another mutant."""
+    config = mutation.load_config(ROOT)
+    equivalent = mutation.load_equivalent(ROOT)
+    assert equivalent, "mutation/equivalent.toml holds no entry"
+    assert mutation.equivalence_problems(config, equivalent, ROOT) == {}
+    for key, entry in equivalent.items():
+        assert entry.get("why") and entry.get("mutant"), f"{key}: an entry needs its change and its reason"
+
+
+def test_an_equivalence_key_that_comes_to_name_another_mutant_is_caught(tmp_path):
+    """The same line twice in one function: keys K and K-1 in order. A copy of the line added
+    above the argued one takes K; the entry's description then disagrees and it excuses nothing.
+    A key whose line is gone names no mutant."""
+    root = toy_project(tmp_path / "project")
+    source = "def unused(x):\n    y = x + 1\n    return y\n"
+    (root / "src" / "toy.py").write_text(source)
+    config = mutation.load_config(root)
+    (argued,) = [m for m in mutation.enumerate_mutants(config, root)[0] if m.operator.endswith("Add_Sub")]
+    entry = {"why": "x", **mutation.describe_mutant(argued, root)}
+    assert entry["mutated"] == "y = x - 1" and entry["after"] == "return y"
+    assert mutation.equivalence_problems(config, {argued.key: entry}, root) == {}
+    assert mutation.current_equivalent(config, {argued.key: entry}, root, log=print) == {argued.key: entry}
+
+    (root / "src" / "toy.py").write_text(
+        "def unused(x):\n    y = x + 1\n    print(y)\n    y = x + 1\n    return y\n"
+    )
+    problems = mutation.equivalence_problems(config, {argued.key: entry}, root)
+    assert "after is 'print(y)'" in problems[argued.key]
+    moved = {f"{argued.key}-1": entry}  # the entry under the key its mutant has now
+    assert mutation.equivalence_problems(config, moved, root) == {}
+    logged = []
+    assert mutation.current_equivalent(config, {argued.key: entry}, root, log=logged.append) == {}
+    assert logged and "not counted as equivalent" in logged[0]
+
+    (root / "src" / "toy.py").write_text("def unused(x):\n    return x\n")
+    problems = mutation.equivalence_problems(config, {argued.key: entry}, root)
+    assert "names no mutant" in problems[argued.key]
+
+
+def _published_sessions(text: str) -> list[dict]:
+    """docs/mutation.md's sessions: device, confined functions, the hashes of the files measured
+    and each row's (file, target, population)."""
+    sessions = []
+    for section in re.split(r"^## ", text, flags=re.M)[1:]:
+        heading = re.match(r"(CPU|GPU) session \(([^;)]*)(?:; only ([^)]*))?\)", section)
+        if not heading:
+            continue
+        rows = re.findall(r"^\| `([^`]+)` \((\w+)\) \| (\d+) \|", section, flags=re.M)
+        sessions.append({
+            "device": heading[1].lower(),
+            "confined": heading[3].split(", ") if heading[3] else None,
+            "hashes": dict(re.findall(r"`([^`]+)` ([0-9a-f]{16})", section.split("\n\n", 2)[1])),
+            "rows": [(f, t, int(n)) for f, t, n in rows],
+        })  # fmt: skip
+    return sessions
+
+
+def test_the_published_populations_are_what_the_committed_config_draws():
+    """Every population docs/mutation.md publishes for a file that has not changed since is the
+    one the committed config draws from it now, with the pinned cosmic-ray: so `--seed` redraws
+    the published sample. A file changed since shows as such in the page, and is not checked."""
+    config = mutation.load_config(ROOT)
+    sessions = _published_sessions((ROOT / "docs" / "mutation.md").read_text(encoding="utf-8"))
+    assert sessions and all(s["rows"] for s in sessions), "no session table found in docs/mutation.md"
+    checked = 0
+    for s in sessions:
+        for file, target, published in s["rows"]:
+            if s["hashes"].get(file) != mutation._file_hashes(ROOT, {file})[file]:
+                continue  # a stale score, shown as "changed since"
+            drawn = (
+                config
+                if s["confined"] is None
+                else mutation.restrict_to_definitions(config, s["confined"], ROOT)
+            )
+            drawn = dataclasses.replace(drawn, targets={target: drawn.targets[target]})
+            mutants, _ = mutation.enumerate_mutants(drawn, ROOT)
+            population = sum(s["device"] == "gpu" or not m.gpu_only for m in mutants)
+            assert published == population, (
+                f"docs/mutation.md: {s['device']} {target}: {published} mutants published, the committed "
+                f"config draws {population} with cosmic-ray {mutation.cosmic_ray_version()}"
+            )
+            checked += 1
+    print(f"{checked} published populations checked")
+
+
+def test_a_report_marks_stale_scores_and_the_targets_not_measured_at_this_commit(tmp_path):
+    (tmp_path / "a.py").write_text("x = 1\n")
+    config = mutation.load_config(ROOT)
+    config = dataclasses.replace(
+        config,
+        targets={
+            n: dataclasses.replace(t, file="a.py") for n, t in config.targets.items() if n in ("ops", "gate")
+        },
+    )
+    now = mutation._file_hashes(tmp_path, {"a.py"})["a.py"]
+    meta = {"device": "cpu", "sample": 30, "seed": 1, "hashes": {"a.py": now}, "elapsed_s": 1.0,
+            "started": "2026-12-04", "commit": "abc123", "config": "f" * 16, "cosmic_ray": "8.7.0"}  # fmt: skip
+    scores = [Score("ops", "a.py", 90.0, 10, 10, run=10, killed=10)]
+    result = mutation.SessionResult(Path("s"), meta, scores, [], [], [], [1.0], 0)
+    text = mutation.render_report([result], config, [], tmp_path)
+    assert "at commit `abc123`" in text and "cosmic-ray 8.7.0" in text
+    assert "| 0 | unchanged |" in text
+    assert "gate: not yet measured on CPU at this commit" in text
+    assert "ops, gate: not yet measured on GPU at this commit" in text
+    (tmp_path / "a.py").write_text("x = 2\n")
+    text = mutation.render_report([result], config, [], tmp_path)
+    assert "| 0 | **changed since** |" in text and "ops, gate: not yet measured on CPU" in text

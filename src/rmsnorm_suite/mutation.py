@@ -182,12 +182,19 @@ def check_catalogue(patches: list[Patch], root: Path = ROOT) -> None:
 
 
 def load_equivalent(root: Path = ROOT, path: Path = EQUIVALENT) -> dict[str, dict[str, str]]:
-    """Survivors argued equivalent: mutant key -> {why, mutant}; ``equivalent = false`` marks a
-    known gap that is explained but still counts against the score."""
+    """Survivors argued equivalent: mutant key -> {why, mutant, and the mutant's description
+    (DESCRIPTION)}; ``equivalent = false`` marks a known gap that is explained but still counts
+    against the score."""
     if not (root / path).exists():
         return {}
     data = tomllib.loads((root / path).read_text(encoding="utf-8"))
     return {e["key"]: e for e in data.get("mutant", [])}
+
+
+# What an equivalence entry records of its mutant, so that a key that comes to name another
+# mutant is caught: a key hashes the line's text, not its place, and the same line twice in one
+# function is told apart only by its order (``-1``, ``-2``), which an edit above it can change.
+DESCRIPTION = ("file", "operator", "definition", "source", "mutated", "after")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,6 +289,55 @@ def enumerate_mutants(config: Config, root: Path = ROOT) -> tuple[list[Mutant], 
                 )  # fmt: skip
         skipped[target.name] = counts
     return mutants, skipped
+
+
+def describe_mutant(m: Mutant, root: Path = ROOT) -> dict[str, str]:
+    """The mutant as an equivalence entry records it (DESCRIPTION): its file, operator and
+    function; its line before and after the mutation; and the next non-blank line of the file,
+    which tells apart the same line written twice in one function."""
+    import cosmic_ray.plugins
+    from cosmic_ray.mutating import mutate_code
+
+    original = (root / m.file).read_text(encoding="utf-8")
+    lines = original.splitlines()
+    mutated = mutate_code(original, cosmic_ray.plugins.get_operator(m.operator)(), m.occurrence)
+    after = next((ln.strip() for ln in lines[m.line :] if ln.strip()), "")
+    return {
+        "file": m.file, "operator": m.operator, "definition": m.definition or "",
+        "source": lines[m.line - 1].strip(), "mutated": mutated.splitlines()[m.line - 1].strip(), "after": after,
+    }  # fmt: skip
+
+
+def equivalence_problems(
+    config: Config, equivalent: dict[str, dict[str, str]], root: Path = ROOT
+) -> dict[str, str]:
+    """Entries of mutation/equivalent.toml whose key names no mutant of the population the
+    config draws (every device), or one other than the entry describes: key -> what is wrong.
+    Such an entry argues about code that is no longer there, so it must not excuse a survivor."""
+    mutants, _ = enumerate_mutants(config, root)
+    by_key = {m.key: m for m in mutants}
+    problems = {}
+    for key, entry in equivalent.items():
+        m = by_key.get(key)
+        if m is None:
+            problems[key] = "names no mutant of the population the committed config draws"
+            continue
+        now = describe_mutant(m, root)
+        wrong = [f for f in DESCRIPTION if entry.get(f) != now[f]]
+        if wrong:
+            problems[key] = (
+                f"now names the mutant at {m.file}:{m.line} ({m.definition}), not the one described: "
+                + "; ".join(f"{f} is {now[f]!r}, the entry says {entry.get(f)!r}" for f in wrong)
+            )
+    return problems
+
+
+def current_equivalent(config: Config, equivalent: dict[str, dict[str, str]], root: Path = ROOT, log=print):
+    """``equivalent`` less the entries equivalence_problems finds, each reported through ``log``."""
+    problems = equivalence_problems(config, equivalent, root) if equivalent else {}
+    for key, problem in problems.items():
+        log(f"mutation/equivalent.toml: {key} {problem}; not counted as equivalent")
+    return {k: v for k, v in equivalent.items() if k not in problems}
 
 
 def restrict_to_definitions(config: Config, names: list[str], root: Path = ROOT) -> Config:
@@ -427,6 +483,29 @@ def reopen_survivors(path: Path) -> int:
     return len(rows)
 
 
+def cosmic_ray_version() -> str:
+    """The installed cosmic-ray's version: its operators draw the population, so a published
+    population is redrawn with this version (requirements/constraints.txt pins it)."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("cosmic-ray")
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+def _head_commit(root: Path) -> str:
+    """The checkout's commit, with ``+changes`` where a tracked file differs from it; "" outside git."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=root, capture_output=True).returncode
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+    return f"{head}+changes" if dirty else head
+
+
 def _job_id(kind: str, key: str) -> str:
     return f"{kind}-{key}"
 
@@ -446,6 +525,9 @@ def init_session(
         "device": device, "sample": per_target, "seed": seed, "hashes": hashes,
         "targets": sorted(config.targets), "patch_ids": sorted(p.id for p in patches),
         "confined": sorted(confined) if confined else None,
+        # what else draws the population: the config's operators and skips, cosmic-ray's operators
+        "config": _file_hashes(root, {CONFIG.as_posix()})[CONFIG.as_posix()],
+        "cosmic_ray": cosmic_ray_version(),
     }  # fmt: skip
     if path.exists():
         meta = read_meta(path)
@@ -488,6 +570,8 @@ def init_session(
         "patches": patch_rows,
         "operators": operator_names(config.operators),
         "elapsed_s": 0.0,
+        "commit": _head_commit(root),
+        "started": time.strftime("%Y-%m-%d", time.gmtime()),
     }
     _write_meta(path, meta)
     return meta
@@ -781,7 +865,31 @@ def _pct(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.1f}%"
 
 
-def render_report(results: list[SessionResult], config: Config, patches: list[Patch]) -> str:
+def _source_status(root: Path, file: str, measured: str | None) -> str:
+    """Whether ``file`` is still the code a session measured (its hash then, ``measured``)."""
+    if not (root / file).is_file():
+        return "**not in the tree**"
+    now = _file_hashes(root, {file})[file]
+    return "unchanged" if measured == now else "**changed since**"
+
+
+def unmeasured(results: list[SessionResult], config: Config, root: Path = ROOT) -> dict[str, list[str]]:
+    """Per device (cpu, gpu), the targets no session of ``results`` measured on the code in the
+    tree now: none ran them, or their file changed since (a session confined to some functions
+    does not count)."""
+    missing = {}
+    for device in ("cpu", "gpu"):
+        current = {
+            s.target for r in results if r.meta.get("device") == device and not r.meta.get("confined")
+            for s in r.scores if _source_status(root, s.file, r.meta.get("hashes", {}).get(s.file)) == "unchanged"
+        }  # fmt: skip
+        missing[device] = [t for t in config.targets if t not in current]
+    return missing
+
+
+def render_report(
+    results: list[SessionResult], config: Config, patches: list[Patch], root: Path = ROOT
+) -> str:
     out = [
         "# Mutation testing of the production code",
         "",
@@ -809,21 +917,28 @@ def render_report(results: list[SessionResult], config: Config, patches: list[Pa
             + ", ".join(f"`{f}` {h}" for f, h in meta["hashes"].items())
             + f". Wall time so far {meta.get('elapsed_s', 0):.0f} s; {timing}."
             + (
+                f" Started {meta['started']} at commit `{meta['commit']}`; population drawn by"
+                f" `mutation/config.toml` {meta['config']} with cosmic-ray {meta['cosmic_ray']}."
+                if all(meta.get(k) for k in ("started", "commit", "config", "cosmic_ray"))
+                else ""
+            )
+            + (
                 f" **{r.pending} work item{'s' if r.pending != 1 else ''} still pending** (resume with the same command)."
                 if r.pending
                 else ""
             ),
             "",
             "| file | mutants (this device) | sampled | run | killed | equivalent | score | 95% interval | floor "
-            "| did not compile |",
-            "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
+            "| did not compile | file since |",
+            "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|",
         ]
         for s in r.scores:
             lo, hi = s.interval
             flag = " **below floor**" if s.below_floor else ""
+            since = _source_status(root, s.file, meta.get("hashes", {}).get(s.file))
             out.append(
                 f"| `{s.file}` ({s.target}) | {s.population} | {s.planned} | {s.run} | {s.killed} | {s.equivalent} "
-                f"| {_pct(s.percent)}{flag} | {lo:.1f}-{hi:.1f}% | {s.floor:g}% | {s.incompetent} |"
+                f"| {_pct(s.percent)}{flag} | {lo:.1f}-{hi:.1f}% | {s.floor:g}% | {s.incompetent} | {since} |"
             )
         for name, error in meta.get("baseline_errors", {}).items():
             out += ["", f"**Kill command `{name}` fails on the unmutated tree; its mutants were not run:**", "",
@@ -869,6 +984,15 @@ def render_report(results: list[SessionResult], config: Config, patches: list[Pa
                 out.append(
                     f"- `{s['key']}` {s['file']}:{s['line']} ({s['definition']}, {s['operator']}): {diff}"
                 )
+        out.append("")
+    missing = {d: ts for d, ts in unmeasured(results, config, root).items() if ts}
+    if missing:
+        out += ["## Not yet measured at this commit", ""]
+        for device, targets in missing.items():
+            out.append(
+                f"- **{', '.join(targets)}: not yet measured on {device.upper()} at this commit** (no session "
+                "of this report ran them on the files in the tree now)."
+            )
         out.append("")
     out += _method_section(config, patches)
     return "\n".join(out) + "\n"
@@ -924,12 +1048,28 @@ def _method_section(config: Config, patches: list[Patch]) -> list[str]:
         "",
         "## Running it",
         "",
+        "The CPU sessions above, one per target (a target's sample does not depend on the others",
+        "run with it), then this page from their databases:",
+        "",
         "```bash",
-        "nox -s mutation -- --device gpu --sample 30 --seed 1 --workers 8 --budget-s 480 --out outputs/mutation",
-        "nox -s mutation -- --device cpu --target kernels --sample 30 --seed 1 --budget-s 2400",
-        "nox -s mutation -- --device gpu --definition _rsqrt_newton --workers 4 --out outputs/mutation-newton",
-        "python -m rmsnorm_suite.mutation report --session .mutation/session-cpu.sqlite --report docs/mutation.md",
+        *[
+            f"nox -s mutation -- --device cpu --target {t} --sample 30 --seed 1 --workers 2 --out .mutation/{t}"
+            for t in config.targets
+        ],
+        "python -m rmsnorm_suite.mutation report --report docs/mutation.md "
+        + " ".join(f"--session .mutation/{t}/session-cpu.sqlite" for t in config.targets),
         "```",
+        "",
+        "On the GPU (every target in one session, then the GPU-only functions alone):",
+        "",
+        "```bash",
+        "nox -s mutation -- --device gpu --sample 30 --seed 1 --workers 8 --out .mutation/gpu",
+        "nox -s mutation -- --device gpu --definition _rsqrt_newton --workers 4 --out .mutation/gpu-newton",
+        "```",
+        "",
+        "A population is what `mutation/config.toml` draws from the files with the pinned cosmic-ray",
+        "(`requirements/constraints.txt`); tests/test_mutation.py checks every population this page",
+        "shows for a file still unchanged against a fresh enumeration.",
         "",
         "The same command resumes a session cut short by `--budget-s` (its database under `--out`,",
         "default `.mutation/`); `--fresh` starts over. A session refuses to resume over changed",
@@ -985,14 +1125,30 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--session", type=Path, action="append", required=True)
     rep.add_argument("--report", type=Path, default=DEFAULT_REPORT)
     sub.add_parser("check-catalogue", help="check that every catalogue patch applies exactly once")
+    describe = sub.add_parser(
+        "describe", help="a mutant's description, as an entry of mutation/equivalent.toml records it"
+    )
+    describe.add_argument("key", nargs="+")
     args = parser.parse_args(argv)
 
     config = load_config()
     patches = load_catalogue()
     equivalent = load_equivalent()
+    if args.command in ("run", "report"):
+        equivalent = current_equivalent(config, equivalent)
     if args.command == "check-catalogue":
         check_catalogue(patches)
         print(f"all {len(patches)} catalogue patches apply exactly once")
+        return 0
+    if args.command == "describe":
+        by_key = {m.key: m for m in enumerate_mutants(config)[0]}
+        for key in args.key:
+            if key not in by_key:
+                raise MutationError(f"describe: {key} names no mutant of the population the config draws")
+            print(f"[[mutant]]\nkey = {json.dumps(key)}")
+            for field, value in describe_mutant(by_key[key]).items():
+                print(f"{field} = {json.dumps(value)}")  # a JSON string is a TOML basic string
+            print()
         return 0
     if args.command == "report":
         results = [summarise(p, config, patches, equivalent) for p in args.session]
