@@ -476,6 +476,7 @@ def test_the_gate_can_judge_a_run_against_itself(cpu_run):
         ROOT_THRESHOLDS.numerics,
         min_samples=5,
         device_latency=ROOT_THRESHOLDS.device_latency,
+        family=ROOT_THRESHOLDS.family,  # the rules' level is the family's (regression.toml [family])
     )
     verdict = gate.judge(cpu_run, cpu_run, lax, provider="native")
     assert verdict.status == "pass", verdict.summary
