@@ -306,10 +306,42 @@ def gpu(session: nox.Session) -> None:
     profile = os.environ.get("RMSNORM_HYPOTHESIS_PROFILE", "")
     session.env["RMSNORM_HYPOTHESIS_PROFILE"] = profile or "gpu"
     session.env["RMSNORM_KERNEL_HOST"] = "compiled"
-    pytest(session, "-m", "gpu", *workers)
+    pytest(session, "-m", "gpu and not multigpu", *workers)
     session.env["RMSNORM_HYPOTHESIS_PROFILE"] = profile or "ci"
     session.env["RMSNORM_KERNEL_HOST"] = "python"
-    pytest(session, "-m", "gpu", *workers, *PYTHON_HOST_TESTS)
+    pytest(session, "-m", "gpu and not multigpu", *workers, *PYTHON_HOST_TESTS)
+
+
+def gpu_count(session: nox.Session) -> int:
+    """The number of CUDA devices the session's python sees (CUDA_VISIBLE_DEVICES applies)."""
+    code = "import torch\nprint(torch.cuda.device_count())"
+    lines = str(run(session, "python", "-c", code, silent=True) or "").strip().splitlines()
+    return int(lines[-1]) if lines and lines[-1].strip().isdigit() else 0
+
+
+# where gpu-distributed writes the training comparison (distributed-training.json and .md)
+DISTRIBUTED_OUT = "outputs/gpu-distributed"
+
+
+@nox.session(name="gpu-distributed", tags=["gpu"])
+def gpu_distributed(session: nox.Session) -> None:
+    """Distributed tests over NCCL on every GPU (torchrun), then FSDP2/TP training of the op against torch's."""
+    install(session, needs_cuda=True)
+    require_cuda(session)
+    count = gpu_count(session)
+    if count < 2:
+        session.skip(
+            f"gpu-distributed needs two or more GPUs and this machine shows {count}: nothing run "
+            "(the one-GPU NCCL test is in the gpu session)"
+        )
+    # The scenarios of tests/distributed_worker.py, one rank per GPU (the test starts torchrun);
+    # then the training comparison (src/rmsnorm_suite/distributed.py), which takes the
+    # arguments after `--` (e.g. `-- --steps 100 --modes tp`).
+    run(session, "python", "-m", "pytest", *PYTEST_FLAGS, "-m", "multigpu", "tests/test_distributed.py")
+    run(
+        session, "python", "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={count}",
+        "-m", "rmsnorm_suite.distributed", "--out", DISTRIBUTED_OUT, *session.posargs,
+    )  # fmt: skip
 
 
 # The tests of the op's results, rerun on the Python host path by the gpu session.

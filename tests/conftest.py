@@ -109,7 +109,7 @@ def pytest_terminal_summary(terminalreporter, config):
         terminalreporter.write_line(
             f"{len(left_out)} GPU tests left out here ({len(_GPU_LEFT_OUT['deselected'])} deselected, "
             f"{len(_GPU_LEFT_OUT['skipped'] - _GPU_LEFT_OUT['deselected'])} without CUDA): "
-            "`nox -s gpu` on a CUDA machine runs them"
+            "`nox -s gpu` on a CUDA machine runs them (`-m multigpu`: `nox -s gpu-distributed`, 2+ GPUs)"
         )
     for title, text in _REPORTED:
         terminalreporter.write_sep("=", title)

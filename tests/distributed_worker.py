@@ -14,8 +14,6 @@ On CPU the kernels run under the Triton interpreter (TRITON_INTERPRET=1, set by 
 from __future__ import annotations
 
 import contextlib
-import copy
-import datetime
 import json
 import os
 import sys
@@ -29,14 +27,12 @@ from torch import nn
 import rmsnorm_kernel  # before torch.distributed.tensor: its rules register on that import
 from rmsnorm_kernel import host, sharding
 from rmsnorm_kernel.reference import rms_norm_reference
+from rmsnorm_suite import distributed
+from rmsnorm_suite.distributed import MODEL_TOL, OP_TOL, Block
+from rmsnorm_suite.distributed import full as _full
+from rmsnorm_suite.distributed import swapped as _swapped
 
-# Declared before any comparison: torch.testing's defaults for float32 (rtol 1.3e-6, atol 1e-5)
-# and bfloat16's rtol (1.6e-2, one rounding of the output) with an atol of 1e-2 for values near
-# zero. The op against torch: both reduce in fp32, in other orders. The models (a few layers,
-# two optimizer steps) are held to the same: the kernels' differences from torch's composite
-# stay within them after the matmuls and the sums over rows and ranks.
-OP_TOL = {torch.float32: {"rtol": 1.3e-6, "atol": 1e-5}, torch.bfloat16: {"rtol": 1.6e-2, "atol": 1e-2}}
-MODEL_TOL = OP_TOL
+# The tolerances, declared before any comparison: rmsnorm_suite.distributed.OP_TOL and MODEL_TOL.
 
 SCENARIOS = (
     "registration",
@@ -56,44 +52,14 @@ def _close(got, expected, tol, what: str) -> None:
     torch.testing.assert_close(got, expected, **tol, msg=lambda m: f"{what}: {m}")
 
 
-def _full(t):
-    from torch.distributed.tensor import DTensor
+class World(distributed.World):
+    """The suite's rank (rmsnorm_suite.distributed.World) with this worker's options: DIST_HOST
+    and DIST_COMPILE."""
 
-    return t.full_tensor() if isinstance(t, DTensor) else t
-
-
-class World:
     def __init__(self) -> None:
-        import torch.distributed as dist
-        from torch.distributed.device_mesh import init_device_mesh
-
-        self.rank = int(os.environ["RANK"])
-        self.size = int(os.environ["WORLD_SIZE"])
-        self.device = torch.device(os.environ.get("DIST_DEVICE", "cpu"))
-        if self.device.type == "cuda":
-            torch.cuda.set_device(0)
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        dist.init_process_group(
-            os.environ.get("DIST_BACKEND", "gloo"),
-            init_method="file://" + os.environ["DIST_STORE"],
-            rank=self.rank,
-            world_size=self.size,
-            timeout=datetime.timedelta(seconds=120),
-        )
-        self.mesh = init_device_mesh(self.device.type, (self.size,))
+        super().__init__()
         self.host = os.environ.get("DIST_HOST") == "1"
         self.compile_backends = os.environ.get("DIST_COMPILE", "aot_eager").split(",")
-
-    def tensor(self, *shape, dtype=torch.float32, seed=0):
-        """The same values on every rank (seeded), on this rank's device."""
-        g = torch.Generator().manual_seed(seed)
-        return torch.randn(*shape, generator=g).to(self.device, dtype)
-
-    def dt(self, t, *placements, grad=True):
-        from torch.distributed.tensor import distribute_tensor
-
-        d = distribute_tensor(t.detach(), self.mesh, list(placements))
-        return d.requires_grad_() if grad else d
 
 
 # ---------------------------------------------------------------------------------------------
@@ -348,13 +314,6 @@ class MLP(nn.Module):
         return self.out(self.norm2(x + F.silu(self.mid(x))))
 
 
-def _swapped(model: nn.Module) -> nn.Module:
-    ours = copy.deepcopy(model)
-    report = rmsnorm_kernel.swap_rms_norm(ours)
-    assert report, f"nothing swapped in {type(model).__name__}"
-    return ours
-
-
 def fsdp2(w: World):
     """FSDP2 (fully_shard per norm-carrying layer and the root) of a small model: the swapped
     model's losses and gradients are torch.nn.RMSNorm's, over two optimizer steps, fp32 and with
@@ -400,82 +359,15 @@ def fsdp2(w: World):
     return out
 
 
-class Attention(nn.Module):
-    def __init__(self, dim: int, heads: int) -> None:
-        super().__init__()
-        self.head_dim = dim // heads
-        self.wq, self.wk, self.wv, self.wo = (nn.Linear(dim, dim, bias=False) for _ in range(4))
-
-    def forward(self, x):
-        b, s, _ = x.shape
-        # -1 heads: a tensor-parallel rank holds its share of them
-        q, k, v = (p(x).view(b, s, -1, self.head_dim).transpose(1, 2) for p in (self.wq, self.wk, self.wv))
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.wo(o.transpose(1, 2).reshape(b, s, -1))
-
-
-class FeedForward(nn.Module):
-    def __init__(self, dim: int, hidden: int) -> None:
-        super().__init__()
-        self.w1, self.w3 = nn.Linear(dim, hidden, bias=False), nn.Linear(dim, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, dim, bias=False)
-
-    def forward(self, x):
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
-class Block(nn.Module):
-    """A Llama-style pre-norm block. With the op swapped in, the second norm takes the residual
-    add (``norm(a, residual=x)`` returns ``(y, h)``): the fused residual variant under TP."""
-
-    def __init__(self, dim: int = H, heads: int = 4) -> None:
-        super().__init__()
-        self.attention_norm = nn.RMSNorm(dim, eps=1e-5)
-        self.attention = Attention(dim, heads)
-        self.ffn_norm = nn.RMSNorm(dim, eps=1e-5)
-        self.feed_forward = FeedForward(dim, 2 * dim)
-
-    def forward(self, x):
-        a = self.attention(self.attention_norm(x))
-        if isinstance(self.ffn_norm, rmsnorm_kernel.RMSNorm):
-            y, h = self.ffn_norm(a, residual=x)
-        else:
-            h = x + a
-            y = self.ffn_norm(h)
-        return h + self.feed_forward(y)
-
-
 def _tp_plan():
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        RowwiseParallel,
-        SequenceParallel,
-    )
-
-    # sequence parallel between the matmuls (the residual stream stays Shard(1) DTensors)
-    gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-    return {
-        "attention_norm": SequenceParallel(),
-        "attention": gather,
-        "attention.wq": ColwiseParallel(),
-        "attention.wk": ColwiseParallel(),
-        "attention.wv": ColwiseParallel(),
-        "attention.wo": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
-        "ffn_norm": SequenceParallel(),
-        "feed_forward": gather,
-        "feed_forward.w1": ColwiseParallel(),
-        "feed_forward.w3": ColwiseParallel(),
-        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
-    }
+    return distributed.block_plan()
 
 
 def _tp_models(w: World, dtype):
     from torch.distributed.tensor.parallel import parallelize_module
 
     torch.manual_seed(0)
-    reference = Block().to(w.device, dtype)
+    reference = Block(H, max(4, w.size)).to(w.device, dtype)  # a head or more per rank
     models = {"torch": reference, "ours": _swapped(reference)}
     for m in models.values():
         parallelize_module(m, w.mesh, _tp_plan())

@@ -13,6 +13,7 @@ each worker that took one of them.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -24,6 +25,7 @@ import torch
 
 import rmsnorm_kernel
 from rmsnorm_kernel import host, sharding
+from rmsnorm_suite import distributed
 
 from . import distributed_worker
 from .conftest import _extension_here, requires_cuda, requires_interpret
@@ -38,13 +40,33 @@ requires_distributed = pytest.mark.skipif(
 )
 
 
-def run_group(tmp: Path, world_size: int, backend: str, device: str, compile_backends: str, with_host: bool,
-              timeout: float) -> tuple[list[dict], float, list[str]]:  # fmt: skip
-    """Start ``world_size`` worker processes, wait for them (killing any still running at
-    ``timeout``), and return each rank's results, the wall seconds, and each rank's log."""
+def torchrun(nproc: int, *command: str) -> list[str]:
+    """torchrun (torch.distributed.run) starting ``nproc`` processes of ``command`` on this machine."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        *command,
+    ]
+
+
+def group_env() -> dict[str, str]:
+    """This environment with the tree's packages (those this test imports) first on PYTHONPATH."""
     package = Path(rmsnorm_kernel.__file__).resolve().parents[1]  # the rmsnorm_kernel this test imports
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(package), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def run_group(tmp: Path, world_size: int, backend: str, device: str, compile_backends: str, with_host: bool,
+              timeout: float, launcher: str = "own") -> tuple[list[dict], float, list[str]]:  # fmt: skip
+    """Start ``world_size`` worker processes (``launcher`` "own": one each, meeting through a
+    file; "torchrun": torchrun starts them, one per GPU), wait for them (killing any still
+    running at ``timeout``), and return each rank's results, the wall seconds, and each rank's
+    log (torchrun's: the one log of all ranks)."""
+    env = group_env()
     env.update(
         WORLD_SIZE=str(world_size),
         DIST_STORE=str(tmp / "store"),
@@ -56,17 +78,16 @@ def run_group(tmp: Path, world_size: int, backend: str, device: str, compile_bac
     )
     started = time.perf_counter()
     procs, logs = [], []
-    for rank in range(world_size):
-        log = open(tmp / f"rank{rank}.log", "w")  # closed below
+    if launcher == "torchrun":  # torchrun sets RANK, WORLD_SIZE, LOCAL_RANK and the rendezvous
+        del env["DIST_STORE"], env["WORLD_SIZE"]
+        commands = [(torchrun(world_size, str(WORKER)), {})]
+    else:
+        commands = [([sys.executable, str(WORKER)], {"RANK": str(rank)}) for rank in range(world_size)]
+    for i, (command, own) in enumerate(commands):
+        log = open(tmp / f"rank{i}.log", "w")  # closed below
         logs.append(log)
         procs.append(
-            subprocess.Popen(
-                [sys.executable, str(WORKER)],
-                env={**env, "RANK": str(rank)},
-                cwd=ROOT,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+            subprocess.Popen(command, env={**env, **own}, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         )
     deadline = started + timeout
     try:
@@ -83,12 +104,13 @@ def run_group(tmp: Path, world_size: int, backend: str, device: str, compile_bac
         for log in logs:
             log.close()
     wall = time.perf_counter() - started
-    texts = [(tmp / f"rank{rank}.log").read_text(errors="replace") for rank in range(world_size)]
+    texts = [(tmp / f"rank{i}.log").read_text(errors="replace") for i in range(len(procs))]
+    texts += texts[-1:] * (world_size - len(texts))
     results = []
-    for rank, p in enumerate(procs):
+    for rank in range(world_size):
         path = tmp / f"results.{rank}.json"
         found = json.loads(path.read_text()) if path.exists() else {}
-        found["_returncode"] = p.returncode
+        found["_returncode"] = procs[min(rank, len(procs) - 1)].returncode
         results.append(found)
     return results, wall, texts
 
@@ -145,6 +167,74 @@ def test_dtensor_fsdp2_tensor_parallel_on_one_gpu(tmp_path):
     with_host = host.mode() != "python"
     results, wall, logs = run_group(tmp_path, 1, "nccl", "cuda", "aot_eager,inductor", with_host, timeout=600)
     check(results, logs, wall)
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu
+@requires_cuda
+@requires_distributed
+def test_dtensor_fsdp2_tensor_parallel_on_every_gpu(tmp_path):
+    """The same scenarios over NCCL on every GPU of the machine, one rank each, started by
+    torchrun (`nox -s gpu-distributed`): the collectives move data between GPUs, the rules and
+    the kernels meet as in a user's run."""
+    count = torch.cuda.device_count()
+    if count < 2:
+        pytest.skip(f"needs two or more GPUs; {count} visible")
+    if not torch.distributed.is_nccl_available():
+        pytest.skip("this torch is built without NCCL")
+    with_host = host.mode() != "python"
+    results, wall, logs = run_group(
+        tmp_path, count, "nccl", "cuda", "aot_eager,inductor", with_host, timeout=900, launcher="torchrun"
+    )
+    check(results, logs, wall)
+
+
+TRAINING_RESULT = f"{distributed.RESULT}.json"
+
+
+@pytest.mark.interpret
+@requires_interpret
+@requires_distributed
+def test_training_comparison_on_two_cpu_ranks(tmp_path):
+    """The training comparison of `nox -s gpu-distributed` as it is started there (torchrun,
+    python -m rmsnorm_suite.distributed), on two CPU ranks over gloo at the tiny size, three
+    steps: FSDP2 and TP, fp32 and bf16, losses and gradients within MODEL_TOL, the kernels ran
+    (the interpreter) with no fallback, and the JSON and markdown written."""
+    args = ["--device", "cpu", "--size", "tiny", "--steps", "3", "--warmup", "1", "--modes", "fsdp2,tp"]
+    command = torchrun(2, "-m", "rmsnorm_suite.distributed", *args, "--out", str(tmp_path))
+    done = subprocess.run(command, env=group_env(), cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    results = json.loads((tmp_path / TRAINING_RESULT).read_text())
+    assert results["ok"], results
+    assert results["environment"]["world_size"] == 2 and results["environment"]["interpreter"]
+    runs = {(r["mode"], r["dtype"]): r for r in results["runs"]}
+    assert set(runs) == {(m, d) for m in ("fsdp2", "tp") for d in ("float32", "bfloat16")}
+    for r in runs.values():
+        assert r["worst"]["loss"] <= 1 and r["worst"]["grad"] <= 1, r
+        calls = r["kernel_calls_rank0"]
+        assert calls["forward"] > 0 and calls["backward"] > 0 and not calls["fallback"], calls
+        assert len(r["losses_ours"]) == len(r["losses_torch"]) == 3
+        assert all(math.isfinite(v) for v in r["losses_ours"] + r["losses_torch"])
+        assert r["median_step_ms"]["ours"] > 0 and r["median_step_ms"]["torch"] > 0
+    assert "| fsdp2 | float32 | 3 |" in (tmp_path / f"{distributed.RESULT}.md").read_text()
+
+
+@pytest.mark.parametrize("scale", [0.0, 0.5, 0.99, 1.01, 3.0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_comparisons_ratio_is_assert_closes_test(scale, dtype):
+    """worst_ratio <= 1 exactly where torch.testing.assert_close(tol) passes."""
+    tol = distributed.MODEL_TOL[dtype]
+    expected = torch.tensor([0.0, 1e-3, -2.0, 40.0], dtype=torch.float64)
+    got = expected + scale * (tol["atol"] + tol["rtol"] * expected.abs()) * torch.tensor(
+        [1.0, -1.0, 1.0, -1.0]
+    )
+    ratio = distributed.worst_ratio(got, expected, tol)
+    try:
+        torch.testing.assert_close(got, expected, **tol)
+        passed = True
+    except AssertionError:
+        passed = False
+    assert ratio == pytest.approx(scale) and passed is (ratio <= 1)
 
 
 @requires_distributed

@@ -26,6 +26,7 @@ EXPECTED_SESSIONS = {
     "tests": {"cpu"},
     "interpret": {"cpu"},
     "gpu": {"gpu"},
+    "gpu-distributed": {"gpu"},
     "verdict": {"cpu", "gpu"},
     "bench": {"gpu"},
     "asv": {"gpu"},
@@ -331,3 +332,35 @@ def test_pytest_workers(noxfile_module, monkeypatch, posargs, environ, xdist, ex
         monkeypatch.setenv(key, value)
     monkeypatch.setattr(noxfile_module, "distribution_version", lambda session, name: session.xdist)
     assert noxfile_module.pytest_workers(_Session(posargs, xdist)) == expected
+
+
+def test_gpu_distributed_skips_below_two_gpus_and_else_runs_every_gpu(noxfile_module, monkeypatch):
+    """One GPU: skipped, saying why, nothing run; N GPUs: the multigpu tests, then the training
+    comparison under torchrun with N processes and the arguments after `--`."""
+    ran, count = [], [1]
+    monkeypatch.setattr(noxfile_module, "install", lambda session, *a, **k: None)
+    monkeypatch.setattr(noxfile_module, "require_cuda", lambda session: None)
+    monkeypatch.setattr(noxfile_module, "gpu_count", lambda session: count[0])
+    monkeypatch.setattr(noxfile_module, "run", lambda session, *a, **k: ran.append(a))
+
+    class Skipped(Exception):
+        pass
+
+    def skip(message):
+        raise Skipped(message)
+
+    session = _Session(["--steps", "5"])
+    session.skip = skip
+    with pytest.raises(Skipped, match="needs two or more GPUs and this machine shows 1: nothing run"):
+        noxfile_module.gpu_distributed(session)
+    assert ran == []
+    count[0] = 4
+    noxfile_module.gpu_distributed(session)
+    tests, training = ran
+    assert tests[:3] == ("python", "-m", "pytest") and tests[-3:] == (
+        "-m",
+        "multigpu",
+        "tests/test_distributed.py",
+    )
+    assert "--nproc-per-node=4" in training and "rmsnorm_suite.distributed" in training
+    assert training[-2:] == ("--steps", "5")

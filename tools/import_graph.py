@@ -32,7 +32,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "rmsnorm_suite.providers", "rmsnorm_suite.timing", "rmsnorm_suite.harness",
         "rmsnorm_suite.stopwatch", "rmsnorm_suite.guard", "rmsnorm_suite.worker",
         "rmsnorm_suite.telemetry", "rmsnorm_suite.checks", "rmsnorm_suite.integration",
-        "rmsnorm_suite.training", "rmsnorm_suite.mutants",
+        "rmsnorm_suite.training", "rmsnorm_suite.mutants", "rmsnorm_suite.distributed",
     ),
     "gate": (
         "rmsnorm_suite.gate", "rmsnorm_suite.accept", "rmsnorm_suite.power",
