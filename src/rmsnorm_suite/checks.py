@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from rmsnorm_suite import cases, numerics
+from rmsnorm_suite import cases, console, numerics
 from rmsnorm_suite.cases import Tolerance, dtype_name
 from rmsnorm_suite.console import markdown_table
 from rmsnorm_suite.numerics import relative_l2
@@ -477,9 +477,7 @@ def run_grid(
         for item in grid
     ]
     if progress:
-        from tqdm import tqdm
-
-        items = tqdm(items, desc=f"check-{kind}", unit="case", leave=False)
+        items = console.progress(items, f"check-{kind}", len(items))
     return [GRID_CHECKS[kind](impl, case, tolerances=tolerances) for case in items]
 
 
@@ -701,9 +699,7 @@ def run_probes(
         raise TypeError(f"impl must be an Impl (forward and backward), got {type(impl).__name__}")
     probes = PROBES
     if progress:
-        from tqdm import tqdm
-
-        probes = tqdm(probes, desc="probes", unit="probe", leave=False)
+        probes = console.progress(probes, "probes", len(probes))
     results = []
     for _, fn, kind, kwargs in probes:
         results.append(fn(impl, device, kind=kind, tolerances=tolerances, **kwargs))

@@ -98,11 +98,30 @@ def say(args: argparse.Namespace, message: str) -> None:
 
 
 def progress(iterable, desc: str, total: int | None = None):
-    from tqdm import tqdm
+    """A tqdm bar on a terminal; elsewhere (CI logs, files) a plain line every tenth of the way."""
+    if sys.stderr.isatty():
+        from tqdm import tqdm
 
-    return tqdm(
-        iterable, desc=desc, total=total, file=sys.stderr, mininterval=0.5, leave=False, dynamic_ncols=True
-    )
+        return tqdm(
+            iterable,
+            desc=desc,
+            total=total,
+            file=sys.stderr,
+            mininterval=0.5,
+            leave=False,
+            dynamic_ncols=True,
+        )
+    return _lines(iterable, desc, total)
+
+
+def _lines(iterable, desc: str, total: int | None):
+    items = list(iterable) if total is None else iterable
+    total = len(items) if total is None else total
+    every = max(1, total // 10)
+    for i, item in enumerate(items, 1):
+        yield item
+        if i == total or i % every == 0:
+            print(f"{desc}: {i}/{total}", file=sys.stderr, flush=True)
 
 
 def write_json(path: Path, payload: Any) -> Path:

@@ -228,14 +228,14 @@ def environment_info() -> dict[str, Any]:
 
 
 class _Progress:
-    """tqdm when installed, else a line on stderr every few steps."""
+    """tqdm on a terminal (when installed), else a line on stderr every twentieth of the way."""
 
     def __init__(self, total: int, desc: str, enabled: bool):
         self.enabled = enabled
         self.total = total
         self.count = 0
         self.bar = None
-        if enabled:
+        if enabled and sys.stderr.isatty():
             try:
                 from tqdm import tqdm
 
