@@ -51,7 +51,7 @@ DEFAULT_TRITON = "triton==3.6.0"
 TORCH_INDEX = os.environ.get("RMSNORM_TORCH_INDEX", "")
 LINT_REQUIREMENTS = "requirements/lint.txt"
 # Test dependencies whose releases change behaviour (transformers: the swap sweep's classes), pinned
-# once for every session and for the GPU runner's installed environment (tests/test_noxfile.py).
+# once for every session and for the GPU runner's installed environment (tests/ci/test_noxfile.py).
 CONSTRAINTS = "requirements/constraints.txt"
 # The torch releases whose results the suite and its documents record (2.11 to 2.13); another torch
 # release (CI's oldest-torch job: the declared floor) runs the same sessions after one warning.
@@ -63,7 +63,7 @@ NOX_REQUIREMENTS = "requirements/nox.txt"
 EXTRAS = ("suite", "interpret", "test", "bench", "models", "mutation")
 WORKFLOWS = ".github/workflows"
 ARC_VALUES = "deploy/arc"  # runner scale sets: *.yaml values checked against values.schema.json
-HISTORY_PAGE_TEST = "tests/test_asv_page.py"  # headless Chromium; skips, with the reason, without it
+HISTORY_PAGE_TEST = "tests/suite/test_asv_page.py"  # headless Chromium; skips, with the reason, without it
 HISTORY_SCRIPT = "src/rmsnorm_suite/history.py"  # the results branch and the page's local scripts
 HISTORY_DEMO_CONFIG = ".asv/demo/asv.conf.json"  # written by HISTORY_SCRIPT's `demo` step
 PYTEST_FLAGS = ("-ra", "--strict-markers", "--strict-config", "--tb=short", "--durations=15")
@@ -279,7 +279,8 @@ def tests(session: nox.Session) -> None:
     """The CPU suite: contract, negative, gradcheck, gate, CLI, workflows; then the interpreter tests."""
     install(session)
     if not is_passthrough(session):
-        pip_install(session, "-r", NOX_REQUIREMENTS)  # tests/test_noxfile.py runs `nox -l` and GPU sessions
+        # tests/ci/test_noxfile.py runs `nox -l` and GPU sessions
+        pip_install(session, "-r", NOX_REQUIREMENTS)
     # One virtualenv (one torch install) serves both pytest runs.
     pytest(session, "-m", "not gpu and not interpret", *pytest_workers(session), one_of_several=True)
     interpreter_tests(session, one_of_several=True)
@@ -298,7 +299,7 @@ def gpu(session: nox.Session) -> None:
     install(session, needs_cuda=True)
     require_cuda(session)
     # Both host paths (rmsnorm_kernel/host/): everything on the compiled one, which must build
-    # here, with the differential tests' many-example profile (tests/differential_strategies.py);
+    # here, with the differential tests' many-example profile (tests/op/differential_strategies.py);
     # then the tests of the op's results again on the Python one, with the derandomized "ci"
     # profile: each property once on each path, the wide random search once.
     # RMSNORM_PYTEST_WORKERS=N spreads both runs over N processes on the one GPU (pytest-xdist).
@@ -334,10 +335,10 @@ def gpu_distributed(session: nox.Session) -> None:
             f"gpu-distributed needs two or more GPUs and this machine shows {count}: nothing run "
             "(the one-GPU NCCL test is in the gpu session)"
         )
-    # The scenarios of tests/distributed_worker.py, one rank per GPU (the test starts torchrun);
+    # The scenarios of tests/op/distributed_worker.py, one rank per GPU (the test starts torchrun);
     # then the training comparison (src/rmsnorm_suite/distributed.py), which takes the
     # arguments after `--` (e.g. `-- --steps 100 --modes tp`).
-    run(session, "python", "-m", "pytest", *PYTEST_FLAGS, "-m", "multigpu", "tests/test_distributed.py")
+    run(session, "python", "-m", "pytest", *PYTEST_FLAGS, "-m", "multigpu", "tests/op/test_distributed.py")
     run(
         session, "python", "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={count}",
         "-m", "rmsnorm_suite.distributed", "--out", DISTRIBUTED_OUT, *session.posargs,
@@ -346,12 +347,12 @@ def gpu_distributed(session: nox.Session) -> None:
 
 # The tests of the op's results, rerun on the Python host path by the gpu session.
 PYTHON_HOST_TESTS = (
-    "tests/test_contract.py",
-    "tests/test_differential.py",
-    "tests/test_features.py",
-    "tests/test_kernels.py",
-    "tests/test_launch.py",
-    "tests/test_validation.py",
+    "tests/op/test_contract.py",
+    "tests/op/test_differential.py",
+    "tests/op/test_features.py",
+    "tests/op/test_kernels.py",
+    "tests/op/test_launch.py",
+    "tests/op/test_validation.py",
 )
 
 
@@ -506,13 +507,13 @@ def rehearse(session: nox.Session) -> None:
         use_outer_environment(session)
     else:
         session.install(*REHEARSE_PACKAGES)
-    # no conftest: the rehearsal needs neither torch nor the package (tests/test_rehearse.py)
+    # no conftest: the rehearsal needs neither torch nor the package (tests/ci/test_rehearse.py)
     pytest(
         session,
         "--noconftest",
         "-p",
         "no:cacheprovider",
-        "tests/test_rehearse.py",
+        "tests/ci/test_rehearse.py",
         env={"RMSNORM_REHEARSE": "1"},
     )
 

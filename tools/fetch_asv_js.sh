@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Local copies of the scripts and stylesheet that asv's published page loads from public CDNs,
 # for machines that cannot reach those CDNs. Each file is written under the last part of its CDN
-# address, which is how tests/test_asv_page.py finds it through RMSNORM_ASV_JS:
+# address, which is how tests/suite/test_asv_page.py finds it through RMSNORM_ASV_JS:
 #
 #     bash tools/fetch_asv_js.sh                  # writes .asv/js
 #     RMSNORM_ASV_JS=.asv/js nox -s history

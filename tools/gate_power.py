@@ -14,7 +14,7 @@ flagged when nothing changed) and the power per class of rows (the share of its 
         --classes device/large/forward device/large/forward_backward --json outputs/power.json
 
 ``--synthetic`` replaces the recorded runs by a set drawn from a stated noise model, labelled
-SYNTHETIC in every line it prints: it exercises the method (tests/test_gate_power.py), it is not
+SYNTHETIC in every line it prints: it exercises the method (tests/suite/test_gate_power.py), it is not
 evidence for a threshold. ``--resolve`` adds, per class of rows at its table factor, the smallest
 shift flagged with 90% power.
 """

@@ -15,7 +15,7 @@ hostile: head slows the op (an extra fp32 pass over x before every call) and rew
 (every verdict a pass), the thresholds (factors of 1000) and the harness (constant timings).
 aa: ``--aa-runs`` A/A runs. ab: one A/B run whose head adds a forward over 1/``--extra-rows`` of
 the rows to every call (about 5% more forward bytes, plus a launch); every large device forward
-row must be flagged. catalogue: the heads of tests/hostile_catalogue.py, each slowed as hostile's is;
+row must be flagged. catalogue: the heads of tests/suite/hostile_catalogue.py, each slowed as hostile's is;
 each must end REGRESSION or error, leave no process behind and no marker written, and the heads
 that fool their own process (catalogue.STOPWATCH_ONLY) must be seen by the judge's stopwatch. host: head never builds the compiled host path (the Python host path serves
 every call, same kernels); every host-time forward row of ``--shapes`` must be flagged, and no
@@ -213,7 +213,7 @@ def host(args, repo: Path, base: str) -> list[str]:
 
 def catalogue(args, repo: Path, base: str) -> list[str]:
     sys.path.insert(0, str(ROOT))
-    from tests import hostile_catalogue as cat
+    from tests.suite import hostile_catalogue as cat
 
     token, problems = f"rmsnorm-hostile-{time.time_ns()}", []
     heads: dict[str, tuple[str, bool]] = {}

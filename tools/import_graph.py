@@ -2,7 +2,7 @@
 
 ``python tools/import_graph.py`` prints every edge, each module's layer and what breaks the rule
 of docs/architecture.md; ``--dot`` prints the graph for Graphviz, ``--src DIR`` reads another tree
-(an older checkout, for a before/after picture). tests/test_architecture.py enforces the rule.
+(an older checkout, for a before/after picture). tests/ci/test_architecture.py enforces the rule.
 
 An edge is any import of a module of the two packages, at the top of a module or inside a
 function (a lazy import is still a dependency), and any string constant that names one of them

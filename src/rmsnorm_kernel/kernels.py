@@ -92,7 +92,7 @@ def _interpreter_casts_fp8_as_the_gpu() -> None:
 
     Triton 3.6's interpreter drops the carry of a rounding into the exponent (31.6 becomes 16, not
     32) and returns NaN past 448, so fp8 results on CPU would be off by a factor of two where the
-    GPU's are exact (tests/test_quant.py keeps that as a known difference). Only the
+    GPU's are exact (tests/op/test_quant.py keeps that as a known difference). Only the
     interpreter's cast is changed; compiled kernels are untouched.
     """
     import numpy as np

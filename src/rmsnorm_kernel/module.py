@@ -181,7 +181,7 @@ class _ScriptableLastDim(nn.Module):
 
 # Probe tolerance, |replacement - original| <= atol + rtol |original| per element, by the coarser
 # of x's and the output's dtype. The op does not import the suite: these equal the suite's
-# TOLERANCES (tests/test_swap.py checks that none is looser).
+# TOLERANCES (tests/op/test_swap.py checks that none is looser).
 PROBE_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {  # dtype: (atol, rtol)
     torch.float32: (1e-5, 1e-4),
     torch.float16: (3e-3, 3e-3),

@@ -225,7 +225,7 @@ def _takes_fast_path(
 ) -> bool:
     """Whether ``rms_norm`` (same arguments) takes its fast path, which skips contract.py's
     validator: its rules in the cheapest form, exact types only (no bool, numpy scalar
-    or other sequence), so it accepts a subset of what it accepts (tests/test_validation.py
+    or other sequence), so it accepts a subset of what it accepts (tests/op/test_validation.py
     checks this), plus the conditions that only choose the route. Inline tests, no calls but
     torch's: the common call's host time is a few microseconds."""
     # Route: not while tracing (torch.compile sees the general path; tested first, so that

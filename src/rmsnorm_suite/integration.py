@@ -1,5 +1,5 @@
 """The op inside torch: ``torch.library.opcheck`` of its custom ops, ``torch.compile`` and CUDA
-graph capture, one implementation of each. tests/test_kernels.py asserts on the result and
+graph capture, one implementation of each. tests/op/test_kernels.py asserts on the result and
 `verdict` reports it.
 
 Each check returns a :class:`Result`: passed, a one-line key figure, the failed properties one

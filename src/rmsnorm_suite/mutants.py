@@ -14,7 +14,7 @@ The harness makes out-of-bounds effects observable and deterministic:
 * rstd and the partial-dw scratch start as NaN, so a value never written shows as NaN.
 
 ``catalogue(device)`` runs the suite's checks on every mutant and returns, per mutant, the first
-check that caught it and the case that exposed it (``tests/test_mutants.py`` writes the report).
+check that caught it and the case that exposed it (``tests/suite/test_mutants.py`` writes the report).
 
 Why one module of ~1K lines: each mutant is a ``BUG`` site in a kernel and a name in the
 catalogue beside it, so a kernel and the list that drives it change together. The two halves
@@ -393,8 +393,8 @@ def format_report(entries: list[dict]) -> str:
 # (h = x + residual computed in fp32 and stored in residual_dtype, then normalised; y = xn *
 # (offset + w); "llama" casting rounds xn to the normalised input's dtype before the weight
 # multiply and for dw; y stored in out_dtype), with its own mutation sites. The feature checks
-# below judge any implementation of the same interface; tests/test_features.py runs them on the
-# real op, tests/test_mutants.py on this baseline and every feature mutant.
+# below judge any implementation of the same interface; tests/op/test_features.py runs them on the
+# real op, tests/suite/test_mutants.py on this baseline and every feature mutant.
 
 
 @triton.jit

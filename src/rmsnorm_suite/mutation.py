@@ -1068,7 +1068,7 @@ def _method_section(config: Config, patches: list[Patch]) -> list[str]:
         "```",
         "",
         "A population is what `mutation/config.toml` draws from the files with the pinned cosmic-ray",
-        "(`requirements/constraints.txt`); tests/test_mutation.py checks every population this page",
+        "(`requirements/constraints.txt`); tests/suite/test_mutation.py checks every population this page",
         "shows for a file still unchanged against a fresh enumeration.",
         "",
         "The same command resumes a session cut short by `--budget-s` (its database under `--out`,",

@@ -5,7 +5,7 @@ values, how much a result cancels), :func:`relative_l2` is ``||value - ref|| / |
 :func:`make_inputs` draws seeded x, weight and dy. The oracle restates the formulas of
 ``rmsnorm_kernel.reference`` instead of calling them: pr-verdict's worker imports the commit's
 op beside this trusted suite, and an oracle taken from the commit would judge the commit by its
-own formulas (tests/test_numerics.py holds the two together). Nothing of the op is imported here.
+own formulas (tests/suite/test_numerics.py holds the two together). Nothing of the op is imported here.
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ def reference_check(shape: tuple[int, ...], offset: float = 0.0, seed: int = 0) 
 
 def reference_checks(seed: int = 0) -> list[dict[str, Any]]:
     """:func:`reference_check` at every shape and offset: the `reference` command and the verdict
-    report these rows, tests/test_contract.py asserts on them."""
+    report these rows, tests/op/test_contract.py asserts on them."""
     return [reference_check(s, offset, seed) for s in GRADCHECK_SHAPES for offset in GRADCHECK_OFFSETS]
 
 

