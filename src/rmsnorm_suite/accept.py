@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 TRAILER = "Accept-Regression"
-LINE = re.compile(rf"^\s*{TRAILER}\s*:\s*(.*)$", re.IGNORECASE | re.MULTILINE)
+LINE = re.compile(rf"^{TRAILER}\s*:\s*(.*)$", re.IGNORECASE | re.MULTILINE)  # a continuation line is not one
 KINDS = ("device", "latency", "host")  # gate.CHECK_PREFIXES' values
 SHAPE = re.compile(r"[0-9]{1,7}x[0-9]{1,7}-[a-z0-9]{1,16}")
 MODES = ("forward", "forward_backward")

@@ -205,6 +205,10 @@ def test_only_the_last_paragraphs_trailers_are_requests():
     assert accept.from_message(f"Accept-Regression: {DEVICE_LARGE} 1.2 subject only") == []
     prose_last = f"ops: x\n\nAccept-Regression: {DEVICE_LARGE} 1.2 early\n\nThanks to a reviewer.\n"
     assert accept.from_message(prose_last) == []
+    continued = (
+        f"ops: x\n\nReviewed-by: someone\n  Accept-Regression: {DEVICE_LARGE} 1.2 inside a continuation\n"
+    )
+    assert accept.from_message(continued) == []
 
 
 def test_grant_refuses_what_is_not_approved_or_out_of_bounds():
