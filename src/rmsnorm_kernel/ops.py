@@ -403,7 +403,7 @@ def _run_forward(
     without one."""
     n = x.shape[-1]
     dim = x.dim()
-    if residual is None and n <= launch.FORWARD_MAX_TILE:
+    if residual is None and n <= launch.FORWARD_MAX_TILE and x.numel():  # (empty: the row path)
         heads = launch.strided_heads(x, n)  # per-head views of a fused qkv tensor: read in place
         if heads is not None:
             groups = [(heads, _weight_row(weight, n), out_dtype, x.shape)]
@@ -444,7 +444,7 @@ def _run_backward(
         dy = dy.resolve_neg()
     if dh is not None and dh.is_neg():
         dh = dh.resolve_neg()
-    if dh is None and n <= launch.BACKWARD_MAX_TILE:
+    if dh is None and n <= launch.BACKWARD_MAX_TILE and xh.numel():  # (empty: the row path)
         x_heads, dy_heads = launch.strided_heads(xh, n), launch.strided_heads(dy, n)
         if x_heads is not None or dy_heads is not None:  # per-head views: read in place
             group = (

@@ -828,7 +828,7 @@ def test_compile_fullgraph_when_the_first_call_falls_back(monkeypatch):
 # kept as explicit examples: a weight stored with an offset in a 3-D normalized_shape (an unclear
 # RuntimeError from a .view), a stride-0 weight (wrong y), a numpy float32 eps and eps = 0
 # (rejected where torch takes them), and the eps=None reproducer (bf16, small x).
-_DENSE = {dims: Layout.dense(dims) for dims in (1, 2, 3)}
+_DENSE = {dims: Layout.dense(dims) for dims in (1, 2, 3, 4)}
 _X1 = TensorSpec(F32, _DENSE[1], 0)
 _SHRUNK = [
     Case(
@@ -841,6 +841,14 @@ _SHRUNK = [
     Case((1,), (1,), _X1, eps=np.float32(1e-5)),
     Case((1,), (1,), _X1, eps=0),
     Case((8, 64), (64,), TensorSpec(BF16, _DENSE[2], 0), eps=None, scale=0.01),
+    # an empty 4-D x whose rows no single stride reaches took the per-head path, and its backward
+    # a head view of a grad_y that copying cannot make (empty tensors are already "contiguous")
+    Case(
+        (1, 2, 0, 2),
+        (2,),
+        TensorSpec(F32, Layout((0, 1, 2, 3), (1, 1, 1, 2), (0,) * 4, (False,) * 4), 0, True),
+        grad_y=TensorSpec(F32, _DENSE[4], 0),
+    ),
 ]
 # create_graph=True gave a dx without a grad_fn.
 _SHRUNK_SECOND = [Case((1,), (1,), TensorSpec(F32, _DENSE[1], 0, True), grad_y=TensorSpec(F32, _DENSE[1], 0))]
