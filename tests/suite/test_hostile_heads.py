@@ -17,18 +17,9 @@ import pytest
 
 from rmsnorm_suite import cli, prverdict, sandbox, staging
 from tests.suite import hostile_catalogue as catalogue
+from tests.suite.test_prverdict import INIT, OPS, SLOW_S, git
 from tests.suite.test_prverdict import commit as prverdict_commit
-from tests.suite.test_prverdict import git
 
-OPS = """import time
-COST_S = {cost}
-def rms_norm(x, weight=None, eps=1e-6):
-    if COST_S:
-        time.sleep(COST_S)
-    y = x * (x.pow(2).mean(-1, keepdim=True) + eps).rsqrt()
-    return y * weight if weight is not None else y
-"""
-SLOW_S = 0.003
 TRUSTED_CONFTEST = "import pytest\n"
 TRUSTED_PYPROJECT = '[tool.pytest.ini_options]\nmarkers = ["gpu: needs CUDA"]\n'
 # factor 2: on a loaded 2-core machine an A/A's host-clock rounds move by tens of percent; the
@@ -66,7 +57,7 @@ def world(tmp_path_factory):
     markers.mkdir()
     git(repo, "init", "-q", "-b", "main")
     op = "src/rmsnorm_kernel/"
-    base_files = {op + "__init__.py": "from rmsnorm_kernel.ops import rms_norm\n",
+    base_files = {op + "__init__.py": INIT,
                   op + "ops.py": OPS.format(cost=0.0), "src/rmsnorm_suite/__init__.py": ""}  # fmt: skip
     base = commit(repo, base_files, "fast op")
     heads: dict[str, str] = {}
