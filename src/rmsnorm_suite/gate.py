@@ -210,6 +210,7 @@ class Thresholds:
     clock_checkpoint: float = 0.25  # [clock]: any calibration against its own round's median
     telemetry_redo: int = 2  # [telemetry]: noisy rounds redone per verdict before it errs
     stopwatch_tolerance: float = 0.10  # [stopwatch]: head/base by the judge's clock, median over rounds
+    stopwatch_consistency: float = 0.05  # [stopwatch]: head's time its rows do not show, of head's
     stopwatch_sums: float = 0.02  # [stopwatch]: relative disagreement of a round's checksums
     family: Family = Family()  # [family]: the rate shared by a verdict's latency rows
     accept: AcceptLimits = AcceptLimits()  # [accept]: bounds on accepted regressions
@@ -262,9 +263,12 @@ def parse_thresholds(data: dict[str, Any], source: str = "<thresholds>") -> Thre
         clock_tolerance = _number("clock.tolerance", clock.get("tolerance", 0.05), low=0.0, high=0.5)
         clock_checkpoint = _number("clock.checkpoint", clock.get("checkpoint", 0.25), low=0.0, high=100.0)
         watch = _table("stopwatch", data.get("stopwatch", {}))
-        _only("stopwatch", watch, ["tolerance", "sums"])
+        _only("stopwatch", watch, ["tolerance", "consistency", "sums"])
         stopwatch_tolerance = _number(
             "stopwatch.tolerance", watch.get("tolerance", 0.10), low=0.0, high=100.0
+        )
+        stopwatch_consistency = _number(
+            "stopwatch.consistency", watch.get("consistency", 0.05), low=0.0, high=100.0
         )
         stopwatch_sums = _number("stopwatch.sums", watch.get("sums", 0.02), low=0.0, high=0.5)
         tele = _table("telemetry", data.get("telemetry", {}))
@@ -306,6 +310,7 @@ def parse_thresholds(data: dict[str, Any], source: str = "<thresholds>") -> Thre
         clock_checkpoint=clock_checkpoint,
         telemetry_redo=redo,
         stopwatch_tolerance=stopwatch_tolerance,
+        stopwatch_consistency=stopwatch_consistency,
         stopwatch_sums=stopwatch_sums,
         family=family,
         accept=accept,

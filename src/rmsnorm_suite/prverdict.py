@@ -208,13 +208,14 @@ def _tail_of(f) -> str:
 @dataclass
 class Answer:
     """What a sandbox gave back: exit status (None on timeout), stdout, stderr, the lines that
-    came on the result pipe, and the judge's seconds from its go line to the next line."""
+    came on the result pipe, and per stopwatch line the judge's seconds from writing it to the
+    next line's arrival (None where that line was not answered in turn)."""
 
     code: int | None
     out: str
     err: str
     lines: list[str]
-    stopwatch_s: float | None = None
+    seconds: list[float | None] = dataclasses.field(default_factory=list)
 
 
 def sandboxed(
@@ -224,46 +225,42 @@ def sandboxed(
     timeout: float,
     hidden: Sequence[Path] = (),
     watch: telemetry.Sampler | None = None,
-    go: str | None = None,
+    exchange: Callable[[int, str], str | None] | None = None,
 ) -> Answer:
     """Run ``argv`` in ``box``, its standard input the line ``stdin(fd)`` where ``fd`` is the
-    write end of a result pipe open inside. With ``go``: once the first line has come back on the
-    pipe, ``go`` is written to standard input, and the judge's clock runs from then until the
-    next line arrives (the stopwatch). A timeout kills the sandbox's whole process group.
-    ``watch`` samples the GPU while it runs."""
+    write end of a result pipe open inside. With ``exchange``: after the pipe's line ``k`` (from
+    1) has come, ``exchange(k, that line)`` is written to standard input and the judge's clock runs
+    until line ``k + 1`` arrives (the stopwatch); None ends the exchange. A line that arrives
+    before the judge wrote what it answers is refused. A timeout kills the sandbox's whole
+    process group. ``watch`` samples the GPU while it runs."""
     read, write = os.pipe()
     chunks: list[bytes] = []
-    arrivals: queue.Queue[tuple[float, int]] = queue.Queue()  # (judge's clock, lines so far)
+    arrivals: queue.Queue[tuple[float, bytes | None]] = queue.Queue()  # (judge's clock, line)
 
     def drain() -> None:  # at most OUTPUT_CAP kept: a flood is cut, not held in memory
-        kept = lines = 0
+        kept, partial = 0, b""
         while block := os.read(read, 1 << 16):
             now = time.perf_counter()
             if kept < OUTPUT_CAP:
                 chunks.append(block[: OUTPUT_CAP - kept])
                 kept += len(block)
-            for _ in range(block.count(b"\n")):
-                lines += 1
-                arrivals.put((now, lines))
+                *done, partial = (partial + block).split(b"\n")
+                for text in done:
+                    arrivals.put((now, text))
         os.close(read)
-        arrivals.put((time.perf_counter(), -1))
+        arrivals.put((time.perf_counter(), None))
 
-    def line(n: int, until: float) -> float | None:  # the judge's time line ``n`` arrived
-        while (left := until - time.monotonic()) > 0:
-            try:
-                when, count = arrivals.get(timeout=left)
-            except queue.Empty:
-                return None
-            if count < 0:
-                return None
-            if count >= n:
-                return when
-        return None
+    def next_line(until: float) -> tuple[float, bytes] | None:  # the next line and when it came
+        try:
+            when, text = arrivals.get(timeout=max(until - time.monotonic(), 0.0))
+        except queue.Empty:
+            return None
+        return None if text is None else (when, text)
 
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
     until = time.monotonic() + max(timeout, 0.01)
-    seconds = None
+    seconds: list[float | None] = []
     with tempfile.TemporaryFile() as out_file, tempfile.TemporaryFile() as err_file:
         try:
             proc = subprocess.Popen(
@@ -278,13 +275,17 @@ def sandboxed(
         try:
             proc.stdin.write(stdin(write).encode() + b"\n")
             proc.stdin.flush()
-            if go is not None and line(1, until) is not None:
-                proc.stdin.write(go.encode() + b"\n")
+            k, got = 1, next_line(until) if exchange is not None else None
+            while got is not None and (say := exchange(k, got[1].decode("utf-8", "replace"))) is not None:
+                if not arrivals.empty():  # a line already on its way answers nothing yet asked
+                    seconds.append(None)
+                    break
+                proc.stdin.write(say.encode() + b"\n")
                 proc.stdin.flush()
                 started = time.perf_counter()
-                # the answer must come after go: one that was already on its way is refused
-                if (done := line(2, until)) is not None and done > started and arrivals.empty():
-                    seconds = done - started
+                got = next_line(until)
+                seconds.append(got[0] - started if got is not None and got[0] > started else None)
+                k += 1
             proc.stdin.close()
         except BrokenPipeError:  # it exited before reading: its status says why
             pass
@@ -314,17 +315,24 @@ def run_round(
     timeout: float,
     hidden: Sequence[Path],
     watch: telemetry.Sampler | None = None,
-    seed: int = 0,
+    seeds: Sequence[int] = (0,),
 ) -> tuple[results.Run | None, str | None]:
     """One side's round in a sandboxed worker; (the validated results, None) or (None, why not).
-    The spec goes in on standard input and the results come back on a pipe; then the stopwatch
-    (``seed`` its inputs', :mod:`rmsnorm_suite.stopwatch`). This process validates what came
-    back and writes every file itself; the stopwatch's seconds and sums go in the run's settings."""
+    The spec goes in on standard input and the results come back on a pipe; then the stopwatch:
+    ``seeds`` are its prepare seed and one go seed per block (:mod:`rmsnorm_suite.stopwatch`),
+    drawn by the judge. This process validates what came back and writes every file itself; the
+    stopwatch's seconds and answers go in the run's settings."""
     argv = [sys.executable, "-I", "-B", "-c", BOOTSTRAP, "/judge/suite", "/judge/op", "-"]
     spec = {**spec, "expect_suite_under": "/judge/suite", "expect_op_under": "/judge/op", "stopwatch": True}
+    blocks = stopwatch.plan(
+        [bench.case_from_json(c) for c in spec["cases"]], spec["modes"], spec["timing"], worker.HOST_SHAPE
+    )
+    if len(seeds) != len(blocks) + 1:
+        raise ValueError(f"the stopwatch needs {len(blocks) + 1} seeds, not {len(seeds)}")
+    says = [json.dumps({"prepare": seeds[0]})] + [json.dumps({"go": s}) for s in seeds[1:]]
     got = sandboxed(
         box, argv, lambda fd: json.dumps({**spec, "result_fd": fd}), timeout, hidden, watch,
-        go=json.dumps({"go": seed}),
+        exchange=lambda k, _line: says[k - 1] if k <= len(says) else None,
     )  # fmt: skip
     log_path.write_text(got.out + got.err, encoding="utf-8")
     if got.code is None:
@@ -333,24 +341,24 @@ def run_round(
         return None, f"the clock was replaced: {_tail(got.err, 1)}"
     if got.code != 0:
         return None, f"exit {got.code}: {_tail(got.err, 3)}"
-    if len(got.lines) != 2 or got.stopwatch_s is None:
+    if len(got.lines) != len(says) + 1 or len(got.seconds) != len(says) or None in got.seconds:
         return (
             None,
-            f"it sent {len(got.lines)} lines, not its results and then, after go, the stopwatch's answer",
+            f"it sent {len(got.lines)} lines, not its results and then, each after the judge's "
+            f"line, the stopwatch's {len(says)} answers",
         )
     try:
         run = results.from_json(json.loads(got.lines[0]))
         guard.read_calibration(run.settings)
-        blocks = stopwatch.plan(
-            [bench.case_from_json(c) for c in spec["cases"]], spec["modes"], spec["timing"], worker.HOST_SHAPE
-        )
-        sums = stopwatch.read_answer(got.lines[1], blocks, seed)
+        if json.loads(got.lines[1]) != {"ready": seeds[0]}:
+            raise ValueError("the stopwatch's ready line does not echo the judge's prepare seed")
+        sums = [stopwatch.read_answer(line, b, s) for line, b, s in zip(got.lines[2:], blocks, seeds[1:])]
     except (ValueError, TypeError, KeyError) as exc:
         return None, f"its results were not valid: {str(exc)[:200]}"
     if run.label != spec["label"] or run.round != spec["round"] or run.git.commit != spec["commit"]:
         return None, "its results name another side, round or commit"
-    settings = {**run.settings, "stopwatch": {"seconds": got.stopwatch_s, "sums": sums, "seed": seed}}
-    return dataclasses.replace(run, settings=settings), None
+    watch_ = {"prepare_s": got.seconds[0], "seconds": got.seconds[1:], "sums": sums, "seeds": list(seeds)}
+    return dataclasses.replace(run, settings={**run.settings, "stopwatch": watch_}), None
 
 
 def run_gpu_tests(
@@ -534,28 +542,29 @@ def clock_row(runs: Mapping[str, Sequence[results.Run]], thresholds: gate.Thresh
 
 
 def stopwatch_row(
-    runs: Mapping[str, Sequence[results.Run]], cases_: Sequence[Any], modes: Sequence[str],
+    runs: Mapping[str, Sequence[results.Run]], cases_: Sequence[bench.Case], modes: Sequence[str],
     thresholds: gate.Thresholds,
 ) -> gate.Row:  # fmt: skip
     """Head's stopwatch held to base's and to head's own rows, round by round ([stopwatch])."""
     blocks = stopwatch.plan(cases_, modes, WORKER_TIMING, worker.HOST_SHAPE)
     got = {side: {run.round: _stopwatch_side(run, blocks) for run in runs[side]} for side in SIDES}
     verdict, ratio, note = stopwatch.judge(
-        got["base"], got["head"], blocks, thresholds.stopwatch_tolerance, thresholds.stopwatch_sums
-    )
+        got["base"], got["head"], blocks, thresholds.stopwatch_tolerance,
+        thresholds.stopwatch_consistency, thresholds.stopwatch_sums,
+    )  # fmt: skip
     limit = 1.0 + thresholds.stopwatch_tolerance
     return gate.Row("stopwatch", None, None, ratio, limit, verdict, "run", note=note)
 
 
 def _stopwatch_side(run: results.Run, blocks: Sequence[stopwatch.Block]) -> stopwatch.Side:
-    """A round's stopwatch, with what its own rows claim the stopwatch's calls cost: reps x the
-    row's per-call median (GPU time where measured, else the whole call), summed over blocks."""
+    """A round's stopwatch, with what its own rows claim each block's calls cost: reps x the
+    row's whole-call median (the stopwatch's calls include their host work), else its GPU time."""
     rows = {(r.shape, r.mode): r for r in run.results if r.provider == "kernel"}
-    claimed = 0.0
+    claimed = []
     for b in blocks:
         row = rows.get((b.case, b.mode))
-        ms = row and (row.device.median_ms or row.whole.median_ms)
-        claimed += b.reps * (ms or 0.0) / 1e3
+        ms = row and (row.whole.median_ms or row.device.median_ms)
+        claimed.append(b.reps * (ms or 0.0) / 1e3)
     watch = run.settings["stopwatch"]
     return stopwatch.Side(watch["seconds"], watch["sums"], claimed)
 
@@ -590,7 +599,11 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
         extra.append(gate.Row("telemetry", None, None, None, None, "error", "run", note=why))
     try:
         for k in range(args.rounds):
-            seed = secrets.randbits(62)  # the stopwatch's inputs, drawn by the judge, the same for both sides
+            # the stopwatch's inputs (a prepare seed, a go seed per block): the judge's, both sides'
+            seeds = [
+                secrets.randbits(62)
+                for _ in range(len(stopwatch.plan(cases_, args.modes, WORKER_TIMING, worker.HOST_SHAPE)) + 1)
+            ]
             for side in round_order(k):
                 if deadline.passed:
                     break
@@ -610,7 +623,7 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
                 log = rounds_dir / f"{side}-{k}.log"
                 while True:
                     run, problem = run_round(
-                        boxes[side], spec, log, deadline.cap(WORKER_TIMEOUT_S), hidden, watch, seed
+                        boxes[side], spec, log, deadline.cap(WORKER_TIMEOUT_S), hidden, watch, seeds
                     )
                     done += 1
                     noisy = watch.round.noisy() if watch is not None and run is not None else None

@@ -1,11 +1,12 @@
 """The judge's stopwatch: op calls timed by the judge's own clock, outside the sandbox.
 
 The op shares its process with the harness and can rewrite what the harness records; it cannot
-change the judge's wall clock. After its results each worker waits for the judge's ``go`` line
-(a seed), runs the op on inputs cut from buffers drawn from that seed (each call a new window:
-no output can be ready before ``go``) and answers with random projections of every output.
-The judge times ``go`` to answer, and holds head to base and to head's own reported times
-(:func:`judge`, regression.toml [stopwatch]). docs/gate.md has the figures.
+change the judge's wall clock. After its results a worker gets the judge's ``prepare`` seed,
+draws every block's inputs from it and warms each block up (untimed), and says ``ready``. Then,
+block by block, the judge sends a ``go`` seed and times go to answer: the calls run on windows at
+offsets drawn from that seed (no output can be ready before go), and the answer holds random
+projections of every output. :func:`judge` holds head to base and to head's own rows, group by
+group (regression.toml [stopwatch]). docs/gate.md has the figures.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-# Bytes of op traffic one side's stopwatch moves on the GPU (tens of ms on an H200); on the host
-# stand-in, calls of its CPU inputs. Every case within LARGE of the largest is timed.
-GPU_BYTES = 64 * 2**30
-HOST_CALLS = 200
-LARGE = 0.5
+# Calls per block: enough for BLOCK_BYTES of op traffic (about 10 ms of an H200's memory time),
+# at most MAX_REPS (launch-bound shapes); the host stand-in makes HOST_CALLS calls of its inputs.
+BLOCK_BYTES = 32 * 2**30
+MAX_REPS = 400
+HOST_CALLS = 50
 ALIGN = 8  # elements: windows start 16-byte aligned, never on a row boundary of the last one
 
 
@@ -30,6 +31,7 @@ class Block:
     """``reps`` calls of one (case, mode), each on a fresh window of shape ``shape``."""
 
     case: str
+    group: str
     mode: str
     shape: tuple[int, int]
     dtype: str
@@ -39,75 +41,90 @@ class Block:
 def plan(
     cases_: Sequence[Any], modes: Sequence[str], timing: str, host_shape: tuple[int, int]
 ) -> list[Block]:
-    """The stopwatch's blocks for a round of ``cases_`` (harness.Case) and ``modes``."""
-    if not cases_:
-        return []
-    top = max(c.nbytes["forward"] for c in cases_)
-    chosen = [c for c in cases_ if c.nbytes["forward"] >= LARGE * top]
+    """The stopwatch's blocks: every case (harness.Case) in every mode."""
     blocks = []
-    for case in chosen:
+    for case in cases_:
         for mode in modes:
             if timing == "host":
                 shape = (min(case.m, host_shape[0]), min(case.n, host_shape[1]))
-                blocks.append(Block(case.name, mode, shape, "float32", HOST_CALLS))
+                blocks.append(Block(case.name, case.group, mode, shape, "float32", HOST_CALLS))
                 continue
-            reps = max(1, math.ceil(GPU_BYTES / (len(chosen) * len(modes) * case.nbytes[mode])))
-            blocks.append(
-                Block(case.name, mode, (case.m, case.n), str(case.dtype).removeprefix("torch."), reps)
-            )
+            reps = min(MAX_REPS, max(1, math.ceil(BLOCK_BYTES / case.nbytes[mode])))
+            dtype = str(case.dtype).removeprefix("torch.")
+            blocks.append(Block(case.name, case.group, mode, (case.m, case.n), dtype, reps))
     return blocks
 
 
-def answer_size(blocks: Sequence[Block]) -> int:
-    """How many figures an answer holds: per output (y forward; dx and dw with backward) its
-    projection, then per output its scale."""
-    return sum(2 if b.mode == "forward" else 4 for b in blocks)
+def outputs(block: Block) -> int:
+    """How many outputs a block's calls give: y forward; dx and dw with backward."""
+    return 1 if block.mode == "forward" else 2
 
 
-def run(fn: Callable, blocks: Sequence[Block], seed: int, device: str) -> list[float]:
-    """Per block, the projections u.(Y v) of every output summed over its calls (u, v drawn from
-    the seed; dw: dw.v), then each output's scale (the first call's norm x sqrt(calls): the
-    projection's standard deviation). Inputs are windows at seeded offsets of buffers of random
-    values in runs of random scale (normalising matters; no row of a call is a row of another)."""
-    import torch
+class Stopwatch:
+    """One side's stopwatch: every block's buffers drawn from the judge's ``prepare`` seed and
+    each block warmed up once, before the first go (none of it timed)."""
 
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed)
-    f32 = torch.float32
-    out: list[float] = []
-    for block in blocks:
+    def __init__(self, fn: Callable, blocks: Sequence[Block], seed: int, device: str) -> None:
+        import torch
+
+        self.torch, self.fn, self.blocks, self.device = torch, fn, list(blocks), device
+        gen = torch.Generator(device=device)
+        gen.manual_seed(seed)
+        self.inputs = [self._draw(gen, b) for b in self.blocks]
+        for i in range(len(self.blocks)):
+            self._calls(i, [(ALIGN, ALIGN)])
+
+    def _draw(self, gen: Any, block: Block) -> tuple:
+        """A block's x (and dy) buffers of random values in runs of random scale (normalising
+        matters), its weight and the projection's vectors."""
+        torch, f32 = self.torch, self.torch.float32
         dtype, (m, n) = getattr(torch, block.dtype), block.shape
         size = (2 * m * n + n + 63) // 64 * 64
+        xs = _buffer(gen, size, dtype, self.device)
+        dys = _buffer(gen, size, dtype, self.device) if block.mode != "forward" else None
+        w = torch.rand(n, generator=gen, device=self.device, dtype=f32).add_(0.5).to(dtype)
+        u = torch.randn(m, generator=gen, device=self.device, dtype=f32)
+        v = torch.randn(n, generator=gen, device=self.device, dtype=f32)
+        return xs, dys, w, u, v, v.to(dtype)
 
-        xs = _buffer(gen, size, dtype, device)
-        dys = _buffer(gen, size, dtype, device) if block.mode != "forward" else None
-        w = torch.rand(n, generator=gen, device=device, dtype=f32).add_(0.5).to(dtype)
-        u = torch.randn(m, generator=gen, device=device, dtype=f32)
-        v = torch.randn(n, generator=gen, device=device, dtype=f32)
-        room = (size - m * n) // ALIGN
-        starts = torch.randint(0, room, (block.reps, 2), generator=gen, device=device).mul_(ALIGN).tolist()
-        acc = torch.zeros(2, dtype=torch.float64, device=device)
-        norms = torch.zeros(2, dtype=torch.float64, device=device)
-        for i, (a, b) in enumerate(starts):
+    def block(self, i: int, seed: int) -> list[float]:
+        """Block ``i``'s calls on windows at offsets drawn from the go ``seed``: per output the
+        projection u.(Y v) summed over the calls (dw: dw.v), then per output its scale (the first
+        call's norm x sqrt(calls): the projection's standard deviation)."""
+        torch = self.torch
+        block, (m, n) = self.blocks[i], self.blocks[i].shape
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(seed)
+        room = (self.inputs[i][0].numel() - m * n) // ALIGN
+        starts = torch.randint(0, room, (block.reps, 2), generator=gen, device=self.device)
+        return self._calls(i, starts.mul_(ALIGN).tolist())
+
+    def _calls(self, i: int, starts: Sequence[Sequence[int]]) -> list[float]:
+        torch, f32 = self.torch, self.torch.float32
+        block, (m, n) = self.blocks[i], self.blocks[i].shape
+        xs, dys, w, u, v, v_low = self.inputs[i]
+        acc = torch.zeros(2, dtype=torch.float64, device=self.device)
+        norms = torch.zeros(2, dtype=torch.float64, device=self.device)
+        for k, (a, b) in enumerate(starts):
             a += ALIGN if a % n == 0 else 0  # never a row-aligned window: rows differ between calls
             x = xs[a : a + m * n].view(m, n)
             if block.mode == "forward":
-                outs = [_plain(fn(x, w))]
+                outs = [_plain(self.fn(x, w))]
             else:
                 x = x.detach().requires_grad_()
                 wg = w.detach().requires_grad_()
-                fn(x, wg).backward(dys[b : b + m * n].view(m, n))
+                self.fn(x, wg).backward(dys[b : b + m * n].view(m, n))
                 outs = [_plain(x.grad), _plain(wg.grad)]
             # one read of each output, in its own dtype (a GEMV accumulates in fp32)
-            acc[0] += u @ (outs[0] @ v.to(outs[0].dtype)).to(f32)
+            low = v_low if outs[0].dtype == v_low.dtype else v.to(outs[0].dtype)
+            acc[0] += u @ (outs[0] @ low).to(f32)
             if len(outs) == 2:
                 acc[1] += outs[1].to(f32) @ v  # dw: n elements
-            if i == 0:  # the scale a projection's disagreement is judged against
+            if k == 0:  # the scale a projection's disagreement is judged against
                 for j, o in enumerate(outs):
-                    norms[j] = o.to(f32).norm().double() * math.sqrt(block.reps)
-        k = 1 if block.mode == "forward" else 2
-        out.extend(acc[:k].tolist() + norms[:k].tolist())  # .tolist() waits for the GPU
-    return out
+                    norms[j] = o.to(f32).norm().double() * math.sqrt(len(starts))
+        k = outputs(block)
+        return acc[:k].tolist() + norms[:k].tolist()  # .tolist() waits for the GPU
 
 
 def _buffer(gen: Any, size: int, dtype: Any, device: str) -> Any:
@@ -128,39 +145,28 @@ def _plain(t: Any) -> Any:
     return t
 
 
-def read_answer(line: str, blocks: Sequence[Block], seed: int) -> list[float]:
-    """The projections a worker answered with; ValueError unless it echoes ``seed`` and holds
-    ``answer_size(blocks)`` finite floats."""
+def read_answer(line: str, block: Block, seed: int) -> list[float]:
+    """A block's projections and scales; ValueError unless the answer echoes the go ``seed`` and
+    holds 2 x outputs(block) finite floats."""
     data = json.loads(line)
-    if not isinstance(data, dict) or data.get("seed") != seed:
-        raise ValueError("the stopwatch's answer does not echo the judge's seed")
-    sums = data.get("sums")
-    if not isinstance(sums, list) or len(sums) != answer_size(blocks):
-        raise ValueError(f"the stopwatch's answer must hold {answer_size(blocks)} projections")
+    if not isinstance(data, dict) or data.get("go") != seed:
+        raise ValueError("the stopwatch's answer does not echo the judge's go")
+    sums, size = data.get("sums"), 2 * outputs(block)
+    if not isinstance(sums, list) or len(sums) != size:
+        raise ValueError(f"the stopwatch's answer must hold {size} figures for {block.case} {block.mode}")
     if not all(isinstance(s, (int, float)) and math.isfinite(s) for s in sums):
         raise ValueError("the stopwatch's answer holds a projection that is not a finite number")
     return [float(s) for s in sums]
 
 
-def _scale_of(blocks: Sequence[Block], i: int) -> int:
-    """The index, in an answer, of the scale that figure ``i`` is judged against."""
-    start = 0
-    for b in blocks:
-        k = 1 if b.mode == "forward" else 2
-        if i < start + 2 * k:
-            return start + k + (i - start) % k
-        start += 2 * k
-    raise IndexError(i)
-
-
 @dataclass(frozen=True)
 class Side:
-    """One round of one side: the judge's seconds, the projections, and what the side's own
-    rows claim the stopwatch's calls cost (seconds: reps x its device median, summed)."""
+    """One round of one side, per block: the judge's seconds, the answer (projections, then
+    scales), and what the side's own rows claim the block's calls cost (reps x its median)."""
 
-    seconds: float
-    sums: Sequence[float]
-    claimed: float
+    seconds: Sequence[float]
+    sums: Sequence[Sequence[float]]
+    claimed: Sequence[float]
 
 
 def judge(
@@ -168,33 +174,46 @@ def judge(
     head: Mapping[int, Side],
     blocks: Sequence[Block],
     tolerance: float,
+    consistency: float,
     sums_tolerance: float,
 ) -> tuple[str, float | None, str]:
-    """(verdict, ratio, note). `error` when a round's projections disagree beyond
-    ``sums_tolerance`` (of base's scale for it), when no round pairs, or when head's seconds pass what
-    its own rows predict (base's seconds less base's claimed op time plus head's) by more than
-    ``tolerance``; `regression` when head/base passes 1 + ``tolerance``. Ratios: the upper
-    median over rounds."""
+    """(verdict, ratio, note). `error` when a projection differs from base's by more than
+    ``sums_tolerance`` of its scale, when no round pairs, or when, in a group of cases, head's
+    seconds beyond what its own rows claim pass base's by more than ``consistency`` of head's
+    seconds (head's rows hide time); `regression` when head/base over every block passes
+    1 + ``tolerance``. Both: the upper median over rounds."""
     pairs = sorted(set(base) & set(head))
     if not pairs:
         return "error", None, "the stopwatch cannot judge: no round of both sides answered"
     for k in pairs:
-        for i, (b, h) in enumerate(zip(base[k].sums, head[k].sums)):
-            if not abs(h - b) <= sums_tolerance * base[k].sums[_scale_of(blocks, i)]:
-                why = f"head's stopwatch outputs differ from base's ({h:.6g} vs {b:.6g})"
-                return "error", None, f"round {k}: {why}"
-    ratio = statistics.median_high(head[k].seconds / base[k].seconds for k in pairs)
-    predicted = statistics.median_high(
-        head[k].seconds / max(base[k].seconds - base[k].claimed + head[k].claimed, 1e-9) for k in pairs
-    )
-    share = statistics.median(min(base[k].claimed / base[k].seconds, 1.0) for k in pairs)
+        for block, b_sums, h_sums in zip(blocks, base[k].sums, head[k].sums):
+            n = outputs(block)
+            for i, (b, h) in enumerate(zip(b_sums[:n], h_sums[:n])):
+                if not abs(h - b) <= sums_tolerance * b_sums[n + i]:
+                    why = f"head's stopwatch outputs differ from base's ({h:.6g} vs {b:.6g})"
+                    return "error", None, f"round {k}, {block.case} {block.mode}: {why}"
+    ratio = statistics.median_high(sum(head[k].seconds) / sum(base[k].seconds) for k in pairs)
+    hidden = {}
+    for group in dict.fromkeys(b.group for b in blocks):
+        idx = [i for i, b in enumerate(blocks) if b.group == group]
+        hidden[group] = statistics.median_high(
+            (_unclaimed(head[k], idx) - _unclaimed(base[k], idx)) / sum(head[k].seconds[i] for i in idx)
+            for k in pairs
+        )
+    share = statistics.median(min(sum(base[k].claimed) / sum(base[k].seconds), 1.0) for k in pairs)
+    worst = max(hidden, key=hidden.get)
     note = (
         f"head/base {ratio:.3f} by the judge's clock, upper median over {len(pairs)} rounds; "
-        f"head/(what head's rows predict) {predicted:.3f}; the op {share:.0%} of base's "
-        f"{statistics.median(base[k].seconds for k in pairs) * 1e3:.1f} ms"
+        f"time head's rows do not show: {', '.join(f'{g} {v:+.1%}' for g, v in hidden.items())} "
+        f"of head's; the op {share:.0%} of base's {statistics.median(sum(base[k].seconds) for k in pairs) * 1e3:.1f} ms"
     )
-    if predicted > 1.0 + tolerance:
-        return "error", ratio, f"the judge's clock disagrees with head's own times: {note}"
+    if hidden[worst] > consistency:
+        return "error", ratio, f"the judge's clock disagrees with head's own times ({worst}): {note}"
     if ratio > 1.0 + tolerance:
         return "regression", ratio, f"{note}, beyond {tolerance:.0%}"
     return "pass", ratio, note
+
+
+def _unclaimed(side: Side, idx: Sequence[int]) -> float:
+    """The judge's seconds for blocks ``idx`` beyond what the side's rows claim for them."""
+    return sum(side.seconds[i] - side.claimed[i] for i in idx)

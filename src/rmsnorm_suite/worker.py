@@ -6,8 +6,8 @@ the op is imported the worker binds the judge's clocks (:mod:`rmsnorm_suite.guar
 import and after the round it checks that none was replaced (exit 3 if one was), and it times the
 judge's calibration copy before each case and at the end. The results go to the file descriptor
 the spec names (``result_fd``: a pipe the parent reads and validates) or to ``out``. With
-``"stopwatch": true`` the results are one line, and the worker then waits on standard input for
-the judge's ``go`` line and answers with the stopwatch's checksums (:mod:`rmsnorm_suite.stopwatch`).
+``"stopwatch": true`` the results are one line, and the worker then answers the judge's stopwatch
+lines on standard input (``prepare``, then a ``go`` per block: :mod:`rmsnorm_suite.stopwatch`).
 
 ``"timing": "host"`` in the spec is a stand-in for machines without CUDA (the CPU tests of
 pr-verdict): the commit's ``rms_norm`` is called on small CPU tensors and timed with the host
@@ -170,20 +170,29 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def answer_stopwatch(spec: dict[str, Any], pipe, held: guard.Guard) -> int:
-    """Wait for the judge's ``go`` line, run the stopwatch's calls, check the guard, answer with
-    the projections (and the seed, echoed)."""
+    """The stopwatch's exchange: the judge's ``prepare`` seed, then ``ready``; per block the
+    judge's ``go`` seed, then the block's projections. The guard is checked at the end: a clock
+    replaced on the way ends the round (exit 3), whatever was answered."""
     line = sys.stdin.readline()
     if not line:
         return 0  # the judge did not start the stopwatch
-    seed = int(json.loads(line)["go"])
+    seed = int(json.loads(line)["prepare"])
     fn = bench.get_provider("kernel").build(spec.get("eps", 1e-6))
     timing = spec.get("timing", "cuda")
     blocks = stopwatch.plan(
         [bench.case_from_json(c) for c in spec["cases"]], spec["modes"], timing, HOST_SHAPE
     )
-    sums = stopwatch.run(fn, blocks, seed, "cpu" if timing == "host" else bench.DEVICE)
+    watch = stopwatch.Stopwatch(fn, blocks, seed, "cpu" if timing == "host" else bench.DEVICE)
+    pipe.write(json.dumps({"ready": seed}) + "\n")
+    pipe.flush()
+    for i in range(len(blocks)):
+        line = sys.stdin.readline()
+        if not line:
+            return 0
+        go = int(json.loads(line)["go"])
+        pipe.write(json.dumps({"go": go, "sums": watch.block(i, go)}) + "\n")
+        pipe.flush()
     if replaced := held.replaced():
         print(f"the clock was replaced during the stopwatch: {', '.join(replaced[:8])}", file=sys.stderr)
         return 3
-    pipe.write(json.dumps({"seed": seed, "sums": sums}) + "\n")
     return 0

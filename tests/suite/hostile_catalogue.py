@@ -91,7 +91,8 @@ ATTACKS = {
     # the stopwatch's calls served by a fast stand-in (the module global the worker calls)
     "stopwatch-swapped": (
         "import types as _types, rmsnorm_suite.worker as _w, rmsnorm_suite.stopwatch as _sw\n"
-        "_w.stopwatch = _types.SimpleNamespace(plan=_sw.plan, run=lambda fn, blocks, seed, device: [0.0] * 64)\n"
+        "_fake = lambda fn, blocks, seed, device: _types.SimpleNamespace(block=lambda i, go: [0.0, 0.0])\n"
+        "_w.stopwatch = _types.SimpleNamespace(plan=_sw.plan, Stopwatch=_fake)\n"
     ),
     # during the stopwatch (seen from the caller's frame) no normalisation at all: y = x * w
     "wrong-op-in-stopwatch": (

@@ -1,0 +1,115 @@
+"""The judge's stopwatch: its plan, its answers on CPU, and its judgement of made-up rounds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rmsnorm_suite import harness, stopwatch
+from rmsnorm_suite.stopwatch import Side
+
+
+def test_every_case_and_mode_is_a_block_with_bounded_calls():
+    cases_ = harness.select_cases(["all"])
+    blocks = stopwatch.plan(cases_, ["forward", "forward_backward"], "cuda", (4, 64))
+    assert [(b.case, b.mode) for b in blocks] == [
+        (c.name, m) for c in cases_ for m in ("forward", "forward_backward")
+    ]
+    assert {b.group for b in blocks} == {"large", "medium", "small"}
+    for b, case in zip(blocks[::2], cases_):
+        assert 1 <= b.reps <= stopwatch.MAX_REPS
+        assert b.reps == stopwatch.MAX_REPS or b.reps * case.nbytes["forward"] >= stopwatch.BLOCK_BYTES
+
+
+def _op(x, w, eps=1e-6):
+    return (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+
+
+HOST_BLOCKS = [
+    stopwatch.Block("a", "small", "forward", (4, 64), "float32", 5),
+    stopwatch.Block("a", "small", "forward_backward", (4, 64), "float32", 5),
+]
+
+
+def test_same_seeds_same_answers_and_another_op_differs():
+    one = stopwatch.Stopwatch(_op, HOST_BLOCKS, seed=3, device="cpu")
+    two = stopwatch.Stopwatch(_op, HOST_BLOCKS, seed=3, device="cpu")
+    assert one.block(0, 11) == two.block(0, 11)
+    assert one.block(1, 12) == two.block(1, 12)
+    assert len(one.block(1, 12)) == 4  # dx and dw projections, then their scales
+    assert one.block(0, 11) != one.block(0, 13)  # other windows
+
+    def unnormalised(x, w, eps=1e-6):
+        return x * w
+
+    wrong = stopwatch.Stopwatch(unnormalised, HOST_BLOCKS, seed=3, device="cpu").block(0, 11)
+    right = one.block(0, 11)
+    assert abs(wrong[0] - right[0]) > 0.02 * right[1]
+
+
+def test_a_subclass_output_is_refused():
+    class Sub(torch.Tensor):
+        pass
+
+    with pytest.raises(TypeError, match="not a torch.Tensor"):
+        stopwatch.Stopwatch(lambda x, w: _op(x, w).as_subclass(Sub), HOST_BLOCKS[:1], 1, "cpu")
+
+
+def test_an_answer_must_echo_go_and_hold_finite_figures():
+    block = HOST_BLOCKS[1]
+    assert stopwatch.read_answer(json.dumps({"go": 5, "sums": [1, 2, 3, 4]}), block, 5) == [1, 2, 3, 4]
+    for bad in (
+        {"go": 6, "sums": [1, 2, 3, 4]},
+        {"go": 5, "sums": [1, 2]},
+        {"go": 5, "sums": [1, 2, 3, float("inf")]},
+    ):
+        with pytest.raises(ValueError):
+            stopwatch.read_answer(json.dumps(bad), block, 5)
+
+
+BLOCKS = [
+    stopwatch.Block("big", "large", "forward", (8, 8), "bfloat16", 10),
+    stopwatch.Block("tiny", "small", "forward", (8, 8), "bfloat16", 10),
+]
+SUMS = [[1.0, 10.0], [2.0, 10.0]]
+
+
+def _side(seconds, claimed, sums=SUMS):
+    return Side(seconds, sums, claimed)
+
+
+def _judge(base, head):
+    return stopwatch.judge(base, head, BLOCKS, tolerance=0.10, consistency=0.05, sums_tolerance=0.02)
+
+
+def test_the_same_op_passes():
+    base = {k: _side([0.010, 0.004], [0.007, 0.002]) for k in range(3)}
+    head = {k: _side([0.0101, 0.0040], [0.0071, 0.002]) for k in range(3)}
+    assert _judge(base, head)[0] == "pass"
+
+
+def test_an_honest_slow_head_regresses_and_a_forging_one_is_an_error():
+    base = {k: _side([0.010, 0.004], [0.007, 0.002]) for k in range(3)}
+    honest = {k: _side([0.013, 0.0052], [0.010, 0.0032]) for k in range(3)}
+    assert _judge(base, honest)[0] == "regression"
+    # the small group 10x slower, its rows forged to base's: the large group alone passes
+    forged = {k: _side([0.010, 0.040], [0.007, 0.002]) for k in range(3)}
+    verdict, _, note = _judge(base, forged)
+    assert verdict == "error" and "(small)" in note
+
+
+def test_one_noisy_round_of_three_does_not_decide():
+    base = {k: _side([0.010, 0.004], [0.007, 0.002]) for k in range(3)}
+    head = {k: _side([0.010, 0.004], [0.007, 0.002]) for k in range(3)}
+    head[1] = _side([0.030, 0.012], [0.007, 0.002])
+    assert _judge(base, head)[0] == "pass"
+
+
+def test_outputs_unlike_base_are_an_error_and_no_pair_cannot_judge():
+    base = {0: _side([0.01, 0.004], [0.007, 0.002])}
+    head = {0: _side([0.01, 0.004], [0.007, 0.002], sums=[[1.0, 10.0], [2.5, 10.0]])}
+    verdict, _, note = _judge(base, head)
+    assert verdict == "error" and "tiny forward" in note
+    assert _judge(base, {})[0] == "error"
