@@ -280,9 +280,9 @@ def sandboxed(
                 if not arrivals.empty():  # a line already on its way answers nothing yet asked
                     seconds.append(None)
                     break
+                started = time.perf_counter()  # before the write: a loaded judge may run late
                 proc.stdin.write(say.encode() + b"\n")
                 proc.stdin.flush()
-                started = time.perf_counter()
                 got = next_line(until)
                 seconds.append(got[0] - started if got is not None and got[0] > started else None)
                 k += 1

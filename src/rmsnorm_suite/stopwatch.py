@@ -11,6 +11,7 @@ group (regression.toml [stopwatch]). docs/gate.md has the figures.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -23,12 +24,14 @@ from typing import Any
 BLOCK_BYTES = 32 * 2**30
 MAX_REPS = 400
 HOST_CALLS = 50
+REPEATS = 3  # each block timed this many times, round-robin; the median over them counts
 ALIGN = 8  # elements: windows start 16-byte aligned, never on a row boundary of the last one
 
 
 @dataclass(frozen=True)
 class Block:
-    """``reps`` calls of one (case, mode), each on a fresh window of shape ``shape``."""
+    """``reps`` calls of one (case, mode), each on a fresh window of shape ``shape``; ``repeat``:
+    which of the REPEATS timings of it."""
 
     case: str
     group: str
@@ -36,13 +39,18 @@ class Block:
     shape: tuple[int, int]
     dtype: str
     reps: int
+    repeat: int = 0
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.case, self.mode
 
 
 def plan(
     cases_: Sequence[Any], modes: Sequence[str], timing: str, host_shape: tuple[int, int]
 ) -> list[Block]:
-    """The stopwatch's blocks: every case (harness.Case) in every mode."""
-    blocks = []
+    """The stopwatch's blocks: every case (harness.Case) in every mode, REPEATS times over."""
+    blocks: list[Block] = []
     for case in cases_:
         for mode in modes:
             if timing == "host":
@@ -52,7 +60,7 @@ def plan(
             reps = min(MAX_REPS, max(1, math.ceil(BLOCK_BYTES / case.nbytes[mode])))
             dtype = str(case.dtype).removeprefix("torch.")
             blocks.append(Block(case.name, case.group, mode, (case.m, case.n), dtype, reps))
-    return blocks
+    return [dataclasses.replace(b, repeat=r) for r in range(REPEATS) for b in blocks]
 
 
 def outputs(block: Block) -> int:
@@ -70,9 +78,11 @@ class Stopwatch:
         self.torch, self.fn, self.blocks, self.device = torch, fn, list(blocks), device
         gen = torch.Generator(device=device)
         gen.manual_seed(seed)
-        self.inputs = [self._draw(gen, b) for b in self.blocks]
-        for i in range(len(self.blocks)):
-            self._calls(i, [(ALIGN, ALIGN)])
+        self.inputs: dict[tuple[str, str], tuple] = {}
+        for i, b in enumerate(self.blocks):
+            if b.key not in self.inputs:
+                self.inputs[b.key] = self._draw(gen, b)
+                self._calls(i, [(ALIGN, ALIGN)])
 
     def _draw(self, gen: Any, block: Block) -> tuple:
         """A block's x (and dy) buffers of random values in runs of random scale (normalising
@@ -95,14 +105,14 @@ class Stopwatch:
         block, (m, n) = self.blocks[i], self.blocks[i].shape
         gen = torch.Generator(device=self.device)
         gen.manual_seed(seed)
-        room = (self.inputs[i][0].numel() - m * n) // ALIGN
+        room = (self.inputs[block.key][0].numel() - m * n) // ALIGN
         starts = torch.randint(0, room, (block.reps, 2), generator=gen, device=self.device)
         return self._calls(i, starts.mul_(ALIGN).tolist())
 
     def _calls(self, i: int, starts: Sequence[Sequence[int]]) -> list[float]:
         torch, f32 = self.torch, self.torch.float32
         block, (m, n) = self.blocks[i], self.blocks[i].shape
-        xs, dys, w, u, v, v_low = self.inputs[i]
+        xs, dys, w, u, v, v_low = self.inputs[block.key]
         acc = torch.zeros(2, dtype=torch.float64, device=self.device)
         norms = torch.zeros(2, dtype=torch.float64, device=self.device)
         for k, (a, b) in enumerate(starts):
@@ -181,7 +191,8 @@ def judge(
     ``sums_tolerance`` of its scale, when no round pairs, or when, in a group of cases, head's
     seconds beyond what its own rows claim pass base's by more than ``consistency`` of head's
     seconds (head's rows hide time); `regression` when head/base over every block passes
-    1 + ``tolerance``. Both: the upper median over rounds."""
+    1 + ``tolerance``. A block's seconds: the median of its repeats; then the upper median over
+    rounds."""
     pairs = sorted(set(base) & set(head))
     if not pairs:
         return "error", None, "the stopwatch cannot judge: no round of both sides answered"
@@ -192,6 +203,10 @@ def judge(
                 if not abs(h - b) <= sums_tolerance * b_sums[n + i]:
                     why = f"head's stopwatch outputs differ from base's ({h:.6g} vs {b:.6g})"
                     return "error", None, f"round {k}, {block.case} {block.mode}: {why}"
+    firsts = [b for b in blocks if b.repeat == 0]
+    base = {k: _by_key(base[k], blocks) for k in pairs}
+    head = {k: _by_key(head[k], blocks) for k in pairs}
+    blocks = firsts
     ratio = statistics.median_high(sum(head[k].seconds) / sum(base[k].seconds) for k in pairs)
     hidden = {}
     for group in dict.fromkeys(b.group for b in blocks):
@@ -217,3 +232,12 @@ def judge(
 def _unclaimed(side: Side, idx: Sequence[int]) -> float:
     """The judge's seconds for blocks ``idx`` beyond what the side's rows claim for them."""
     return sum(side.seconds[i] - side.claimed[i] for i in idx)
+
+
+def _by_key(side: Side, blocks: Sequence[Block]) -> Side:
+    """``side`` per (case, mode), in the order of the first repeat: seconds the median over the
+    repeats, what the rows claim once."""
+    keys = [b.key for b in blocks if b.repeat == 0]
+    seconds = {key: [s for b, s in zip(blocks, side.seconds) if b.key == key] for key in keys}
+    claimed = {b.key: c for b, c in zip(blocks, side.claimed)}
+    return Side([statistics.median(seconds[key]) for key in keys], [], [claimed[key] for key in keys])

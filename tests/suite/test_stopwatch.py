@@ -14,9 +14,8 @@ from rmsnorm_suite.stopwatch import Side
 def test_every_case_and_mode_is_a_block_with_bounded_calls():
     cases_ = harness.select_cases(["all"])
     blocks = stopwatch.plan(cases_, ["forward", "forward_backward"], "cuda", (4, 64))
-    assert [(b.case, b.mode) for b in blocks] == [
-        (c.name, m) for c in cases_ for m in ("forward", "forward_backward")
-    ]
+    keys = [(c.name, m) for c in cases_ for m in ("forward", "forward_backward")]
+    assert [(b.key, b.repeat) for b in blocks] == [(k, r) for r in range(stopwatch.REPEATS) for k in keys]
     assert {b.group for b in blocks} == {"large", "medium", "small"}
     for b, case in zip(blocks[::2], cases_):
         assert 1 <= b.reps <= stopwatch.MAX_REPS
@@ -105,6 +104,22 @@ def test_one_noisy_round_of_three_does_not_decide():
     head = {k: _side([0.010, 0.004], [0.007, 0.002]) for k in range(3)}
     head[1] = _side([0.030, 0.012], [0.007, 0.002])
     assert _judge(base, head)[0] == "pass"
+
+
+def test_a_block_counts_the_median_of_its_repeats():
+    blocks = [
+        stopwatch.Block(b.case, b.group, b.mode, b.shape, b.dtype, b.reps, r)
+        for r in range(3)
+        for b in BLOCKS
+    ]
+    base = {k: Side([0.010, 0.004] * 3, SUMS * 3, [0.007, 0.002] * 3) for k in range(3)}
+    hiccup = {
+        k: Side([0.010, 0.004, 0.010, 0.012, 0.010, 0.004], SUMS * 3, [0.007, 0.002] * 3) for k in range(3)
+    }
+    slow = {k: Side([0.010, 0.012] * 3, SUMS * 3, [0.007, 0.002] * 3) for k in range(3)}
+    judge = stopwatch.judge
+    assert judge(base, hiccup, blocks, tolerance=0.1, consistency=0.05, sums_tolerance=0.02)[0] == "pass"
+    assert judge(base, slow, blocks, tolerance=0.1, consistency=0.05, sums_tolerance=0.02)[0] == "error"
 
 
 def test_outputs_unlike_base_are_an_error_and_no_pair_cannot_judge():
