@@ -35,9 +35,9 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "rmsnorm_suite.training", "rmsnorm_suite.mutants", "rmsnorm_suite.distributed",
     ),
     "gate": (
-        "rmsnorm_suite.gate", "rmsnorm_suite.accept", "rmsnorm_suite.power",
-        "rmsnorm_suite.changepoint", "rmsnorm_suite.plots", "rmsnorm_suite.staging",
-        "rmsnorm_suite.sandbox",
+        "rmsnorm_suite.thresholds", "rmsnorm_suite.gatereport", "rmsnorm_suite.gate",
+        "rmsnorm_suite.accept", "rmsnorm_suite.power", "rmsnorm_suite.changepoint",
+        "rmsnorm_suite.plots", "rmsnorm_suite.staging", "rmsnorm_suite.sandbox",
     ),
     "commands": (
         "rmsnorm_suite.bench", "rmsnorm_suite.prverdict", "rmsnorm_suite.verdict",
