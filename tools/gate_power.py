@@ -29,7 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from rmsnorm_suite import cases, gate, power  # noqa: E402
+from rmsnorm_suite import cases, power  # noqa: E402
+from rmsnorm_suite.thresholds import load_thresholds  # noqa: E402
 
 # The noise model of --synthetic: per-round SD of the log ratio (sigma) and of a run's offset
 # (tau), per (kind, group). Stated here, not measured: rough readings of the A/A ranges in
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resolve-rounds", type=int, default=6)
     parser.add_argument("--json", default=None, metavar="FILE")
     args = parser.parse_args(argv)
-    thresholds = gate.load_thresholds(args.thresholds)
+    thresholds = load_thresholds(args.thresholds)
     rate = args.rate if args.rate is not None else (thresholds.family.rate or 0.05)
     aa = dataset(args)
     candidates = [

@@ -31,13 +31,14 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "harness": (
         "rmsnorm_suite.providers", "rmsnorm_suite.timing", "rmsnorm_suite.harness",
         "rmsnorm_suite.stopwatch", "rmsnorm_suite.guard", "rmsnorm_suite.worker",
-        "rmsnorm_suite.telemetry", "rmsnorm_suite.checks", "rmsnorm_suite.integration",
-        "rmsnorm_suite.training", "rmsnorm_suite.mutants", "rmsnorm_suite.distributed",
+        "rmsnorm_suite.telemetry", "rmsnorm_suite.checks", "rmsnorm_suite.probes",
+        "rmsnorm_suite.checkreport", "rmsnorm_suite.integration", "rmsnorm_suite.training",
+        "rmsnorm_suite.mutants", "rmsnorm_suite.distributed",
     ),
     "gate": (
-        "rmsnorm_suite.gate", "rmsnorm_suite.accept", "rmsnorm_suite.power",
-        "rmsnorm_suite.changepoint", "rmsnorm_suite.plots", "rmsnorm_suite.staging",
-        "rmsnorm_suite.sandbox",
+        "rmsnorm_suite.thresholds", "rmsnorm_suite.gatereport", "rmsnorm_suite.gate",
+        "rmsnorm_suite.accept", "rmsnorm_suite.power", "rmsnorm_suite.changepoint",
+        "rmsnorm_suite.plots", "rmsnorm_suite.staging", "rmsnorm_suite.sandbox",
     ),
     "commands": (
         "rmsnorm_suite.bench", "rmsnorm_suite.prverdict", "rmsnorm_suite.verdict",

@@ -20,7 +20,7 @@ from typing import Any
 
 TRAILER = "Accept-Regression"
 LINE = re.compile(rf"^{TRAILER}\s*:\s*(.*)$", re.IGNORECASE | re.MULTILINE)  # a continuation line is not one
-KINDS = ("device", "latency", "host")  # gate.CHECK_PREFIXES' values
+KINDS = ("device", "latency", "host")  # thresholds.CHECK_PREFIXES' values
 SHAPE = re.compile(r"[0-9]{1,7}x[0-9]{1,7}-[a-z0-9]{1,16}")
 MODES = ("forward", "forward_backward")
 MAX_REQUESTS = 32  # trailers read per verdict; the rest are refused unread
@@ -106,7 +106,7 @@ def approve(requests: Iterable[Request], by: str | None) -> list[Request]:
 def grant(
     requests: Sequence[Request], limits: Any, checks: Iterable[str]
 ) -> tuple[dict[str, Request], dict[str, Any]]:
-    """Which requests hold (by check name) under ``limits`` (gate.AcceptLimits) for a verdict whose
+    """Which requests hold (by check name) under ``limits`` (thresholds.AcceptLimits) for a verdict whose
     latency rows are ``checks``, and the record the verdict keeps: every request, granted or
     refused with why. In order: the first ``max_rows`` valid requests are granted."""
     if not requests:

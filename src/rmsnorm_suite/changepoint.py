@@ -52,10 +52,10 @@ class DriftRule:
 
 def rule_from(thresholds_path: str | Path | None = None) -> DriftRule:
     """``[drift]`` of regression.toml (the suite's by default); absent keys take the defaults."""
-    from rmsnorm_suite import gate
+    from rmsnorm_suite import thresholds
 
-    path = gate.default_thresholds() if thresholds_path is None else Path(thresholds_path)
-    data = gate.tomllib.loads(path.read_text(encoding="utf-8")).get("drift", {})
+    path = thresholds.default_thresholds() if thresholds_path is None else Path(thresholds_path)
+    data = thresholds.tomllib.loads(path.read_text(encoding="utf-8")).get("drift", {})
     rule = DriftRule(**{k: data[k] for k in ("rate", "min_step", "min_size", "permutations") if k in data})
     if not (0 < rule.rate < 0.5 and rule.min_step >= 0 and rule.min_size >= 2 and rule.permutations >= 99):
         raise ValueError(f"{path}: [drift] out of range: {rule}")

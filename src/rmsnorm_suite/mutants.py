@@ -8,7 +8,7 @@ below is one mutation site. These kernels live in the tests and never in the pac
 
 The harness makes out-of-bounds effects observable and deterministic:
 * outputs (y, dx, dw) are views at the start of larger buffers pre-filled with
-  ``checks.CANARY``, so a store past a row's end changes a canary that ``check_output_bounds``
+  ``probes.CANARY``, so a store past a row's end changes a canary that ``check_output_bounds``
   inspects;
 * the weight is read from a copy followed by NaN, so a read past its N values shows as NaN;
 * rstd and the partial-dw scratch start as NaN, so a value never written shows as NaN.
@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rmsnorm_suite import cases, checks, numerics
+from rmsnorm_suite import cases, checks, numerics, probes
 
 # ---------------------------------------------------------------------------------------------
 # Kernels (baseline and mutation sites)
@@ -172,7 +172,7 @@ _CALLS = itertools.count()
 def _in_canary_buffer(shape, dtype, device, extra: int) -> torch.Tensor:
     """A tensor of ``shape`` at the start of a buffer ``extra`` elements longer, all CANARY."""
     numel = math.prod(shape)
-    buf = torch.full((numel + extra,), checks.CANARY, dtype=dtype, device=device)
+    buf = torch.full((numel + extra,), probes.CANARY, dtype=dtype, device=device)
     return buf[:numel].view(shape)
 
 
@@ -288,7 +288,7 @@ GRID: list[tuple[int, int, torch.dtype]] = [
 
 
 def _probe_steps(device):
-    for check, fn, kind, kwargs in checks.PROBES:
+    for check, fn, kind, kwargs in probes.PROBES:
         yield check, kind, lambda impl, fn=fn, kind=kind, kw=kwargs: [fn(impl, device, kind=kind, **kw)]
 
 
@@ -703,8 +703,8 @@ class FeatureCase:
     options: tuple[tuple[str, object], ...] = ()
     with_dh: bool = False
     weight_center: float = 1.0
-    m: int = checks.PROBE_ROWS
-    n: int = checks.PROBE_N
+    m: int = probes.PROBE_ROWS
+    n: int = probes.PROBE_N
     seed: int = 0
 
     @property

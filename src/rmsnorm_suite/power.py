@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 KINDS = ("whole", "device", "host")
-PREFIX = {"whole": "latency", "device": "device", "host": "host"}  # gate.CHECK_PREFIXES
+PREFIX = {"whole": "latency", "device": "device", "host": "host"}  # thresholds.CHECK_PREFIXES
 STATISTICS = ("bound", "estimate")
 SYNTHETIC = "SYNTHETIC A/A (noise model, not a measurement)"
 
@@ -211,7 +211,7 @@ class Candidate:
 
 
 def table_factors(rows: Sequence[RowKey], thresholds, device_factor: float | None = None) -> np.ndarray:
-    """Each row's factor from a gate.Thresholds; device rows at ``device_factor`` when given."""
+    """Each row's factor from a thresholds.Thresholds; device rows at ``device_factor`` when given."""
     tables = {
         "whole": thresholds.latency,
         "device": thresholds.device_latency,

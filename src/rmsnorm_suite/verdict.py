@@ -117,9 +117,9 @@ def _finite_max(values) -> float:
 
 
 def check_probes(cfg: Config, device: str):
-    from rmsnorm_suite import checks
+    from rmsnorm_suite import checks, probes
 
-    results = checks.run_probes(checks.kernel_impl, device, tolerances=cfg.checks.tolerances, progress=True)
+    results = probes.run_probes(checks.kernel_impl, device, tolerances=cfg.checks.tolerances, progress=True)
     failed = [r for r in results if not r.passed]
     figure = f"{len(results) - len(failed)}/{len(results)} probes"
     if failed:

@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rmsnorm_suite import config, gate
+from rmsnorm_suite import config
+from rmsnorm_suite.thresholds import THRESHOLDS_IN_TREE, default_thresholds, load_thresholds
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,9 +27,9 @@ def test_cli_help_from_another_directory(tmp_path):
 
 def test_resources_load_from_another_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # an empty folder: nothing may be found relative to it
-    thresholds = gate.load_thresholds()
+    thresholds = load_thresholds()
     assert ("large", "forward") in thresholds.latency
-    assert gate.default_thresholds().read_text() == (ROOT / gate.THRESHOLDS_IN_TREE[0]).read_text()
+    assert default_thresholds().read_text() == (ROOT / THRESHOLDS_IN_TREE[0]).read_text()
     for name in config.SHIPPED_CONFIGS:
         assert config.load_config(name).source == str(config.config_path(name))
     assert config.load_config(config.DEFAULT_CONFIG).to_dict() | {

@@ -6,7 +6,7 @@ interpreter: the small odd-size grid. Plus the targeted probes on both."""
 
 import pytest
 
-from rmsnorm_suite import cases, checks
+from rmsnorm_suite import cases, checks, probes
 from rmsnorm_suite.cases import dtype_name
 
 from ..conftest import HAS_CUDA, INTERPRET
@@ -47,5 +47,5 @@ PROBES = [pytest.param("cuda", marks=gpu, id="cuda"), pytest.param("cpu", marks=
 
 @pytest.mark.parametrize("device", PROBES)
 def test_probes(device):
-    failures = [r for r in checks.run_probes(checks.kernel_impl, device) if not r.passed]
+    failures = [r for r in probes.run_probes(checks.kernel_impl, device) if not r.passed]
     assert not failures, "\n".join(f"{r.name}: {r.reason}" for r in failures)

@@ -25,11 +25,12 @@ from rmsnorm_suite import (
     plots,
     providers,
     results,
+    thresholds,
     timing,
     worker,
 )
 
-ROOT_THRESHOLDS = gate.load_thresholds()  # the thresholds shipped with the suite
+ROOT_THRESHOLDS = thresholds.load_thresholds()  # the thresholds shipped with the suite
 
 # (shape name, mode, fewest bytes moved): forward 2 M N elem, forward+backward 5 M N elem
 BYTES = [
@@ -235,7 +236,7 @@ def test_run_records_every_sample_and_summary(cpu_run):
             assert whole.median_ms == statistics.median(whole.samples_ms)
             assert whole.tbs == pytest.approx(case.nbytes[mode] / (whole.median_ms * 1e-3) / 1e12)
             assert whole.fraction_of_copy == pytest.approx(whole.tbs / cpu_run.copy.tbs)
-            assert set(row.errors) == set(gate.QUANTITIES[mode])
+            assert set(row.errors) == set(thresholds.QUANTITIES[mode])
             # GPU-only samples: as many as the host-inclusive ones, per call
             assert row.device_error is None and 1 <= row.device_reps <= timing.DEVICE_MAX_REPS
             assert len(device.samples_ms) == 18 and len(device.block_medians_ms) == 3
@@ -471,7 +472,7 @@ def test_results_file_round_trip_and_table(cpu_run, tmp_path):
 def test_the_gate_can_judge_a_run_against_itself(cpu_run):
     verdict = gate.judge(cpu_run, cpu_run, ROOT_THRESHOLDS, provider="native")
     assert verdict.status == "error"  # 18 samples per side; regression.toml asks for 20
-    lax = gate.Thresholds(
+    lax = thresholds.Thresholds(
         ROOT_THRESHOLDS.latency,
         ROOT_THRESHOLDS.numerics,
         min_samples=5,

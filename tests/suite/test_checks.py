@@ -1,4 +1,4 @@
-"""The suite's check functions (rmsnorm_suite.checks) judged on pure-PyTorch implementations:
+"""The suite's checks (rmsnorm_suite.checks and .probes) judged on pure-PyTorch implementations:
 the reference passes every grid and probe; deliberately wrong implementations fail the check aimed
 at them, for the stated reason. Runs on the CPU without the Triton interpreter, except the last
 test, which runs the kernel adapter where the real kernels can run."""
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rmsnorm_kernel.reference import rms_norm_reference
-from rmsnorm_suite import cases, checks
+from rmsnorm_suite import cases, checkreport, checks, probes
 from rmsnorm_suite.cases import Tolerance
 
 from ..conftest import KERNEL_DEVICES
@@ -35,14 +35,14 @@ def test_reference_passes_the_interpreter_grid(kind):
     results = checks.run_grid(kind, checks.reference_impl, REFERENCE_GRID)
     assert len(results) == len(REFERENCE_GRID) > 0
     failed = [r for r in results if not r.passed]
-    assert not failed, checks.format_table(failed)
+    assert not failed, checkreport.format_table(failed)
 
 
 def test_reference_passes_every_probe():
-    results = checks.run_probes(checks.reference_impl)
-    assert len(results) == len(checks.PROBES)
+    results = probes.run_probes(checks.reference_impl)
+    assert len(results) == len(probes.PROBES)
     failed = [r for r in results if not r.passed]
-    assert not failed, checks.format_table(failed)
+    assert not failed, checkreport.format_table(failed)
 
 
 def test_reference_passes_with_a_mixed_weight_dtype():
@@ -183,7 +183,7 @@ def _canary_forward(overrun: int):
 
     def forward(x, w, eps):
         y = ref_fwd(x, w, eps)
-        buf = torch.full((y.numel() + 64,), checks.CANARY, dtype=y.dtype)
+        buf = torch.full((y.numel() + 64,), probes.CANARY, dtype=y.dtype)
         buf[: y.numel() + overrun] = torch.cat([y.reshape(-1), torch.zeros(overrun, dtype=y.dtype)])
         return buf[: y.numel()].view(y.shape)
 
@@ -211,23 +211,23 @@ def _rstd_fp16(x, w, dy, eps):
 
 PROBE_CASES = [
     # (label, probe, kind, impl, probe kwargs, passes)
-    ("BLOCK denominator at 257", checks.check_denominator, "forward",
+    ("BLOCK denominator at 257", probes.check_denominator, "forward",
      _with_forward(lambda x, w, e: _torch_forward(x, w, e, denominator=_block)), {"n": 257}, False),
-    ("BLOCK denominator at 256", checks.check_denominator, "forward",
+    ("BLOCK denominator at 256", probes.check_denominator, "forward",
      _with_forward(lambda x, w, e: _torch_forward(x, w, e, denominator=_block)), {"n": 256}, True),
-    ("fp16 squares", checks.check_large_magnitude, "forward",
+    ("fp16 squares", probes.check_large_magnitude, "forward",
      _with_forward(lambda x, w, e: _torch_forward(x, w, e, fp16_squares=True)), {}, False),
-    ("eps outside the sqrt", checks.check_small_magnitude, "forward",
+    ("eps outside the sqrt", probes.check_small_magnitude, "forward",
      _with_forward(lambda x, w, e: _torch_forward(x, w, e, eps_outside=True)), {}, False),
-    ("mean subtracted", checks.check_nonzero_mean, "forward",
+    ("mean subtracted", probes.check_nonzero_mean, "forward",
      _with_forward(lambda x, w, e: _torch_forward(x, w, e, center=True)), {}, False),
-    ("store past the rows", checks.check_output_bounds, "forward",
+    ("store past the rows", probes.check_output_bounds, "forward",
      _with_forward(_canary_forward(3)), {}, False),
-    ("canary intact", checks.check_output_bounds, "forward", _with_forward(_canary_forward(0)), {}, True),
-    ("dw changes per call", checks.check_determinism, "gamma", _with_backward(_noisy_dw), {}, False),
-    ("dw mean over rows", checks.check_m_variants, "gamma", _with_backward(_dw_mean), {}, False),
-    ("rstd in fp16", checks.check_rstd_precision, "backward", _with_backward(_rstd_fp16), {}, False),
-    ("dw in x's dtype", checks.check_mixed_weight_dtype, "gamma", _with_backward(_dw_in_x_dtype), {}, False),
+    ("canary intact", probes.check_output_bounds, "forward", _with_forward(_canary_forward(0)), {}, True),
+    ("dw changes per call", probes.check_determinism, "gamma", _with_backward(_noisy_dw), {}, False),
+    ("dw mean over rows", probes.check_m_variants, "gamma", _with_backward(_dw_mean), {}, False),
+    ("rstd in fp16", probes.check_rstd_precision, "backward", _with_backward(_rstd_fp16), {}, False),
+    ("dw in x's dtype", probes.check_mixed_weight_dtype, "gamma", _with_backward(_dw_in_x_dtype), {}, False),
 ]  # fmt: skip
 
 
@@ -327,18 +327,18 @@ def test_bad_kind_is_refused():
     with pytest.raises(ValueError, match="kind must be one of"):
         checks.run_grid("sideways", ref_fwd, [(1, 8, torch.float32)])
     with pytest.raises(TypeError, match="impl must be an Impl"):
-        checks.run_probes(ref_fwd)
+        probes.run_probes(ref_fwd)
 
 
 def test_results_serialise_and_summarise():
     results = [checks.check_forward(ref_fwd, CASE_32), checks.check_forward(_nan_at_first, CASE_32)]
     text = json.dumps([r.to_dict() for r in results], allow_nan=False)
     assert '"max_abs": "inf"' in text  # the NaN element: its error is reported as infinite
-    summary = checks.summarize(results)
+    summary = checkreport.summarize(results)
     assert (summary["cases"], summary["failures"], summary["passed"]) == (2, 1, False)
     assert summary["tolerance"]["float32"] == {"atol": 1e-5, "rtol": 1e-4}
     json.dumps(summary, allow_nan=False)
-    table = checks.format_table(results)
+    table = checkreport.format_table(results)
     assert "| forward | float32 | 2 | 1 |" in table and "FAIL" in table and "Failures:" in table
 
 
@@ -353,4 +353,4 @@ def test_kernel_adapter_passes_a_small_grid(kind, device):
     grid = [(m, n, d) for d in (torch.float32, torch.float16) for m in (1, 17) for n in (1, 257)]
     results = checks.run_grid(kind, checks.kernel_impl, grid, device)
     failed = [r for r in results if not r.passed]
-    assert not failed, checks.format_table(failed)
+    assert not failed, checkreport.format_table(failed)

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from rmsnorm_suite import cases, cli, gate, prverdict, results
+from rmsnorm_suite import cases, cli, gate, gatereport, prverdict, results, thresholds
 
 ROOT = Path(__file__).resolve().parents[2]
-THRESHOLDS_FILE = ROOT / gate.THRESHOLDS_IN_TREE[0]
-THRESHOLDS = gate.load_thresholds(THRESHOLDS_FILE)
+THRESHOLDS_FILE = ROOT / thresholds.THRESHOLDS_IN_TREE[0]
+THRESHOLDS = thresholds.load_thresholds(THRESHOLDS_FILE)
 # Typical errors against the float64 oracle for the benchmark inputs (fp32-compute paths, H200).
 TYPICAL_ERROR = {"float32": 6e-8, "float16": 2.1e-4, "bfloat16": 1.65e-3}
 ROUNDS = 6
@@ -162,7 +162,7 @@ def make_run(
             clock_rounds = [[host * (1 + noise * rng.gauss(0, 1)) for _ in range(n)] for _ in range(rounds)]
             samples = [v for r in host_rounds for v in r]
             device_samples = [v for r in gpu_rounds for v in r]
-            errs = {q: TYPICAL_ERROR[dtype] for q in gate.QUANTITIES[mode]}
+            errs = {q: TYPICAL_ERROR[dtype] for q in thresholds.QUANTITIES[mode]}
             if errors:
                 errs.update(errors.get((shape.name, mode), {}))
             rows.append(
@@ -370,7 +370,7 @@ def test_missing_base_file_is_error():
 
 
 def test_extra_rows_decide_too(base_run):
-    failing = gate.Row("gpu tests (head)", None, None, None, None, "regression", "run", note="2 failed")
+    failing = gatereport.Row("gpu tests (head)", None, None, None, None, "regression", "run", note="2 failed")
     verdict = gate.judge(base_run, make_run(2), THRESHOLDS, extra_rows=[failing])
     assert verdict.status == "regression"
     assert verdict.rows[0] is failing
@@ -397,7 +397,7 @@ def write(tmp_path: Path, name: str, run) -> Path:
 
 def test_verdict_files_shape(tmp_path, base_run):
     verdict = gate.judge(base_run, make_run(4, slower={(LARGE, "forward"): 1.08}), THRESHOLDS)
-    md, js = gate.write_verdict(verdict, tmp_path)
+    md, js = gatereport.write_verdict(verdict, tmp_path)
     lines = md.read_text().splitlines()
     assert lines[0] == f"**{verdict.summary}**"
     header = lines.index("| check | base | head | ratio | threshold | verdict |")
@@ -408,7 +408,7 @@ def test_verdict_files_shape(tmp_path, base_run):
     assert any(LARGE in line and "**regression**" in line for line in table)
     data = json.loads(js.read_text())
     assert data["status"] == "regression" and data["summary"] == verdict.summary
-    assert all(ROW_KEYS <= set(row) and row["verdict"] in gate.STATUSES for row in data["rows"])
+    assert all(ROW_KEYS <= set(row) and row["verdict"] in gatereport.STATUSES for row in data["rows"])
     assert data["head"]["commit"] == f"{4:040x}"
 
 
@@ -418,9 +418,9 @@ def test_verdict_names_the_host_path_of_each_side(tmp_path, base_run):
     head = make_run(2)
     base = copy.deepcopy(base_run)
     base["machine"]["op_host_path"], head["machine"]["op_host_path"] = "compiled", "python"
-    md = gate.to_markdown(gate.judge(base, head, THRESHOLDS))
+    md = gatereport.to_markdown(gate.judge(base, head, THRESHOLDS))
     assert "The op's host path: base compiled, head python." in md
-    assert "host path" not in gate.to_markdown(gate.judge(base_run, make_run(2), THRESHOLDS))
+    assert "host path" not in gatereport.to_markdown(gate.judge(base_run, make_run(2), THRESHOLDS))
 
 
 # (scenario, base file content or None for a missing file, head content, exit status)
@@ -471,7 +471,7 @@ def test_thresholds_are_as_declared():
     assert {(g, m) for g in cases.GROUPS for m in cases.BENCH_MODES} <= set(THRESHOLDS.latency)
     assert all(1.0 < rule.factor <= 2.0 for rule in THRESHOLDS.latency.values())
     # the level is Holm's across the verdict's latency rows, at a family-wise rate of 5%
-    assert THRESHOLDS.family == gate.Family("holm", 0.05)
+    assert THRESHOLDS.family == thresholds.Family("holm", 0.05)
     assert all(rule.alpha is None for rule in THRESHOLDS.latency.values())
     # GPU-only latency: every group and mode declared; the factor bounds the lower confidence
     # bound, so it sits under the 5% the project promises to catch
@@ -482,7 +482,7 @@ def test_thresholds_are_as_declared():
     assert set(THRESHOLDS.host_latency) == {(g, m) for g in cases.GROUPS for m in cases.BENCH_MODES}
     assert all(rule.factor <= 1.5 and rule.alpha is None for rule in THRESHOLDS.host_latency.values())
     # at most four rows accepted per verdict, none past 25%, never numerics
-    assert THRESHOLDS.accept == gate.AcceptLimits(4, 1.25, ("device", "latency", "host"))
+    assert THRESHOLDS.accept == thresholds.AcceptLimits(4, 1.25, ("device", "latency", "host"))
     assert THRESHOLDS.min_rounds == 3
     for dtype, factor in cases.ORACLE_ERROR_FACTOR.items():
         assert THRESHOLDS.numerics[cases.dtype_name(dtype)].growth == factor
@@ -532,7 +532,7 @@ def test_bad_thresholds_name_the_key(tmp_path, name, text, message):
     path = tmp_path / "bad.toml"
     path.write_text(text)
     with pytest.raises(ValueError, match="bad.toml") as info:
-        gate.load_thresholds(path)
+        thresholds.load_thresholds(path)
     assert message in str(info.value)
 
 
@@ -540,7 +540,7 @@ def test_invalid_toml_is_reported(tmp_path):
     path = tmp_path / "broken.toml"
     path.write_text("[latency\n")
     with pytest.raises(ValueError, match="not valid TOML"):
-        gate.load_thresholds(path)
+        thresholds.load_thresholds(path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -639,8 +639,10 @@ def latency_side(units):
     return results.Row("kernel", "s", "forward", "ok", 1, 1, "float32", "large", whole=whole)
 
 
-def one_rule(factor: float, alpha: float = 0.01) -> gate.Thresholds:
-    return gate.Thresholds(latency={("large", "forward"): gate.LatencyRule(factor, alpha)}, numerics={})
+def one_rule(factor: float, alpha: float = 0.01) -> thresholds.Thresholds:
+    return thresholds.Thresholds(
+        latency={("large", "forward"): thresholds.LatencyRule(factor, alpha)}, numerics={}
+    )
 
 
 def test_unpaired_estimate_is_the_ratio_of_geometric_means():
@@ -680,7 +682,7 @@ def test_ratio_exactly_at_the_factor_is_not_above_it():
 
 
 def verdict_rows(verdict: str, count: int, kind: str = "latency") -> list:
-    return [gate.Row(f"c{i}", None, None, None, None, verdict, kind) for i in range(count)]
+    return [gatereport.Row(f"c{i}", None, None, None, None, verdict, kind) for i in range(count)]
 
 
 @pytest.mark.parametrize(
@@ -707,12 +709,12 @@ def test_pass_summary_counts_each_kind():
     """Host latency, device latency and numerics rows counted apart; a passing row of another
     kind (pr-verdict's GPU-test row, kind "run") counts among the checks but in none of the three."""
     rows = [
-        gate.Row("latency a forward", 1.0, 1.0, 1.0, 1.05, "pass", "latency"),
-        gate.Row("latency b forward", 1.0, 1.0, 1.0, 1.05, "pass", "latency"),
-        gate.Row("device a forward", 1.0, 1.0, 1.0, 1.05, "pass", "latency"),
+        gatereport.Row("latency a forward", 1.0, 1.0, 1.0, 1.05, "pass", "latency"),
+        gatereport.Row("latency b forward", 1.0, 1.0, 1.0, 1.05, "pass", "latency"),
+        gatereport.Row("device a forward", 1.0, 1.0, 1.0, 1.05, "pass", "latency"),
         *verdict_rows("pass", 3, "numerics"),
-        gate.Row("gpu tests (head)", None, None, None, None, "pass", "run"),
-        gate.Row("host a forward", 1.0, 1.0, 1.0, 1.25, "pass", "latency"),
+        gatereport.Row("gpu tests (head)", None, None, None, None, "pass", "run"),
+        gatereport.Row("host a forward", 1.0, 1.0, 1.0, 1.25, "pass", "latency"),
     ]
     verdict = gate._verdict(rows, None, None, THRESHOLDS)
     assert (

@@ -10,7 +10,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from rmsnorm_suite import accept, cli, gate, power, results
+from rmsnorm_suite import accept, cli, gate, gatereport, power, results, thresholds
 from tests.suite.test_gate import LARGE, SMALL, THRESHOLDS, make_run
 
 RATE = THRESHOLDS.family.rate  # declared in regression.toml before any of this was measured
@@ -112,7 +112,7 @@ def test_a_verdict_records_the_family_rule_and_each_rows_level(base_run):
     assert all(r.p_factor is not None and r.confidence == pytest.approx(1 - 2 * r.alpha) for r in latency)
     data = verdict.to_json()
     assert data["family"]["rate"] == RATE and "p_factor" in data["rows"][0]
-    assert "Holm at a family-wise rate of 0.05 over 72 latency rows" in gate.to_markdown(verdict)
+    assert "Holm at a family-wise rate of 0.05 over 72 latency rows" in gatereport.to_markdown(verdict)
 
 
 def test_a_regression_is_still_flagged_under_holm(base_run):
@@ -124,13 +124,13 @@ def test_a_regression_is_still_flagged_under_holm(base_run):
 
 
 def test_without_family_each_row_keeps_its_alpha(base_run):
-    th = gate.parse_thresholds(
+    th = thresholds.parse_thresholds(
         {
             "latency": {"large": {"forward": {"factor": 1.05, "alpha": 0.01}}},
             "numerics": {"bfloat16": {"growth": 1.05, "ceiling": {"y": 1.8e-3}}},
         }
     )
-    assert th.family == gate.Family()
+    assert th.family == thresholds.Family()
     v = gate.judge(base_run, make_run(2), th)
     rows = [r for r in v.rows if r.kind == "latency" and r.verdict != "error"]
     assert rows and all(r.alpha == 0.01 for r in rows)
@@ -158,7 +158,7 @@ def test_bad_family_or_accept_tables_name_the_key(data, message):
     if data.get("family", {}).get("method") != "holm":
         full["latency"]["large"]["forward"]["alpha"] = 0.01
     with pytest.raises(ValueError, match=message):
-        gate.parse_thresholds(full, "t.toml")
+        thresholds.parse_thresholds(full, "t.toml")
 
 
 def test_a_rows_alpha_is_refused_under_holm():
@@ -168,7 +168,7 @@ def test_a_rows_alpha_is_refused_under_holm():
         "numerics": NUMERICS,
     }
     with pytest.raises(ValueError, match="latency.large.forward.alpha: the level is set by"):
-        gate.parse_thresholds(data, "t.toml")
+        thresholds.parse_thresholds(data, "t.toml")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,7 +212,7 @@ def test_only_the_last_paragraphs_trailers_are_requests():
 
 
 def test_grant_refuses_what_is_not_approved_or_out_of_bounds():
-    limits = gate.AcceptLimits(2, 1.25, ("device", "host"))
+    limits = thresholds.AcceptLimits(2, 1.25, ("device", "host"))
     checks = [DEVICE_LARGE, f"device {SMALL} forward", f"host {SMALL} forward", f"latency {LARGE} forward"]
     asks = (
         request(f"{DEVICE_LARGE} 1.08 ok")
@@ -239,7 +239,7 @@ def test_grant_refuses_what_is_not_approved_or_out_of_bounds():
     ]
     assert len(record["requested"]) == 9 and record["limits"]["max_rows"] == 2
     json.dumps(record)  # the verdict can write it
-    assert accept.grant(asks, gate.AcceptLimits(), checks)[0] == {}  # [accept] absent: nothing granted
+    assert accept.grant(asks, thresholds.AcceptLimits(), checks)[0] == {}  # [accept] absent: nothing granted
 
 
 @pytest.fixture(scope="module")
@@ -257,7 +257,7 @@ def test_an_approved_acceptance_shows_the_row_as_accepted_never_pass(base_run, s
     assert "past the table's factor 1.03" in row.note
     assert "1 accepted" in verdict.summary and "Accept-Regression: 1 granted" in verdict.summary
     assert verdict.acceptance["granted"][0]["approved_by"] == "maintainer"
-    assert "**accepted**" in gate.to_markdown(verdict)
+    assert "**accepted**" in gatereport.to_markdown(verdict)
     others = [r for r in verdict.rows if r.check != DEVICE_LARGE and r.kind == "latency"]
     assert all(r.verdict == "pass" for r in others)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rmsnorm_suite import checks, mutants
+from rmsnorm_suite import checkreport, checks, mutants, probes
 
 from ..conftest import TERMINAL_REPORTS
 
@@ -39,7 +39,7 @@ _ENTRIES: dict[str, dict] = {}
 def test_baseline_passes_every_check():
     results = mutants.run_suite(mutants.as_impl(""))
     failed = [r for r in results if not r.passed]
-    assert results and not failed, checks.format_table(failed)
+    assert results and not failed, checkreport.format_table(failed)
 
 
 @pytest.mark.parametrize("name", list(mutants.MUTANTS))
@@ -52,21 +52,21 @@ def test_mutant_is_caught(name):
 # Why the probes exist: each bug below hides from one case and shows in another.
 HIDE_AND_SHOW = [
     # (mutant, check, kind, case or probe kwargs, expected to pass)
-    ("denominator_block", checks.check_denominator, "forward", {"n": 256}, True),
-    ("denominator_block", checks.check_denominator, "forward", {"n": 257}, False),
-    ("dx_denominator_block", checks.check_denominator, "backward", {"n": 256}, True),
-    ("dx_denominator_block", checks.check_denominator, "backward", {"n": 257}, False),
+    ("denominator_block", probes.check_denominator, "forward", {"n": 256}, True),
+    ("denominator_block", probes.check_denominator, "forward", {"n": 257}, False),
+    ("dx_denominator_block", probes.check_denominator, "backward", {"n": 256}, True),
+    ("dx_denominator_block", probes.check_denominator, "backward", {"n": 257}, False),
     ("dw_mean_over_rows", checks.check_gamma, "gamma", checks.Case(1, 257, torch.float32), True),
     ("dw_mean_over_rows", checks.check_gamma, "gamma", checks.Case(17, 257, torch.float32), False),
     ("eps_outside_sqrt", checks.check_forward, "forward", checks.Case(5, 257, torch.float16), True),
-    ("eps_outside_sqrt", checks.check_small_magnitude, "forward", {}, False),
-    ("squares_in_fp16", checks.check_large_magnitude, "forward", {}, False),
-    ("dx_r2_instead_of_r3", checks.check_denominator, "backward", {"n": 257}, True),
-    ("dx_r2_instead_of_r3", checks.check_rstd_precision, "backward", {}, False),
+    ("eps_outside_sqrt", probes.check_small_magnitude, "forward", {}, False),
+    ("squares_in_fp16", probes.check_large_magnitude, "forward", {}, False),
+    ("dx_r2_instead_of_r3", probes.check_denominator, "backward", {"n": 257}, True),
+    ("dx_r2_instead_of_r3", probes.check_rstd_precision, "backward", {}, False),
     ("store_without_mask", checks.check_forward, "forward", checks.Case(3, 257, torch.float32), True),
-    ("store_without_mask", checks.check_output_bounds, "forward", {}, False),
+    ("store_without_mask", probes.check_output_bounds, "forward", {}, False),
     ("dw_order_varies", checks.check_gamma, "gamma", checks.Case(17, 257, torch.float32), True),
-    ("dw_order_varies", checks.check_determinism, "gamma", {}, False),
+    ("dw_order_varies", probes.check_determinism, "gamma", {}, False),
 ]
 
 
@@ -92,7 +92,7 @@ def test_where_a_mutant_hides_and_shows(name, check, kind, where, passes):
 def test_feature_baseline_passes_every_feature_check():
     results = mutants.run_feature_suite(mutants.FEATURE_BASELINE)
     failed = [r for r in results if not r.passed]
-    assert results and not failed, checks.format_table(failed)
+    assert results and not failed, checkreport.format_table(failed)
 
 
 @pytest.mark.parametrize("name", list(mutants.FEATURE_MUTANTS))

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from rmsnorm_suite import cli, gate, prverdict, sandbox, staging
+from rmsnorm_suite import cli, prverdict, sandbox, staging
+from rmsnorm_suite.thresholds import default_thresholds
 
 # A stand-in op: the defining formula, after a sleep of COST_S seconds per call.
 OPS = """import time
@@ -102,7 +103,7 @@ def host_timing(monkeypatch, tmp_path):
 def pr_verdict(repo: Path, base: str, head: str, out: Path, *extra: str) -> int:
     """The trusted thresholds, with clock and stopwatch tolerances a loaded CPU can hold (the
     host stand-in's calibration and stopwatch take milliseconds: noise of tens of percent)."""
-    text = gate.default_thresholds().read_text(encoding="utf-8")
+    text = default_thresholds().read_text(encoding="utf-8")
     text = text.replace("tolerance = 0.05\ncheckpoint = 0.25", "tolerance = 0.5\ncheckpoint = 50.0")
     text = text.replace(
         "[stopwatch]\ntolerance = 0.10\nconsistency = 0.05",

@@ -11,7 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from rmsnorm_suite import gate, prverdict, sandbox, telemetry
+from rmsnorm_suite import prverdict, sandbox, telemetry
+from rmsnorm_suite.thresholds import load_thresholds
 
 
 class FakeNVML:
@@ -135,4 +136,4 @@ def test_noisy_rounds_are_redone_within_the_bound(tmp_path, monkeypatch, noisy, 
     if status == "error":
         assert "noisy: clocks held down (hw_slowdown)" in data["summary"]
     assert len(data["telemetry"]) == 6 and all(v["samples"] == 1 for v in data["telemetry"].values())
-    assert gate.load_thresholds(thresholds).telemetry_redo == 2
+    assert load_thresholds(thresholds).telemetry_redo == 2

@@ -98,7 +98,7 @@ def grid_table(records: list[dict[str, Any]]) -> str:
     verdict = "pass" if not total_failed else f"FAIL ({total_failed})"
     rows.append(["all", len(records), "", "", "", "", "", verdict])
     headers = ["dtype", "cases", "max abs err", "max rel", "tolerance", "of bound", "of oracle limit", "pass"]
-    from rmsnorm_suite.checks import CRITERION
+    from rmsnorm_suite.checkreport import CRITERION
 
     return format_table(headers, rows) + "\n\n" + CRITERION
 
