@@ -33,17 +33,14 @@ import argparse
 import dataclasses
 import json
 import os
-import queue
 import secrets
 import shutil
-import signal
+import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +50,11 @@ from rmsnorm_suite import (
     accept,
     bench,
     cases,  # noqa: F401  the gate orders its table by it
+    exchange,
     gate,
     guard,
     results,
+    rounds,
     sandbox,
     staging,
     stopwatch,
@@ -107,205 +106,8 @@ def round_order(k: int) -> tuple[str, str]:
     return SIDES if k % 2 == 0 else SIDES[::-1]
 
 
-def merge_rounds(
-    runs: Sequence[results.Run | Mapping[str, Any]], label: str, commit: str | None
-) -> results.Run:
-    """One run from several rounds of one side: samples concatenated, one median per round (whole
-    call, device and host: the gate's units), the largest error seen, failed when any round failed."""
-    if not runs:
-        raise ValueError(f"no rounds to merge for {label}")
-    runs = [results.as_run(run) for run in runs]
-    merged: dict[results.Key, _Merged] = {}
-    for k, run in enumerate(runs):
-        k = run.round if run.round is not None else k
-        for row in run.results:
-            into = merged.setdefault(row.key, _Merged(row))
-            if not row.ok:
-                if into.error is None:
-                    into.error = f"round {k}: {row.error}"
-                continue
-            into.samples.extend(row.whole.samples_ms)
-            into.medians.append(bench.median(row.whole.samples_ms))
-            if row.host.samples_ms:
-                into.host_samples.extend(row.host.samples_ms)
-                into.host_medians.append(bench.median(row.host.samples_ms))
-            if row.device_error or not row.device.samples_ms:
-                into.device_error = (
-                    into.device_error or f"round {k}: {row.device_error or 'no device samples'}"
-                )
-            else:
-                into.device_samples.extend(row.device.samples_ms)
-                into.device_medians.append(bench.median(row.device.samples_ms))
-            for q, v in row.errors.items():
-                into.errors[q] = max(v, into.errors.get(q, v))
-    copies = [run.copy.tbs for run in runs if run.copy.tbs is not None]
-    copy_tbs = bench.median(copies) if copies else None
-    first = runs[0]
-    rounds = [run.round if run.round is not None else k for k, run in enumerate(runs)]
-    return results.Run(
-        tuple(m.row(copy_tbs) for m in merged.values()),
-        label=label,
-        created=first.created,
-        machine=first.machine,
-        git=results.Git(commit, False),
-        # round_indices: the rounds merged, in order; the gate pairs two runs' rounds by them
-        settings={**first.settings, "rounds": len(runs), "round_indices": rounds},
-        copy=results.CopyCeiling(tbs=copy_tbs, rounds_tbs=tuple(copies)),
-    )
-
-
-@dataclass
-class _Merged:
-    """One (provider, shape, mode) while its rounds are merged: the first round's row, and what
-    the rounds add to it."""
-
-    first: results.Row
-    error: str | None = None  # the first failed round's
-    samples: list[float] = field(default_factory=list)
-    medians: list[float] = field(default_factory=list)
-    device_samples: list[float] = field(default_factory=list)
-    device_medians: list[float] = field(default_factory=list)
-    device_error: str | None = None
-    host_samples: list[float] = field(default_factory=list)
-    host_medians: list[float] = field(default_factory=list)
-    errors: dict[str, float] = field(default_factory=dict)
-
-    def row(self, copy_tbs: float | None) -> results.Row:
-        ok, nbytes = self.error is None, self.first.bytes
-        return dataclasses.replace(
-            self.first,
-            status="ok" if ok else "failed",
-            error=self.error,
-            errors=self.errors,
-            whole=results.timing(self.samples, self.medians, nbytes, copy_tbs, summarise=ok),
-            device=results.timing(self.device_samples, self.device_medians, nbytes, copy_tbs, summarise=ok),
-            device_error=self.device_error,
-            # rounds pair by position: a round without host samples voids the others'
-            host=(
-                results.timing(self.host_samples, self.host_medians, None, None, summarise=ok)
-                if len(self.host_medians) == len(self.medians)
-                else results.Timing()
-            ),
-        )
-
-
 def _tail(text: str, lines: int = 15) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
-
-
-OUTPUT_CAP = 64 * 2**20  # bytes of results, and of each of stdout and stderr, a sandbox may hand back
-FILE_CAP = 1 * 2**30  # RLIMIT_FSIZE of the sandbox's processes (prlimit): no file past it, stdout included
-PROC_CAP = 4096  # RLIMIT_NPROC of its user's processes and threads (prlimit): a fork bomb stops there
-
-
-def _tail_of(f) -> str:
-    """The last OUTPUT_CAP bytes a sandbox wrote to ``f``, as text."""
-    size = f.seek(0, os.SEEK_END)
-    f.seek(max(0, size - OUTPUT_CAP))
-    return f.read().decode("utf-8", errors="replace")
-
-
-@dataclass
-class Answer:
-    """What a sandbox gave back: exit status (None on timeout), stdout, stderr, the lines that
-    came on the result pipe, and per stopwatch line the judge's seconds from writing it to the
-    next line's arrival (None where that line was not answered in turn)."""
-
-    code: int | None
-    out: str
-    err: str
-    lines: list[str]
-    seconds: list[float | None] = dataclasses.field(default_factory=list)
-
-
-def sandboxed(
-    box: sandbox.Sandbox,
-    argv: Sequence[str],
-    stdin: Callable[[int], str],
-    timeout: float,
-    hidden: Sequence[Path] = (),
-    watch: telemetry.Sampler | None = None,
-    exchange: Callable[[int, str], str | None] | None = None,
-) -> Answer:
-    """Run ``argv`` in ``box``, its standard input the line ``stdin(fd)`` where ``fd`` is the
-    write end of a result pipe open inside. With ``exchange``: after the pipe's line ``k`` (from
-    1) has come, ``exchange(k, that line)`` is written to standard input and the judge's clock runs
-    until line ``k + 1`` arrives (the stopwatch); None ends the exchange. A line that arrives
-    before the judge wrote what it answers is refused. A timeout kills the sandbox's whole
-    process group. ``watch`` samples the GPU while it runs."""
-    read, write = os.pipe()
-    chunks: list[bytes] = []
-    arrivals: queue.Queue[tuple[float, bytes | None]] = queue.Queue()  # (judge's clock, line)
-
-    def drain() -> None:  # at most OUTPUT_CAP kept: a flood is cut, not held in memory
-        kept, partial = 0, b""
-        while block := os.read(read, 1 << 16):
-            now = time.perf_counter()
-            if kept < OUTPUT_CAP:
-                chunks.append(block[: OUTPUT_CAP - kept])
-                kept += len(block)
-                *done, partial = (partial + block).split(b"\n")
-                for text in done:
-                    arrivals.put((now, text))
-        os.close(read)
-        arrivals.put((time.perf_counter(), None))
-
-    def next_line(until: float) -> tuple[float, bytes] | None:  # the next line and when it came
-        try:
-            when, text = arrivals.get(timeout=max(until - time.monotonic(), 0.0))
-        except queue.Empty:
-            return None
-        return None if text is None else (when, text)
-
-    reader = threading.Thread(target=drain, daemon=True)
-    reader.start()
-    until = time.monotonic() + max(timeout, 0.01)
-    seconds: list[float | None] = []
-    with tempfile.TemporaryFile() as out_file, tempfile.TemporaryFile() as err_file:
-        try:
-            proc = subprocess.Popen(
-                ["prlimit", f"--fsize={FILE_CAP}", f"--nproc={PROC_CAP}", "--", *sandbox.command(box, argv, hidden=hidden)],
-                stdin=subprocess.PIPE, stdout=out_file,
-                stderr=err_file, start_new_session=True, pass_fds=(write,),
-            )  # fmt: skip
-        finally:
-            os.close(write)
-        if watch is not None:
-            watch.start(proc.pid)
-        try:
-            proc.stdin.write(stdin(write).encode() + b"\n")
-            proc.stdin.flush()
-            k, got = 1, next_line(until) if exchange is not None else None
-            while got is not None and (say := exchange(k, got[1].decode("utf-8", "replace"))) is not None:
-                if not arrivals.empty():  # a line already on its way answers nothing yet asked
-                    seconds.append(None)
-                    break
-                started = time.perf_counter()  # before the write: a loaded judge may run late
-                proc.stdin.write(say.encode() + b"\n")
-                proc.stdin.flush()
-                got = next_line(until)
-                seconds.append(got[0] - started if got is not None and got[0] > started else None)
-                k += 1
-            proc.stdin.close()
-        except BrokenPipeError:  # it exited before reading: its status says why
-            pass
-        try:
-            code: int | None = proc.wait(timeout=max(until - time.monotonic(), 0.01))
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
-            code = None
-        if watch is not None:
-            watch.stop()
-        out, err = _tail_of(out_file), _tail_of(err_file)
-    reader.join(timeout=30)
-    if sum(map(len, chunks)) >= OUTPUT_CAP:
-        return Answer(code, out, err + f"\nresults pipe: more than {OUTPUT_CAP} bytes, cut", [])
-    text = b"".join(chunks).decode("utf-8", errors="replace")
-    return Answer(code, out, err, text.splitlines(), seconds)
 
 
 def run_round(
@@ -330,7 +132,7 @@ def run_round(
     if len(seeds) != len(blocks) + 1:
         raise ValueError(f"the stopwatch needs {len(blocks) + 1} seeds, not {len(seeds)}")
     says = [json.dumps({"prepare": seeds[0]})] + [json.dumps({"go": s}) for s in seeds[1:]]
-    got = sandboxed(
+    got = exchange.sandboxed(
         box, argv, lambda fd: json.dumps({**spec, "result_fd": fd}), timeout, hidden, watch,
         exchange=lambda k, _line: says[k - 1] if k <= len(says) else None,
     )  # fmt: skip
@@ -368,7 +170,7 @@ def run_gpu_tests(
     failure). Failed tests: regression; no tests, a collection or usage error, a timeout: cannot judge."""
     argv = [sys.executable, "-I", "-B", "-c", PYTEST_BOOTSTRAP, "-m", "gpu", "-q", "-p", "no:cacheprovider",
             "-c", "/judge/head/pyproject.toml", "--rootdir", "/judge/head", "/judge/head/tests"]  # fmt: skip
-    got = sandboxed(box, argv, lambda fd: "", timeout, hidden)
+    got = exchange.sandboxed(box, argv, lambda fd: "", timeout, hidden)
     code, out, err = got.code, got.out, got.err
     log_path.write_text(out + err, encoding="utf-8")
     if code is None:
@@ -547,7 +349,12 @@ def stopwatch_row(
 ) -> gate.Row:  # fmt: skip
     """Head's stopwatch held to base's and to head's own rows, round by round ([stopwatch])."""
     blocks = stopwatch.plan(cases_, modes, WORKER_TIMING, worker.HOST_SHAPE)
-    got = {side: {run.round: _stopwatch_side(run, blocks) for run in runs[side]} for side in SIDES}
+    seeds = {side: {run.round: run.settings["stopwatch"]["seeds"] for run in runs[side]} for side in SIDES}
+    same = {k for k in seeds["base"] if seeds["base"][k] == seeds["head"].get(k)}
+    got = {
+        side: {run.round: _stopwatch_side(run, blocks) for run in runs[side] if run.round in same}
+        for side in SIDES
+    }
     verdict, ratio, note = stopwatch.judge(
         got["base"], got["head"], blocks, thresholds.stopwatch_tolerance,
         thresholds.stopwatch_consistency, thresholds.stopwatch_sums,
@@ -556,15 +363,23 @@ def stopwatch_row(
     return gate.Row("stopwatch", None, None, ratio, limit, verdict, "run", note=note)
 
 
+def _stopwatch_seeds(cases_: Sequence[bench.Case], modes: Sequence[str]) -> list[int]:
+    """The stopwatch's inputs for a round: a prepare seed, then a go seed per block; the judge's,
+    both sides' (a side's redo draws new ones: a round whose sides differ is not compared)."""
+    blocks = stopwatch.plan(cases_, modes, WORKER_TIMING, worker.HOST_SHAPE)
+    return [secrets.randbits(62) for _ in range(len(blocks) + 1)]
+
+
 def _stopwatch_side(run: results.Run, blocks: Sequence[stopwatch.Block]) -> stopwatch.Side:
     """A round's stopwatch, with what its own rows claim each block's calls cost: reps x the
-    row's whole-call median (the stopwatch's calls include their host work), else its GPU time."""
+    median of the row's whole-call samples (the stopwatch's calls include their host work), else
+    of its GPU time; the judge's median of the samples the gate judges, not the one reported."""
     rows = {(r.shape, r.mode): r for r in run.results if r.provider == "kernel"}
     claimed = []
     for b in blocks:
         row = rows.get((b.case, b.mode))
-        ms = row and (row.whole.median_ms or row.device.median_ms)
-        claimed.append(b.reps * (ms or 0.0) / 1e3)
+        samples = row and (row.whole.samples_ms or row.device.samples_ms)
+        claimed.append(b.reps * (statistics.median(samples) if samples else 0.0) / 1e3)
     watch = run.settings["stopwatch"]
     return stopwatch.Side(watch["seconds"], watch["sums"], claimed)
 
@@ -599,11 +414,7 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
         extra.append(gate.Row("telemetry", None, None, None, None, "error", "run", note=why))
     try:
         for k in range(args.rounds):
-            # the stopwatch's inputs (a prepare seed, a go seed per block): the judge's, both sides'
-            seeds = [
-                secrets.randbits(62)
-                for _ in range(len(stopwatch.plan(cases_, args.modes, WORKER_TIMING, worker.HOST_SHAPE)) + 1)
-            ]
+            seeds = _stopwatch_seeds(cases_, args.modes)
             for side in round_order(k):
                 if deadline.passed:
                     break
@@ -634,6 +445,7 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
                         run, problem = None, f"noisy: {noisy}"
                         break
                     redos += 1
+                    seeds = _stopwatch_seeds(cases_, args.modes)  # a redo never knows its go seeds
                     print(f"round {k} {side} redone: {noisy}", file=sys.stderr, flush=True)
                 if run is not None:
                     runs[side].append(run)
@@ -654,7 +466,7 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
             note = "; ".join(failures[side])[:400]
             extra.append(gate.Row(f"{side} benchmark", None, None, None, None, "error", "run", note=note))
         if runs[side]:
-            merged[side] = merge_rounds(runs[side], side, shas[side])
+            merged[side] = rounds.merge_rounds(runs[side], side, shas[side])
         else:
             merged[side], missing[side] = None, "no round finished (see rounds/*.log)"
     if args.skip_gpu_tests:

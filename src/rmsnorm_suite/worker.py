@@ -29,6 +29,10 @@ from typing import Any
 from rmsnorm_suite import bench, guard, numerics, results, stopwatch
 
 TIMINGS = ("cuda", "host")
+# The stopwatch's class as the trusted suite defines it, bound before any commit's code runs
+# (a tuple: nothing in it can be swapped in place), with its functions' code.
+STOPWATCH_CLASS = tuple((k, v, getattr(v, "__code__", None)) for k, v in vars(stopwatch.Stopwatch).items())
+BLOCK = stopwatch.Stopwatch.block
 HOST_SHAPE = (4, 64)  # rows, columns (at most the case's) of the host stand-in's CPU inputs
 
 
@@ -182,7 +186,9 @@ def answer_stopwatch(spec: dict[str, Any], pipe, held: guard.Guard) -> int:
     blocks = stopwatch.plan(
         [bench.case_from_json(c) for c in spec["cases"]], spec["modes"], timing, HOST_SHAPE
     )
-    watch = stopwatch.Stopwatch(fn, blocks, seed, "cpu" if timing == "host" else bench.DEVICE)
+    device = "cpu" if timing == "host" else bench.DEVICE
+    watch = stopwatch.Stopwatch(fn, blocks, seed, device)
+    inputs = dict(watch.inputs)
     pipe.write(json.dumps({"ready": seed}) + "\n")
     pipe.flush()
     for i in range(len(blocks)):
@@ -190,9 +196,32 @@ def answer_stopwatch(spec: dict[str, Any], pipe, held: guard.Guard) -> int:
         if not line:
             return 0
         go = int(json.loads(line)["go"])
-        pipe.write(json.dumps({"go": go, "sums": watch.block(i, go)}) + "\n")
+        if not _intact(watch, fn, blocks, device, inputs):
+            print("the clock was replaced during the stopwatch: its instance or class", file=sys.stderr)
+            return 3
+        pipe.write(json.dumps({"go": go, "sums": BLOCK(watch, i, go)}) + "\n")
         pipe.flush()
     if replaced := held.replaced():
         print(f"the clock was replaced during the stopwatch: {', '.join(replaced[:8])}", file=sys.stderr)
         return 3
     return 0
+
+
+def _intact(watch: Any, fn: Any, blocks: list, device: str, inputs: dict) -> bool:
+    """The stopwatch is the class as imported and the instance as the worker built it: an op
+    that reached it (through the frames, in its untimed warm-up) set no method, field or input."""
+    return (
+        type(watch) is stopwatch.Stopwatch
+        and _same(vars(stopwatch.Stopwatch), {k: v for k, v, _ in STOPWATCH_CLASS})
+        and all(getattr(v, "__code__", None) is code for _, v, code in STOPWATCH_CLASS)
+        and set(vars(watch)) == {"torch", "fn", "blocks", "device", "inputs"}
+        and watch.fn is fn
+        and watch.blocks == list(blocks)
+        and watch.device == device
+        and _same(watch.inputs, inputs)
+    )
+
+
+def _same(now: Any, then: dict) -> bool:
+    """``now`` (a mapping) holds the very objects ``then`` held, under the same names."""
+    return dict(now).keys() == then.keys() and all(now[k] is v for k, v in then.items())

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from rmsnorm_suite import cases, cli, gate, gatereport, prverdict, results, thresholds
+from rmsnorm_suite.rounds import merge_rounds
 
 ROOT = Path(__file__).resolve().parents[2]
 THRESHOLDS_FILE = ROOT / thresholds.THRESHOLDS_IN_TREE[0]
@@ -566,7 +567,7 @@ def one_round(seed: int, k: int, **kw):
 
 def test_merge_rounds_concatenates_samples_and_keeps_the_worst_error():
     rounds = [one_round(20, 0), one_round(21, 1, errors={(FP32, "forward"): {"y": 1e-7}})]
-    merged = prverdict.merge_rounds(rounds, "head", "abc")
+    merged = merge_rounds(rounds, "head", "abc")
     row = merged.rows_of("kernel")[FP32, "forward"]
     assert len(row.whole.samples_ms) == 80 and len(row.whole.block_medians_ms) == 2
     mine = [next(x for x in r["results"] if (x["shape"], x["mode"]) == (FP32, "forward")) for r in rounds]
@@ -586,27 +587,27 @@ def test_merge_rounds_drops_host_time_when_a_round_lacks_it():
     """Rounds pair by position, so one round without host samples leaves the side with none (the
     gate then cannot judge its host rows) rather than host medians shifted against the others."""
     rounds = [one_round(24, 0), no_host(one_round(25, 1)), one_round(26, 2)]
-    row = prverdict.merge_rounds(rounds, "head", None).rows_of("kernel")[FP32, "forward"]
+    row = merge_rounds(rounds, "head", None).rows_of("kernel")[FP32, "forward"]
     assert row.host == results.Timing() and len(row.whole.block_medians_ms) == 3
-    full = prverdict.merge_rounds([one_round(24, 0), one_round(26, 1)], "head", None)
+    full = merge_rounds([one_round(24, 0), one_round(26, 1)], "head", None)
     assert len(full.rows_of("kernel")[FP32, "forward"].host.block_medians_ms) == 2
 
 
 def test_merge_rounds_marks_a_failure_in_any_round():
     rounds = [one_round(22, 0), fail(one_round(23, 1), LARGE, "forward")]
-    rows = prverdict.merge_rounds(rounds, "base", None).rows_of("kernel")
+    rows = merge_rounds(rounds, "base", None).rows_of("kernel")
     assert rows[LARGE, "forward"].status == "failed" and "round 1" in rows[LARGE, "forward"].error
     assert rows[SMALL, "forward"].status == "ok"
 
 
 def test_merged_rounds_feed_the_gate():
-    base = prverdict.merge_rounds([one_round(30 + k, k) for k in range(4)], "base", "b")
+    base = merge_rounds([one_round(30 + k, k) for k in range(4)], "base", "b")
     slow_once = [one_round(40, 0, slower={"*": 1.08}), *(one_round(40 + k, k) for k in range(1, 4))]
-    head = prverdict.merge_rounds(slow_once, "head", "h")
+    head = merge_rounds(slow_once, "head", "h")
     assert gate.interleaved(base, head)
     verdict = gate.judge(base, head, THRESHOLDS)
     assert verdict.status == "pass", verdict.summary  # one slow round of four bounds nothing
-    head = prverdict.merge_rounds([one_round(50 + k, k, slower={"*": 1.08}) for k in range(4)], "head", "h")
+    head = merge_rounds([one_round(50 + k, k, slower={"*": 1.08}) for k in range(4)], "head", "h")
     assert gate.judge(base, head, THRESHOLDS).status == "regression"
 
 

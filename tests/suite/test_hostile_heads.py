@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rmsnorm_suite import cli, prverdict, sandbox, staging
+from rmsnorm_suite import cli, exchange, prverdict, sandbox, staging
 from tests.suite import hostile_catalogue as catalogue
 from tests.suite.test_prverdict import INIT, OPS, SLOW_S, git
 from tests.suite.test_prverdict import commit as prverdict_commit
@@ -131,6 +131,7 @@ def survivors(token: str) -> list[str]:
         ("cached-outputs", "error", "disagrees with head's own times"),
         ("stopwatch-swapped", "error", "rmsnorm_suite.worker.stopwatch"),
         ("wrong-op-in-stopwatch", "error", "stopwatch outputs differ from base's"),
+        ("stopwatch-served", "error", "its instance or class"),
         ("answer-before-go", "error", "each after the judge's line"),
         ("symlinked-package", "error", "src/rmsnorm_kernel (a link)"),
         ("symlinked-module", "error", "src/rmsnorm_kernel/ops.py (a link)"),
@@ -289,7 +290,7 @@ def test_sandbox_for_a_judge_that_is_not_root(tmp_path):
 def test_a_flood_on_the_pipe_or_stdout_is_cut(tmp_path, monkeypatch):
     """The judge keeps at most OUTPUT_CAP of what a sandbox hands back: results past it are
     dropped whole (the round fails), stdout keeps its tail."""
-    monkeypatch.setattr(prverdict, "OUTPUT_CAP", 2**20)
+    monkeypatch.setattr(exchange, "OUTPUT_CAP", 2**20)
     box = sandbox.Sandbox(tmp_path / "root", {}, tmp_path / "state")
     box.root.mkdir()
     code = (
@@ -297,7 +298,7 @@ def test_a_flood_on_the_pipe_or_stdout_is_cut(tmp_path, monkeypatch):
         "os.write(1, b'x' * 3 * 2**20 + b'END')\n"
         "for _ in range(3):\n    os.write(fd, b'y' * 2**20)\n"
     )
-    done = prverdict.sandboxed(box, [os.sys.executable, "-I", "-c", code], str, 60)
+    done = exchange.sandboxed(box, [os.sys.executable, "-I", "-c", code], str, 60)
     assert done.code == 0 and done.lines == [] and "more than 1048576 bytes, cut" in done.err
     assert len(done.out) == 2**20 and done.out.endswith("END")
 
@@ -336,7 +337,7 @@ def test_a_worker_that_leaves_the_session_dies_with_its_round(tmp_path):
     box = sandbox.Sandbox(tmp_path / "root", {}, tmp_path / "state")
     box.root.mkdir()
     code = "import os, subprocess, sys, time\nos.setsid()\nsubprocess.Popen(['sleep', '300', sys.argv[1]])\ntime.sleep(300)\n"
-    exit_code = prverdict.sandboxed(box, [os.sys.executable, "-I", "-c", code, token], str, 3).code
+    exit_code = exchange.sandboxed(box, [os.sys.executable, "-I", "-c", code, token], str, 3).code
     assert exit_code is None  # timed out
     time.sleep(1)
     assert survivors(token) == []
@@ -346,7 +347,7 @@ def test_the_sandbox_bounds_its_memory_files_and_processes(tmp_path, monkeypatch
     """/tmp inside is a tmpfs of at most TMPFS_BYTES (it lives in the judge's memory), and its
     user's processes stop at PROC_CAP: a head cannot fill the judge's memory or fork without end."""
     monkeypatch.setattr(sandbox, "TMPFS_BYTES", 4 * 2**20)
-    monkeypatch.setattr(prverdict, "PROC_CAP", 64)
+    monkeypatch.setattr(exchange, "PROC_CAP", 64)
     box = sandbox.Sandbox(tmp_path / "root", {}, tmp_path / "state")
     box.root.mkdir()
     code = (
@@ -358,7 +359,7 @@ def test_the_sandbox_bounds_its_memory_files_and_processes(tmp_path, monkeypatch
         "except OSError as exc:\n    print('processes:', len(kids), exc.strerror)\n"
         "for k in kids:\n    k.kill()\n"
     )
-    done = prverdict.sandboxed(box, [os.sys.executable, "-I", "-c", code], str, 60)
+    done = exchange.sandboxed(box, [os.sys.executable, "-I", "-c", code], str, 60)
     assert "tmp: No space left on device" in done.out, done.out + done.err
     assert "processes:" in done.out and "Resource temporarily unavailable" in done.out, done.out + done.err
     assert int(done.out.split("processes:")[1].split()[0]) < 64

@@ -129,10 +129,22 @@ def test_noisy_rounds_are_redone_within_the_bound(tmp_path, monkeypatch, noisy, 
             "--skip-gpu-tests"]  # fmt: skip
     from rmsnorm_suite import cli
 
+    attempts = []  # (side, round, the stopwatch's seeds) of every attempt
+    real = prverdict.run_round
+
+    def spy(box, spec, *args):
+        attempts.append((spec["label"], spec["round"], tuple(args[-1])))
+        return real(box, spec, *args)
+
+    monkeypatch.setattr(prverdict, "run_round", spy)
     cli.main(["pr-verdict", *argv])
     data = json.loads((out / "verdict.json").read_text())
     assert data["status"] == status, data["summary"]
     assert data["pr"]["rounds_redone"] == redone
+    # a redo draws new stopwatch seeds: a side never meets go seeds it has seen
+    for side in ("base", "head"):
+        mine = [seeds for label, _, seeds in attempts if label == side]
+        assert len(set(mine)) == len(mine), attempts
     if status == "error":
         assert "noisy: clocks held down (hw_slowdown)" in data["summary"]
     assert len(data["telemetry"]) == 6 and all(v["samples"] == 1 for v in data["telemetry"].values())
