@@ -345,9 +345,10 @@ def clock_row(runs: Mapping[str, Sequence[results.Run]], thresholds: gate.Thresh
 
 def stopwatch_row(
     runs: Mapping[str, Sequence[results.Run]], cases_: Sequence[bench.Case], modes: Sequence[str],
-    thresholds: gate.Thresholds,
+    thresholds: gate.Thresholds, requests: Sequence[accept.Request] = (),
 ) -> gate.Row:  # fmt: skip
-    """Head's stopwatch held to base's and to head's own rows, round by round ([stopwatch])."""
+    """Head's stopwatch held to base's and to head's own rows, round by round ([stopwatch]); an
+    approved Accept-Regression of a (case, mode) allows its blocks the same factor."""
     blocks = stopwatch.plan(cases_, modes, WORKER_TIMING, worker.HOST_SHAPE)
     seeds = {side: {run.round: run.settings["stopwatch"]["seeds"] for run in runs[side]} for side in SIDES}
     same = {k for k in seeds["base"] if seeds["base"][k] == seeds["head"].get(k)}
@@ -357,10 +358,21 @@ def stopwatch_row(
     }
     verdict, ratio, note = stopwatch.judge(
         got["base"], got["head"], blocks, thresholds.stopwatch_tolerance,
-        thresholds.stopwatch_consistency, thresholds.stopwatch_sums,
+        thresholds.stopwatch_consistency, thresholds.stopwatch_sums, _accepted(requests, cases_, modes, thresholds),
     )  # fmt: skip
     limit = 1.0 + thresholds.stopwatch_tolerance
     return gate.Row("stopwatch", None, None, ratio, limit, verdict, "run", note=note)
+
+
+def _accepted(requests, cases_, modes, thresholds) -> dict[tuple[str, str], float]:
+    """(case, mode) -> the largest factor the gate grants any of its latency rows."""
+    checks = [f"{kind} {c.name} {m}" for kind in accept.KINDS for c in cases_ for m in modes]
+    granted, _ = accept.grant(requests, thresholds.accept, checks)
+    out: dict[tuple[str, str], float] = {}
+    for r in granted.values():
+        _, case, mode = r.check.split(" ")
+        out[case, mode] = max(r.factor, out.get((case, mode), 1.0))
+    return out
 
 
 def _stopwatch_seeds(cases_: Sequence[bench.Case], modes: Sequence[str]) -> list[int]:
@@ -479,8 +491,6 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
     for side in SIDES:
         if merged[side]:
             results.write(merged[side], out, side)
-    extra.insert(0, stopwatch_row(runs, cases_, args.modes, context["thresholds"]))
-    extra.insert(0, clock_row(runs, context["thresholds"]))
     try:  # Accept-Regression trailers: data read from git's objects, honoured only when approved
         requests = accept.approve(
             accept.from_git(context["repo"], shas["base"], shas["head"]), args.accept_approved_by
@@ -490,6 +500,8 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
         extra.append(
             gate.Row("accept-regression", None, None, None, None, "error", "run", note=str(exc)[:200])
         )
+    extra.insert(0, stopwatch_row(runs, cases_, args.modes, context["thresholds"], requests))
+    extra.insert(0, clock_row(runs, context["thresholds"]))
     verdict = gate.judge(
         merged["base"], merged["head"], context["thresholds"], extra_rows=extra, missing=missing,
         acceptances=requests,

@@ -186,13 +186,15 @@ def judge(
     tolerance: float,
     consistency: float,
     sums_tolerance: float,
+    accepted: Mapping[tuple[str, str], float] | None = None,
 ) -> tuple[str, float | None, str]:
     """(verdict, ratio, note). `error` when a projection differs from base's by more than
     ``sums_tolerance`` of its scale, when no round pairs, or when, in a group of cases, head's
     seconds beyond what its own rows claim pass base's by more than ``consistency`` of head's
     seconds (head's rows hide time); `regression` when head/base over every block passes
-    1 + ``tolerance``. A block's seconds: the median of its repeats; then the upper median over
-    rounds."""
+    1 + ``tolerance``, base's seconds of a block whose (case, mode) is ``accepted`` (an approved
+    Accept-Regression) scaled by its factor. A block's seconds: the median of its repeats; then
+    the upper median over rounds."""
     pairs = sorted(set(base) & set(head))
     if not pairs:
         return "error", None, "the stopwatch cannot judge: no round of both sides answered"
@@ -207,7 +209,10 @@ def judge(
     base = {k: _by_key(base[k], blocks) for k in pairs}
     head = {k: _by_key(head[k], blocks) for k in pairs}
     blocks = firsts
-    ratio = statistics.median_high(sum(head[k].seconds) / sum(base[k].seconds) for k in pairs)
+    allowed = [(accepted or {}).get(b.key, 1.0) for b in blocks]
+    ratio = statistics.median_high(
+        sum(head[k].seconds) / sum(s * f for s, f in zip(base[k].seconds, allowed)) for k in pairs
+    )
     hidden = {}
     for group in dict.fromkeys(b.group for b in blocks):
         idx = [i for i, b in enumerate(blocks) if b.group == group]

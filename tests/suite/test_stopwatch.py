@@ -128,3 +128,14 @@ def test_outputs_unlike_base_are_an_error_and_no_pair_cannot_judge():
     verdict, _, note = _judge(base, head)
     assert verdict == "error" and "tiny forward" in note
     assert _judge(base, {})[0] == "error"
+
+
+def test_an_accepted_regression_is_allowed_its_factor_here_too():
+    base = {k: _side([0.010, 0.004], [0.007, 0.002]) for k in range(3)}
+    slower = {k: _side([0.013, 0.004], [0.010, 0.002]) for k in range(3)}  # big forward x1.3, rows honest
+    args = dict(tolerance=0.10, consistency=0.05, sums_tolerance=0.02)
+    assert stopwatch.judge(base, slower, BLOCKS, **args)[0] == "regression"
+    assert stopwatch.judge(base, slower, BLOCKS, **args, accepted={("big", "forward"): 1.3})[0] == "pass"
+    assert (
+        stopwatch.judge(base, slower, BLOCKS, **args, accepted={("tiny", "forward"): 1.3})[0] == "regression"
+    )
