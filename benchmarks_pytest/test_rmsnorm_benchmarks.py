@@ -52,7 +52,7 @@ def built():
 @pytest.mark.parametrize("provider", PROVIDERS)
 @pytest.mark.parametrize("shape", [s.name for s in cases.BENCH_SHAPES])
 def test_rmsnorm(benchmark, flush, built, shape, provider, mode):
-    case = harness.case_from_bench_shape(cases.bench_shape(shape))
+    case = cases.bench_shape(shape)
     if provider not in built:
         built[provider] = providers.get_provider(provider).build(cases.EPS)
     x, w, dy = harness.make_inputs(case)

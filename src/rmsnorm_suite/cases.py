@@ -93,6 +93,9 @@ def interpret_grid() -> list[tuple[int, int, torch.dtype]]:
 
 @dataclass(frozen=True)
 class BenchShape:
+    """A benchmark shape: its rows, columns, dtype and group; the one case type of the harness,
+    the gate and pr-verdict's specs (harness.Case)."""
+
     m: int
     n: int
     dtype: torch.dtype
@@ -101,6 +104,11 @@ class BenchShape:
     @property
     def name(self) -> str:
         return f"{self.m}x{self.n}-{dtype_name(self.dtype)}"
+
+    @property
+    def nbytes(self) -> dict[str, int]:
+        """Mode -> the fewest bytes a pass moves (:func:`bytes_moved`)."""
+        return {mode: bytes_moved(self, mode) for mode in BENCH_MODES}
 
 
 # Groups, by what bounds the time of a call on the H200 (measured, docs/gate.md): "large" is

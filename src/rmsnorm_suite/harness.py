@@ -3,7 +3,7 @@
 :func:`run_benchmarks` draws each shape's inputs, checks each provider against the float64
 oracle (:mod:`rmsnorm_suite.numerics`), times it in blocks with the providers rotated between
 blocks (:mod:`rmsnorm_suite.timing`) and returns the records of :mod:`rmsnorm_suite.results`.
-:class:`Case` is a shape as the harness needs it. asv, pytest-benchmark, the ``benchmark``
+:data:`Case` is a shape (cases.BenchShape). asv, pytest-benchmark, the ``benchmark``
 command, pr-verdict's worker and the performance page all measure through here.
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from rmsnorm_suite import numerics, results, timing
+from rmsnorm_suite import cases, numerics, results, timing
 from rmsnorm_suite.numerics import relative_l2
 from rmsnorm_suite.providers import Fn, ResidualFn, get_provider
 from rmsnorm_suite.results import bandwidth_tbs
@@ -38,36 +38,12 @@ DEFAULT_BLOCKS = 3
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Case:
-    """A benchmark shape as the harness needs it (built from ``cases.BenchShape``, or from a
-    pr-verdict spec file)."""
-
-    name: str
-    m: int
-    n: int
-    dtype: torch.dtype
-    group: str
-    nbytes: dict[str, int]  # mode -> fewest bytes moved
-
-
-def case_from_bench_shape(shape) -> Case:
-    from rmsnorm_suite import cases
-
-    return Case(
-        shape.name,
-        shape.m,
-        shape.n,
-        shape.dtype,
-        shape.group,
-        {m: cases.bytes_moved(shape, m) for m in MODES},
-    )
+# The harness's case is the benchmark shape itself (cases.BenchShape): one type for every room.
+Case = cases.BenchShape
 
 
 def select_cases(names: Sequence[str] | None) -> list[Case]:
     """Shape names from cases.BENCH_SHAPES; "all" and the group names select groups."""
-    from rmsnorm_suite import cases
-
     if not names:
         names = ["all"]
     out: list[Case] = []
@@ -76,7 +52,7 @@ def select_cases(names: Sequence[str] | None) -> list[Case]:
             chosen = [s for s in cases.BENCH_SHAPES if name == "all" or s.group == name]
         else:
             chosen = [cases.bench_shape(name)]
-        out.extend(case_from_bench_shape(s) for s in chosen if s.name not in {c.name for c in out})
+        out.extend(s for s in chosen if s.name not in {c.name for c in out})
     return out
 
 
@@ -96,7 +72,11 @@ def case_to_json(case: Case) -> dict[str, Any]:
 
 
 def case_from_json(d: dict[str, Any]) -> Case:
-    return Case(d["name"], d["m"], d["n"], getattr(torch, d["dtype"]), d["group"], dict(d["bytes"]))
+    """The case a spec names; ValueError when its name or bytes are not its shape's."""
+    case = Case(d["m"], d["n"], getattr(torch, d["dtype"]), d["group"])
+    if d.get("name", case.name) != case.name or dict(d.get("bytes", case.nbytes)) != case.nbytes:
+        raise ValueError(f"a case's name or bytes are not those of {case.name}")
+    return case
 
 
 def make_inputs(case: Case, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -44,7 +44,7 @@ BYTES = [
 
 @pytest.mark.parametrize("shape, mode, expected", BYTES)
 def test_cases_carry_the_bytes_moved(shape, mode, expected):
-    case = harness.case_from_bench_shape(cases.bench_shape(shape))
+    case = cases.bench_shape(shape)
     assert case.nbytes[mode] == expected == cases.bytes_moved(cases.bench_shape(shape), mode)
 
 
@@ -199,9 +199,7 @@ class FakeGraph:
 
 
 def tiny(m: int, n: int, dtype: torch.dtype, group: str) -> harness.Case:
-    size = torch.empty((), dtype=dtype).element_size()
-    nbytes = {"forward": 2 * m * n * size, "forward_backward": 5 * m * n * size}
-    return harness.Case(f"{m}x{n}-{cases.dtype_name(dtype)}", m, n, dtype, group, nbytes)
+    return harness.Case(m, n, dtype, group)
 
 
 TINY = [tiny(8, 64, torch.float32, "small"), tiny(4, 33, torch.bfloat16, "large")]
@@ -507,7 +505,7 @@ def test_worker_refuses_a_package_from_elsewhere(fake_cuda, tmp_path, capsys):
 
 
 def test_case_json_round_trip():
-    case = harness.case_from_bench_shape(cases.bench_shape("4096x4096-bfloat16"))
+    case = cases.bench_shape("4096x4096-bfloat16")
     assert harness.case_from_json(json.loads(json.dumps(harness.case_to_json(case)))) == case
 
 
@@ -679,7 +677,7 @@ def test_residual_providers_are_separate_from_the_plain_ones():
 @pytest.mark.parametrize("shape", cases.BENCH_SHAPES, ids=lambda s: s.name)
 @pytest.mark.parametrize("mode", cases.BENCH_MODES)
 def test_residual_bytes_match_the_declared_count(shape, mode):
-    case = harness.case_from_bench_shape(shape)
+    case = shape
     assert harness._residual_bytes(case, mode) == cases.residual_bytes_moved(shape, mode)
 
 
@@ -769,3 +767,15 @@ def test_asv_suite_lists_plain_providers_only():
     suite = _asv_suite()
     assert "kernel" in suite.PROVIDERS
     assert not set(suite.PROVIDERS) & set(providers.RESIDUAL_PROVIDERS)
+
+
+def test_a_spec_case_is_its_shape_and_a_forged_name_or_size_is_refused():
+    shape = cases.bench_shape("4096x4096-bfloat16")
+    spec = harness.case_to_json(shape)
+    assert harness.case_from_json(spec) == shape
+    for forged in (
+        {**spec, "name": "1x1-bfloat16"},
+        {**spec, "bytes": {"forward": 1, "forward_backward": 1}},
+    ):
+        with pytest.raises(ValueError, match="not those of 4096x4096-bfloat16"):
+            harness.case_from_json(forged)
