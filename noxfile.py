@@ -456,7 +456,10 @@ def mutation(session: nox.Session) -> None:
     # Without CUDA the GPU kill commands (-m gpu) would pass every mutant.
     if on_gpu:
         require_cuda(session)
-    run(session, "python", "-m", "rmsnorm_suite.mutation", "run", *args)
+    # The runner is a maintainer tool outside the wheel (maintainer/mutation/): run from the tree.
+    paths = [str(ROOT), session.env.get("PYTHONPATH") or os.environ.get("PYTHONPATH", "")]
+    env = {"PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+    run(session, "python", "-m", "maintainer.mutation", "run", *args, env=env)
 
 
 @nox.session(tags=["cpu"])

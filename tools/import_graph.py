@@ -6,19 +6,23 @@ of docs/architecture.md; ``--dot`` prints the graph for Graphviz, ``--src DIR`` 
 
 An edge is any import of a module of the two packages, at the top of a module or inside a
 function (a lazy import is still a dependency), and any string constant that names one of them
-exactly (``cli.COMMANDS``, ``guard.TRUSTED``: imported by name with importlib).
+exactly (``cli.COMMANDS``, ``guard.TRUSTED``: imported by name with importlib). The maintainer
+tools (``maintainer/``, outside the wheel) are in no layer: the two packages may not import them.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("rmsnorm_kernel", "rmsnorm_suite")
+# Top-level packages of the checkout that the wheel leaves out: the packages may not import them.
+OUTSIDE_WHEEL = ("maintainer",)
 
 # The suite's layers, lowest first: a module may import its own layer and those below it, never
 # one above; a command imports no other command (the walkthrough package counts as one). The
@@ -42,7 +46,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     ),
     "commands": (
         "rmsnorm_suite.bench", "rmsnorm_suite.prverdict", "rmsnorm_suite.verdict",
-        "rmsnorm_suite.history", "rmsnorm_suite.mutation", "rmsnorm_suite.walkthrough",
+        "rmsnorm_suite.history", "rmsnorm_suite.walkthrough",
     ),
     "entry": ("rmsnorm_suite.cli", "rmsnorm_suite.__main__"),
 }  # fmt: skip
@@ -134,6 +138,26 @@ def edges(src: Path = ROOT / "src") -> list[Edge]:
                 if hit is not None and hit != module and (key not in out or out[key].line > node.lineno):
                     out[key] = Edge(module, hit, kind, node.lineno)
     return sorted(out.values(), key=lambda e: (e.importer, e.imported, e.kind))
+
+
+def outside_imports(src: Path = ROOT / "src") -> list[Edge]:
+    """Every import of a package the wheel leaves out (OUTSIDE_WHEEL) by a module of the two
+    packages: at the top, inside a function, or a string that names it."""
+    pattern = re.compile(rf"({'|'.join(OUTSIDE_WHEEL)})(\.\w+)*")
+    found = []
+    for module, path in modules(src).items():
+        tree = ast.parse(path.read_text(), str(path))
+        top = {id(node) for node in tree.body}
+        for node in ast.walk(tree):
+            kind, names = "top" if id(node) in top else "lazy", []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                kind, names = "name", [node.value]
+            found += [Edge(module, n, kind, node.lineno) for n in names if pattern.fullmatch(n)]
+    return sorted(found, key=lambda e: (e.importer, e.imported, e.line))
 
 
 def layer(module: str) -> str | None:
@@ -260,12 +284,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{e.importer} -> {e.imported} ({e.kind}, line {e.line})")
     bad = violations(found)
     loops = cycles(found)
-    print(f"\n{len(found)} edges; {len(bad)} against the layer rule; {len(loops)} cycles")
+    outside = outside_imports(args.src)
+    print(
+        f"\n{len(found)} edges; {len(bad)} against the layer rule; {len(loops)} cycles; "
+        f"{len(outside)} imports of what the wheel leaves out"
+    )
     for e, why in bad:
         print(f"  forbidden: {e.importer} -> {e.imported} ({e.kind}, line {e.line}): {why}")
     for loop in loops:
         print(f"  cycle: {' <-> '.join(loop)}")
-    return 1 if bad or loops else 0
+    for e in outside:
+        print(f"  outside the wheel: {e.importer} -> {e.imported} ({e.kind}, line {e.line})")
+    return 1 if bad or loops or outside else 0
 
 
 if __name__ == "__main__":

@@ -192,6 +192,18 @@ def test_gpu_session_without_cuda_stops_with_a_clear_message(name):
 
 
 @pytest.mark.skipif(not HAS_NOX, reason="nox is not installed in this environment")
+def test_mutation_session_runs_the_runner_from_the_tree(tmp_path):
+    """The runner lives in maintainer/mutation/, which the wheel leaves out: the session runs it
+    from the tree, whatever PYTHONPATH it is given (here its `run --help`, on CPU)."""
+    result = _nox(
+        "--no-venv", "-s", "mutation", "--", "--device", "cpu", "--help", env={"PYTHONPATH": str(tmp_path)}
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "usage: python -m maintainer.mutation run" in output, output
+
+
+@pytest.mark.skipif(not HAS_NOX, reason="nox is not installed in this environment")
 def test_gpu_session_without_torch_says_so_without_a_traceback(tmp_path):
     """--no-venv where torch does not import: the clear message, not the probe's traceback."""
     shadow = tmp_path / "shadow" / "torch"

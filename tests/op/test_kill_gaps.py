@@ -1,7 +1,8 @@
 """Kill tests for the mutants the first GPU mutation session left alive in launch.py and ops.py,
 and for the two-launch wide backward, which a GPU runs only where the one cooperative launch
 is refused (so the GPU kill commands never reached it). Each test names the mutant it kills;
-docs/mutation.md has the survivors and mutation/equivalent.toml the ones argued equivalent.
+docs/mutation.md has the survivors and maintainer/mutation/equivalent.toml the ones argued
+equivalent.
 """
 
 import math

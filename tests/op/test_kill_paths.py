@@ -1,6 +1,6 @@
 """Every kernel path at its smallest shape, against the float64 reference: the kill command of
-the mutation tests (rmsnorm_suite.mutation, mutation/config.toml), cheap enough for the default
-interpreter run. Each check is sharp where a catalogued failure mode (mutation/catalogue.toml) is small: eps of the order of
+the mutation tests (maintainer.mutation, maintainer/mutation/config.toml), cheap enough for the
+default interpreter run. Each check is sharp where a catalogued failure mode (maintainer/mutation/catalogue.toml) is small: eps of the order of
 mean(x^2), so eps outside the square root shows; r compared in fp32 at 1e-5, so an accumulation
 in low precision shows; fp16 inputs near 300, whose squares overflow fp16; every other row of a
 wider tensor, so a row stride taken as N shows; an odd row count, so a block past the last row

@@ -629,8 +629,8 @@ def test_pr_verdict_rejects_bad_arguments(tmp_path, argv, message):
 
 
 # ---------------------------------------------------------------------------------------------
-# Kill tests of the judgement (mutation/config.toml runs this file for gate.py's mutants): each
-# pins a value a one-token change of gate.py would move.
+# Kill tests of the judgement (maintainer/mutation/config.toml runs this file for gate.py's
+# mutants): each pins a value a one-token change of gate.py would move.
 # ---------------------------------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""The mutation runner's own logic (rmsnorm_suite.mutation), on CPU and without running a
+"""The mutation runner's own logic (maintainer.mutation), on CPU and without running a
 mutant: the catalogue applies exactly once, the score and its interval, the floor check, the
 sample, and the report. The mutation run itself is `nox -s mutation`."""
 
@@ -12,42 +12,62 @@ from pathlib import Path
 
 import pytest
 
-from rmsnorm_suite import mutation
-from rmsnorm_suite.mutation import MutationError, Patch, Score
+from maintainer.mutation.catalogue import Patch, apply_patch, check_catalogue, load_catalogue
+from maintainer.mutation.cli import _verdict
+from maintainer.mutation.config import MutationError, load_config
+from maintainer.mutation.equivalence import current_equivalent, equivalence_problems, load_equivalent
+from maintainer.mutation.population import (
+    Mutant,
+    _assignment_lines,
+    describe_mutant,
+    enumerate_mutants,
+    restrict_to_definitions,
+    sample,
+)
+from maintainer.mutation.report import SessionResult, _session_name, render_report, summarise
+from maintainer.mutation.runner import execute, kill_steps
+from maintainer.mutation.scores import Score, floor_failures, wilson_interval
+from maintainer.mutation.session import (
+    cosmic_ray_version,
+    file_hashes,
+    init_session,
+    read_meta,
+    reopen_survivors,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_catalogue_patch_applies_exactly_once_to_the_current_code():
-    patches = mutation.load_catalogue(ROOT)
-    mutation.check_catalogue(patches, ROOT)
+    patches = load_catalogue(ROOT)
+    check_catalogue(patches, ROOT)
     paths = {p.path for p in patches}
     assert {"tile", "EVEN", "two-walk", "wide", "cooperative"} <= paths
 
 
 def test_a_patch_whose_old_text_is_missing_or_repeated_is_an_error():
     patch = Patch("p", "wrong denominator", "tile", "k.py", "/ N", "/ BLOCK_N")
-    assert mutation.apply_patch("a / N + eps", patch) == "a / BLOCK_N + eps"
+    assert apply_patch("a / N + eps", patch) == "a / BLOCK_N + eps"
     with pytest.raises(MutationError, match="occurs 0 times"):
-        mutation.apply_patch("a / M", patch)
+        apply_patch("a / M", patch)
     with pytest.raises(MutationError, match="occurs 2 times"):
-        mutation.apply_patch("a / N + b / N", patch)
+        apply_patch("a / N + b / N", patch)
 
 
 def test_catalogue_entries_are_checked(tmp_path):
-    (tmp_path / "mutation").mkdir()
+    (tmp_path / "maintainer" / "mutation").mkdir(parents=True)
     (tmp_path / "k.py").write_text("x = a / N\n")
-    cat = tmp_path / "mutation" / "catalogue.toml"
+    cat = tmp_path / "maintainer" / "mutation" / "catalogue.toml"
     entry = '[[patch]]\nid = "a"\nfailure = "f"\npath = "tile"\nfile = "k.py"\nold = "/ N"\nnew = "/ ("\n'
     cat.write_text(entry)
     with pytest.raises(MutationError, match="invalid Python"):
-        mutation.check_catalogue(mutation.load_catalogue(tmp_path), tmp_path)
+        check_catalogue(load_catalogue(tmp_path), tmp_path)
     cat.write_text(entry + entry)
     with pytest.raises(MutationError, match="appears twice"):
-        mutation.load_catalogue(tmp_path)
+        load_catalogue(tmp_path)
     cat.write_text('[[patch]]\nid = "a"\nfile = "k.py"\n')
     with pytest.raises(MutationError, match="lacks failure, path, old, new"):
-        mutation.load_catalogue(tmp_path)
+        load_catalogue(tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -56,7 +76,7 @@ def test_catalogue_entries_are_checked(tmp_path):
     [(27, 30, 0.7438, 0.9654), (30, 30, 0.8865, 1.0), (0, 10, 0.0, 0.2775), (95, 100, 0.8883, 0.9785)],
 )
 def test_wilson_interval(killed, total, low, high):
-    lo, hi = mutation.wilson_interval(killed, total)
+    lo, hi = wilson_interval(killed, total)
     assert lo == pytest.approx(low, abs=1e-4) and hi == pytest.approx(high, abs=1e-4)
 
 
@@ -64,14 +84,14 @@ def test_wilson_interval_agrees_with_scipy():
     stats = pytest.importorskip("scipy.stats")
     for k, n in [(1, 7), (40, 43), (12, 12)]:
         ci = stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
-        lo, hi = mutation.wilson_interval(k, n)
+        lo, hi = wilson_interval(k, n)
         assert lo == pytest.approx(ci.low, abs=1e-9) and hi == pytest.approx(ci.high, abs=1e-9)
 
 
 def test_wilson_interval_rejects_impossible_counts():
-    assert mutation.wilson_interval(0, 0) == (0.0, 1.0)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
     with pytest.raises(ValueError, match="killed"):
-        mutation.wilson_interval(5, 4)
+        wilson_interval(5, 4)
 
 
 def test_score_excludes_equivalent_mutants_and_checks_the_floor():
@@ -79,61 +99,59 @@ def test_score_excludes_equivalent_mutants_and_checks_the_floor():
     assert s.non_equivalent == 39
     assert s.percent == pytest.approx(100 * 37 / 39)
     assert s.below_floor
-    assert mutation.floor_failures([s]) == ["kernels.py: 94.9% killed, below its floor of 95%"]
+    assert floor_failures([s]) == ["kernels.py: 94.9% killed, below its floor of 95%"]
     ok = dataclasses.replace(s, killed=38)
-    assert not ok.below_floor and mutation.floor_failures([ok]) == []
+    assert not ok.below_floor and floor_failures([ok]) == []
     empty = Score("g", "gate.py", 90.0, 0, 0)
     assert empty.percent is None and not empty.below_floor
 
 
 def _mutants(n, target="t"):
-    return [
-        mutation.Mutant(target, "f.py", "op", i, i + 1, 0, (i + 1, 1), None, f"{target}{i}") for i in range(n)
-    ]
+    return [Mutant(target, "f.py", "op", i, i + 1, 0, (i + 1, 1), None, f"{target}{i}") for i in range(n)]
 
 
 def test_sample_is_per_file_and_reproducible():
     everything = _mutants(50, "a") + _mutants(5, "b")
-    first = mutation.sample(everything, 10, seed=3)
-    assert [m.key for m in first] == [m.key for m in mutation.sample(list(reversed(everything)), 10, seed=3)]
+    first = sample(everything, 10, seed=3)
+    assert [m.key for m in first] == [m.key for m in sample(list(reversed(everything)), 10, seed=3)]
     assert sum(m.target == "a" for m in first) == 10 and sum(m.target == "b" for m in first) == 5
-    assert [m.key for m in first] != [m.key for m in mutation.sample(everything, 10, seed=4)]
-    assert len(mutation.sample(everything, None, seed=0)) == 55
+    assert [m.key for m in first] != [m.key for m in sample(everything, 10, seed=4)]
+    assert len(sample(everything, None, seed=0)) == 55
 
 
 def test_config_declares_a_floor_and_a_kill_command_for_every_target():
-    config = mutation.load_config(ROOT)
+    config = load_config(ROOT)
     floors = {t.file: t.floor for t in config.targets.values()}
     assert floors["src/rmsnorm_kernel/kernels.py"] >= 95 and floors["src/rmsnorm_kernel/launch.py"] >= 95
     assert floors["src/rmsnorm_kernel/ops.py"] >= 90 and floors["src/rmsnorm_suite/gate.py"] >= 90
     for device in ("cpu", "gpu"):
         for t in config.targets.values():
-            assert mutation.kill_steps(config, device, t.kill)
+            assert kill_steps(config, device, t.kill)
 
 
 def test_enumeration_skips_tuning_constants_and_keeps_keys_stable():
     pytest.importorskip("cosmic_ray")
-    config = mutation.load_config(ROOT)
+    config = load_config(ROOT)
     config = dataclasses.replace(config, targets={"launch": config.targets["launch"]})
-    mutants, skipped = mutation.enumerate_mutants(config, ROOT)
+    mutants, skipped = enumerate_mutants(config, ROOT)
     source = (ROOT / "src/rmsnorm_kernel/launch.py").read_text().splitlines()
     assert skipped["launch"]["assignment"] > 0
     assert not any(source[m.line - 1].startswith(("FORWARD_WALK_WARPS", "FUSED_PER_SM")) for m in mutants)
     assert len({m.key for m in mutants}) == len(mutants)
-    again, _ = mutation.enumerate_mutants(config, ROOT)
+    again, _ = enumerate_mutants(config, ROOT)
     assert [m.key for m in again] == [m.key for m in mutants]
 
 
 def test_a_run_can_be_confined_to_named_functions():
     pytest.importorskip("cosmic_ray")
-    config = mutation.restrict_to_definitions(mutation.load_config(ROOT), ["_rsqrt_newton"], ROOT)
+    config = restrict_to_definitions(load_config(ROOT), ["_rsqrt_newton"], ROOT)
     assert list(config.targets) == ["kernels"] and config.targets["kernels"].definitions == ("_rsqrt_newton",)
-    mutants, _ = mutation.enumerate_mutants(config, ROOT)
+    mutants, _ = enumerate_mutants(config, ROOT)
     assert mutants and {m.definition for m in mutants} == {"_rsqrt_newton"}
     assert all(m.gpu_only for m in mutants)
     for name in ("not_a_function", "cast_impl"):  # unknown; not mutated (skip_definitions)
         with pytest.raises(MutationError, match=f"--definition: .*{name}"):
-            mutation.restrict_to_definitions(mutation.load_config(ROOT), ["_rsqrt_newton", name], ROOT)
+            restrict_to_definitions(load_config(ROOT), ["_rsqrt_newton", name], ROOT)
 
 
 def test_a_confined_session_names_its_functions_in_its_heading():
@@ -142,14 +160,14 @@ def test_a_confined_session_names_its_functions_in_its_heading():
         (None, "GPU session (kernels)"),
     ]:
         meta = {"device": "gpu", "targets": ["kernels"], "confined": confined}
-        result = mutation.SessionResult(Path("s"), meta, [], [], [], [], [], 0)
-        assert mutation._session_name(result) == heading
+        result = SessionResult(Path("s"), meta, [], [], [], [], [], 0)
+        assert _session_name(result) == heading
 
 
 def test_the_gpu_kill_commands_run_the_tests_that_reach_gpu_only_code():
     """A function only a GPU run mutates names the test that kills its mutants; the target's GPU
     kill command must collect that test, or every such mutant survives (or is never judged)."""
-    config = mutation.load_config(ROOT)
+    config = load_config(ROOT)
     for t in config.targets.values():
         for function, why in t.gpu_only.items():
             named = re.search(r"\((tests/[\w/]+\.py), (test_\w+)\)", why)
@@ -157,7 +175,7 @@ def test_the_gpu_kill_commands_run_the_tests_that_reach_gpu_only_code():
                 f"targets.{t.name}.gpu_only.{function}: name the killing test as (tests/DIR/FILE.py, TEST)"
             )
             collected = ""
-            for step in mutation.kill_steps(config, "gpu", t.kill):
+            for step in kill_steps(config, "gpu", t.kill):
                 out = subprocess.run(
                     [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *step["args"]],
                     cwd=ROOT, capture_output=True, text=True, env={**os.environ, "TRITON_INTERPRET": "1"},
@@ -170,12 +188,12 @@ def test_the_gpu_kill_commands_run_the_tests_that_reach_gpu_only_code():
 
 def test_an_unknown_skipped_assignment_is_an_error():
     with pytest.raises(MutationError, match="NOT_THERE"):
-        mutation._assignment_lines("A = 1\n", {"NOT_THERE": "why"})
+        _assignment_lines("A = 1\n", {"NOT_THERE": "why"})
 
 
 def test_report_shows_scores_catalogue_and_every_survivor():
-    config = mutation.load_config(ROOT)
-    patches = mutation.load_catalogue(ROOT)
+    config = load_config(ROOT)
+    patches = load_catalogue(ROOT)
     meta = {"device": "cpu", "sample": 30, "seed": 1, "hashes": {"k.py": "abc"}, "elapsed_s": 12.0,
             "gpu_only": {"kernels": 7}}  # fmt: skip
     scores = [
@@ -191,11 +209,11 @@ def test_report_shows_scores_catalogue_and_every_survivor():
                   "seconds": 4.0}]  # fmt: skip
     revived = [{"key": "k3", "file": "k.py", "line": 12, "operator": "core/NumberReplacer", "definition": "h",
                 "diff": ["-    b = 3", "+    b = 4"], "why": None}]  # fmt: skip
-    result = mutation.SessionResult(Path("s"), meta, scores, catalogue, survivors, revived, [4.0, 6.0], 0)
-    text = mutation.render_report([result], config, patches)
+    result = SessionResult(Path("s"), meta, scores, catalogue, survivors, revived, [4.0, 6.0], 0)
+    text = render_report([result], config, patches)
     row = next(line for line in text.splitlines() if line.startswith("| `src/rmsnorm_kernel/kernels.py`"))
     assert "| 30 | 28 | 1 |" in row and "96.6%" in row
-    lo, hi = (100 * v for v in mutation.wilson_interval(28, 29))
+    lo, hi = (100 * v for v in wilson_interval(28, 29))
     assert f"{lo:.1f}-{hi:.1f}%" in row
     assert "`tile-denominator` | killed" in text
     assert "a tuning constant" in text and "**unexplained" in text
@@ -208,17 +226,17 @@ def test_report_shows_scores_catalogue_and_every_survivor():
 def test_report_names_the_session_that_killed_another_sessions_survivor():
     """A survivor of one session that a later session of the same report killed is shown as such,
     not as a gap; one killed nowhere stays unexplained."""
-    config = mutation.load_config(ROOT)
+    config = load_config(ROOT)
     meta = {"sample": 25, "seed": 1, "hashes": {}, "elapsed_s": 1.0}
     survivors = [
         {"key": key, "file": "g.py", "line": 1, "operator": "core/AddNot", "definition": "f",
          "diff": ["-    if x:", "+    if not x:"], "why": None}
         for key in ("k1", "k2")
     ]  # fmt: skip
-    gpu = mutation.SessionResult(Path("g"), {**meta, "device": "gpu"}, [], [], survivors, [], [1.0], 0)
+    gpu = SessionResult(Path("g"), {**meta, "device": "gpu"}, [], [], survivors, [], [1.0], 0)
     cpu_meta = {**meta, "device": "cpu", "targets": ["gate"]}
-    cpu = mutation.SessionResult(Path("c"), cpu_meta, [], [], [], [], [1.0], 0, ("k1",))
-    text = mutation.render_report([gpu, cpu], config, [])
+    cpu = SessionResult(Path("c"), cpu_meta, [], [], [], [], [1.0], 0, ("k1",))
+    text = render_report([gpu, cpu], config, [])
     line = {key: next(ln for ln in text.splitlines() if ln.startswith(f"- `{key}`")) for key in ("k1", "k2")}
     assert "killed in the CPU session (gate) of this report" in line["k1"]
     assert "**unexplained" in line["k2"]
@@ -252,15 +270,15 @@ new = "return a + b + 1"
 def toy_project(root: Path) -> Path:
     (root / "src").mkdir(parents=True)
     (root / "tests").mkdir()
-    (root / "mutation").mkdir()
+    (root / "maintainer" / "mutation").mkdir(parents=True)
     (root / "src" / "toy.py").write_text(
         "def add(a, b):\n    return a + b\n\n\ndef unused(x):\n    return x + 1\n"
     )
     (root / "tests" / "test_toy.py").write_text(
         "from toy import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
     )
-    (root / "mutation" / "config.toml").write_text(TOY_CONFIG)
-    (root / "mutation" / "catalogue.toml").write_text(TOY_CATALOGUE)
+    (root / "maintainer" / "mutation" / "config.toml").write_text(TOY_CONFIG)
+    (root / "maintainer" / "mutation" / "catalogue.toml").write_text(TOY_CATALOGUE)
     return root
 
 
@@ -268,16 +286,14 @@ def test_a_session_runs_kills_records_and_resumes_in_a_copy_of_the_tree(tmp_path
     pytest.importorskip("cosmic_ray")
     root = toy_project(tmp_path / "project")
     source = (root / "src" / "toy.py").read_text()
-    config, patches = mutation.load_config(root), mutation.load_catalogue(root)
+    config, patches = load_config(root), load_catalogue(root)
     db = tmp_path / "session.sqlite"
-    meta = mutation.init_session(db, config, patches, "cpu", None, 0, root)
+    meta = init_session(db, config, patches, "cpu", None, 0, root)
     assert meta["population"] == {"toy": 4}  # two + in two functions, each to - and *
-    counts = mutation.execute(
-        db, config, patches, "cpu", 1, None, root, work_dir=tmp_path, log=lambda _: None
-    )
+    counts = execute(db, config, patches, "cpu", 1, None, root, work_dir=tmp_path, log=lambda _: None)
     assert counts["done"] == 5 and counts["pending"] == 0
     assert (root / "src" / "toy.py").read_text() == source  # the checkout is never mutated
-    result = mutation.summarise(db, config, patches, {})
+    result = summarise(db, config, patches, {})
     (score,) = result.scores
     assert (score.run, score.killed) == (4, 2)  # unused() is not tested: both its mutants survive
     assert [s["definition"] for s in result.survivors] == ["unused", "unused"]
@@ -285,49 +301,45 @@ def test_a_session_runs_kills_records_and_resumes_in_a_copy_of_the_tree(tmp_path
     assert len(result.seconds) == 5 and all(s > 0 for s in result.seconds)
     # Arguing one survivor equivalent takes it out of the denominator.
     equivalent = {result.survivors[0]["key"]: {"why": "x"}}
-    assert mutation.summarise(db, config, patches, equivalent).scores[0].non_equivalent == 3
+    assert summarise(db, config, patches, equivalent).scores[0].non_equivalent == 3
     gap = {result.survivors[0]["key"]: {"why": "a known gap", "equivalent": False}}
-    explained = mutation.summarise(db, config, patches, gap)
+    explained = summarise(db, config, patches, gap)
     assert explained.scores[0].non_equivalent == 4 and "Not equivalent" in explained.survivors[0]["why"]
-    assert mutation.reopen_survivors(db) == 2  # a rerun after new kill tests: pending again
-    assert mutation.summarise(db, config, patches, {}).pending == 2
-    assert len(mutation.read_meta(db)["retried"]) == 2
+    assert reopen_survivors(db) == 2  # a rerun after new kill tests: pending again
+    assert summarise(db, config, patches, {}).pending == 2
+    assert len(read_meta(db)["retried"]) == 2
     # The same arguments resume the session; changed sources refuse it.
-    assert mutation.init_session(db, config, patches, "cpu", None, 0, root)["population"] == {"toy": 4}
+    assert init_session(db, config, patches, "cpu", None, 0, root)["population"] == {"toy": 4}
     with pytest.raises(MutationError, match="--fresh"):  # the same, confined (--definition)
-        mutation.init_session(db, config, patches, "cpu", None, 0, root, confined=["unused"])
+        init_session(db, config, patches, "cpu", None, 0, root, confined=["unused"])
     (root / "src" / "toy.py").write_text(source + "\n")
     with pytest.raises(MutationError, match="--fresh"):
-        mutation.init_session(db, config, patches, "cpu", None, 0, root)
+        init_session(db, config, patches, "cpu", None, 0, root)
 
 
 def test_a_kill_command_that_fails_unmutated_leaves_its_mutants_pending(tmp_path):
     pytest.importorskip("cosmic_ray")
     root = toy_project(tmp_path / "project")
     (root / "tests" / "test_toy.py").write_text("def test_broken():\n    assert False\n")
-    config, patches = mutation.load_config(root), mutation.load_catalogue(root)
+    config, patches = load_config(root), load_catalogue(root)
     db = tmp_path / "session.sqlite"
-    mutation.init_session(db, config, patches, "cpu", None, 0, root)
-    counts = mutation.execute(
-        db, config, patches, "cpu", 1, None, root, work_dir=tmp_path, log=lambda _: None
-    )
+    init_session(db, config, patches, "cpu", None, 0, root)
+    counts = execute(db, config, patches, "cpu", 1, None, root, work_dir=tmp_path, log=lambda _: None)
     assert counts["broken"] == ["toy"] and counts["done"] == 0 and counts["pending"] == 5
-    result = mutation.summarise(db, config, patches, {})
+    result = summarise(db, config, patches, {})
     assert "fails without a mutant" in result.meta["baseline_errors"]["toy"]
-    assert mutation._verdict([result]) == 1
-    assert "Kill command `toy` fails on the unmutated tree" in mutation.render_report(
-        [result], config, patches
-    )
+    assert _verdict([result]) == 1
+    assert "Kill command `toy` fails on the unmutated tree" in render_report([result], config, patches)
 
 
 def test_every_equivalence_entry_names_the_mutant_its_reason_argues():
-    """Each key of mutation/equivalent.toml names a mutant of the population the committed config
+    """Each key of maintainer/mutation/equivalent.toml names a mutant of the population the committed config
     draws, and that mutant is the one the entry describes (file, operator, function, its line
     before and after the change, the next line): else the reason excuses another mutant."""
-    config = mutation.load_config(ROOT)
-    equivalent = mutation.load_equivalent(ROOT)
-    assert equivalent, "mutation/equivalent.toml holds no entry"
-    assert mutation.equivalence_problems(config, equivalent, ROOT) == {}
+    config = load_config(ROOT)
+    equivalent = load_equivalent(ROOT)
+    assert equivalent, "maintainer/mutation/equivalent.toml holds no entry"
+    assert equivalence_problems(config, equivalent, ROOT) == {}
     for key, entry in equivalent.items():
         assert entry.get("why") and entry.get("mutant"), f"{key}: an entry needs its change and its reason"
 
@@ -339,26 +351,26 @@ def test_an_equivalence_key_that_comes_to_name_another_mutant_is_caught(tmp_path
     root = toy_project(tmp_path / "project")
     source = "def unused(x):\n    y = x + 1\n    return y\n"
     (root / "src" / "toy.py").write_text(source)
-    config = mutation.load_config(root)
-    (argued,) = [m for m in mutation.enumerate_mutants(config, root)[0] if m.operator.endswith("Add_Sub")]
-    entry = {"why": "x", **mutation.describe_mutant(argued, root)}
+    config = load_config(root)
+    (argued,) = [m for m in enumerate_mutants(config, root)[0] if m.operator.endswith("Add_Sub")]
+    entry = {"why": "x", **describe_mutant(argued, root)}
     assert entry["mutated"] == "y = x - 1" and entry["after"] == "return y"
-    assert mutation.equivalence_problems(config, {argued.key: entry}, root) == {}
-    assert mutation.current_equivalent(config, {argued.key: entry}, root, log=print) == {argued.key: entry}
+    assert equivalence_problems(config, {argued.key: entry}, root) == {}
+    assert current_equivalent(config, {argued.key: entry}, root, log=print) == {argued.key: entry}
 
     (root / "src" / "toy.py").write_text(
         "def unused(x):\n    y = x + 1\n    print(y)\n    y = x + 1\n    return y\n"
     )
-    problems = mutation.equivalence_problems(config, {argued.key: entry}, root)
+    problems = equivalence_problems(config, {argued.key: entry}, root)
     assert "after is 'print(y)'" in problems[argued.key]
     moved = {f"{argued.key}-1": entry}  # the entry under the key its mutant has now
-    assert mutation.equivalence_problems(config, moved, root) == {}
+    assert equivalence_problems(config, moved, root) == {}
     logged = []
-    assert mutation.current_equivalent(config, {argued.key: entry}, root, log=logged.append) == {}
+    assert current_equivalent(config, {argued.key: entry}, root, log=logged.append) == {}
     assert logged and "not counted as equivalent" in logged[0]
 
     (root / "src" / "toy.py").write_text("def unused(x):\n    return x\n")
-    problems = mutation.equivalence_problems(config, {argued.key: entry}, root)
+    problems = equivalence_problems(config, {argued.key: entry}, root)
     assert "names no mutant" in problems[argued.key]
 
 
@@ -384,25 +396,21 @@ def test_the_published_populations_are_what_the_committed_config_draws():
     """Every population docs/mutation.md publishes for a file that has not changed since is the
     one the committed config draws from it now, with the pinned cosmic-ray: so `--seed` redraws
     the published sample. A file changed since shows as such in the page, and is not checked."""
-    config = mutation.load_config(ROOT)
+    config = load_config(ROOT)
     sessions = _published_sessions((ROOT / "docs" / "mutation.md").read_text(encoding="utf-8"))
     assert sessions and all(s["rows"] for s in sessions), "no session table found in docs/mutation.md"
     checked = 0
     for s in sessions:
         for file, target, published in s["rows"]:
-            if s["hashes"].get(file) != mutation._file_hashes(ROOT, {file})[file]:
+            if s["hashes"].get(file) != file_hashes(ROOT, {file})[file]:
                 continue  # a stale score, shown as "changed since"
-            drawn = (
-                config
-                if s["confined"] is None
-                else mutation.restrict_to_definitions(config, s["confined"], ROOT)
-            )
+            drawn = config if s["confined"] is None else restrict_to_definitions(config, s["confined"], ROOT)
             drawn = dataclasses.replace(drawn, targets={target: drawn.targets[target]})
-            mutants, _ = mutation.enumerate_mutants(drawn, ROOT)
+            mutants, _ = enumerate_mutants(drawn, ROOT)
             population = sum(s["device"] == "gpu" or not m.gpu_only for m in mutants)
             assert published == population, (
                 f"docs/mutation.md: {s['device']} {target}: {published} mutants published, the committed "
-                f"config draws {population} with cosmic-ray {mutation.cosmic_ray_version()}"
+                f"config draws {population} with cosmic-ray {cosmic_ray_version()}"
             )
             checked += 1
     print(f"{checked} published populations checked")
@@ -410,23 +418,23 @@ def test_the_published_populations_are_what_the_committed_config_draws():
 
 def test_a_report_marks_stale_scores_and_the_targets_not_measured_at_this_commit(tmp_path):
     (tmp_path / "a.py").write_text("x = 1\n")
-    config = mutation.load_config(ROOT)
+    config = load_config(ROOT)
     config = dataclasses.replace(
         config,
         targets={
             n: dataclasses.replace(t, file="a.py") for n, t in config.targets.items() if n in ("ops", "gate")
         },
     )
-    now = mutation._file_hashes(tmp_path, {"a.py"})["a.py"]
+    now = file_hashes(tmp_path, {"a.py"})["a.py"]
     meta = {"device": "cpu", "sample": 30, "seed": 1, "hashes": {"a.py": now}, "elapsed_s": 1.0,
             "started": "2026-12-04", "commit": "abc123", "config": "f" * 16, "cosmic_ray": "8.7.0"}  # fmt: skip
     scores = [Score("ops", "a.py", 90.0, 10, 10, run=10, killed=10)]
-    result = mutation.SessionResult(Path("s"), meta, scores, [], [], [], [1.0], 0)
-    text = mutation.render_report([result], config, [], tmp_path)
+    result = SessionResult(Path("s"), meta, scores, [], [], [], [1.0], 0)
+    text = render_report([result], config, [], tmp_path)
     assert "at commit `abc123`" in text and "cosmic-ray 8.7.0" in text
     assert "| 0 | unchanged |" in text
     assert "gate: not yet measured on CPU at this commit" in text
     assert "ops, gate: not yet measured on GPU at this commit" in text
     (tmp_path / "a.py").write_text("x = 2\n")
-    text = mutation.render_report([result], config, [], tmp_path)
+    text = render_report([result], config, [], tmp_path)
     assert "| 0 | **changed since** |" in text and "ops, gate: not yet measured on CPU" in text
