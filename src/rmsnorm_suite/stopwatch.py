@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from typing import Any
 
 # Calls per block: enough for BLOCK_BYTES of op traffic (about 10 ms of an H200's memory time),
-# at most MAX_REPS (launch-bound shapes); the host stand-in makes HOST_CALLS calls of its inputs.
+# at most MAX_REPS (launch-bound shapes); the host stand-in makes HOST_CALLS calls of its inputs
+# (milliseconds: several of a loaded CPU's scheduling slices).
 BLOCK_BYTES = 32 * 2**30
 MAX_REPS = 400
-HOST_CALLS = 50
+HOST_CALLS = 100
 REPEATS = 3  # each block timed this many times, round-robin; the median over them counts
 ALIGN = 8  # elements: windows start 16-byte aligned, never on a row boundary of the last one
 
