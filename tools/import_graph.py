@@ -37,7 +37,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "rmsnorm_suite.stopwatch", "rmsnorm_suite.guard", "rmsnorm_suite.worker",
         "rmsnorm_suite.telemetry", "rmsnorm_suite.checks", "rmsnorm_suite.probes",
         "rmsnorm_suite.checkreport", "rmsnorm_suite.integration", "rmsnorm_suite.training",
-        "rmsnorm_suite.mutants", "rmsnorm_suite.distributed",
+        "rmsnorm_suite.mutants", "rmsnorm_suite.featurechecks", "rmsnorm_suite.mutanthunt",
+        "rmsnorm_suite.distributed",
     ),
     "gate": (
         "rmsnorm_suite.thresholds", "rmsnorm_suite.gatereport", "rmsnorm_suite.gate",

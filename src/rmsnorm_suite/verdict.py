@@ -129,8 +129,9 @@ def check_probes(cfg: Config, device: str):
 
 def check_mutants(cfg: Config, device: str):
     """Every deliberately broken variant in the catalogue (:mod:`rmsnorm_suite.mutants`) must be caught
-    by the suite's own checks; the report (mutant, check that caught it, case) goes to outputs/mutants.md."""
-    from rmsnorm_suite import mutants as module  # imported here: it defines Triton kernels
+    by the suite's own checks (run by :mod:`rmsnorm_suite.mutanthunt`); the report (mutant, check
+    that caught it, case) goes to outputs/mutants.md."""
+    from rmsnorm_suite import mutanthunt as module  # imported here: its mutants are Triton kernels
 
     # The broken variants overflow and divide by zero on purpose (fp16 squares, unwritten
     # buffers): under the interpreter NumPy warns about it. Those warnings are expected; they are

@@ -4,7 +4,7 @@ swap_rms_norm. Numeric tests run under the interpreter on CPU (nox -s interpret)
 (nox -s gpu); tolerances come from rmsnorm_suite.cases, inputs, the float64 oracle and the
 relative L2 error from rmsnorm_suite.numerics.
 
-Tolerance rows, by what a result went through (the same rule as rmsnorm_suite/mutants.py):
+Tolerance rows, by what a result went through (the same rule as rmsnorm_suite/featurechecks.py):
 * default and "gemma" casting round nothing before the result: the result's own dtype;
 * "llama" rounds the normalised activations to the normalised input's dtype, where a one-ulp
   difference in r between two correct fp32 computations may flip that rounding: the coarser of
@@ -22,7 +22,7 @@ from torch import nn
 import rmsnorm_kernel
 from rmsnorm_kernel import host, launch
 from rmsnorm_kernel.reference import rms_norm_reference
-from rmsnorm_suite import mutants, numerics
+from rmsnorm_suite import featurechecks, numerics
 from rmsnorm_suite.cases import EPS, TOLERANCES
 
 from ..conftest import INTERPRET, KERNEL_DEVICES
@@ -109,10 +109,10 @@ def hf_module(style, n, weight, device):
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
-@pytest.mark.parametrize("check", list(mutants.FEATURE_CHECKS))
+@pytest.mark.parametrize("check", list(featurechecks.FEATURE_CHECKS))
 def test_op_passes_the_feature_checks(device, check):
     """The checks that catch every feature mutant (tests/suite/test_mutants.py) pass on the op."""
-    results = mutants.FEATURE_CHECKS[check](mutants.op_feature_impl, device)
+    results = featurechecks.FEATURE_CHECKS[check](featurechecks.op_feature_impl, device)
     failed = [f"{r.name} {r.kind}: {r.reason}" for r in results if not r.passed]
     assert results and not failed, failed
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rmsnorm_suite import checkreport, checks, mutants, probes
+from rmsnorm_suite import checkreport, checks, featurechecks, mutanthunt, mutants, probes
 
 from ..conftest import TERMINAL_REPORTS
 
@@ -37,14 +37,14 @@ _ENTRIES: dict[str, dict] = {}
 
 
 def test_baseline_passes_every_check():
-    results = mutants.run_suite(mutants.as_impl(""))
+    results = mutanthunt.run_suite(mutants.as_impl(""))
     failed = [r for r in results if not r.passed]
     assert results and not failed, checkreport.format_table(failed)
 
 
 @pytest.mark.parametrize("name", list(mutants.MUTANTS))
 def test_mutant_is_caught(name):
-    entry = mutants.hunt(name)
+    entry = mutanthunt.hunt(name)
     _ENTRIES[name] = entry
     assert entry["caught"], f"mutant {name!r} ({entry['description']}) survived every check"
 
@@ -90,38 +90,38 @@ def test_where_a_mutant_hides_and_shows(name, check, kind, where, passes):
 
 
 def test_feature_baseline_passes_every_feature_check():
-    results = mutants.run_feature_suite(mutants.FEATURE_BASELINE)
+    results = featurechecks.run_feature_suite(mutants.FEATURE_BASELINE)
     failed = [r for r in results if not r.passed]
     assert results and not failed, checkreport.format_table(failed)
 
 
 @pytest.mark.parametrize("name", list(mutants.FEATURE_MUTANTS))
 def test_feature_mutant_is_caught(name):
-    entry = mutants.hunt(name)
+    entry = mutanthunt.hunt(name)
     _ENTRIES[name] = entry
     assert entry["caught"], f"feature mutant {name!r} ({entry['description']}) survived every feature check"
 
 
 # Why the feature cases are what they are: each bug below hides from one case or judgement.
-H_SAME_DTYPE = mutants.FeatureCase(
+H_SAME_DTYPE = featurechecks.FeatureCase(
     "x bf16 + r bf16 -> h bf16", torch.bfloat16, torch.bfloat16, r_dtype=torch.bfloat16
 )
 FEATURE_HIDE_AND_SHOW = [
     # (mutant, case, results judged, expected to pass)
     # a low-precision add is exact when h has x's dtype; an fp32 h shows it
     ("residual_added_in_x_dtype", H_SAME_DTYPE, ("h", "y"), True),
-    ("residual_added_in_x_dtype", mutants.RESIDUAL_CASES[0], ("h",), False),
+    ("residual_added_in_x_dtype", featurechecks.RESIDUAL_CASES[0], ("h",), False),
     # the fp32 sum is h itself when h is fp32; a bf16 h differs from it
-    ("normalises_unrounded_sum", mutants.RESIDUAL_CASES[0], ("y",), True),
-    ("normalises_unrounded_sum", mutants.RESIDUAL_CASES[1], ("y",), False),
+    ("normalises_unrounded_sum", featurechecks.RESIDUAL_CASES[0], ("y",), True),
+    ("normalises_unrounded_sum", featurechecks.RESIDUAL_CASES[1], ("y",), False),
     # an fp32 weight plus 1 stays exact; a bf16 one rounds
-    ("offset_in_weight_dtype", mutants.OFFSET_CASES[0], ("y",), True),
-    ("offset_in_weight_dtype", mutants.OFFSET_CASES[1], ("y",), False),
+    ("offset_in_weight_dtype", featurechecks.OFFSET_CASES[0], ("y",), True),
+    ("offset_in_weight_dtype", featurechecks.OFFSET_CASES[1], ("y",), False),
     # Llama's extra rounding sits inside the tolerance; only the nearer-reference judgement sees it
-    ("llama_rounding_skipped", mutants.LLAMA_CASES[0], ("y", "y vs Hugging Face"), True),
-    ("llama_rounding_skipped", mutants.LLAMA_CASES[0], ("y rounding",), False),
-    ("llama_dw_unrounded", mutants.LLAMA_CASES[0], ("dw",), True),
-    ("llama_dw_unrounded", mutants.LLAMA_CASES[0], ("dw rounding",), False),
+    ("llama_rounding_skipped", featurechecks.LLAMA_CASES[0], ("y", "y vs Hugging Face"), True),
+    ("llama_rounding_skipped", featurechecks.LLAMA_CASES[0], ("y rounding",), False),
+    ("llama_dw_unrounded", featurechecks.LLAMA_CASES[0], ("dw",), True),
+    ("llama_dw_unrounded", featurechecks.LLAMA_CASES[0], ("dw rounding",), False),
 ]
 
 
@@ -132,7 +132,7 @@ FEATURE_HIDE_AND_SHOW = [
 )
 def test_where_a_feature_mutant_hides_and_shows(name, case, kinds, passes):
     impl = mutants.FEATURE_MUTANTS[name][1]
-    judged = [r for r in mutants.run_feature_case(impl, case) if r.kind in kinds]
+    judged = [r for r in featurechecks.run_feature_case(impl, case) if r.kind in kinds]
     assert {r.kind for r in judged} == set(kinds)
     assert all(r.passed for r in judged) is passes, [r.reason for r in judged if not r.passed]
 
@@ -140,9 +140,9 @@ def test_where_a_feature_mutant_hides_and_shows(name, case, kinds, passes):
 def test_catalogue_report():
     """Every mutant in the report, each caught; the report written as markdown and JSON."""
     entries = [
-        _ENTRIES.get(name) or mutants.hunt(name) for name in [*mutants.MUTANTS, *mutants.FEATURE_MUTANTS]
+        _ENTRIES.get(name) or mutanthunt.hunt(name) for name in [*mutants.MUTANTS, *mutants.FEATURE_MUTANTS]
     ]
-    report = mutants.format_report(entries)
+    report = mutanthunt.format_report(entries)
     OUTPUTS.mkdir(exist_ok=True)
     (OUTPUTS / "mutants.md").write_text(report)
     (OUTPUTS / "mutants.json").write_text(json.dumps(entries, indent=2, allow_nan=False) + "\n")

@@ -221,7 +221,7 @@ def test_mutant_warnings_are_captured_and_counted(project, monkeypatch, recwarn)
     """The mutants' overflow warnings are expected: counted in the figure, not printed; others pass."""
     import warnings
 
-    from rmsnorm_suite import mutants
+    from rmsnorm_suite import mutanthunt
 
     def catalogue(device):
         warnings.warn("overflow encountered in multiply", RuntimeWarning, stacklevel=1)
@@ -239,8 +239,8 @@ def test_mutant_warnings_are_captured_and_counted(project, monkeypatch, recwarn)
             }
         ]
 
-    monkeypatch.setattr(mutants, "catalogue", catalogue)
-    monkeypatch.setattr(mutants, "format_report", lambda entries: "report")
+    monkeypatch.setattr(mutanthunt, "catalogue", catalogue)
+    monkeypatch.setattr(mutanthunt, "format_report", lambda entries: "report")
     passed, figure, details = verdict.check_mutants(parse_config({"output_dir": "out"}), "cpu")
     assert (
         passed and figure == "1/1 mutants caught (2 expected overflow/NaN warnings of the mutants captured)"
