@@ -1,33 +1,12 @@
 """The asv history page from a clone: ``nox -s history`` runs these steps around ``asv publish``.
 
-``results``: the stored results into ``.asv/results``. CI appends main's results to the
-``asv-results`` branch; a clone does not have that branch, so when ``origin`` has it, it is
-fetched and its files are written into ``.asv/results`` (a folder that is itself a checkout, as
-in CI, is used as it is). Offline, or where the remote has no such branch, the results already in
-``.asv/results`` are used; when there are none, it says so and how to get them, and exits 1.
+    python -m rmsnorm_suite.history results [--remote origin]   # .asv/results from asv-results
+    python -m rmsnorm_suite.history localise [--js DIR] [--site DIR]  # the page's JS, offline
+    python -m rmsnorm_suite.history demo [--commits N] [--seed S]  # made-up figures, .asv/demo
+    python -m rmsnorm_suite.history tags [--force]  # deletes non-release tags: CI clones only
+    python -m rmsnorm_suite.history baseline [--rev HEAD]  # drift's release tag
 
-``localise``: the published page (``.asv/html/index.html``) loads jQuery, flot and bootstrap from
-public CDNs. Where local copies exist (``RMSNORM_ASV_JS``, default ``.asv/js``:
-``bash tools/fetch_asv_js.sh``), the page's tags are pointed at copies under ``.asv/html/vendor``,
-so ``asv preview`` works offline; without them it says the page needs the network.
-
-``demo``: a page to look at without any results: seeded synthetic figures for every benchmark
-(the real ones, discovered by asv from ``benchmarks/``) at the last ``DEMO_COMMITS`` commits of
-``HEAD``'s first-parent history, under an asv configuration of its own in ``.asv/demo`` (results,
-page), so ``.asv/results`` and ``.asv/html`` are left alone. ``nox -s history -- --demo`` publishes
-it, checks it and serves it; nothing is fetched. The figures are made up (one fictitious machine,
-``DEMO_MACHINE``): they show what the page looks like, not how fast anything is.
-
-``tags``: asv shows every tag name on the page as HTML, so in CI's throwaway clone every tag that
-is not a release (``RELEASE_TAG``) is deleted before ``asv publish``. ``baseline``: drift's
-baseline, the release tag on the newest commit of the first-parent history, the newest by creation
-where one commit has several (an old commit tagged later does not move it back).
-
-    python -m rmsnorm_suite.history results [--remote origin]
-    python -m rmsnorm_suite.history localise [--js DIR] [--site DIR]
-    python -m rmsnorm_suite.history demo [--commits N] [--seed S]
-    python -m rmsnorm_suite.history tags [--force]  # deletes tags: CI clones only
-    python -m rmsnorm_suite.history baseline [--rev HEAD]
+Each step's function says what it reads and writes; docs/gate.md, "asv history", the why.
 """
 
 from __future__ import annotations

@@ -1,30 +1,12 @@
 """`rmsnorm-kernel pr-verdict --base SHA --head SHA`: the whole pull-request job on a GPU machine.
 
-The judge is trusted, the commits are data. This process runs from the trusted checkout (the
-default branch, which the workflow checks out); the harness (``bench.py``), the oracle, the gate
-and its thresholds are this checkout's, and the thresholds are read before any code of either
-commit runs. Base and head only supply their op.
-
-1. The merge-base of base and head is what head is compared with (a branch behind the base is
-   not blamed for the base's later changes). Both sides are read from git's objects, never a
-   worktree: each side's op alone (plain files; a link or submodule in it is refused), and
-   head's tests for step 4.
-2. Each round is a fresh worker (:mod:`rmsnorm_suite.worker`) in a sandbox
-   (:mod:`rmsnorm_suite.sandbox`): the trusted suite and that side's op read-only, a state
-   folder of that side's own, no network, no environment but an allow-list; everything it
-   started dies with it. Its spec goes in on standard input, its results come back on a pipe,
-   and this process validates them and writes every file.
-3. Rounds interleaved ABBA, the rounds merged per side (one median per round: the gate's
-   independent units; errors: the largest seen); the judge's calibration copy of both sides
-   held together (:func:`rmsnorm_suite.guard.judge_clock`).
-4. The GPU tests of head (``pytest -m gpu``) in a sandbox, with the trusted checkout's
-   conftest.py and pytest configuration: they can only add a failure.
-5. The gate (:mod:`rmsnorm_suite.gate`); verdict.md and verdict.json, and the summary printed.
-
-A global deadline (``--deadline-s``, below the job's limit) bounds every subprocess: when it
-passes, the rounds stop and the verdict is ``error``, instead of a job killed without one.
-
-Exit status as the gate's: 0 pass, 1 regression, 2 could not judge.
+The judge is trusted, the commits are data: the harness, the oracle, the gate and its thresholds
+are this checkout's, read before any commit's code runs; base (the merge-base) and head supply
+their op alone, staged from git's objects. Rounds run interleaved ABBA, each a fresh sandboxed
+worker whose results come back on a pipe (:mod:`rmsnorm_suite.exchange`) and end with the
+judge's stopwatch; then head's GPU tests with the trusted conftest, then the gate. A deadline
+bounds it all. Exit status as the gate's: 0 pass, 1 regression, 2 could not judge. The steps in
+full: docs/gate.md, "The pull-request job".
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """`python -m rmsnorm_suite.worker SPEC.json|-`: one pr-verdict round of one commit, in its own process.
 
-pr-verdict (:mod:`rmsnorm_suite.prverdict`) starts it in a sandbox (:mod:`rmsnorm_suite.sandbox`)
-with two read-only folders first on the path: the trusted suite and the commit's op alone. Before
-the op is imported the worker binds the judge's clocks (:mod:`rmsnorm_suite.guard`); after the
-import and after the round it checks that none was replaced (exit 3 if one was), and it times the
-judge's calibration copy before each case and at the end. The results go to the file descriptor
-the spec names (``result_fd``: a pipe the parent reads and validates) or to ``out``. With
-``"stopwatch": true`` the results are one line, and the worker then answers the judge's stopwatch
-lines on standard input (``prepare``, then a ``go`` per block: :mod:`rmsnorm_suite.stopwatch`).
-
-``"timing": "host"`` in the spec is a stand-in for machines without CUDA (the CPU tests of
-pr-verdict): the commit's ``rms_norm`` is called on small CPU tensors and timed with the host
-clock, in the same results format, so the whole path from commit to verdict runs without a GPU.
+pr-verdict starts it in a sandbox, the trusted suite and the commit's op alone on its path. It
+binds the judge's clocks before the op is imported and checks them after the import and the round
+(:mod:`rmsnorm_suite.guard`; exit 3 if one was replaced), times the calibration copy around each
+case, sends its results on the spec's ``result_fd`` (or writes ``out``), then answers the judge's
+stopwatch (:mod:`rmsnorm_suite.stopwatch`). ``"timing": "host"`` is the CPU stand-in: small CPU
+tensors timed with the host clock, the same results format, so pr-verdict's tests need no GPU.
 """
 
 from __future__ import annotations
