@@ -67,6 +67,11 @@ def test_unpaired_runs_use_welch():
 def test_identical_rounds_collapse_the_interval():
     est = gate.ratio_estimate([2.0] * 3, [2.0] * 3, 0.01, paired=True)
     assert (est.ratio, est.low, est.p_value) == (1.0, 1.0, 1.0)
+    # unpaired, each side's rounds identical: the spread of both sides is zero, so the interval
+    # collapses on the ratio and p is certain (a t-test on zero variance would give NaN)
+    est = gate.ratio_estimate([2.0] * 3, [3.0] * 3, 0.01, paired=False, factor=1.05)
+    assert est.ratio == pytest.approx(1.5) and est.low == pytest.approx(1.5) and est.p_value == 0.0
+    assert est.p_factor == 0.0
 
 
 @pytest.mark.parametrize("paired", [True, False], ids=["paired", "welch"])
@@ -329,6 +334,43 @@ def test_gate_scenarios(base_run, name, head, status, flagged):
     for prefix in flagged:
         assert any(c.startswith(prefix) for c in bad), (prefix, bad)
     assert verdict.summary.startswith(status.upper())
+
+
+def test_a_latency_rows_interval_is_two_sided_at_its_level(base_run):
+    """The interval printed is the (1 - 2 alpha) two-sided one whose low end is the one-sided
+    bound at alpha: under Holm (each row at its Holm level) and without it (each at its own)."""
+    import dataclasses
+
+    each = dataclasses.replace(THRESHOLDS, family=dataclasses.replace(THRESHOLDS.family, method="none"))
+    for th in (THRESHOLDS, each):
+        verdict = gate.judge(copy.deepcopy(base_run), make_run(2), th)
+        rows = [r for r in verdict.rows if r.kind == "latency"]
+        assert rows and all(r.confidence == pytest.approx(1 - 2 * r.alpha) for r in rows)
+
+
+def test_welch_keeps_the_interval_open_when_only_the_product_of_spreads_vanishes():
+    """Unpaired: base's rounds identical at e, head's log rounds 0.5, 1.0, 1.5: the sum of the
+    spreads is 1, so the interval stays open (a product-like slip would read 0 and collapse it)."""
+    est = gate.ratio_estimate([math.e] * 3, [math.exp(v) for v in (0.5, 1.0, 1.5)], 0.01, paired=False)
+    assert est.low < est.ratio < est.high and 0.0 < est.p_value < 1.0
+
+
+def test_a_missing_error_figure_leaves_the_modes_other_quantities_judged(base_run):
+    """Head without dx at a shape: dx is `error`, and dw of the same shape is still judged."""
+    head = remove_error(make_run(18), SMALL, "forward_backward", "dx")
+    rows = {r.check: r for r in gate.judge(copy.deepcopy(base_run), head, THRESHOLDS).rows}
+    assert rows[f"error dx {SMALL}"].verdict == "error"
+    assert rows[f"error dw {SMALL}"].verdict == "pass"
+
+
+def test_a_quantity_without_a_ceiling_leaves_the_others_judged(base_run):
+    """No ceiling for dx in the thresholds: that row is `error`, dw's is still judged."""
+    th = copy.deepcopy(THRESHOLDS)
+    rule = th.numerics["float32"]
+    th.numerics["float32"] = type(rule)(rule.growth, {q: v for q, v in rule.ceiling.items() if q != "dx"})
+    rows = {r.check: r for r in gate.judge(copy.deepcopy(base_run), make_run(2), th).rows}
+    assert rows[f"error dx {SMALL}"].verdict == "error" and "ceiling dx" in rows[f"error dx {SMALL}"].note
+    assert rows[f"error dw {SMALL}"].verdict == "pass"
 
 
 def test_gate_checks_every_shape_and_mode(base_run):

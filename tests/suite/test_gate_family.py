@@ -256,6 +256,8 @@ def test_an_approved_acceptance_shows_the_row_as_accepted_never_pass(base_run, s
     assert row.verdict == "accepted" and row.threshold == 1.12 and row.table_factor == 1.03
     assert "past the table's factor 1.03" in row.note
     assert "1 accepted" in verdict.summary and "Accept-Regression: 1 granted" in verdict.summary
+    judged = sum(r.verdict in ("pass", "accepted") for r in verdict.rows)
+    assert f"PASS: {judged - 1} of {judged} checks pass, 1 accepted" in verdict.summary
     assert verdict.acceptance["granted"][0]["approved_by"] == "maintainer"
     assert "**accepted**" in gatereport.to_markdown(verdict)
     others = [r for r in verdict.rows if r.check != DEVICE_LARGE and r.kind == "latency"]
