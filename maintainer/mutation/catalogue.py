@@ -1,4 +1,4 @@
-"""The seed-004 failure catalogue (catalogue.toml beside this module): hand-written patches of
+"""The failure catalogue (catalogue.toml beside this module): hand-written patches of
 the kernels, one per failure mode and kernel path, run like any cosmic-ray mutant. A patch whose
 old text does not occur exactly once is an error, never a skip.
 """
@@ -16,7 +16,7 @@ CATALOGUE_OPERATOR = "catalogue"  # operator name of catalogue patches in the se
 
 @dataclasses.dataclass(frozen=True)
 class Patch:
-    """One seed-004 failure mode written as a patch of a production file on one kernel path."""
+    """One known failure mode written as a patch of a production file on one kernel path."""
 
     id: str
     failure: str

@@ -189,7 +189,7 @@ def render_report(
                 + ", ".join(f"{n} mutants of {t}" for t, n in gpu_only.items())
                 + ".",
             ]
-        out += ["", "### Seed-004 failure catalogue", "", "| path | failure mode | patch | outcome | seconds |",
+        out += ["", "### Failure catalogue", "", "| path | failure mode | patch | outcome | seconds |",
                 "|---|---|---|---|---:|"]  # fmt: skip
         for c in r.catalogue:
             out.append(
