@@ -283,3 +283,36 @@ def test_forward_mode_tangents_on_a_kernel_device(device):
         (tx.double().cpu(), tw.double().cpu()),
     )
     close(tangent, expected, F32, "tangent")
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_rows_strided_along_the_normalised_dim(device):
+    """A 3-D x whose last dim is strided (every other column of a wider tensor): launch.as_rows
+    must copy it, not view it as rows (`t.stride(-1) == 1` -> `>= 1` would hand the kernels rows
+    they read as contiguous)."""
+    wide, w, dy, _ = inputs(6, 2 * 257, F32, device)
+    x = wide.view(2, 3, 2 * 257)[..., ::2]
+    assert x.stride(-1) == 2 and x.shape[-1] == 257
+    w = w[:257]
+    xg = x.detach().requires_grad_()
+    y = rmsnorm_kernel.rms_norm(xg, weight=w, eps=EPS)
+    close(y, rms_norm_reference(x.double(), w.double(), EPS), F32, "y")
+    y.backward(torch.ones_like(y))
+    dx_ref, _ = rms_norm_backward_reference(
+        x.double().reshape(6, 257), w.double(), torch.ones(6, 257, dtype=torch.float64, device=x.device), EPS
+    )
+    close(xg.grad.reshape(6, 257), dx_ref, F32, "dx")
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_per_head_rows_of_a_fused_projection_are_all_normalised(device):
+    """q as heads of a fused qkv projection (rows at unit stride, heads apart): the per-head
+    launch reads it in place; every row, the last program's included, is normalised
+    (`(m + rows_per - 1) // rows_per` programs; `- rows_per` would leave the last rows unwritten)."""
+    t, heads, d = 37, 4, 64
+    qkv, _, _, _ = inputs(t, 3 * heads * d, F32, device)
+    w = torch.rand(d, device=qkv.device, dtype=F32) + 0.5
+    q = qkv[:, : heads * d].view(t, heads, d)
+    assert launch.strided_heads(q, d) is not None  # the per-head path, not a copy
+    y = rmsnorm_kernel.rms_norm(q, weight=w, eps=EPS)
+    close(y, rms_norm_reference(q.double(), w.double(), EPS), F32, "y")

@@ -700,3 +700,12 @@ def test_launch_rows_per_program_are_powers_of_two():
     for n in range(1, launch.BACKWARD_MAX_TILE + 1):
         block_n, rows = launch.backward_config(n)[:2]
         assert block_n >= n and block_n & (block_n - 1) == 0 and rows & (rows - 1) == 0, n
+
+
+def test_wide_backward_plan_grid_fills_the_machine_with_whole_programs():
+    """The wide backward's grid: (segments per row, row groups), per_sm programs per SM in all,
+    as many row groups as that leaves per segment, never more than the rows, at least one."""
+    grid = launch._wide_grid(4096, 65536, 16384, 4, 132)
+    assert grid == (4, 132) and all(type(g) is int for g in grid)
+    assert launch._wide_grid(8, 65536, 16384, 4, 132) == (4, 8)  # few rows: one group a row
+    assert launch._wide_grid(4096, 65537, 16384, 1, 2) == (5, 1)  # more segments than programs
