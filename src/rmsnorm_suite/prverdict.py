@@ -17,7 +17,6 @@ import json
 import os
 import secrets
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -373,7 +372,7 @@ def _stopwatch_side(run: results.Run, blocks: Sequence[stopwatch.Block]) -> stop
     for b in blocks:
         row = rows.get((b.case, b.mode))
         samples = row and (row.whole.samples_ms or row.device.samples_ms)
-        claimed.append(b.reps * (statistics.median(samples) if samples else 0.0) / 1e3)
+        claimed.append(b.reps * (gate.median(samples) if samples else 0.0) / 1e3)
     watch = run.settings["stopwatch"]
     return stopwatch.Side(watch["seconds"], watch["sums"], claimed)
 
