@@ -302,15 +302,19 @@ def gpu(session: nox.Session) -> None:
     # here, with the differential tests' many-example profile (tests/op/differential_strategies.py);
     # then the tests of the op's results again on the Python one, with the derandomized "ci"
     # profile: each property once on each path, the wide random search once.
-    # RMSNORM_PYTEST_WORKERS=N spreads both runs over N processes on the one GPU (pytest-xdist).
-    workers = pytest_workers(session, default="0")
+    # Both runs spread over one process per core on the one GPU (pytest-xdist;
+    # RMSNORM_PYTEST_WORKERS=N sets N, 0 one process). The tests that read clocks (`timing`) run
+    # last and alone: beside other processes' kernels their intervals measure the neighbours.
+    workers = pytest_workers(session, default="auto")
     profile = os.environ.get("RMSNORM_HYPOTHESIS_PROFILE", "")
     session.env["RMSNORM_HYPOTHESIS_PROFILE"] = profile or "gpu"
     session.env["RMSNORM_KERNEL_HOST"] = "compiled"
-    pytest(session, "-m", "gpu and not multigpu", *workers)
+    pytest(session, "-m", "gpu and not multigpu and not timing", *workers)
     session.env["RMSNORM_HYPOTHESIS_PROFILE"] = profile or "ci"
     session.env["RMSNORM_KERNEL_HOST"] = "python"
-    pytest(session, "-m", "gpu and not multigpu", *workers, *PYTHON_HOST_TESTS)
+    pytest(session, "-m", "gpu and not multigpu and not timing", *workers, *PYTHON_HOST_TESTS)
+    session.env["RMSNORM_KERNEL_HOST"] = "compiled"
+    pytest(session, "-m", "gpu and timing and not multigpu", one_of_several=True)
 
 
 def gpu_count(session: nox.Session) -> int:

@@ -511,7 +511,36 @@ def _backward_composite(
         if casting == contract.CAST_LLAMA:
             xn = xn.to(xh.dtype).to(cdt)
         dw = (dyf * xn).reshape(-1, n).sum(0).to(weight.dtype).reshape(weight.shape)
-    return dx.to(dx_dtype), dw
+    dx = dx.to(dx_dtype)
+    if hasattr(xh, "device_mesh") and hasattr(dx, "device_mesh"):  # DTensors
+        dx, dw = _placed_as_torch(xh, dx, dw)
+    return dx, dw
+
+
+def _placed_as_torch(xh, dx, dw):
+    """DTensor gradients placed as torch's F.rms_norm backward places them: dx as x, with the
+    normalised dimension whole; dw the sum over the ranks (Partial) where x's rows are sharded,
+    else replicated. On mesh dimensions of several ranks the ops above land there already; on one
+    of a single rank every placement holds the same data, and DTensor may choose another."""
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    if any(isinstance(p, Partial) for p in xh.placements):
+        return dx, dw
+    last = xh.ndim - 1
+    rows = [isinstance(p, Shard) and p.dim % xh.ndim < last for p in xh.placements]
+    want_dx = [p if row or not isinstance(p, Shard) else Replicate() for p, row in zip(xh.placements, rows)]
+    want_dw = [Partial("sum") if row else Replicate() for row in rows]
+    mesh = xh.device_mesh
+
+    def relabel(t, want):  # only the mesh dimensions of one rank: no data moves
+        if t is None or not hasattr(t, "device_mesh") or tuple(t.placements) == tuple(want):
+            return t
+        placed = [w if mesh.size(i) == 1 else p for i, (p, w) in enumerate(zip(t.placements, want))]
+        return DTensor.from_local(
+            t.to_local(), mesh, placed, run_check=False, shape=t.shape, stride=t.stride()
+        )
+
+    return relabel(dx, want_dx), relabel(dw, want_dw)
 
 
 _legacy_batched = torch._C._functorch.is_legacy_batchedtensor  # autograd's own vmap's tensors

@@ -376,3 +376,23 @@ def test_gpu_distributed_skips_below_two_gpus_and_else_runs_every_gpu(noxfile_mo
     )
     assert "--nproc-per-node=4" in training and "rmsnorm_suite.distributed" in training
     assert training[-2:] == ("--steps", "5")
+
+
+def test_gpu_session_runs_the_clock_tests_last_and_alone(noxfile_module, monkeypatch):
+    """Both host paths spread over the cores without the `timing` tests; then those, in one process
+    (beside other processes' kernels their intervals would measure the neighbours)."""
+    ran = []
+    monkeypatch.delenv("RMSNORM_PYTEST_WORKERS", raising=False)
+    monkeypatch.setattr(noxfile_module, "install", lambda session, *a, **k: None)
+    monkeypatch.setattr(noxfile_module, "require_cuda", lambda session: None)
+    monkeypatch.setattr(noxfile_module, "distribution_version", lambda session, name: "3.8.0")
+    monkeypatch.setattr(noxfile_module, "run", lambda session, *a, **k: ran.append((a, dict(session.env))))
+    session = _Session([], "3.8.0")
+    session.env = {}
+    noxfile_module.gpu(session)
+    (compiled, env1), (python, env2), (clocks, env3) = ran
+    assert "gpu and not multigpu and not timing" in compiled and ("-n", "auto") == compiled[-2:]
+    assert "gpu and not multigpu and not timing" in python and "-n" in python
+    assert env1["RMSNORM_KERNEL_HOST"] == "compiled" and env2["RMSNORM_KERNEL_HOST"] == "python"
+    assert "gpu and timing and not multigpu" in clocks and "-n" not in clocks
+    assert env3["RMSNORM_KERNEL_HOST"] == "compiled"

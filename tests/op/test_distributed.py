@@ -283,3 +283,36 @@ def test_host_rules_registered_when_the_extension_loads(built_extension):
     assert sharding._on_host_load in host.on_load
     sharding.register()
     assert HOST_OPERATORS <= sharding.registered()
+
+
+PLACEMENTS = """
+import torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from rmsnorm_kernel import ops
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+mesh = init_device_mesh("cpu", (1,))
+x, g, w = torch.randn(8, 64), torch.randn(8, 64), torch.randn(64)
+seen = []
+for x_at in (Shard(0), Shard(1), Replicate()):
+    xh = DTensor.from_local(x, mesh, [x_at])
+    dx, dw = (DTensor.from_local(t, mesh, [Replicate()]) for t in (g, w))
+    px, pw = ops._placed_as_torch(xh, dx, dw)
+    assert torch.equal(px.full_tensor(), g) and torch.equal(pw.full_tensor(), w)
+    seen.append(f"{px.placements[0]}/{pw.placements[0]}")
+print(" ".join(seen))
+dist.destroy_process_group()
+"""
+
+
+@requires_distributed
+def test_composite_gradients_take_torchs_placements_on_a_one_rank_mesh():
+    """The composite backward's DTensor gradients as torch's F.rms_norm backward places them, even
+    where a one-rank mesh left DTensor free to choose (it chose Replicate for dx with torch 2.11):
+    dx as x with the normalised dimension whole, dw Partial where x's rows are sharded."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-c", PLACEMENTS], env=env, capture_output=True, text=True, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["S(0)/P(sum)", "R/R", "R/R"]

@@ -612,6 +612,7 @@ def test_performance_markdown(cpu_run):
 
 
 @pytest.mark.gpu
+@pytest.mark.timing
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (nox -s gpu)")
 def test_harness_on_the_gpu():
     """A short real run: every row succeeds, the figures are physical (no call beats the copy
@@ -645,6 +646,7 @@ def test_harness_on_the_gpu():
 
 
 @pytest.mark.gpu
+@pytest.mark.timing
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (nox -s gpu)")
 def test_a_host_lead_hides_host_work_shorter_than_it():
     """A call that spends 400 µs on the host before its launch reads at least most of that without
