@@ -36,7 +36,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "rmsnorm_suite.providers", "rmsnorm_suite.timing", "rmsnorm_suite.harness",
         "rmsnorm_suite.stopwatch", "rmsnorm_suite.guard", "rmsnorm_suite.worker",
         "rmsnorm_suite.telemetry", "rmsnorm_suite.checks", "rmsnorm_suite.probes",
-        "rmsnorm_suite.checkreport", "rmsnorm_suite.integration", "rmsnorm_suite.training",
+        "rmsnorm_suite.checkreport", "rmsnorm_suite.torchchecks", "rmsnorm_suite.training",
         "rmsnorm_suite.mutants", "rmsnorm_suite.featurechecks", "rmsnorm_suite.mutanthunt",
         "rmsnorm_suite.distributed",
     ),
@@ -46,7 +46,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "rmsnorm_suite.plots", "rmsnorm_suite.staging", "rmsnorm_suite.sandbox", "rmsnorm_suite.exchange", "rmsnorm_suite.rounds",
     ),
     "commands": (
-        "rmsnorm_suite.bench", "rmsnorm_suite.prverdict", "rmsnorm_suite.verdict",
+        "rmsnorm_suite.bench", "rmsnorm_suite.pullrequest", "rmsnorm_suite.verdict",
         "rmsnorm_suite.history", "rmsnorm_suite.walkthrough",
     ),
     "entry": ("rmsnorm_suite.cli", "rmsnorm_suite.__main__"),
@@ -59,8 +59,8 @@ ALLOWED: dict[tuple[str, str], str] = {
         "worker.py reaches the harness as bench.NAME (names bench.py re-exports) until its call "
         "sites name harness, timing and providers"
     ),
-    ("rmsnorm_suite.prverdict", "rmsnorm_suite.bench"): (
-        "prverdict.py reaches the harness as bench.NAME, as worker.py does"
+    ("rmsnorm_suite.pullrequest", "rmsnorm_suite.bench"): (
+        "pullrequest.py reaches the harness as bench.NAME, as worker.py does"
     ),
     ("rmsnorm_suite.guard", "rmsnorm_suite.bench"): (
         "guard.TRUSTED holds bench.py by name because the worker imports it"
@@ -69,7 +69,7 @@ ALLOWED: dict[tuple[str, str], str] = {
         ("rmsnorm_suite.verdict", f"rmsnorm_suite.walkthrough.{name}"): (
             "verdict runs the walkthrough's checks, which live in its command modules"
         )
-        for name in ("environment", "grids", "reference")
+        for name in ("environment", "grids", "oraclecheck")
     },
     ("rmsnorm_kernel.quant", "rmsnorm_kernel.ops"): (
         "a cycle inside the op, broken at run time by two lazy imports (quant.composite, "

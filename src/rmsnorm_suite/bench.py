@@ -16,7 +16,7 @@ from statistics import median as median
 
 import torch
 
-# Names imported `as` themselves are re-exported: worker.py and prverdict.py still reach them as
+# Names imported `as` themselves are re-exported: worker.py and pullrequest.py still reach them as
 # ``bench.NAME``; new code imports each from its own module (docs/architecture.md).
 from rmsnorm_suite import results
 from rmsnorm_suite.harness import DEFAULT_BLOCKS, DEFAULT_SAMPLES, MODES, run_benchmarks, select_cases

@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "versions, device, and one real kernel computed and checked",
     ),
     "reference": (
-        "rmsnorm_suite.walkthrough.reference",
+        "rmsnorm_suite.walkthrough.oraclecheck",
         "float64 gradcheck of the reference; synthetic data splits",
     ),
     "check-forward": ("rmsnorm_suite.walkthrough.grids", "forward case grid against the reference"),
@@ -37,7 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "every check this machine can run, one table, non-zero exit on failure",
     ),
     "gate": ("rmsnorm_suite.gate", "compare base and head results against regression.toml"),
-    "pr-verdict": ("rmsnorm_suite.prverdict", "benchmark base and head interleaved, then gate them"),
+    "pr-verdict": ("rmsnorm_suite.pullrequest", "benchmark base and head interleaved, then gate them"),
     "changepoints": (
         "rmsnorm_suite.changepoint",
         "steps in main's benchmark history, and the first commit of each",

@@ -30,7 +30,7 @@ from rmsnorm_suite.thresholds import (
     CHECK_PREFIXES,
     LATENCY_TABLES,
     QUANTITIES,
-    THRESHOLDS_NAME,  # noqa: F401  prverdict reaches it as gate.THRESHOLDS_NAME
+    THRESHOLDS_NAME,  # noqa: F401  pullrequest reaches it as gate.THRESHOLDS_NAME
     Thresholds,
     load_thresholds,
 )

@@ -17,8 +17,8 @@ import torch
 
 from rmsnorm_suite import console
 from rmsnorm_suite.checks import (
-    Case,
     CaseResult,
+    CheckCase,
     Impl,
     backward_fn,
     forward_fn,
@@ -39,11 +39,15 @@ PROBE_N = 257
 PROBE_ROWS = 5
 
 
-def _probe_case(device, *, m=PROBE_ROWS, n=PROBE_N, dtype=torch.float32, seed=0, weight_dtype=None) -> Case:
-    return Case(m, n, dtype, device, seed, weight_dtype)
+def _probe_case(
+    device, *, m=PROBE_ROWS, n=PROBE_N, dtype=torch.float32, seed=0, weight_dtype=None
+) -> CheckCase:
+    return CheckCase(m, n, dtype, device, seed, weight_dtype)
 
 
-def _probe(impl, case: Case, kind: str, x, w, dy, *, check: str, label: str, tolerances=None) -> CaseResult:
+def _probe(
+    impl, case: CheckCase, kind: str, x, w, dy, *, check: str, label: str, tolerances=None
+) -> CaseResult:
     return run_and_judge(
         impl, case, kind, x, w, dy, check=check, name=f"{label} {case.name}", tolerances=tolerances
     )

@@ -67,7 +67,7 @@ def check_environment(cfg: Config, device: str):
 
 
 def check_reference(cfg: Config, device: str):
-    from rmsnorm_suite.walkthrough.reference import reference_checks
+    from rmsnorm_suite.walkthrough.oraclecheck import reference_checks
 
     rows = reference_checks(cfg.seeds.checks)
     good = sum(r["passed"] for r in rows)
@@ -166,7 +166,7 @@ EXPECTED_WARNING = re.compile(r"(overflow|divide by zero|invalid value) encounte
 
 
 def _reported(result) -> tuple[bool, str, dict]:
-    """A check of :mod:`rmsnorm_suite.integration` as the verdict reports it: the first failure
+    """A check of :mod:`rmsnorm_suite.torchchecks` as the verdict reports it: the first failure
     after the key figure, every failure in the details."""
     figure = result.figure
     if result.failures:
@@ -175,23 +175,23 @@ def _reported(result) -> tuple[bool, str, dict]:
 
 
 def check_opcheck(cfg: Config, device: str):
-    from rmsnorm_suite import integration
+    from rmsnorm_suite import torchchecks
 
-    return _reported(integration.opcheck(device, cfg.checks.dtypes, seed=cfg.seeds.checks))
+    return _reported(torchchecks.opcheck(device, cfg.checks.dtypes, seed=cfg.seeds.checks))
 
 
 def check_compile(cfg: Config, device: str):
-    from rmsnorm_suite import integration
+    from rmsnorm_suite import torchchecks
 
-    return _reported(integration.compile_fullgraph(device, seed=cfg.seeds.checks))
+    return _reported(torchchecks.compile_fullgraph(device, seed=cfg.seeds.checks))
 
 
 def check_cuda_graphs(cfg: Config, device: str):
     if device != "cuda":
         raise Skip("needs CUDA")
-    from rmsnorm_suite import integration
+    from rmsnorm_suite import torchchecks
 
-    return _reported(integration.cuda_graphs(seed=cfg.seeds.checks))
+    return _reported(torchchecks.cuda_graphs(seed=cfg.seeds.checks))
 
 
 def check_training(cfg: Config, device: str):

@@ -14,7 +14,7 @@ import rmsnorm_kernel
 from rmsnorm_kernel import launch, ops
 from rmsnorm_kernel.launch import UnsupportedInput
 from rmsnorm_kernel.reference import rms_norm_backward_reference, rms_norm_reference
-from rmsnorm_suite.walkthrough import reference
+from rmsnorm_suite.walkthrough import oraclecheck
 
 
 def x_(*shape, dtype=torch.float32):
@@ -193,12 +193,12 @@ def test_reference_backward_worked_example():
     )
 
 
-@pytest.mark.parametrize("shape", reference.GRADCHECK_SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("offset", reference.GRADCHECK_OFFSETS)
+@pytest.mark.parametrize("shape", oraclecheck.GRADCHECK_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("offset", oraclecheck.GRADCHECK_OFFSETS)
 def test_reference_gradcheck_and_explicit_backward(shape, offset):
     """float64 gradcheck of the reference, and its explicit backward against autograd: the check
-    the `reference` command and the verdict report (rmsnorm_suite.walkthrough.reference)."""
-    row = reference.reference_check(shape, offset)
+    the `reference` command and the verdict report (rmsnorm_suite.walkthrough.oraclecheck)."""
+    row = oraclecheck.reference_check(shape, offset)
     assert row["gradcheck"], row.get("gradcheck_error")
     assert row["formula_vs_autograd"], row.get("formula_error")
 

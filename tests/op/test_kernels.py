@@ -10,7 +10,7 @@ import triton.language as tl
 import rmsnorm_kernel
 from rmsnorm_kernel import kernels, launch
 from rmsnorm_kernel.reference import rms_norm_backward_reference, rms_norm_reference
-from rmsnorm_suite import integration
+from rmsnorm_suite import torchchecks
 from rmsnorm_suite.cases import TOLERANCES, dtype_name
 
 from ..conftest import HAS_CUDA, KERNEL_DEVICES, requires_cuda, requires_interpret
@@ -251,28 +251,28 @@ def test_module_matches_torch_module(device):
 # ---------------------------------------------------------------------------------------------
 
 
-# The checks are rmsnorm_suite.integration's, which `verdict` reports: one implementation of each.
+# The checks are those of rmsnorm_suite.torchchecks, which `verdict` reports: one implementation of each.
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
 @pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=dtype_name)
 def test_opcheck(device, dtype):
     """Both custom ops, the forward without and with a residual, the backward without and with dh."""
-    result = integration.opcheck(device, (dtype,))
+    result = torchchecks.opcheck(device, (dtype,))
     assert result.passed, result.failures
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
 def test_compile_fullgraph_without_recompiling_per_batch(device):
-    result = integration.compile_fullgraph(device)
+    result = torchchecks.compile_fullgraph(device)
     assert result.passed, result.failures
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="CUDA graphs need a CUDA device")
-@pytest.mark.parametrize("case", integration.CUDA_GRAPH_CASES, ids=lambda c: c.name.replace(" ", "-"))
+@pytest.mark.parametrize("case", torchchecks.CUDA_GRAPH_CASES, ids=lambda c: c.name.replace(" ", "-"))
 def test_cuda_graph_capture_forward_and_backward(case):
-    result = integration.cuda_graph_capture(case)
+    result = torchchecks.cuda_graph_capture(case)
     assert result.passed, result.failures
 
 

@@ -13,7 +13,7 @@ import torch
 
 from rmsnorm_suite import cli, console
 from rmsnorm_suite.config import parse_config
-from rmsnorm_suite.walkthrough import exercise, figures, reference
+from rmsnorm_suite.walkthrough import exercise, figures, oraclecheck
 
 from ..conftest import HAS_CUDA, INTERPRET, requires_interpret
 
@@ -40,7 +40,7 @@ def run_cli(capsys, *argv):
 
 WALKTHROUGH = {
     "check-environment": "environment",
-    "reference": "reference",
+    "reference": "oraclecheck",
     "check-forward": "grids",
     "check-backward": "grids",
     "check-gamma": "grids",
@@ -239,7 +239,7 @@ def test_exercise_config_selects_the_tutorials_widths():
 def few_gradcheck_shapes(monkeypatch):
     """The reference command's rows at three shapes, one 3-D: tests/op/test_contract.py runs the
     check at every shape (the 17x257 gradchecks take seconds each)."""
-    monkeypatch.setattr(reference, "GRADCHECK_SHAPES", ((1, 1), (3, 7), (2, 3, 5)))
+    monkeypatch.setattr(oraclecheck, "GRADCHECK_SHAPES", ((1, 1), (3, 7), (2, 3, 5)))
 
 
 def test_reference_json(project, capsys, few_gradcheck_shapes):
@@ -248,7 +248,7 @@ def test_reference_json(project, capsys, few_gradcheck_shapes):
     result = json.loads(out)
     assert result["command"] == "reference" and result["passed"] is True
     assert [(g["shape"], g["offset"]) for g in result["gradcheck"]] == [
-        (list(s), offset) for s in reference.GRADCHECK_SHAPES for offset in reference.GRADCHECK_OFFSETS
+        (list(s), offset) for s in oraclecheck.GRADCHECK_SHAPES for offset in oraclecheck.GRADCHECK_OFFSETS
     ]
     assert all(g["gradcheck"] and g["formula_vs_autograd"] for g in result["gradcheck"])
     assert set(result["splits"]["summary"]) == {"train", "validation", "test"}
@@ -266,7 +266,7 @@ def test_reference_catches_a_wrong_formula(monkeypatch, few_gradcheck_shapes):
         return (dy * weight * r).to(x.dtype), (dy * x * r).sum(0).to(weight.dtype)
 
     monkeypatch.setattr(op_reference, "rms_norm_backward_reference", wrong)
-    rows = reference.reference_checks()
+    rows = oraclecheck.reference_checks()
     assert not any(r["formula_vs_autograd"] for r in rows if r["shape"] != [1, 1])
 
 

@@ -1,6 +1,6 @@
 """The regression gate on synthetic result sets (CPU, no kernel runs): the statistics on rounds,
 the verdicts and exit codes, the verdict files, regression.toml, and pr-verdict's merging of
-rounds. pr-verdict end to end (git, the worker, hostile commits): tests/suite/test_prverdict.py."""
+rounds. pr-verdict end to end (git, the worker, hostile commits): tests/suite/test_pullrequest.py."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rmsnorm_suite import cases, cli, gate, gatereport, prverdict, results, thresholds
+from rmsnorm_suite import cases, cli, gate, gatereport, pullrequest, results, thresholds
 from rmsnorm_suite.rounds import merge_rounds
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -592,7 +592,7 @@ def test_invalid_toml_is_reported(tmp_path):
 
 
 def test_rounds_alternate_abba():
-    assert [prverdict.round_order(k) for k in range(4)] == [
+    assert [pullrequest.round_order(k) for k in range(4)] == [
         ("base", "head"),
         ("head", "base"),
         ("base", "head"),

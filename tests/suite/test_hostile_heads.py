@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from rmsnorm_suite import cli, exchange, prverdict, sandbox, staging
+from rmsnorm_suite import cli, exchange, pullrequest, sandbox, staging
 from tests.suite import hostile_catalogue as catalogue
-from tests.suite.test_prverdict import INIT, OPS, SLOW_S, git
-from tests.suite.test_prverdict import commit as prverdict_commit
+from tests.suite.test_pullrequest import INIT, OPS, SLOW_S, git
+from tests.suite.test_pullrequest import commit as pullrequest_commit
 
 TRUSTED_CONFTEST = "import pytest\n"
 TRUSTED_PYPROJECT = '[tool.pytest.ini_options]\nmarkers = ["gpu: needs CUDA"]\n'
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.skipif(bool(sandbox.check()), reason=f"no sandbox here:
 
 
 def commit(repo: Path, files: dict[str, str], message: str, links: dict[str, str] | None = None) -> str:
-    """test_prverdict's commit, with ``links``: paths committed as symbolic links to a target."""
+    """test_pullrequest's commit, with ``links``: paths committed as symbolic links to a target."""
     for name, target in (links or {}).items():
         path = repo / name
         if path.is_dir() and not path.is_symlink():
@@ -44,7 +44,7 @@ def commit(repo: Path, files: dict[str, str], message: str, links: dict[str, str
             path.unlink()
         path.parent.mkdir(parents=True, exist_ok=True)
         path.symlink_to(target)
-    return prverdict_commit(repo, files, message)
+    return pullrequest_commit(repo, files, message)
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,7 @@ def world(tmp_path_factory):
 
 
 def run_verdict(world, name: str, monkeypatch, gpu_tests: bool = False) -> dict:
-    monkeypatch.setattr(prverdict, "WORKER_TIMING", "host")
+    monkeypatch.setattr(pullrequest, "WORKER_TIMING", "host")
     monkeypatch.setattr(staging, "trusted_root", lambda: world["trusted"])
     out = world["out"] / name
     argv = ["pr-verdict", "--repo", str(world["repo"]), "--base", world["base"], "--head", world["heads"][name],

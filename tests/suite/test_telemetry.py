@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rmsnorm_suite import prverdict, sandbox, telemetry
+from rmsnorm_suite import pullrequest, sandbox, telemetry
 from rmsnorm_suite.thresholds import load_thresholds
 
 
@@ -121,8 +121,8 @@ def test_noisy_rounds_are_redone_within_the_bound(tmp_path, monkeypatch, noisy, 
         "[latency.large.forward]\nfactor = 100.0\nalpha = 0.01\n"
         "[numerics.bfloat16]\ngrowth = 1.05\nceiling = {y = 0.01}\n"
     )
-    monkeypatch.setattr(prverdict, "WORKER_TIMING", "host")
-    monkeypatch.setattr(prverdict, "_sampler", lambda: (NoisyFirst(noisy), None))
+    monkeypatch.setattr(pullrequest, "WORKER_TIMING", "host")
+    monkeypatch.setattr(pullrequest, "_sampler", lambda: (NoisyFirst(noisy), None))
     out = tmp_path / "v"
     argv = ["--repo", str(repo), "--base", sha, "--head", sha, "--out", str(out), "--thresholds", str(thresholds),
             "--shapes", "32768x4096-bfloat16", "--modes", "forward", "--rounds", "3", "--samples", "4",
@@ -130,13 +130,13 @@ def test_noisy_rounds_are_redone_within_the_bound(tmp_path, monkeypatch, noisy, 
     from rmsnorm_suite import cli
 
     attempts = []  # (side, round, the stopwatch's seeds) of every attempt
-    real = prverdict.run_round
+    real = pullrequest.run_round
 
     def spy(box, spec, *args):
         attempts.append((spec["label"], spec["round"], tuple(args[-1])))
         return real(box, spec, *args)
 
-    monkeypatch.setattr(prverdict, "run_round", spy)
+    monkeypatch.setattr(pullrequest, "run_round", spy)
     cli.main(["pr-verdict", *argv])
     data = json.loads((out / "verdict.json").read_text())
     assert data["status"] == status, data["summary"]

@@ -74,12 +74,12 @@ def test_cuda_graphs_are_skipped_not_passed_on_cpu():
 
 
 def test_a_failed_integration_check_fails_with_its_first_failure(monkeypatch):
-    """opcheck, compile and CUDA graphs are rmsnorm_suite.integration's checks, which the tests
+    """opcheck, compile and CUDA graphs are the checks of rmsnorm_suite.torchchecks, which the tests
     share: the verdict fails the row and names the first failure."""
-    from rmsnorm_suite import integration
+    from rmsnorm_suite import torchchecks
 
-    result = integration.Result("15/16 opcheck tests", ["forward float32 test_schema: bad"], {"opcheck": {}})
-    monkeypatch.setattr(integration, "opcheck", lambda device, dtypes, seed: result)
+    result = torchchecks.Result("15/16 opcheck tests", ["forward float32 test_schema: bad"], {"opcheck": {}})
+    monkeypatch.setattr(torchchecks, "opcheck", lambda device, dtypes, seed: result)
     passed, figure, details = verdict.check_opcheck(parse_config({}), "cpu")
     assert not passed
     assert figure == "15/16 opcheck tests; 1 failed, first: forward float32 test_schema: bad"
@@ -185,9 +185,9 @@ def test_real_checks_under_the_interpreter(project, monkeypatch):
     """The verdict's own checks on the kernels, on a small grid; the mutant catalogue, the probes and
     training have their own tests and are left out here to keep this quick, and the reference
     gradcheck runs at two shapes (tests/op/test_contract.py runs every shape)."""
-    from rmsnorm_suite.walkthrough import reference
+    from rmsnorm_suite.walkthrough import oraclecheck
 
-    monkeypatch.setattr(reference, "GRADCHECK_SHAPES", ((3, 7), (2, 3, 5)))
+    monkeypatch.setattr(oraclecheck, "GRADCHECK_SHAPES", ((3, 7), (2, 3, 5)))
     skip = {"probe checks", "mutant catalogue", "training integration"}
     outcomes = {o.check: o for o in verdict.run_checks(parse_config(SMALL), "cpu", skip, log=lambda _: None)}
     failed = {k: o.figure for k, o in outcomes.items() if o.status == verdict.FAIL}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rmsnorm_suite import cli, prverdict, sandbox, staging
+from rmsnorm_suite import cli, pullrequest, sandbox, staging
 from rmsnorm_suite.thresholds import default_thresholds
 
 # A stand-in op: the defining formula, after a sleep of COST_S seconds per call.
@@ -94,7 +94,7 @@ def repo(tmp_path_factory):
 @pytest.fixture
 def host_timing(monkeypatch, tmp_path):
     """Workers time on the CPU with the host clock; the hostile files' marker path."""
-    monkeypatch.setattr(prverdict, "WORKER_TIMING", "host")
+    monkeypatch.setattr(pullrequest, "WORKER_TIMING", "host")
     marker = tmp_path / "hostile-code-ran"
     monkeypatch.setenv("RMSNORM_TEST_MARKER", str(marker))
     return marker
@@ -240,16 +240,16 @@ def test_worker_refuses_a_suite_from_elsewhere(repo, tmp_path):
     trusted = staging.stage_trusted_suite(tmp_path / "trusted")
     op = staging.stage_op(repo, shas["old"], tmp_path / "op")
     box = sandbox.Sandbox(
-        prverdict._empty(tmp_path / "root"), {"/judge/suite": op, "/judge/op": op}, tmp_path / "st"
+        pullrequest._empty(tmp_path / "root"), {"/judge/suite": op, "/judge/op": op}, tmp_path / "st"
     )
     spec = {"label": "head", "round": 0, "commit": shas["old"], "cases": [], "modes": [], "samples": 1,
             "timing": "host"}  # fmt: skip
-    run, problem = prverdict.run_round(box, spec, tmp_path / "s.log", 120, [tmp_path])
+    run, problem = pullrequest.run_round(box, spec, tmp_path / "s.log", 120, [tmp_path])
     assert run is None and (
         "import rmsnorm_suite failed" in problem or "rmsnorm_suite imported from" in problem
     )
     box = dataclasses.replace(box, readonly={"/judge/suite": trusted, "/judge/op": op})
-    run, problem = prverdict.run_round(box, spec, tmp_path / "s.log", 120, [tmp_path])
+    run, problem = pullrequest.run_round(box, spec, tmp_path / "s.log", 120, [tmp_path])
     assert problem is None and run.label == "head"
 
 
@@ -322,6 +322,6 @@ def test_head_gpu_tests_row(tmp_path, body, timeout, verdict, note):
     (staged / "src").mkdir()
     (staged / "tests" / "test_gpu_stand_in.py").write_text(GPU_TEST.format(body=body))
     (staged / "pyproject.toml").write_text('[tool.pytest.ini_options]\nmarkers = ["gpu: CUDA"]\n')
-    box = sandbox.Sandbox(prverdict._empty(tmp_path / "root"), {"/judge/head": staged}, tmp_path / "state")
-    row = prverdict.run_gpu_tests(box, "staged", tmp_path / "log", timeout, [tmp_path])
+    box = sandbox.Sandbox(pullrequest._empty(tmp_path / "root"), {"/judge/head": staged}, tmp_path / "state")
+    row = pullrequest.run_gpu_tests(box, "staged", tmp_path / "log", timeout, [tmp_path])
     assert (row.check, row.verdict) == ("gpu tests (head)", verdict) and note in row.note
