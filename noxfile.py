@@ -178,9 +178,13 @@ def pytest_workers(session: nox.Session, default: str = "auto") -> tuple[str, ..
         return ()
     if {"--collect-only", "--co", "--pdb"} & set(session.posargs):
         return ()
-    if not distribution_version(session, "pytest-xdist"):
+    version = distribution_version(session, "pytest-xdist")
+    if not version:
         return ()
-    return ("-n", workers)
+    # worksteal (pytest-xdist 3.2+): an idle worker takes tests queued on a busy one, so a few long
+    # tests do not leave the rest of the machine idle at the end
+    major_minor = tuple(int(part) for part in version.split(".")[:2] if part.isdigit())
+    return ("-n", workers, "--dist", "worksteal") if major_minor >= (3, 2) else ("-n", workers)
 
 
 def distribution_version(session: nox.Session, name: str) -> str:

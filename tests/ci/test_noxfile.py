@@ -330,8 +330,9 @@ def test_a_torch_outside_the_tested_range_warns_once_naming_it(noxfile_module, v
 @pytest.mark.parametrize(
     "posargs, environ, xdist, expected",
     [
-        ([], {}, "3.8.0", ("-n", "auto")),
-        ([], {"RMSNORM_PYTEST_WORKERS": "2"}, "3.8.0", ("-n", "2")),
+        ([], {}, "3.8.0", ("-n", "auto", "--dist", "worksteal")),
+        ([], {"RMSNORM_PYTEST_WORKERS": "2"}, "3.8.0", ("-n", "2", "--dist", "worksteal")),
+        ([], {}, "3.1.0", ("-n", "auto")),  # before worksteal
         ([], {"RMSNORM_PYTEST_WORKERS": "0"}, "3.8.0", ()),
         ([], {}, "", ()),  # no pytest-xdist (a GPU runner's own environment): one process
         (["-n", "3"], {}, "3.8.0", ()),  # the user's own -n wins
@@ -391,7 +392,7 @@ def test_gpu_session_runs_the_clock_tests_last_and_alone(noxfile_module, monkeyp
     session.env = {}
     noxfile_module.gpu(session)
     (compiled, env1), (python, env2), (clocks, env3) = ran
-    assert "gpu and not multigpu and not timing" in compiled and ("-n", "auto") == compiled[-2:]
+    assert "gpu and not multigpu and not timing" in compiled and ("-n", "auto") == compiled[-4:-2]
     assert "gpu and not multigpu and not timing" in python and "-n" in python
     assert env1["RMSNORM_KERNEL_HOST"] == "compiled" and env2["RMSNORM_KERNEL_HOST"] == "python"
     assert "gpu and timing and not multigpu" in clocks and "-n" not in clocks
