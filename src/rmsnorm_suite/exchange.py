@@ -10,6 +10,7 @@ elsewhere is read; what it prints is kept up to a cap.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import queue
 import signal
@@ -106,16 +107,22 @@ def sandboxed(
             proc.stdin.write(stdin(write).encode() + b"\n")
             proc.stdin.flush()
             k, got = 1, next_line(until) if exchange is not None else None
-            while got is not None and (say := exchange(k, got[1].decode("utf-8", "replace"))) is not None:
-                if not arrivals.empty():  # a line already on its way answers nothing yet asked
-                    seconds.append(None)
-                    break
-                started = time.perf_counter()  # before the write: a loaded judge may run late
-                proc.stdin.write(say.encode() + b"\n")
-                proc.stdin.flush()
-                got = next_line(until)
-                seconds.append(got[0] - started if got is not None and got[0] > started else None)
-                k += 1
+            collecting = gc.isenabled()
+            gc.disable()  # the judge's clock runs below: no collection of its heap inside it
+            try:
+                while got is not None and (say := exchange(k, got[1].decode("utf-8", "replace"))) is not None:
+                    if not arrivals.empty():  # a line already on its way answers nothing yet asked
+                        seconds.append(None)
+                        break
+                    started = time.perf_counter()  # before the write: a loaded judge may run late
+                    proc.stdin.write(say.encode() + b"\n")
+                    proc.stdin.flush()
+                    got = next_line(until)
+                    seconds.append(got[0] - started if got is not None and got[0] > started else None)
+                    k += 1
+            finally:
+                if collecting:
+                    gc.enable()
             proc.stdin.close()
         except BrokenPipeError:  # it exited before reading: its status says why
             pass

@@ -188,14 +188,16 @@ def judge(
     consistency: float,
     sums_tolerance: float,
     accepted: Mapping[tuple[str, str], float] | None = None,
+    share: float = 0.0,
 ) -> tuple[str, float | None, str]:
     """(verdict, ratio, note). `error` when a projection differs from base's by more than
-    ``sums_tolerance`` of its scale, when no round pairs, or when, in a group of cases, head's
-    seconds beyond what its own rows claim pass base's by more than ``consistency`` of head's
-    seconds (head's rows hide time); `regression` when head/base over every block passes
-    1 + ``tolerance``, base's seconds of a block whose (case, mode) is ``accepted`` (an approved
-    Accept-Regression) scaled by its factor. A block's seconds: the median of its repeats; then
-    the upper median over rounds."""
+    ``sums_tolerance`` of its scale, when no round pairs, or when, in a judged group of cases,
+    head's seconds beyond what its own rows claim pass base's by more than ``consistency`` of
+    head's seconds (head's rows hide time); `regression` when head/base over the judged groups'
+    blocks passes 1 + ``tolerance`` (an ``accepted`` (case, mode) scales base's by its factor).
+    A group is judged where base's rows claim at least ``share`` of base's stopwatch time (below
+    it the stopwatch times mostly its own work); none judged is an `error`. A block's seconds: the
+    median of its repeats; then the upper median over rounds."""
     pairs = sorted(set(base) & set(head))
     if not pairs:
         return "error", None, "the stopwatch cannot judge: no round of both sides answered"
@@ -210,23 +212,42 @@ def judge(
     base = {k: _by_key(base[k], blocks) for k in pairs}
     head = {k: _by_key(head[k], blocks) for k in pairs}
     blocks = firsts
-    allowed = [(accepted or {}).get(b.key, 1.0) for b in blocks]
-    ratio = statistics.median_high(
-        sum(head[k].seconds) / sum(s * f for s, f in zip(base[k].seconds, allowed)) for k in pairs
-    )
-    hidden = {}
-    for group in dict.fromkeys(b.group for b in blocks):
-        idx = [i for i, b in enumerate(blocks) if b.group == group]
-        hidden[group] = statistics.median_high(
-            (_unclaimed(head[k], idx) - _unclaimed(base[k], idx)) / sum(head[k].seconds[i] for i in idx)
+    groups = {
+        g: [i for i, b in enumerate(blocks) if b.group == g] for g in dict.fromkeys(b.group for b in blocks)
+    }
+    shares = {
+        g: statistics.median(
+            sum(base[k].claimed[i] for i in idx) / max(sum(base[k].seconds[i] for i in idx), 1e-12)
             for k in pairs
         )
-    share = statistics.median(min(sum(base[k].claimed) / sum(base[k].seconds), 1.0) for k in pairs)
+        for g, idx in groups.items()
+    }
+    judged = [g for g in groups if shares[g] >= share]
+    unjudged = ", ".join(f"{g} (op {shares[g]:.0%})" for g in groups if g not in judged)
+    if not judged:
+        why = f"base's op is below {share:.0%} of the stopwatch's time in every group: {unjudged}"
+        return "error", None, f"the stopwatch cannot judge these shapes ({why}); add a large one"
+    idx = [i for g in judged for i in groups[g]]
+    allowed = {i: (accepted or {}).get(blocks[i].key, 1.0) for i in idx}
+    ratio = statistics.median_high(
+        sum(head[k].seconds[i] for i in idx) / sum(base[k].seconds[i] * allowed[i] for i in idx)
+        for k in pairs
+    )
+    hidden = {
+        g: statistics.median_high(
+            (_unclaimed(head[k], groups[g]) - _unclaimed(base[k], groups[g]))
+            / sum(head[k].seconds[i] for i in groups[g])
+            for k in pairs
+        )
+        for g in judged
+    }
     worst = max(hidden, key=hidden.get)
+    base_ms = statistics.median(sum(base[k].seconds[i] for i in idx) for k in pairs) * 1e3
     note = (
         f"head/base {ratio:.3f} by the judge's clock, upper median over {len(pairs)} rounds; "
         f"time head's rows do not show: {', '.join(f'{g} {v:+.1%}' for g, v in hidden.items())} "
-        f"of head's; the op {share:.0%} of base's {statistics.median(sum(base[k].seconds) for k in pairs) * 1e3:.1f} ms"
+        f"of head's; the op {', '.join(f'{g} {shares[g]:.0%}' for g in judged)} of base's {base_ms:.1f} ms"
+        + (f"; not judged, the op under {share:.0%} of the stopwatch: {unjudged}" if unjudged else "")
     )
     if hidden[worst] > consistency:
         return "error", ratio, f"the judge's clock disagrees with head's own times ({worst}): {note}"

@@ -139,3 +139,46 @@ def test_an_accepted_regression_is_allowed_its_factor_here_too():
     assert (
         stopwatch.judge(base, slower, BLOCKS, **args, accepted={("tiny", "forward"): 1.3})[0] == "regression"
     )
+
+
+def test_a_group_where_the_op_is_a_small_share_is_reported_not_judged():
+    """Base's rows claim 70% of the large group's stopwatch time and 20% of the small one's: at a
+    40% floor the small group's spread (its projections and autograd, not the op) decides nothing,
+    neither hidden time nor the ratio, and the note says it was left out."""
+    base = {k: _side([0.010, 0.010], [0.007, 0.002]) for k in range(3)}
+    noisy = {k: _side([0.010, 0.016], [0.007, 0.002]) for k in range(3)}  # small +60%, rows the same
+    args = dict(tolerance=0.10, consistency=0.05, sums_tolerance=0.02)
+    assert stopwatch.judge(base, noisy, BLOCKS, **args)[0] == "error"  # every group judged
+    verdict, ratio, note = stopwatch.judge(base, noisy, BLOCKS, **args, share=0.4)
+    assert (verdict, ratio) == ("pass", 1.0), note
+    assert "not judged, the op under 40% of the stopwatch: small (op 20%)" in note
+
+
+def test_the_share_is_bases_so_head_cannot_take_its_group_out_of_judgement():
+    """A head that forges its rows to nothing in the large group still has it judged (the share is
+    read from base's rows), and hiding time there is an error."""
+    base = {k: _side([0.010, 0.010], [0.007, 0.002]) for k in range(3)}
+    forged = {k: _side([0.020, 0.010], [0.0, 0.002]) for k in range(3)}
+    verdict, _, note = stopwatch.judge(
+        base, forged, BLOCKS, tolerance=0.10, consistency=0.05, sums_tolerance=0.02, share=0.4
+    )
+    assert verdict == "error" and "(large)" in note
+
+
+def test_no_group_over_the_share_cannot_judge():
+    base = {k: _side([0.010, 0.010], [0.002, 0.002]) for k in range(3)}
+    verdict, ratio, note = stopwatch.judge(
+        base, base, BLOCKS, tolerance=0.10, consistency=0.05, sums_tolerance=0.02, share=0.4
+    )
+    assert verdict == "error" and ratio is None and "cannot judge these shapes" in note, note
+
+
+def test_the_share_floor_is_declared_once_and_checked(tmp_path):
+    from rmsnorm_suite.thresholds import load_thresholds
+
+    assert load_thresholds().stopwatch_share == 0.4  # regression.toml [stopwatch] share
+    for bad in ("-0.1", "1.5", "true"):
+        path = tmp_path / "t.toml"
+        path.write_text(f"[stopwatch]\nshare = {bad}\n")
+        with pytest.raises(ValueError, match="stopwatch.share"):
+            load_thresholds(path)
