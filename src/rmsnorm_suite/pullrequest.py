@@ -340,7 +340,7 @@ def stopwatch_row(
     verdict, ratio, note = stopwatch.judge(
         got["base"], got["head"], blocks, thresholds.stopwatch_tolerance,
         thresholds.stopwatch_consistency, thresholds.stopwatch_sums, _accepted(requests, cases_, modes, thresholds),
-        thresholds.stopwatch_share,
+        thresholds.stopwatch_share, thresholds.stopwatch_coarse,
     )  # fmt: skip
     limit = 1.0 + thresholds.stopwatch_tolerance
     return gate.Row("stopwatch", None, None, ratio, limit, verdict, "run", note=note)
@@ -482,7 +482,8 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
         extra.append(
             gate.Row("accept-regression", None, None, None, None, "error", "run", note=str(exc)[:200])
         )
-    extra.insert(0, stopwatch_row(runs, cases_, args.modes, context["thresholds"], requests))
+    watch_row = stopwatch_row(runs, cases_, args.modes, context["thresholds"], requests)
+    extra.insert(0, watch_row)
     extra.insert(0, clock_row(runs, context["thresholds"]))
     verdict = gate.judge(
         merged["base"], merged["head"], context["thresholds"], extra_rows=extra, missing=missing,
@@ -491,6 +492,8 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
     verdict.thresholds = context["label"]
     if args.skip_gpu_tests:
         verdict.summary += " (GPU tests skipped)"
+    if "where the op is less" in (watch_row.note or ""):  # say what the stopwatch held loosely
+        verdict.summary += " (stopwatch: some blocks held only to its coarse limit; see its row)"
     md, js = gate.write_verdict(verdict, out)
     info = json.loads(js.read_text(encoding="utf-8"))
     info.update(base_ref_sha=context["base_ref"], base_sha=shas["base"], head_sha=shas["head"])

@@ -189,15 +189,16 @@ def judge(
     sums_tolerance: float,
     accepted: Mapping[tuple[str, str], float] | None = None,
     share: float = 0.0,
+    coarse: float = math.inf,
 ) -> tuple[str, float | None, str]:
-    """(verdict, ratio, note). `error` when a projection differs from base's by more than
-    ``sums_tolerance`` of its scale, when no round pairs, or when, in a judged group of cases,
-    head's seconds beyond what its own rows claim pass base's by more than ``consistency`` of
-    head's seconds (head's rows hide time); `regression` when head/base over the judged groups'
-    blocks passes 1 + ``tolerance`` (an ``accepted`` (case, mode) scales base's by its factor).
-    A group is judged where base's rows claim at least ``share`` of base's stopwatch time (below
-    it the stopwatch times mostly its own work); none judged is an `error`. A block's seconds: the
-    median of its repeats; then the upper median over rounds."""
+    """(verdict, ratio, note). A (case, mode) is *judged* where base's rows claim at least
+    ``share`` of base's stopwatch seconds for it; below, the stopwatch times mostly its own work.
+    `error` when a projection differs from base's by more than ``sums_tolerance`` of its scale,
+    when no round pairs or nothing is judged, or when, in a group of cases, head's seconds beyond
+    what its rows claim pass base's by more than ``consistency`` of head's seconds over its judged
+    blocks, or ``coarse`` over the others (head's rows hide time); `regression` when head/base over
+    the judged blocks passes 1 + ``tolerance`` (an ``accepted`` block's base scaled by its factor).
+    A block's seconds: the median of its repeats; then the upper median over rounds."""
     pairs = sorted(set(base) & set(head))
     if not pairs:
         return "error", None, "the stopwatch cannot judge: no round of both sides answered"
@@ -212,48 +213,53 @@ def judge(
     base = {k: _by_key(base[k], blocks) for k in pairs}
     head = {k: _by_key(head[k], blocks) for k in pairs}
     blocks = firsts
-    groups = {
-        g: [i for i, b in enumerate(blocks) if b.group == g] for g in dict.fromkeys(b.group for b in blocks)
-    }
-    shares = {
-        g: statistics.median(
-            sum(base[k].claimed[i] for i in idx) / max(sum(base[k].seconds[i] for i in idx), 1e-12)
-            for k in pairs
-        )
-        for g, idx in groups.items()
-    }
-    judged = [g for g in groups if shares[g] >= share]
-    unjudged = ", ".join(f"{g} (op {shares[g]:.0%})" for g in groups if g not in judged)
+    shares = [
+        statistics.median(min(base[k].claimed[i] / max(base[k].seconds[i], 1e-12), 1.0) for k in pairs)
+        for i in range(len(blocks))
+    ]
+    judged = [i for i in range(len(blocks)) if shares[i] >= share]
+    others = [i for i in range(len(blocks)) if shares[i] < share]
+    left_out = ", ".join(f"{blocks[i].case} {blocks[i].mode} ({shares[i]:.1%})" for i in others)
     if not judged:
-        why = f"base's op is below {share:.0%} of the stopwatch's time in every group: {unjudged}"
+        why = f"base's op is under {share:.0%} of the stopwatch's time in every block: {left_out}"
         return "error", None, f"the stopwatch cannot judge these shapes ({why}); add a large one"
-    idx = [i for g in judged for i in groups[g]]
-    allowed = {i: (accepted or {}).get(blocks[i].key, 1.0) for i in idx}
+    allowed = {i: (accepted or {}).get(blocks[i].key, 1.0) for i in judged}
     ratio = statistics.median_high(
-        sum(head[k].seconds[i] for i in idx) / sum(base[k].seconds[i] * allowed[i] for i in idx)
+        sum(head[k].seconds[i] for i in judged) / sum(base[k].seconds[i] * allowed[i] for i in judged)
         for k in pairs
     )
-    hidden = {
-        g: statistics.median_high(
-            (_unclaimed(head[k], groups[g]) - _unclaimed(base[k], groups[g]))
-            / sum(head[k].seconds[i] for i in groups[g])
-            for k in pairs
-        )
-        for g in judged
-    }
-    worst = max(hidden, key=hidden.get)
-    base_ms = statistics.median(sum(base[k].seconds[i] for i in idx) for k in pairs) * 1e3
+    fine, loose = _hidden(base, head, blocks, judged, pairs), _hidden(base, head, blocks, others, pairs)
+    base_ms = statistics.median(sum(base[k].seconds[i] for i in judged) for k in pairs) * 1e3
     note = (
-        f"head/base {ratio:.3f} by the judge's clock, upper median over {len(pairs)} rounds; "
-        f"time head's rows do not show: {', '.join(f'{g} {v:+.1%}' for g, v in hidden.items())} "
-        f"of head's; the op {', '.join(f'{g} {shares[g]:.0%}' for g in judged)} of base's {base_ms:.1f} ms"
-        + (f"; not judged, the op under {share:.0%} of the stopwatch: {unjudged}" if unjudged else "")
+        f"head/base {ratio:.3f} by the judge's clock over the blocks where the op is at least "
+        f"{share:.0%} of it (base's {base_ms:.1f} ms), upper median over {len(pairs)} rounds; time "
+        f"head's rows do not show: {_figures(fine)} of head's"
+        + (f"; where the op is less ({left_out}): {_figures(loose)}, limit {coarse:.0%}" if others else "")
     )
-    if hidden[worst] > consistency:
-        return "error", ratio, f"the judge's clock disagrees with head's own times ({worst}): {note}"
+    for hidden, limit in ((fine, consistency), (loose, coarse)):
+        for group, value in hidden.items():
+            if value > limit:
+                return "error", ratio, f"the judge's clock disagrees with head's own times ({group}): {note}"
     if ratio > 1.0 + tolerance:
         return "regression", ratio, f"{note}, beyond {tolerance:.0%}"
     return "pass", ratio, note
+
+
+def _hidden(base, head, blocks, idx, pairs) -> dict[str, float]:
+    """Per group, over blocks ``idx``: head's seconds beyond its claims less base's, of head's
+    seconds; the upper median over rounds."""
+    out = {}
+    for group in dict.fromkeys(blocks[i].group for i in idx):
+        mine = [i for i in idx if blocks[i].group == group]
+        out[group] = statistics.median_high(
+            (_unclaimed(head[k], mine) - _unclaimed(base[k], mine)) / sum(head[k].seconds[i] for i in mine)
+            for k in pairs
+        )
+    return out
+
+
+def _figures(hidden: Mapping[str, float]) -> str:
+    return ", ".join(f"{g} {v:+.1%}" for g, v in hidden.items())
 
 
 def _unclaimed(side: Side, idx: Sequence[int]) -> float:

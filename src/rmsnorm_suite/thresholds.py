@@ -84,7 +84,8 @@ class Thresholds:
     stopwatch_tolerance: float = 0.10  # [stopwatch]: head/base by the judge's clock, median over rounds
     stopwatch_consistency: float = 0.05  # [stopwatch]: head's time its rows do not show, of head's
     stopwatch_sums: float = 0.02  # [stopwatch]: relative disagreement of a round's checksums
-    stopwatch_share: float = 0.4  # [stopwatch]: the op's least share of a group's time to judge it
+    stopwatch_share: float = 0.4  # [stopwatch]: the op's least share of a block's time to judge it
+    stopwatch_coarse: float = 0.4  # [stopwatch]: hidden time allowed where the op's share is less
     family: Family = Family()  # [family]: the rate shared by a verdict's latency rows
     accept: AcceptLimits = AcceptLimits()  # [accept]: bounds on accepted regressions
 
@@ -136,7 +137,7 @@ def parse_thresholds(data: dict[str, Any], source: str = "<thresholds>") -> Thre
         clock_tolerance = _number("clock.tolerance", clock.get("tolerance", 0.05), low=0.0, high=0.5)
         clock_checkpoint = _number("clock.checkpoint", clock.get("checkpoint", 0.25), low=0.0, high=100.0)
         watch = _table("stopwatch", data.get("stopwatch", {}))
-        _only("stopwatch", watch, ["tolerance", "consistency", "sums", "share"])
+        _only("stopwatch", watch, ["tolerance", "consistency", "sums", "share", "coarse"])
         stopwatch_tolerance = _number(
             "stopwatch.tolerance", watch.get("tolerance", 0.10), low=0.0, high=100.0
         )
@@ -147,6 +148,7 @@ def parse_thresholds(data: dict[str, Any], source: str = "<thresholds>") -> Thre
         stopwatch_share = _number(
             "stopwatch.share", watch.get("share", 0.4), low=0.0, low_inclusive=True, high=1.0
         )
+        stopwatch_coarse = _number("stopwatch.coarse", watch.get("coarse", 0.4), low=0.0, high=100.0)
         tele = _table("telemetry", data.get("telemetry", {}))
         _only("telemetry", tele, ["redo"])
         redo = tele.get("redo", 2)
@@ -189,6 +191,7 @@ def parse_thresholds(data: dict[str, Any], source: str = "<thresholds>") -> Thre
         stopwatch_consistency=stopwatch_consistency,
         stopwatch_sums=stopwatch_sums,
         stopwatch_share=stopwatch_share,
+        stopwatch_coarse=stopwatch_coarse,
         family=family,
         accept=accept,
     )
