@@ -196,9 +196,10 @@ def judge(
     `error` when a projection differs from base's by more than ``sums_tolerance`` of its scale,
     when no round pairs or nothing is judged, or when, in a group of cases, head's seconds beyond
     what its rows claim pass base's by more than ``consistency`` of head's seconds over its judged
-    blocks, or ``coarse`` over the others (head's rows hide time); `regression` when head/base over
-    the judged blocks passes 1 + ``tolerance`` (an ``accepted`` block's base scaled by its factor).
-    A block's seconds: the median of its repeats; then the upper median over rounds."""
+    blocks (or ``coarse`` in any one of them), or ``coarse`` over the others (head's rows hide
+    time); `regression` when head/base over the judged blocks passes 1 + ``tolerance`` (an
+    ``accepted`` block's base scaled by its factor). A block's seconds: the median of its repeats;
+    then the upper median over rounds."""
     pairs = sorted(set(base) & set(head))
     if not pairs:
         return "error", None, "the stopwatch cannot judge: no round of both sides answered"
@@ -236,10 +237,15 @@ def judge(
         f"head's rows do not show: {_figures(fine)} of head's"
         + (f"; where the op is less ({left_out}): {_figures(loose)}, limit {coarse:.0%}" if others else "")
     )
-    for hidden, limit in ((fine, consistency), (loose, coarse)):
+    # each fine block alone to the coarse limit too: a group's sum could offset a block forged low
+    # with another whose rows claim more than it takes
+    alone = {f"{blocks[i].case} {blocks[i].mode}": _hidden(base, head, blocks, [i], pairs)[blocks[i].group]
+             for i in judged}  # fmt: skip
+    for hidden, limit in ((fine, consistency), (loose, coarse), (alone, coarse)):
         for group, value in hidden.items():
             if value > limit:
-                return "error", ratio, f"the judge's clock disagrees with head's own times ({group}): {note}"
+                why = f"({group}{f': {value:+.1%} alone' if hidden is alone else ''})"
+                return "error", ratio, f"the judge's clock disagrees with head's own times {why}: {note}"
     if ratio > 1.0 + tolerance:
         return "regression", ratio, f"{note}, beyond {tolerance:.0%}"
     return "pass", ratio, note

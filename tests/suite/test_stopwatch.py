@@ -186,3 +186,20 @@ def test_the_share_floor_is_declared_once_and_checked(tmp_path):
         path.write_text(f"[stopwatch]\nshare = {bad}\n")
         with pytest.raises(ValueError, match="stopwatch.share"):
             load_thresholds(path)
+
+
+def test_a_block_forged_low_cannot_hide_behind_another_of_its_group():
+    """Two finely judged blocks of one group: head hides 0.008 s in the first and claims 0.008 s
+    more than it takes in the second, so the group's sum shows nothing; the first block alone
+    passes the coarse limit, and that is an error."""
+    blocks = [
+        stopwatch.Block("a", "large", "forward", (8, 8), "bfloat16", 10),
+        stopwatch.Block("b", "large", "forward_backward", (8, 8), "bfloat16", 10),
+    ]
+    sums = [[1.0, 10.0], [2.0, 3.0, 10.0, 10.0]]
+    base = {k: Side([0.010, 0.010], sums, [0.007, 0.007]) for k in range(3)}
+    offset = {k: Side([0.015, 0.010], sums, [0.004, 0.015]) for k in range(3)}
+    args = dict(tolerance=1.0, consistency=0.05, sums_tolerance=0.02, share=0.4, coarse=0.4)
+    verdict, _, note = stopwatch.judge(base, offset, blocks, **args)
+    assert verdict == "error" and "(a forward: +53.3% alone)" in note, note
+    assert stopwatch.judge(base, base, blocks, **args)[0] == "pass"
