@@ -1,13 +1,16 @@
 """DTensor sharding rules for the op's operators: ``rmsnorm_kernel::forward`` and ``::backward``
-(with and without a residual) and the compiled host path's ``rmsnorm_kernel_host::rms_norm`` and
-``::rms_norm_residual``, so that a DTensor (tensor and sequence parallel, FSDP2's parameters)
-reaches the kernels on each rank's local rows. docs/features.md, Distributed: the placements.
+(with and without a residual), qk_norm's ``::qk_forward`` and ``::qk_backward``, and the compiled
+host path's ``rmsnorm_kernel_host::rms_norm`` and ``::rms_norm_residual``, so that a DTensor
+(tensor and sequence parallel, FSDP2's parameters) reaches the kernels on each rank's local rows.
+docs/features.md, Distributed: the placements.
 
 The rule, per mesh dimension, is torch's own for ``aten._fused_rms_norm`` (``F.rms_norm`` on a
 DTensor): rows are independent, so x sharded on any dimension but the last (the normalised one)
 passes through, its outputs (y, h, r) sharded on the same dimension; the weight replicated; a
 replicated x gives replicated outputs. The weight's gradient from row-sharded input is
-``Partial("sum")``: each rank's sum over its own rows, reduced where it is used, as torch's. A
+``Partial("sum")``: each rank's sum over its own rows, reduced where it is used, as torch's.
+qk_norm's rule is that rule for q and for k side by side (a head is a row: tensor parallel's
+heads pass through as sequence parallel's tokens do), q's and k's placements chosen apart. A
 normalised dimension that arrives sharded is not among the rule's inputs: DTensor redistributes
 it (gathers the rows whole) before the kernels run, as it does for ``F.rms_norm``, rather than
 refusing the call or computing r from a reduction of partial sums of squares across the mesh
@@ -102,9 +105,50 @@ def _host_residual_rule(x, residual, weight, eps, offset, casting, out_dtype, re
     return rules
 
 
+def _qk_placements(q, k) -> list[tuple]:
+    """The (q's, k's) placements of qk_norm's rules: each of q and k replicated or sharded on a
+    row dim (tokens, heads), the two chosen apart (their rows are independent, and Hq and Hk
+    may differ: a GQA k whose few heads are replicated while q's are sharded); both replicated
+    first, then q and k sharded on the same dim, as the other rules list theirs."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    r = Replicate()
+    qs, ks = [Shard(d) for d in _row_dims(q)], [Shard(d) for d in _row_dims(k)]
+    same = [(s, s) for s in qs if s in ks]
+    mixed = [(a, b) for a in [r, *qs] for b in [r, *ks] if (a, b) != (r, r) and a != b]
+    return [(r, r), *same, *mixed]
+
+
+def _qk_forward_rule(q, k, q_weight, k_weight, eps, offset, casting, q_out_dtype, k_out_dtype):
+    # rmsnorm_kernel::qk_forward -> (yq, rq, yk, rk); r is y's shape without the last dim.
+    from torch.distributed.tensor import Replicate
+
+    w = Replicate() if q_weight is not None else None
+    return [([p, p, pk, pk], [p, pk, w, w, *[None] * 5]) for p, pk in _qk_placements(q, k)]
+
+
+def _qk_backward_rule(dyq, dyk, q, k, q_weight, k_weight, rq, rk, offset, casting, need_dw):
+    # rmsnorm_kernel::qk_backward -> (dq, dwq, dk, dwk); dw empty unless need_dw and weights.
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    r = Replicate()
+    w = r if q_weight is not None else None
+    with_dw = q_weight is not None and bool(need_dw)
+
+    def dw(p):  # each rank sums dw over its own rows: the whole dw is the sum over the mesh
+        return Partial("sum") if with_dw and isinstance(p, Shard) else r
+
+    return [
+        ([p, dw(p), pk, dw(pk)], [p, pk, p, pk, w, w, p, pk, None, None, None])
+        for p, pk in _qk_placements(q, k)
+    ]
+
+
 RULES = {
     "rmsnorm_kernel::forward": _forward_rule,
     "rmsnorm_kernel::backward": _backward_rule,
+    "rmsnorm_kernel::qk_forward": _qk_forward_rule,
+    "rmsnorm_kernel::qk_backward": _qk_backward_rule,
 }
 HOST_RULES = {
     "rmsnorm_kernel_host::rms_norm": _host_rule,

@@ -40,6 +40,7 @@ SCENARIOS = (
     "residual",
     "normalised_dim_sharded",
     "host_operators",
+    "qk_norm_heads",
     "fsdp2",
     "tensor_parallel",
     "compile",
@@ -73,7 +74,12 @@ def registration(w: World):
     imported_before = sharding.DTENSOR_MODULE in sys.modules
     import torch.distributed.tensor  # noqa: F401 - the hook registers the rules here
 
-    expected = {"rmsnorm_kernel::forward", "rmsnorm_kernel::backward"}
+    expected = {
+        "rmsnorm_kernel::forward",
+        "rmsnorm_kernel::backward",
+        "rmsnorm_kernel::qk_forward",
+        "rmsnorm_kernel::qk_backward",
+    }
     if w.host:
         host.extension()
         expected |= {"rmsnorm_kernel_host::rms_norm", "rmsnorm_kernel_host::rms_norm_residual"}
@@ -295,6 +301,77 @@ def host_operators(w: World):
         _close(h.full_tensor(), h_full, tol, f"h, {what}")
         for name, a, b in zip(("dx", "dresidual", "dw"), ours, full):
             _close(a.grad.full_tensor(), b.grad, MODEL_TOL[dtype], f"{name}, {what}")
+    return out
+
+
+def _qk_case(w: World, q_at, k_at, dtype, heads):
+    """qk_norm on DTensors q (T, Hq, D) in ``q_at`` and k (T, Hk, D) in ``k_at``, the weights
+    replicated, against per-head F.rms_norm on the same DTensors (torch's placements and values)
+    and against the full tensors: y, dq, dk and both weights' gradients."""
+    from torch.distributed.tensor import Replicate
+
+    eps, r = 1e-6, Replicate()
+    tokens = 2 * w.size  # two tokens per rank under Shard(0); the heads a multiple of the ranks
+    q, k = (
+        w.tensor(tokens, heads[0], H, dtype=dtype, seed=1),
+        w.tensor(tokens, heads[1], H, dtype=dtype, seed=4),
+    )
+    wq, wk = w.tensor(H, dtype=dtype, seed=2), w.tensor(H, dtype=dtype, seed=5)
+    dyq, dyk = w.tensor(*q.shape, dtype=dtype, seed=3), w.tensor(*k.shape, dtype=dtype, seed=6)
+    tol = OP_TOL[dtype]
+    what = f"q {q_at}, k {k_at}, {dtype}"
+
+    def run(norm):
+        args = [w.dt(q, q_at), w.dt(k, k_at), w.dt(wq, r), w.dt(wk, r)]
+        yq, yk = norm(*args)
+        loss = (yq * w.dt(dyq, q_at, grad=False)).sum() + (yk * w.dt(dyk, k_at, grad=False)).sum()
+        loss.backward()
+        return {"yq": yq, "yk": yk, **{n: a.grad for n, a in zip(("dq", "dk", "dwq", "dwk"), args)}}
+
+    before = dict(rmsnorm_kernel.CALLS)
+    ours = run(lambda q, k, wq, wk: rmsnorm_kernel.qk_norm(q, k, wq, wk, eps))
+    ran = {n: rmsnorm_kernel.CALLS[n] - before[n] for n in before}
+    # one launch of the qk kernels each way on the local rows: not two rms_norm calls, no fallback
+    assert ran == {"forward": 1, "backward": 1, "fallback": 0}, (what, ran)
+    theirs = run(lambda q, k, wq, wk: (F.rms_norm(q, (H,), wq, eps), F.rms_norm(k, (H,), wk, eps)))
+    full = [t.clone().requires_grad_() for t in (q, k, wq, wk)]
+    yq_f, yk_f = (rms_norm_reference(x, w_, eps) for x, w_ in ((full[0], full[2]), (full[1], full[3])))
+    ((yq_f * dyq).sum() + (yk_f * dyk).sum()).backward()
+    expected = dict(
+        zip(("yq", "yk"), (yq_f, yk_f)), **{n: t.grad for n, t in zip(("dq", "dk", "dwq", "dwk"), full)}
+    )
+    placements = {n: str(t.placements) for n, t in ours.items()}
+    torch_placements = {n: str(t.placements) for n, t in theirs.items()}
+    assert placements == torch_placements, f"{what}: ours {placements}, torch's {torch_placements}"
+    for n, t in ours.items():
+        got = t.full_tensor()
+        assert got.dtype == expected[n].dtype, (what, n, got.dtype, expected[n].dtype)
+        _close(got, expected[n], tol, f"{n}, {what}")
+        _close(got, theirs[n].full_tensor(), tol, f"{n} against torch's DTensor rule, {what}")
+    return placements
+
+
+def qk_norm_heads(w: World):
+    """qk_norm under tensor parallel (q and k sharded on heads, Shard(1) of (T, H, D), with
+    Hq != Hk) and sequence parallel (Shard(0): tokens), fp32 and bf16, and with k's heads
+    replicated while q's are sharded (GQA with fewer KV heads than ranks): placements, values
+    and gradients as per-head F.rms_norm's on the same DTensors; dw Partial(sum) from sharded
+    rows."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    out = {}
+    for q_at, k_at in ((Shard(1), Shard(1)), (Shard(0), Shard(0))):
+        for dtype in (torch.float32, torch.bfloat16):
+            out[f"q {q_at}, k {k_at}, {dtype}"] = _qk_case(w, q_at, k_at, dtype, heads=(2 * w.size, w.size))
+    out["q Shard(1), k Replicate()"] = _qk_case(
+        w, Shard(1), Replicate(), torch.float32, heads=(2 * w.size, 1)
+    )
+    if w.size > 1:  # where a placement is not free to change, the rule's own
+        heads = out[f"q {Shard(1)}, k {Shard(1)}, {torch.float32}"]
+        assert heads["yq"] == heads["dk"] == str((Shard(1),)), heads
+        assert heads["dwq"] == heads["dwk"] == str((Partial("sum"),)), heads
+        mixed = out["q Shard(1), k Replicate()"]
+        assert mixed["yk"] == mixed["dk"] == mixed["dwk"] == str((Replicate(),)), mixed
     return out
 
 

@@ -32,7 +32,12 @@ from . import distributed_worker
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(distributed_worker.__file__)
-CORE_OPERATORS = {"rmsnorm_kernel::forward", "rmsnorm_kernel::backward"}
+CORE_OPERATORS = {
+    "rmsnorm_kernel::forward",
+    "rmsnorm_kernel::backward",
+    "rmsnorm_kernel::qk_forward",
+    "rmsnorm_kernel::qk_backward",
+}
 HOST_OPERATORS = {"rmsnorm_kernel_host::rms_norm", "rmsnorm_kernel_host::rms_norm_residual"}
 
 requires_distributed = pytest.mark.skipif(
@@ -141,9 +146,9 @@ def check(results: list[dict], logs: list[str], wall: float) -> None:
 @requires_distributed
 def test_dtensor_fsdp2_tensor_parallel_on_two_cpu_ranks(tmp_path):
     """Two ranks over gloo, the kernels under the interpreter: sequence-parallel and replicated
-    rows, the residual variant, a sharded normalised dim, the host path's operators (on meta
-    local tensors: they have no CPU kernel), FSDP2 and TP of small models with the op swapped
-    in, torch.compile; every value and gradient torch.nn.RMSNorm's within the dtype's tolerance
+    rows, the residual variant, a sharded normalised dim, qk_norm on heads (TP) and tokens (SP),
+    the host path's operators (on meta local tensors: they have no CPU kernel), FSDP2 and TP of
+    small models with the op swapped in, torch.compile; every value and gradient torch.nn.RMSNorm's within the dtype's tolerance
     (distributed_worker.OP_TOL, MODEL_TOL)."""
     try:  # built here, once, so that the ranks load it rather than each build it
         _extension_here()
@@ -249,15 +254,20 @@ def test_the_package_import_leaves_dtensor_alone_and_registers_on_its_import():
         "assert not sharding.registered()\n"
         "from torch.distributed.tensor import DTensor\n"
         "rules = DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs\n"
-        "print(sorted(sharding.registered()), torch.ops.rmsnorm_kernel.forward.default in rules,\n"
-        "      torch.ops.rmsnorm_kernel.backward.default in rules, sharding._hook in sys.meta_path)\n"
+        "ops = torch.ops.rmsnorm_kernel\n"
+        "print(sorted(sharding.registered()), *(getattr(ops, n).default in rules for n in\n"
+        "      ('forward', 'backward', 'qk_forward', 'qk_backward')), sharding._hook in sys.meta_path)\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [
         "['rmsnorm_kernel::backward',",
-        "'rmsnorm_kernel::forward']",
+        "'rmsnorm_kernel::forward',",
+        "'rmsnorm_kernel::qk_backward',",
+        "'rmsnorm_kernel::qk_forward']",
+        "True",
+        "True",
         "True",
         "True",
         "False",
@@ -267,7 +277,7 @@ def test_the_package_import_leaves_dtensor_alone_and_registers_on_its_import():
 @requires_distributed
 def test_rules_registered_once_dtensor_is_imported():
     """Importing torch.distributed.tensor (in either order with the package) registers the rules
-    of both operators; registering again adds nothing."""
+    of the op's operators and qk_norm's; registering again adds nothing."""
     import torch.distributed.tensor  # noqa: F401
 
     assert CORE_OPERATORS <= sharding.registered()
