@@ -340,7 +340,8 @@ def stopwatch_row(
     verdict, ratio, note = stopwatch.judge(
         got["base"], got["head"], blocks, thresholds.stopwatch_tolerance,
         thresholds.stopwatch_consistency, thresholds.stopwatch_sums, _accepted(requests, cases_, modes, thresholds),
-        thresholds.stopwatch_share, thresholds.stopwatch_coarse,
+        thresholds.stopwatch_share, thresholds.stopwatch_coarse, thresholds.stopwatch_single,
+        thresholds.stopwatch_any_round, thresholds.min_rounds,
     )  # fmt: skip
     limit = 1.0 + thresholds.stopwatch_tolerance
     return gate.Row("stopwatch", None, None, ratio, limit, verdict, "run", note=note)

@@ -190,19 +190,22 @@ def judge(
     accepted: Mapping[tuple[str, str], float] | None = None,
     share: float = 0.0,
     coarse: float = math.inf,
+    single: float = math.inf,
+    any_round: float = math.inf,
+    min_rounds: int = 1,
 ) -> tuple[str, float | None, str]:
     """(verdict, ratio, note). A (case, mode) is *judged* where base's rows claim at least
     ``share`` of base's stopwatch seconds for it; below, the stopwatch times mostly its own work.
     `error` when a projection differs from base's by more than ``sums_tolerance`` of its scale,
     when no round pairs or nothing is judged, or when, in a group of cases, head's seconds beyond
     what its rows claim pass base's by more than ``consistency`` of head's seconds over its judged
-    blocks (or ``coarse`` in any one of them), or ``coarse`` over the others (head's rows hide
-    time); `regression` when head/base over the judged blocks passes 1 + ``tolerance`` (an
-    ``accepted`` block's base scaled by its factor). A block's seconds: the median of its repeats;
-    then the upper median over rounds."""
+    blocks (``single`` in any one alone), ``coarse`` over the others, or ``any_round`` in any one
+    round for either (head's rows hide time); `regression` when head/base over the judged blocks
+    passes 1 + ``tolerance`` (an ``accepted`` block's base scaled by its factor). A block's
+    seconds: the median of its repeats; then the upper median over at least ``min_rounds``."""
     pairs = sorted(set(base) & set(head))
-    if not pairs:
-        return "error", None, "the stopwatch cannot judge: no round of both sides answered"
+    if len(pairs) < max(min_rounds, 1):
+        return "error", None, f"the stopwatch cannot judge: {len(pairs)} rounds of both sides answered"
     for k in pairs:
         for block, b_sums, h_sums in zip(blocks, base[k].sums, head[k].sums):
             n = outputs(block)
@@ -229,7 +232,16 @@ def judge(
         sum(head[k].seconds[i] for i in judged) / sum(base[k].seconds[i] * allowed[i] for i in judged)
         for k in pairs
     )
-    fine, loose = _hidden(base, head, blocks, judged, pairs), _hidden(base, head, blocks, others, pairs)
+    groups = list(dict.fromkeys(b.group for b in blocks))
+    fine = {
+        g: _hidden(base, head, [i for i in judged if blocks[i].group == g], pairs, consistency)
+        for g in groups
+    }
+    loose = {
+        g: _hidden(base, head, [i for i in others if blocks[i].group == g], pairs, coarse) for g in groups
+    }
+    alone = {f"{blocks[i].case} {blocks[i].mode}": _hidden(base, head, [i], pairs, single) for i in judged}
+    fine, loose = {g: v for g, v in fine.items() if v}, {g: v for g, v in loose.items() if v}
     base_ms = statistics.median(sum(base[k].seconds[i] for i in judged) for k in pairs) * 1e3
     note = (
         f"head/base {ratio:.3f} by the judge's clock over the blocks where the op is at least "
@@ -237,40 +249,46 @@ def judge(
         f"head's rows do not show: {_figures(fine)} of head's"
         + (f"; where the op is less ({left_out}): {_figures(loose)}, limit {coarse:.0%}" if others else "")
     )
-    # each fine block alone to the coarse limit too: a group's sum could offset a block forged low
-    # with another whose rows claim more than it takes
-    alone = {f"{blocks[i].case} {blocks[i].mode}": _hidden(base, head, blocks, [i], pairs)[blocks[i].group]
-             for i in judged}  # fmt: skip
-    for hidden, limit in ((fine, consistency), (loose, coarse), (alone, coarse)):
-        for group, value in hidden.items():
-            if value > limit:
-                why = f"({group}{f': {value:+.1%} alone' if hidden is alone else ''})"
-                return "error", ratio, f"the judge's clock disagrees with head's own times {why}: {note}"
+    # each fine block alone too (a group's sum could offset a block forged low with another
+    # whose rows claim more than it takes), and every round (a head may forge only some rounds)
+    checks = [(fine, consistency, ""), (loose, coarse, ""), (alone, single, " alone")]
+    for hidden, limit, how in checks:
+        for name, values in hidden.items():
+            if statistics.median_high(values) > limit:
+                return "error", ratio, _disagrees(f"{name}: {statistics.median_high(values):+.1%}{how}", note)
+    for hidden, _, how in [(loose, 0, ""), (alone, 0, " alone")]:
+        for name, values in hidden.items():
+            if max(values) > any_round:
+                worst = f"{name}: {max(values):+.1%}{how} in round {pairs[values.index(max(values))]}"
+                return "error", ratio, _disagrees(worst, note)
     if ratio > 1.0 + tolerance:
         return "regression", ratio, f"{note}, beyond {tolerance:.0%}"
     return "pass", ratio, note
 
 
-def _hidden(base, head, blocks, idx, pairs) -> dict[str, float]:
-    """Per group, over blocks ``idx``: head's seconds beyond its claims less base's, of head's
-    seconds; the upper median over rounds."""
-    out = {}
-    for group in dict.fromkeys(blocks[i].group for i in idx):
-        mine = [i for i in idx if blocks[i].group == group]
-        out[group] = statistics.median_high(
-            (_unclaimed(head[k], mine) - _unclaimed(base[k], mine)) / sum(head[k].seconds[i] for i in mine)
-            for k in pairs
-        )
+def _disagrees(where: str, note: str) -> str:
+    return f"the judge's clock disagrees with head's own times ({where}): {note}"
+
+
+def _hidden(base, head, idx, pairs, limit: float) -> list[float]:
+    """Per round, over blocks ``idx``: head's seconds beyond its claims less base's, of head's
+    seconds; no block offsets others by more than ``limit`` of its own seconds (a row that claims
+    more than its calls take cannot buy room for another). Empty where ``idx`` is."""
+    if not idx:
+        return []
+    out = []
+    for k in pairs:
+        diffs = [
+            max(head[k].seconds[i] - head[k].claimed[i] - base[k].seconds[i] + base[k].claimed[i],
+                -limit * head[k].seconds[i])
+            for i in idx
+        ]  # fmt: skip
+        out.append(sum(diffs) / sum(head[k].seconds[i] for i in idx))
     return out
 
 
-def _figures(hidden: Mapping[str, float]) -> str:
-    return ", ".join(f"{g} {v:+.1%}" for g, v in hidden.items())
-
-
-def _unclaimed(side: Side, idx: Sequence[int]) -> float:
-    """The judge's seconds for blocks ``idx`` beyond what the side's rows claim for them."""
-    return sum(side.seconds[i] - side.claimed[i] for i in idx)
+def _figures(hidden: Mapping[str, Sequence[float]]) -> str:
+    return ", ".join(f"{g} {statistics.median_high(v):+.1%}" for g, v in hidden.items())
 
 
 def _by_key(side: Side, blocks: Sequence[Block]) -> Side:

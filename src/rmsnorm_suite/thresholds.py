@@ -86,6 +86,8 @@ class Thresholds:
     stopwatch_sums: float = 0.02  # [stopwatch]: relative disagreement of a round's checksums
     stopwatch_share: float = 0.4  # [stopwatch]: the op's least share of a block's time to judge it
     stopwatch_coarse: float = 0.4  # [stopwatch]: hidden time allowed where the op's share is less
+    stopwatch_single: float = 0.2  # [stopwatch]: hidden time allowed one finely judged block alone
+    stopwatch_any_round: float = 0.6  # [stopwatch]: hidden time allowed in any one round
     family: Family = Family()  # [family]: the rate shared by a verdict's latency rows
     accept: AcceptLimits = AcceptLimits()  # [accept]: bounds on accepted regressions
 
@@ -137,7 +139,9 @@ def parse_thresholds(data: dict[str, Any], source: str = "<thresholds>") -> Thre
         clock_tolerance = _number("clock.tolerance", clock.get("tolerance", 0.05), low=0.0, high=0.5)
         clock_checkpoint = _number("clock.checkpoint", clock.get("checkpoint", 0.25), low=0.0, high=100.0)
         watch = _table("stopwatch", data.get("stopwatch", {}))
-        _only("stopwatch", watch, ["tolerance", "consistency", "sums", "share", "coarse"])
+        _only(
+            "stopwatch", watch, ["tolerance", "consistency", "sums", "share", "coarse", "single", "any_round"]
+        )
         stopwatch_tolerance = _number(
             "stopwatch.tolerance", watch.get("tolerance", 0.10), low=0.0, high=100.0
         )
@@ -149,6 +153,8 @@ def parse_thresholds(data: dict[str, Any], source: str = "<thresholds>") -> Thre
             "stopwatch.share", watch.get("share", 0.4), low=0.0, low_inclusive=True, high=1.0
         )
         stopwatch_coarse = _number("stopwatch.coarse", watch.get("coarse", 0.4), low=0.0, high=100.0)
+        stopwatch_single = _number("stopwatch.single", watch.get("single", 0.2), low=0.0, high=100.0)
+        stopwatch_any_round = _number("stopwatch.any_round", watch.get("any_round", 0.6), low=0.0, high=100.0)
         tele = _table("telemetry", data.get("telemetry", {}))
         _only("telemetry", tele, ["redo"])
         redo = tele.get("redo", 2)
@@ -192,6 +198,8 @@ def parse_thresholds(data: dict[str, Any], source: str = "<thresholds>") -> Thre
         stopwatch_sums=stopwatch_sums,
         stopwatch_share=stopwatch_share,
         stopwatch_coarse=stopwatch_coarse,
+        stopwatch_single=stopwatch_single,
+        stopwatch_any_round=stopwatch_any_round,
         family=family,
         accept=accept,
     )

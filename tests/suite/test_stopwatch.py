@@ -96,7 +96,7 @@ def test_an_honest_slow_head_regresses_and_a_forging_one_is_an_error():
     # the small group 10x slower, its rows forged to base's: the large group alone passes
     forged = {k: _side([0.010, 0.040], [0.007, 0.002]) for k in range(3)}
     verdict, _, note = _judge(base, forged)
-    assert verdict == "error" and "(small)" in note
+    assert verdict == "error" and "(small: " in note
 
 
 def test_one_noisy_round_of_three_does_not_decide():
@@ -155,7 +155,7 @@ def test_a_block_where_the_op_is_a_small_share_is_held_only_to_the_coarse_limit(
     assert "where the op is less (tiny forward (20.0%)): small +37.5%, limit 40%" in note
     forged = {k: _side([0.010, 0.030], [0.007, 0.002]) for k in range(3)}  # tiny 3x, rows base's
     verdict, _, note = stopwatch.judge(base, forged, BLOCKS, **args, share=0.4, coarse=0.4)
-    assert verdict == "error" and "(small)" in note, note
+    assert verdict == "error" and "(small: " in note, note
 
 
 def test_the_share_is_bases_so_head_cannot_take_its_group_out_of_judgement():
@@ -166,7 +166,7 @@ def test_the_share_is_bases_so_head_cannot_take_its_group_out_of_judgement():
     verdict, _, note = stopwatch.judge(
         base, forged, BLOCKS, tolerance=0.10, consistency=0.05, sums_tolerance=0.02, share=0.4
     )
-    assert verdict == "error" and "(large)" in note
+    assert verdict == "error" and "(large: " in note
 
 
 def test_no_group_over_the_share_cannot_judge():
@@ -190,8 +190,8 @@ def test_the_share_floor_is_declared_once_and_checked(tmp_path):
 
 def test_a_block_forged_low_cannot_hide_behind_another_of_its_group():
     """Two finely judged blocks of one group: head hides 0.008 s in the first and claims 0.008 s
-    more than it takes in the second, so the group's sum shows nothing; the first block alone
-    passes the coarse limit, and that is an error."""
+    more than it takes in the second. The second buys at most `consistency` of its seconds, so
+    the group's sum still shows the first; and the first alone passes `single`."""
     blocks = [
         stopwatch.Block("a", "large", "forward", (8, 8), "bfloat16", 10),
         stopwatch.Block("b", "large", "forward_backward", (8, 8), "bfloat16", 10),
@@ -200,6 +200,29 @@ def test_a_block_forged_low_cannot_hide_behind_another_of_its_group():
     base = {k: Side([0.010, 0.010], sums, [0.007, 0.007]) for k in range(3)}
     offset = {k: Side([0.015, 0.010], sums, [0.004, 0.015]) for k in range(3)}
     args = dict(tolerance=1.0, consistency=0.05, sums_tolerance=0.02, share=0.4, coarse=0.4)
-    verdict, _, note = stopwatch.judge(base, offset, blocks, **args)
+    verdict, _, note = stopwatch.judge(base, offset, blocks, **args, single=0.2)
+    # the inflated block buys the group at most `consistency` of its own seconds: +30.0% shows
+    assert verdict == "error" and "(large: +30.0%)" in note, note
+    verdict, _, note = stopwatch.judge(base, offset, blocks, **{**args, "consistency": 1.0}, single=0.2)
     assert verdict == "error" and "(a forward: +53.3% alone)" in note, note
-    assert stopwatch.judge(base, base, blocks, **args)[0] == "pass"
+    assert stopwatch.judge(base, base, blocks, **args, single=0.2)[0] == "pass"
+
+
+def test_a_head_that_forges_a_minority_of_rounds_fails_the_round_limit():
+    """Six rounds: head's tiny block ten times slower in all of them, its rows honest in four and
+    copied from base's in two. The upper median sees only honest rounds; every round is held to
+    any_round, and the forged ones pass it."""
+    base = {k: _side([0.010, 0.020], [0.007, 0.005]) for k in range(6)}
+    head = {k: _side([0.010, 0.065], [0.007, 0.050 if k > 1 else 0.005]) for k in range(6)}
+    args = dict(tolerance=0.10, consistency=0.05, sums_tolerance=0.02, share=0.4, coarse=0.4, single=0.2)
+    assert stopwatch.judge(base, head, BLOCKS, **args)[0] == "pass"  # the upper median alone
+    verdict, _, note = stopwatch.judge(base, head, BLOCKS, **args, any_round=0.6)
+    assert verdict == "error" and "in round 0" in note, note
+
+
+def test_too_few_paired_rounds_cannot_judge():
+    base = {k: _side([0.010, 0.004], [0.007, 0.002]) for k in range(2)}
+    verdict, ratio, note = stopwatch.judge(
+        base, base, BLOCKS, tolerance=0.10, consistency=0.05, sums_tolerance=0.02, min_rounds=3
+    )
+    assert (verdict, ratio) == ("error", None) and "2 rounds of both sides answered" in note
