@@ -407,46 +407,64 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
     watch, why = _sampler()
     if why:
         extra.append(gate.Row("telemetry", None, None, None, None, "error", "run", note=why))
+
+    def play(side: str, k: int, seeds: list[int], may_redo: bool = True):
+        """One side's round k, redone while the telemetry finds it noisy (within the bound, with
+        new stopwatch seeds: a redo never knows its go seeds); (run, problem, seeds it used)."""
+        nonlocal done, redos
+        spec = {
+            "cases": [bench.case_to_json(c) for c in cases_],
+            "providers": ["kernel"],
+            "modes": list(args.modes),
+            "samples": args.samples,
+            "errors": True,
+            "label": side,
+            "round": k,
+            "commit": shas[side],
+            "timing": WORKER_TIMING,
+        }
+        log = rounds_dir / f"{side}-{k}.log"
+        while True:
+            run, problem = run_round(
+                boxes[side], spec, log, deadline.cap(WORKER_TIMEOUT_S), hidden, watch, seeds
+            )
+            done += 1
+            noisy = watch.round.noisy() if watch is not None and run is not None else None
+            seen[f"{side}-{k}"] = watch.round.summary() if watch is not None else None
+            if noisy is None:
+                return run, problem, seeds
+            if not may_redo or redos >= context["thresholds"].telemetry_redo or deadline.passed:
+                return None, f"noisy: {noisy}", seeds
+            redos += 1
+            seeds = _stopwatch_seeds(cases_, args.modes)
+            print(f"round {k} {side} redone: {noisy}", file=sys.stderr, flush=True)
+
     try:
         for k in range(args.rounds):
             seeds = _stopwatch_seeds(cases_, args.modes)
+            got: dict[str, tuple[results.Run | None, str | None, list[int]]] = {}
             for side in round_order(k):
                 if deadline.passed:
                     break
                 bar.step(f"round {k} {side}")
-                spec = {
-                    "cases": [bench.case_to_json(c) for c in cases_],
-                    "providers": ["kernel"],
-                    "modes": list(args.modes),
-                    "samples": args.samples,
-                    "errors": True,
-                    "label": side,
-                    "round": k,
-                    "commit": shas[side],
-                    "timing": WORKER_TIMING,
-                }
                 head_started = head_started or side == "head"
-                log = rounds_dir / f"{side}-{k}.log"
-                while True:
-                    run, problem = run_round(
-                        boxes[side], spec, log, deadline.cap(WORKER_TIMEOUT_S), hidden, watch, seeds
-                    )
-                    done += 1
-                    noisy = watch.round.noisy() if watch is not None and run is not None else None
-                    seen[f"{side}-{k}"] = watch.round.summary() if watch is not None else None
-                    if noisy is None:
-                        break
-                    if redos >= context["thresholds"].telemetry_redo or deadline.passed:
-                        run, problem = None, f"noisy: {noisy}"
-                        break
-                    redos += 1
-                    seeds = _stopwatch_seeds(cases_, args.modes)  # a redo never knows its go seeds
-                    print(f"round {k} {side} redone: {noisy}", file=sys.stderr, flush=True)
+                got[side] = play(side, k, seeds)
+                seeds = got[side][2]
+                if got[side][0] is not None and side == "base" and not head_started:
+                    share_builds(boxes["base"].state, boxes["head"].state)
+            first, second = round_order(k)
+            if len(got) == 2 and got[first][0] is not None and got[second][0] is not None:
+                if got[first][2] != got[second][2] and not deadline.passed:
+                    # the second side was redone with new seeds: the first runs again with them,
+                    # or the round leaves the latency rows as it leaves the stopwatch
+                    got[first] = play(first, k, got[second][2], may_redo=False)
+                    if got[first][0] is None:
+                        why = f"rerun with its round's redone seeds failed ({got[first][1]})"
+                        got = {side: (None, why, []) for side in got}
+            for side, (run, problem, _) in got.items():
                 if run is not None:
                     runs[side].append(run)
                     results.write(run, rounds_dir, f"{side}-{k}")
-                    if side == "base" and not head_started:
-                        share_builds(boxes["base"].state, boxes["head"].state)
                 else:
                     failures[side].append(f"round {k}: {problem}")
     finally:

@@ -85,22 +85,28 @@ def test_a_reading_nvml_lacks_is_reported_not_held_against_the_round():
 
 
 class NoisyFirst:
-    """A sampler whose first ``noisy`` rounds were throttled."""
+    """A sampler whose first ``noisy`` rounds were throttled (or the attempts numbered ``at``)."""
 
-    def __init__(self, noisy):
-        self.left, self.round = noisy, telemetry.Round()
+    def __init__(self, noisy, at=()):
+        self.left, self.round, self.at, self.count = noisy, telemetry.Round(), set(at), 0
 
     def start(self, pid):
-        self.round = telemetry.Round(sm_mhz=[1980], reasons=0x8 if self.left > 0 else 0)
-        self.left -= 1
+        noisy = self.left > 0 or self.count in self.at
+        self.round = telemetry.Round(sm_mhz=[1980], reasons=0x8 if noisy else 0)
+        self.left, self.count = self.left - 1, self.count + 1
 
     def stop(self):
         return self.round
 
 
 @pytest.mark.skipif(bool(sandbox.check()), reason=f"no sandbox here: {sandbox.check()}")
-@pytest.mark.parametrize("noisy, status, redone", [(2, "pass", 2), (5, "error", 2)])
-def test_noisy_rounds_are_redone_within_the_bound(tmp_path, monkeypatch, noisy, status, redone):
+@pytest.mark.parametrize(
+    "noisy, at, status, redone",
+    [(2, (), "pass", 2), (5, (), "error", 2), (0, (1,), "pass", 1)],  # (1,): round 0's second side
+)
+def test_noisy_rounds_are_redone_within_the_bound(tmp_path, monkeypatch, noisy, at, status, redone):
+    """Noisy rounds are redone with new stopwatch seeds, within the bound; where the second side of
+    a round was redone, the first runs again with its seeds, so every round pairs in the stopwatch."""
     from tests.suite.test_hostile_heads import git
 
     repo = tmp_path / "repo"
@@ -122,7 +128,7 @@ def test_noisy_rounds_are_redone_within_the_bound(tmp_path, monkeypatch, noisy, 
         "[numerics.bfloat16]\ngrowth = 1.05\nceiling = {y = 0.01}\n"
     )
     monkeypatch.setattr(pullrequest, "WORKER_TIMING", "host")
-    monkeypatch.setattr(pullrequest, "_sampler", lambda: (NoisyFirst(noisy), None))
+    monkeypatch.setattr(pullrequest, "_sampler", lambda: (NoisyFirst(noisy, at), None))
     out = tmp_path / "v"
     argv = ["--repo", str(repo), "--base", sha, "--head", sha, "--out", str(out), "--thresholds", str(thresholds),
             "--shapes", "32768x4096-bfloat16", "--modes", "forward", "--rounds", "3", "--samples", "4",
@@ -147,5 +153,17 @@ def test_noisy_rounds_are_redone_within_the_bound(tmp_path, monkeypatch, noisy, 
         assert len(set(mine)) == len(mine), attempts
     if status == "error":
         assert "noisy: clocks held down (hw_slowdown)" in data["summary"]
+    else:  # every round's sides ran on the same seeds: the stopwatch pairs all three
+        last = {(label, k): seeds for label, k, seeds in attempts}
+        assert all(last["base", k] == last["head", k] for k in range(3)), attempts
+        watch = next(r for r in data["rows"] if r["check"] == "stopwatch")
+        assert "over 3 rounds" in watch["note"], watch
+    if at:  # the first side ran round 0 again, after the second side's redo
+        assert [(label, k) for label, k, _ in attempts][:4] == [
+            ("base", 0),
+            ("head", 0),
+            ("head", 0),
+            ("base", 0),
+        ]
     assert len(data["telemetry"]) == 6 and all(v["samples"] == 1 for v in data["telemetry"].values())
     assert load_thresholds(thresholds).telemetry_redo == 2
