@@ -360,7 +360,7 @@ def _accepted(requests, cases_, modes, thresholds) -> dict[tuple[str, str], floa
 
 def _stopwatch_seeds(cases_: Sequence[bench.Case], modes: Sequence[str]) -> list[int]:
     """The stopwatch's inputs for a round: a prepare seed, then a go seed per block; the judge's,
-    both sides' (a side's redo draws new ones: a round whose sides differ is not compared)."""
+    both sides' (a redo draws new ones for every side that runs on after it)."""
     blocks = stopwatch.plan(cases_, modes, WORKER_TIMING, worker.HOST_SHAPE)
     return [secrets.randbits(62) for _ in range(len(blocks) + 1)]
 
@@ -409,8 +409,9 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
         extra.append(gate.Row("telemetry", None, None, None, None, "error", "run", note=why))
 
     def play(side: str, k: int, seeds: list[int], may_redo: bool = True):
-        """One side's round k, redone while the telemetry finds it noisy (within the bound, with
-        new stopwatch seeds: a redo never knows its go seeds); (run, problem, seeds it used)."""
+        """One side's round k, redone while the telemetry finds it noisy and ``may_redo`` (within the
+        bound, with new stopwatch seeds: a redo never knows its go seeds); (run, problem, the seeds
+        it used, the noise that ended it or None)."""
         nonlocal done, redos
         spec = {
             "cases": [bench.case_to_json(c) for c in cases_],
@@ -432,9 +433,9 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
             noisy = watch.round.noisy() if watch is not None and run is not None else None
             seen[f"{side}-{k}"] = watch.round.summary() if watch is not None else None
             if noisy is None:
-                return run, problem, seeds
+                return run, problem, seeds, None
             if not may_redo or redos >= context["thresholds"].telemetry_redo or deadline.passed:
-                return None, f"noisy: {noisy}", seeds
+                return None, f"noisy: {noisy}", seeds, noisy
             redos += 1
             seeds = _stopwatch_seeds(cases_, args.modes)
             print(f"round {k} {side} redone: {noisy}", file=sys.stderr, flush=True)
@@ -442,26 +443,28 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
     try:
         for k in range(args.rounds):
             seeds = _stopwatch_seeds(cases_, args.modes)
-            got: dict[str, tuple[results.Run | None, str | None, list[int]]] = {}
-            for side in round_order(k):
-                if deadline.passed:
-                    break
-                bar.step(f"round {k} {side}")
-                head_started = head_started or side == "head"
-                got[side] = play(side, k, seeds)
-                seeds = got[side][2]
-                if got[side][0] is not None and side == "base" and not head_started:
-                    share_builds(boxes["base"].state, boxes["head"].state)
             first, second = round_order(k)
-            if len(got) == 2 and got[first][0] is not None and got[second][0] is not None:
-                if got[first][2] != got[second][2] and not deadline.passed:
-                    # the second side was redone with new seeds: the first runs again with them,
-                    # or the round leaves the latency rows as it leaves the stopwatch
-                    got[first] = play(first, k, got[second][2], may_redo=False)
-                    if got[first][0] is None:
-                        why = f"rerun with its round's redone seeds failed ({got[first][1]})"
-                        got = {side: (None, why, []) for side in got}
-            for side, (run, problem, _) in got.items():
+            while True:
+                # the first side may be redone alone (the second has not seen its seeds yet); a
+                # noisy second side redoes the whole round, in order, on new seeds: both sides of
+                # a round always run on the same seeds, which no side has seen before
+                got: dict[str, tuple] = {}
+                for side in (first, second):
+                    if deadline.passed:
+                        break
+                    bar.step(f"round {k} {side}")
+                    head_started = head_started or side == "head"
+                    got[side] = play(side, k, seeds, may_redo=side == first)
+                    seeds = got[side][2]
+                    if got[side][0] is not None and side == "base" and not head_started:
+                        share_builds(boxes["base"].state, boxes["head"].state)
+                noisy = got[second][3] if second in got else None
+                if noisy is None or redos >= context["thresholds"].telemetry_redo or deadline.passed:
+                    break
+                redos += 1
+                seeds = _stopwatch_seeds(cases_, args.modes)
+                print(f"round {k} redone, both sides: {noisy}", file=sys.stderr, flush=True)
+            for side, (run, problem, *_) in got.items():
                 if run is not None:
                     runs[side].append(run)
                     results.write(run, rounds_dir, f"{side}-{k}")
