@@ -316,3 +316,71 @@ def test_per_head_rows_of_a_fused_projection_are_all_normalised(device):
     assert launch.strided_heads(q, d) is not None  # the per-head path, not a copy
     y = rmsnorm_kernel.rms_norm(q, weight=w, eps=EPS)
     close(y, rms_norm_reference(q.double(), w.double(), EPS), F32, "y")
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_a_per_head_gradient_at_y_with_one_at_h(device):
+    """A residual call whose y gets a per-head view of a fused tensor as its gradient and whose
+    h gets one too: dx (and the residual's gradient) is the norm's backward plus dh. The per-head
+    backward reads dy alone, so only calls without dh may take it (`dh is None and n <= ...` ->
+    `or` sent this one there, and dh was lost). Against float64."""
+    t, heads, d = 5, 4, 64
+    x, w, _, r = inputs(t * heads, d, F32, device)
+    x, r = x.view(t, heads, d), r.view(t, heads, d)
+    fused, _, dh, _ = inputs(t, 3 * heads * d, F32, device, seed=1)
+    dy = fused[:, : heads * d].view(t, heads, d)
+    assert launch.strided_heads(dy, d) is not None  # a gradient the per-head path reads in place
+    dh = dh[:, : heads * d].reshape(t, heads, d).contiguous()
+    xg, rg = x.detach().requires_grad_(), r.detach().requires_grad_()
+    y, h = rmsnorm_kernel.rms_norm(xg, weight=w, eps=EPS, residual=rg)
+    dx, dr = torch.autograd.grad((y, h), (xg, rg), (dy, dh))
+    hx = (x.double() + r.double()).reshape(-1, d)
+    dx_ref, _ = rms_norm_backward_reference(hx, w.double(), dy.double().reshape(-1, d), EPS)
+    want = dx_ref + dh.double().reshape(-1, d)
+    close(dx.reshape(-1, d), want, F32, "dx")
+    close(dr.reshape(-1, d), want, F32, "residual.grad")
+
+
+class _NoGradientBack(torch.autograd.Function):
+    """Uses its first two inputs and sends them no gradient (None), as a function of the third."""
+
+    @staticmethod
+    def forward(ctx, a, b, c):
+        return 2 * c
+
+    @staticmethod
+    def backward(ctx, g):
+        return None, None, 2 * g
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_a_residual_call_whose_y_and_h_get_no_gradient(device):
+    """y and h both used, both given no gradient downstream (None, not zeros): the backward has
+    nothing to send and returns none, though x, the residual and the weight require gradients
+    (`nothing needed or (dy is None and dh is None)` -> `and` passed it on to read dh, None)."""
+    x, w, _, r = inputs(3, 64, F32, device)
+    x, w, r = (t.detach().requires_grad_() for t in (x, w, r))
+    c = torch.ones(3, 64, device=device, requires_grad=True)
+    y, h = rmsnorm_kernel.rms_norm(x, weight=w, eps=EPS, residual=r)
+    _NoGradientBack.apply(y, h, c).sum().backward()
+    assert torch.equal(c.grad, torch.full_like(c, 2.0))
+    for t, what in ((x, "x"), (r, "residual"), (w, "weight")):
+        assert t.grad is None or not t.grad.any(), what
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_calls_counts_one_kernel_call_per_direction(device):
+    """rmsnorm_kernel.CALLS counts a call that ran the kernels once in each direction: a forward
+    and its backward, on rows (a contiguous x) and on per-head views of a fused projection
+    (`_COUNTS["backward"] += 1` -> `+= 0` left each row backward uncounted)."""
+    t, heads, d = 3, 4, 64
+    fused, w, _, _ = inputs(t, 3 * heads * d, F32, device)
+    w = w[:d]
+    q = fused[:, : heads * d].view(t, heads, d)
+    assert launch.strided_heads(q, d) is not None  # the per-head path
+    for x in (q.contiguous(), q):
+        before = dict(rmsnorm_kernel.CALLS)
+        y = rmsnorm_kernel.rms_norm(x.detach().requires_grad_(), weight=w, eps=EPS)
+        y.backward(torch.ones_like(y))
+        ran = {k: v - before[k] for k, v in rmsnorm_kernel.CALLS.items()}
+        assert ran == {"forward": 1, "backward": 1, "fallback": 0}, (x.is_contiguous(), ran)
