@@ -156,14 +156,19 @@ def install(session: nox.Session, extras: tuple[str, ...] = EXTRAS, needs_cuda: 
     warn_untested_torch(session, distribution_version(session, "torch"))
 
 
-def warn_untested_torch(session: nox.Session, version: str) -> bool:
-    """One warning where the installed torch is outside TESTED_TORCH; True when it is."""
+def major_minor(version: str) -> tuple[int, int] | None:
+    """(major, minor) of a version string such as "2.11.0+cu130"; None where it has none."""
     parts = version.split("+", 1)[0].split(".")
     try:
-        found = (int(parts[0]), int(parts[1]))
+        return int(parts[0]), int(parts[1])
     except (IndexError, ValueError):
-        return False
-    if TESTED_TORCH[0] <= found <= TESTED_TORCH[1]:
+        return None
+
+
+def warn_untested_torch(session: nox.Session, version: str) -> bool:
+    """One warning where the installed torch is outside TESTED_TORCH; True when it is."""
+    found = major_minor(version)
+    if found is None or TESTED_TORCH[0] <= found <= TESTED_TORCH[1]:
         return False
     low, high = (".".join(map(str, v)) for v in TESTED_TORCH)
     session.warn(f"torch {version} is outside the tested range (torch {low} to {high}); results may differ")
@@ -183,8 +188,8 @@ def pytest_workers(session: nox.Session, default: str = "auto") -> tuple[str, ..
         return ()
     # worksteal (pytest-xdist 3.2+): an idle worker takes tests queued on a busy one, so a few long
     # tests do not leave the rest of the machine idle at the end
-    major_minor = tuple(int(part) for part in version.split(".")[:2] if part.isdigit())
-    return ("-n", workers, "--dist", "worksteal") if major_minor >= (3, 2) else ("-n", workers)
+    steals = (major_minor(version) or (0, 0)) >= (3, 2)
+    return ("-n", workers, "--dist", "worksteal") if steals else ("-n", workers)
 
 
 def distribution_version(session: nox.Session, name: str) -> str:

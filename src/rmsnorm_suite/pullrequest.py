@@ -514,7 +514,7 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
     verdict.thresholds = context["label"]
     if args.skip_gpu_tests:
         verdict.summary += " (GPU tests skipped)"
-    if "where the op is less" in (watch_row.note or ""):  # say what the stopwatch held loosely
+    if stopwatch.LOOSE in (watch_row.note or ""):  # say what the stopwatch held loosely
         verdict.summary += " (stopwatch: some blocks held only to its coarse limit; see its row)"
     md, js = gate.write_verdict(verdict, out)
     info = json.loads(js.read_text(encoding="utf-8"))

@@ -26,6 +26,7 @@ BLOCK_BYTES = 32 * 2**30
 MAX_REPS = 400
 HOST_CALLS = 100
 REPEATS = 3  # each block timed this many times, round-robin; the median over them counts
+LOOSE = "where the op is less"  # the note's words for the blocks held only to `coarse`
 ALIGN = 8  # elements: windows start 16-byte aligned, never on a row boundary of the last one
 
 
@@ -232,35 +233,31 @@ def judge(
         sum(head[k].seconds[i] for i in judged) / sum(base[k].seconds[i] * allowed[i] for i in judged)
         for k in pairs
     )
-    groups = list(dict.fromkeys(b.group for b in blocks))
-    fine = {
-        g: _hidden(base, head, [i for i in judged if blocks[i].group == g], pairs, consistency)
-        for g in groups
-    }
-    loose = {
-        g: _hidden(base, head, [i for i in others if blocks[i].group == g], pairs, coarse) for g in groups
-    }
+
+    def per_group(idx: list[int], limit: float) -> dict[str, list[float]]:
+        names = dict.fromkeys(blocks[i].group for i in idx)
+        return {g: _hidden(base, head, [i for i in idx if blocks[i].group == g], pairs, limit) for g in names}
+
+    fine, loose = per_group(judged, consistency), per_group(others, coarse)
     alone = {f"{blocks[i].case} {blocks[i].mode}": _hidden(base, head, [i], pairs, single) for i in judged}
-    fine, loose = {g: v for g, v in fine.items() if v}, {g: v for g, v in loose.items() if v}
     base_ms = statistics.median(sum(base[k].seconds[i] for i in judged) for k in pairs) * 1e3
     note = (
         f"head/base {ratio:.3f} by the judge's clock over the blocks where the op is at least "
         f"{share:.0%} of it (base's {base_ms:.1f} ms), upper median over {len(pairs)} rounds; time "
         f"head's rows do not show: {_figures(fine)} of head's"
-        + (f"; where the op is less ({left_out}): {_figures(loose)}, limit {coarse:.0%}" if others else "")
+        + (f"; {LOOSE} ({left_out}): {_figures(loose)}, limit {coarse:.0%}" if others else "")
     )
     # each fine block alone too (a group's sum could offset a block forged low with another
     # whose rows claim more than it takes), and every round (a head may forge only some rounds)
-    checks = [(fine, consistency, ""), (loose, coarse, ""), (alone, single, " alone")]
-    for hidden, limit, how in checks:
+    for hidden, limit, how in ((fine, consistency, ""), (loose, coarse, ""), (alone, single, " alone")):
         for name, values in hidden.items():
-            if statistics.median_high(values) > limit:
-                return "error", ratio, _disagrees(f"{name}: {statistics.median_high(values):+.1%}{how}", note)
-    for hidden, _, how in [(loose, 0, ""), (alone, 0, " alone")]:
+            if (value := statistics.median_high(values)) > limit:
+                return "error", ratio, _disagrees(f"{name}: {value:+.1%}{how}", note)
+    for hidden, how in ((loose, ""), (alone, " alone")):
         for name, values in hidden.items():
-            if max(values) > any_round:
-                worst = f"{name}: {max(values):+.1%}{how} in round {pairs[values.index(max(values))]}"
-                return "error", ratio, _disagrees(worst, note)
+            if (worst := max(values)) > any_round:
+                where = f"{name}: {worst:+.1%}{how} in round {pairs[values.index(worst)]}"
+                return "error", ratio, _disagrees(where, note)
     if ratio > 1.0 + tolerance:
         return "regression", ratio, f"{note}, beyond {tolerance:.0%}"
     return "pass", ratio, note
@@ -273,9 +270,7 @@ def _disagrees(where: str, note: str) -> str:
 def _hidden(base, head, idx, pairs, limit: float) -> list[float]:
     """Per round, over blocks ``idx``: head's seconds beyond its claims less base's, of head's
     seconds; no block offsets others by more than ``limit`` of its own seconds (a row that claims
-    more than its calls take cannot buy room for another). Empty where ``idx`` is."""
-    if not idx:
-        return []
+    more than its calls take cannot buy room for another)."""
     out = []
     for k in pairs:
         diffs = [
