@@ -384,3 +384,25 @@ def test_calls_counts_one_kernel_call_per_direction(device):
         y.backward(torch.ones_like(y))
         ran = {k: v - before[k] for k, v in rmsnorm_kernel.CALLS.items()}
         assert ran == {"forward": 1, "backward": 1, "fallback": 0}, (x.is_contiguous(), ran)
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("m, n", [(64, 200), (300, 1500), (8, 3000)])
+def test_a_negative_zero_gradient_gives_the_per_head_paths_bits(device, m, n):
+    """dy = -0.0 over positive x and weight, N not a power of two: the row backward's dx has the
+    per-head backward's bits (each says -0 where the masked columns add +0 to c; a fill of -1.0
+    for x's masked columns makes c -0 and dx +0, which torch.equal would not see). Sign bits read
+    as integers."""
+    heads = 4
+    fused, w, _, _ = inputs(m, 3 * heads * n, F32, device)
+    q = (fused.abs() + 0.5)[:, : heads * n].view(m, heads, n)
+    w = w[:n].abs() + 0.5
+    assert launch.strided_heads(q, n) is not None
+    dy = torch.full((m, heads, n), -0.0, device=q.device, dtype=F32)
+    grads = []
+    for x in (q, q.contiguous()):  # the per-head path, then contiguous rows
+        xg = x.detach().requires_grad_()
+        rmsnorm_kernel.rms_norm(xg, weight=w, eps=EPS).backward(dy)
+        grads.append(xg.grad.reshape(-1, n).view(torch.int32))
+    assert torch.equal(grads[0], grads[1])
+    assert bool((grads[1] == torch.tensor(-0.0).view(torch.int32).item()).all()), "dx is not -0 everywhere"
