@@ -58,7 +58,7 @@ def dataset(args) -> power.AASet:
         model = power.NoiseModel(SIGMA, TAU, rho=0.5)
         return power.synthetic_aa(all_rows(), model, args.synthetic_runs, args.synthetic_rounds, args.seed)
     if not args.aa:
-        raise SystemExit("gate_power: give --aa FOLDER... (A/A pr-verdict outputs) or --synthetic")
+        raise SystemExit("gate_power: give --aa PATH... (A/A pr-verdict outputs or records) or --synthetic")
     return power.load_aa(args.aa)
 
 
@@ -103,7 +103,14 @@ def render(aa: power.AASet, entries: list[dict], resolve: dict | None, args) -> 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--aa", nargs="*", default=[], metavar="FOLDER", help="A/A pr-verdict outputs")
+    parser.add_argument(
+        "--aa", nargs="*", default=[], metavar="PATH", help="A/A pr-verdict output folders or their records"
+    )
+    parser.add_argument(
+        "--record", nargs=2, metavar=("FOLDER", "FILE"), default=None,
+        help="write FOLDER's per-round medians to FILE (docs/data/aa/) and stop",
+    )
+    parser.add_argument("--about", default="", help="--record: where and how the run ran (one line)")
     parser.add_argument("--synthetic", action="store_true", help="a SYNTHETIC A/A set (noise model above)")
     parser.add_argument("--synthetic-runs", type=int, default=10)
     parser.add_argument("--synthetic-rounds", type=int, default=6)
@@ -121,6 +128,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resolve-rounds", type=int, default=6)
     parser.add_argument("--json", default=None, metavar="FILE")
     args = parser.parse_args(argv)
+    if args.record:
+        folder, target = args.record
+        record = power.record_aa(folder, about={"run": args.about} if args.about else None)
+        Path(target).parent.mkdir(parents=True, exist_ok=True)
+        Path(target).write_text(json.dumps(record, indent=0) + "\n", encoding="utf-8")
+        print(f"{target}: {len(record['rows'])} rows")
+        return 0
     thresholds = load_thresholds(args.thresholds)
     rate = args.rate if args.rate is not None else (thresholds.family.rate or 0.05)
     aa = dataset(args)

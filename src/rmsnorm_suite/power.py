@@ -60,31 +60,63 @@ class AASet:
 # ---------------------------------------------------------------------------------------------
 
 
-def load_aa(folders: Iterable[str | Path], provider: str = "kernel") -> AASet:
-    """Per-round log ratios from pr-verdict outputs of A/A runs (each folder holds ``base.json``
-    and ``head.json``, merged from interleaved rounds). Only rows present in every run, with
-    paired rounds, are kept."""
+RECORD_FORMAT = "rmsnorm-aa-rounds/1"
+
+
+def _rounds_of_output(folder: Path, provider: str) -> dict[RowKey, tuple[np.ndarray, np.ndarray]]:
+    """(base, head) per-round medians (ms) per row of one A/A pr-verdict output folder."""
     from rmsnorm_suite import results
 
+    base, head = results.load(folder / "base.json"), results.load(folder / "head.json")
+    if not base.round_indices or base.round_indices != head.round_indices:
+        raise ValueError(f"{folder}: base and head are not paired rounds (settings.round_indices)")
+    b, h = base.rows_of(provider), head.rows_of(provider)
+    out: dict[RowKey, tuple[np.ndarray, np.ndarray]] = {}
+    for key in sorted(set(b) & set(h)):
+        br, hr = b[key], h[key]
+        if not (br.ok and hr.ok):
+            continue
+        for kind in KINDS:
+            bu, hu = br.timing(kind).block_medians_ms, hr.timing(kind).block_medians_ms
+            if len(bu) >= 2 and len(bu) == len(hu) and min(bu) > 0 and min(hu) > 0:
+                out[RowKey(kind, key[0], key[1], hr.group)] = (np.asarray(bu), np.asarray(hu))
+    return out
+
+
+def record_aa(folder: str | Path, provider: str = "kernel", about: Mapping | None = None) -> dict:
+    """One A/A run's per-round medians, small enough to commit (docs/data/aa/); ``about`` says
+    where and how it ran. :func:`load_aa` reads it as it reads the folder."""
+    rows = [
+        {"kind": k.kind, "shape": k.shape, "mode": k.mode, "group": k.group,
+         "base": [float(v) for v in b], "head": [float(v) for v in h]}
+        for k, (b, h) in _rounds_of_output(Path(folder), provider).items()
+    ]  # fmt: skip
+    return {"format": RECORD_FORMAT, "about": dict(about or {}), "rows": rows}
+
+
+def _rounds_of_record(path: Path) -> dict[RowKey, tuple[np.ndarray, np.ndarray]]:
+    import json
+
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if data.get("format") != RECORD_FORMAT:
+        raise ValueError(f"{path}: not an A/A record ({RECORD_FORMAT})")
+    return {
+        RowKey(r["kind"], r["shape"], r["mode"], r["group"]): (np.asarray(r["base"]), np.asarray(r["head"]))
+        for r in data["rows"]
+    }
+
+
+def load_aa(sources: Iterable[str | Path], provider: str = "kernel") -> AASet:
+    """Per-round log ratios of A/A runs: pr-verdict output folders (``base.json`` and
+    ``head.json``, merged from interleaved rounds) or records of :func:`record_aa`. Only rows
+    present in every run, with paired rounds, are kept."""
     per_run: list[dict[RowKey, np.ndarray]] = []
     labels = []
-    for folder in folders:
-        folder = Path(folder)
-        base, head = results.load(folder / "base.json"), results.load(folder / "head.json")
-        if not base.round_indices or base.round_indices != head.round_indices:
-            raise ValueError(f"{folder}: base and head are not paired rounds (settings.round_indices)")
-        b, h = base.rows_of(provider), head.rows_of(provider)
-        run: dict[RowKey, np.ndarray] = {}
-        for key in sorted(set(b) & set(h)):
-            br, hr = b[key], h[key]
-            if not (br.ok and hr.ok):
-                continue
-            for kind in KINDS:
-                bu, hu = br.timing(kind).block_medians_ms, hr.timing(kind).block_medians_ms
-                if len(bu) >= 2 and len(bu) == len(hu) and min(bu) > 0 and min(hu) > 0:
-                    run[RowKey(kind, key[0], key[1], hr.group)] = np.log(hu) - np.log(bu)
-        per_run.append(run)
-        labels.append(str(folder))
+    for source in sources:
+        source = Path(source)
+        rounds = _rounds_of_record(source) if source.is_file() else _rounds_of_output(source, provider)
+        per_run.append({key: np.log(h) - np.log(b) for key, (b, h) in rounds.items()})
+        labels.append(str(source))
     if not per_run:
         raise ValueError("no A/A run given")
     common = sorted(

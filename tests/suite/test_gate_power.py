@@ -112,3 +112,18 @@ def test_the_tool_labels_a_synthetic_study(capsys):
     text = capsys.readouterr().out
     assert text.startswith("data: **SYNTHETIC") and "justify no threshold" in text
     assert "device 1.03, 6 rounds, estimate" in text
+
+
+def test_a_record_loads_as_its_folder_does(tmp_path):
+    """The committed form of an A/A run (per-round medians only) gives the same log ratios as the
+    pr-verdict output it was made from."""
+    folder = aa_folder(tmp_path / "aa", 0)
+    record = tmp_path / "aa.json"
+    assert gate_power.main(["--record", str(folder), str(record), "--about", "test"]) == 0
+    from_folder, from_record = power.load_aa([folder]), power.load_aa([record])
+    assert from_folder.rows == from_record.rows
+    np.testing.assert_allclose(from_record.d[0], from_folder.d[0], rtol=0, atol=1e-12)
+    assert json.loads(record.read_text())["about"] == {"run": "test"}
+    record.write_text(json.dumps({"format": "other", "rows": []}))
+    with pytest.raises(ValueError, match="not an A/A record"):
+        power.load_aa([record])
