@@ -107,7 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         "--aa", nargs="*", default=[], metavar="PATH", help="A/A pr-verdict output folders or their records"
     )
     parser.add_argument(
-        "--record", nargs=2, metavar=("FOLDER", "FILE"), default=None,
+        "--record",
+        nargs=2,
+        metavar=("FOLDER", "FILE"),
+        default=None,
         help="write FOLDER's per-round medians to FILE (docs/data/aa/) and stop",
     )
     parser.add_argument("--about", default="", help="--record: where and how the run ran (one line)")
