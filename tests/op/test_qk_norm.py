@@ -533,3 +533,48 @@ def test_per_head_weights_trace_with_aot_autograd(device, mix):
     for a, b in zip(got, want):
         assert a.shape == b.shape
         _close(a, b, GRAD_TOL[torch.float32])
+
+
+@pytest.mark.parametrize("device", DEVICE)
+def test_the_qknorm_module(device):
+    """QKNorm holds (Hq, D) and (Hk, D) weights (or (D,) without heads), ones at first, and its
+    forward is qk_norm with them: values and the weights' gradients."""
+    hq, hk, d = 4, 2, 16
+    norm = rmsnorm_kernel.QKNorm(d, hq, hk, eps=EPS, offset=1.0, casting="gemma", device=device)
+    assert norm.q_weight.shape == (hq, d) and norm.k_weight.shape == (hk, d)
+    assert bool((norm.q_weight == 1).all()) and set(norm.state_dict()) == {"q_weight", "k_weight"}
+    with torch.no_grad():
+        for w in norm.parameters():
+            w.add_(0.1 * torch.randn(w.shape, generator=torch.Generator().manual_seed(1)).to(device))
+    qkv = _fused(6, hq, hk, d, torch.float32, device, seed=41).requires_grad_()
+    q, k = _views(qkv, hq, hk, d)
+    yq, yk = norm(q, k)
+    (yq.sum() + 3 * yk.sum()).backward()
+    oq, ok, _dqkv, dwq, dwk = _per_head_oracle(qkv, hq, hk, d, norm.q_weight, norm.k_weight, torch.ones_like(yq),
+                                                3 * torch.ones_like(yk), torch.float32, 1.0, "gemma")  # fmt: skip
+    for got, want, tol in ((yq, oq, TOL), (yk, ok, TOL), (norm.q_weight.grad, dwq, GRAD_TOL),
+                           (norm.k_weight.grad, dwk, GRAD_TOL)):  # fmt: skip
+        _close(got, want, tol[torch.float32])
+    shared = rmsnorm_kernel.QKNorm(d, device=device)
+    assert shared.q_weight.shape == shared.k_weight.shape == (d,)
+    bare = rmsnorm_kernel.QKNorm(d, hq, hk, elementwise_affine=False)
+    assert bare.q_weight is None and list(bare.parameters()) == []
+    eps = torch.finfo(torch.float32).eps  # eps=None: torch's default
+    _close(bare(q, k)[0], F.rms_norm(q.double(), (d,), None, eps), TOL[torch.float32])
+
+
+BAD_MODULE = [
+    ({"head_dim": 0}, "head_dim"),
+    ({"head_dim": 8, "q_heads": 2.0}, "q_heads"),
+    ({"head_dim": 8, "casting": "x"}, "casting"),
+    ({"head_dim": 8, "offset": 1.0, "elementwise_affine": False}, "offset needs a weight"),
+]
+
+
+@pytest.mark.parametrize("kwargs,fragment", BAD_MODULE)
+def test_qknorm_refuses_bad_arguments_and_wrong_heads(kwargs, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        rmsnorm_kernel.QKNorm(**kwargs)
+    norm = rmsnorm_kernel.QKNorm(8, 3, 2)  # q of 4 heads: its weight has 3 rows
+    with pytest.raises(RuntimeError, match=r"q_weight must have shape"):  # InvalidArgument is one
+        norm(torch.randn(2, 4, 8), torch.randn(2, 2, 8))
