@@ -298,10 +298,11 @@ def validate_quant(x: Tensor, out_dtype, scale, scale_ub) -> bool:
 
 def validate_qk(q: Tensor, k: Tensor, q_weight, k_weight, eps, offset, casting: str) -> None:
     """``qk_norm(q, k, q_weight, k_weight, eps)``: q (..., Hq, D) and k (..., Hk, D) share the head
-    dim D, the device and the dtype; the weights are (D,) tensors, both given or both None (one
-    launch serves both with or without). Each of q and k is then checked as ``rms_norm(t, (D,),
+    dim D, the device and the dtype; the weights are both given or both None (one launch serves
+    both with or without), each (D,), shared by the heads, or per head, (Hq, D) for q and (Hk, D)
+    for k (q and k of at least two dims). Each of q and k is then checked as ``rms_norm(t, (D,),
     weight, eps, offset=offset, casting=casting)`` checks it: the same errors, UnsupportedInput
-    included. Per-head (H, D) weights are not taken (InvalidArgument)."""
+    included. A weight of another shape raises InvalidArgument."""
     for name, t in (("q", q), ("k", k)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -316,8 +317,16 @@ def validate_qk(q: Tensor, k: Tensor, q_weight, k_weight, eps, offset, casting: 
     if (q_weight is None) != (k_weight is None):
         raise ValueError("q_weight and k_weight: pass both or neither")
     n = q.shape[-1]
-    for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
+    numels = []  # validate's element count: the weight's (n, or H * n per head)
+    for t, name, w in ((q, "q", q_weight), (k, "k", k_weight)):
+        numels.append(n)
         if isinstance(w, Tensor) and tuple(w.shape) != (n,):
-            raise InvalidArgument(f"{name} must have shape (head_dim,) = ({n},), got {tuple(w.shape)}")
-    validate(q, q_weight, None, eps, offset, casting, None, None, n)
-    validate(k, k_weight, None, eps, offset, casting, None, None, n)
+            heads = tuple(t.shape[-2:-1])  # () for a 1-D t, which has no heads
+            if not heads or tuple(w.shape) != (*heads, n):
+                per_head = f" or (heads, head_dim) = ({heads[0]}, {n})" if heads else ""
+                raise InvalidArgument(
+                    f"{name}_weight must have shape (head_dim,) = ({n},){per_head}, got {tuple(w.shape)}"
+                )
+            numels[-1] = w.numel()
+    validate(q, q_weight, None, eps, offset, casting, None, None, numels[0])
+    validate(k, k_weight, None, eps, offset, casting, None, None, numels[1])

@@ -850,6 +850,12 @@ def reduce_columns(
 # contiguous. Up to two tensors (q and k, each with its own weight and layout) share a launch:
 # the first ``blocks0`` (forward) or ``programs0`` (backward) programs take tensor 0, the rest
 # tensor 1. Rows no wider than a tile (launch.FORWARD_MAX_TILE, launch.BACKWARD_MAX_TILE).
+#
+# A tensor's weight is (N,), shared by every row, or per head (W_HEADS: (H, N), head h's row at
+# ``h * stride_w``). With a per-head weight the backward's programs each take one head
+# (program p: head p % H, every (programs / H)-th block of that head's tokens), so that a
+# program's dw share belongs to one head: its scratch row p is the (p // H, p % H) entry of a
+# (programs / H, H * N) scratch, which reduce_columns sums over its first dim into dw (H, N).
 
 
 @triton.jit
@@ -862,9 +868,9 @@ def _head_offsets(rows, HEADS, stride_t, stride_h):
 
 @triton.jit
 def _heads_forward_block(
-    X, W, Y, RSTD, block, M, HEADS, stride_t, stride_h, N, eps, offset,
-    HAS_WEIGHT: tl.constexpr, CASTING: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
-    STORE_RSTD: tl.constexpr,
+    X, W, Y, RSTD, block, M, HEADS, stride_t, stride_h, stride_w, N, eps, offset,
+    HAS_WEIGHT: tl.constexpr, W_HEADS: tl.constexpr, CASTING: tl.constexpr, BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr, STORE_RSTD: tl.constexpr,
 ):  # fmt: skip
     """forward_tile's block of ROWS rows, read at per-head offsets, written contiguously."""
     rows = block * ROWS + tl.arange(0, ROWS)
@@ -874,7 +880,11 @@ def _heads_forward_block(
     x_offs = _head_offsets(rows, HEADS, stride_t, stride_h)
     x = tl.load(X + x_offs[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if HAS_WEIGHT:
-        w_raw = tl.load(W + cols, mask=cols < N, other=0.0)
+        if W_HEADS:  # each row's own head's weight row
+            w_offs = (rows - (rows // HEADS) * HEADS).to(tl.int64) * stride_w
+            w_raw = tl.load(W + w_offs[:, None] + cols[None, :], mask=mask, other=0.0)
+        else:
+            w_raw = tl.load(W + cols, mask=cols < N, other=0.0)
     v = tl.sum(x * x, axis=1) / N + eps
     rstd = _rsqrt_rn(v)
     if STORE_RSTD:
@@ -883,7 +893,10 @@ def _heads_forward_block(
     if CASTING == 1:
         xn = xn.to(X.dtype.element_ty).to(tl.float32)
     if HAS_WEIGHT:
-        xn = xn * (offset + w_raw.to(tl.float32))[None, :]
+        if W_HEADS:
+            xn = xn * (offset + w_raw.to(tl.float32))
+        else:
+            xn = xn * (offset + w_raw.to(tl.float32))[None, :]
     y_ptrs = Y + rows.to(tl.int64)[:, None] * N + cols[None, :]
     tl.store(y_ptrs, xn.to(Y.dtype.element_ty), mask=mask)
 
@@ -891,7 +904,7 @@ def _heads_forward_block(
 @triton.jit
 def heads_forward(
     X0,  # tensor 0's rows (q), read at token * stride_t0 + head * stride_h0   [M0 = T0 * HEADS0, N]
-    W0,  # its weight (if HAS_WEIGHT)                                          [N]
+    W0,  # its weight (if HAS_WEIGHT)                                 [N], or [HEADS0, N] (W_HEADS0)
     Y0,  # its output, contiguous                                              [M0, N]
     RSTD0,  # its per-row r (if STORE_RSTD)                                     [M0]
     X1,  # tensor 1 (k), the same (unused without TWO)
@@ -902,15 +915,19 @@ def heads_forward(
     HEADS0,
     stride_t0,
     stride_h0,
+    stride_w0,  # W0's head stride (W_HEADS0)
     M1,
     HEADS1,
     stride_t1,
     stride_h1,
+    stride_w1,
     blocks0,  # programs of tensor 0: ceil(M0 / ROWS)
     N,
     eps,
     offset,
     HAS_WEIGHT: tl.constexpr,
+    W_HEADS0: tl.constexpr,  # W0 is per head
+    W_HEADS1: tl.constexpr,
     CASTING: tl.constexpr,
     BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr,
@@ -920,50 +937,75 @@ def heads_forward(
     pid = tl.program_id(0)
     if TWO:
         if pid < blocks0:
-            _heads_forward_block(X0, W0, Y0, RSTD0, pid, M0, HEADS0, stride_t0, stride_h0, N, eps, offset,
-                                 HAS_WEIGHT, CASTING, BLOCK_N, ROWS, STORE_RSTD)  # fmt: skip
+            _heads_forward_block(X0, W0, Y0, RSTD0, pid, M0, HEADS0, stride_t0, stride_h0, stride_w0, N, eps, offset,
+                                 HAS_WEIGHT, W_HEADS0, CASTING, BLOCK_N, ROWS, STORE_RSTD)  # fmt: skip
         else:
-            _heads_forward_block(X1, W1, Y1, RSTD1, pid - blocks0, M1, HEADS1, stride_t1, stride_h1, N, eps,
-                                 offset, HAS_WEIGHT, CASTING, BLOCK_N, ROWS, STORE_RSTD)  # fmt: skip
+            _heads_forward_block(X1, W1, Y1, RSTD1, pid - blocks0, M1, HEADS1, stride_t1, stride_h1, stride_w1, N,
+                                 eps, offset, HAS_WEIGHT, W_HEADS1, CASTING, BLOCK_N, ROWS, STORE_RSTD)  # fmt: skip
     else:
-        _heads_forward_block(X0, W0, Y0, RSTD0, pid, M0, HEADS0, stride_t0, stride_h0, N, eps, offset,
-                             HAS_WEIGHT, CASTING, BLOCK_N, ROWS, STORE_RSTD)  # fmt: skip
+        _heads_forward_block(X0, W0, Y0, RSTD0, pid, M0, HEADS0, stride_t0, stride_h0, stride_w0, N, eps, offset,
+                             HAS_WEIGHT, W_HEADS0, CASTING, BLOCK_N, ROWS, STORE_RSTD)  # fmt: skip
+
+
+@triton.jit
+def _heads_backward_rows(
+    X, DY, RSTD, DX, rows, row_ok, scale, dw_acc, HEADS, sx_t, sx_h, sdy_t, sdy_h, N,
+    HAS_WEIGHT: tl.constexpr, COMPUTE_DW: tl.constexpr, CASTING: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """backward_tile's step over one block of rows: dx stored, the block's dy * xn added to dw_acc."""
+    cols = tl.arange(0, BLOCK_N)
+    mask = row_ok[:, None] & (cols < N)[None, :]
+    x_offs = _head_offsets(rows, HEADS, sx_t, sx_h)
+    dy_offs = _head_offsets(rows, HEADS, sdy_t, sdy_h)
+    x_raw = tl.load(X + x_offs[:, None] + cols[None, :], mask=mask, other=0.0)
+    dy = tl.load(DY + dy_offs[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
+    xn = x_raw.to(tl.float32) * rstd[:, None]
+    if HAS_WEIGHT:
+        u = dy * scale[None, :]
+    else:
+        u = dy
+    c = tl.sum(u * xn, axis=1) / N
+    dx = (u - xn * c[:, None]) * rstd[:, None]
+    tl.store(DX + rows.to(tl.int64)[:, None] * N + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+    if COMPUTE_DW:
+        if CASTING == 1:
+            xn = xn.to(x_raw.dtype).to(tl.float32)
+        dw_acc += dy * xn
+    return dw_acc
 
 
 @triton.jit
 def _heads_backward_program(
-    X, W, DY, RSTD, DX, DW_PARTIAL, p, programs, M, HEADS, sx_t, sx_h, sdy_t, sdy_h, N, offset,
-    HAS_WEIGHT: tl.constexpr, COMPUTE_DW: tl.constexpr, CASTING: tl.constexpr, BLOCK_N: tl.constexpr,
-    ROWS: tl.constexpr,
+    X, W, DY, RSTD, DX, DW_PARTIAL, p, programs, M, HEADS, sx_t, sx_h, sdy_t, sdy_h, stride_w, N, offset,
+    HAS_WEIGHT: tl.constexpr, W_HEADS: tl.constexpr, COMPUTE_DW: tl.constexpr, CASTING: tl.constexpr,
+    BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
 ):  # fmt: skip
     """backward_tile's program ``p`` of ``programs`` (persistent over row blocks, its dw share
-    written to its own scratch row), x and dy read at per-head offsets, dx written contiguously."""
+    written to its own scratch row), x and dy read at per-head offsets, dx written contiguously.
+    With W_HEADS, program p takes head p % HEADS only (``programs`` a multiple of HEADS)."""
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < N
-    if HAS_WEIGHT:
-        scale = offset + tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
     dw_acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
-    for first in range(p * ROWS, M, programs * ROWS):
-        rows = first + tl.arange(0, ROWS)
-        row_ok = rows < M
-        mask = row_ok[:, None] & col_ok[None, :]
-        x_offs = _head_offsets(rows, HEADS, sx_t, sx_h)
-        dy_offs = _head_offsets(rows, HEADS, sdy_t, sdy_h)
-        x_raw = tl.load(X + x_offs[:, None] + cols[None, :], mask=mask, other=0.0)
-        dy = tl.load(DY + dy_offs[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
-        xn = x_raw.to(tl.float32) * rstd[:, None]
+    if W_HEADS:
+        head = p % HEADS
+        tokens = M // HEADS
+        w_row = tl.load(W + head.to(tl.int64) * stride_w + cols, mask=col_ok, other=0.0)
+        scale = offset + w_row.to(tl.float32)
+        for first in range(p // HEADS * ROWS, tokens, programs // HEADS * ROWS):
+            token = first + tl.arange(0, ROWS)
+            dw_acc = _heads_backward_rows(X, DY, RSTD, DX, token * HEADS + head, token < tokens, scale, dw_acc,
+                                          HEADS, sx_t, sx_h, sdy_t, sdy_h, N, HAS_WEIGHT, COMPUTE_DW, CASTING,
+                                          BLOCK_N)  # fmt: skip
+    else:
         if HAS_WEIGHT:
-            u = dy * scale[None, :]
+            scale = offset + tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
         else:
-            u = dy
-        c = tl.sum(u * xn, axis=1) / N
-        dx = (u - xn * c[:, None]) * rstd[:, None]
-        tl.store(DX + rows.to(tl.int64)[:, None] * N + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
-        if COMPUTE_DW:
-            if CASTING == 1:
-                xn = xn.to(x_raw.dtype).to(tl.float32)
-            dw_acc += dy * xn
+            scale = offset  # (unused without a weight)
+        for first in range(p * ROWS, M, programs * ROWS):
+            rows = first + tl.arange(0, ROWS)
+            dw_acc = _heads_backward_rows(X, DY, RSTD, DX, rows, rows < M, scale, dw_acc, HEADS, sx_t, sx_h, sdy_t,
+                                          sdy_h, N, HAS_WEIGHT, COMPUTE_DW, CASTING, BLOCK_N)  # fmt: skip
     if COMPUTE_DW:
         dw_row = tl.sum(dw_acc, axis=0).to(DW_PARTIAL.dtype.element_ty)
         tl.store(DW_PARTIAL + p.to(tl.int64) * N + cols, dw_row, mask=col_ok)
@@ -972,7 +1014,7 @@ def _heads_backward_program(
 @triton.jit
 def heads_backward(
     X0,  # tensor 0's saved input, per-head offsets (sx_t0, sx_h0)             [M0, N]
-    W0,
+    W0,  # its weight: [N], or [HEADS0, N] (W_HEADS0)
     DY0,  # gradient of its y, per-head offsets (sdy_t0, sdy_h0)               [M0, N]
     RSTD0,
     DX0,  # contiguous                                                        [M0, N]
@@ -989,17 +1031,21 @@ def heads_backward(
     sx_h0,
     sdy_t0,
     sdy_h0,
+    sw0,  # W0's head stride (W_HEADS0)
     M1,
     HEADS1,
     sx_t1,
     sx_h1,
     sdy_t1,
     sdy_h1,
-    programs0,
+    sw1,
+    programs0,  # a multiple of HEADS0 with W_HEADS0 (the same for tensor 1)
     programs1,
     N,
     offset,
     HAS_WEIGHT: tl.constexpr,
+    W_HEADS0: tl.constexpr,
+    W_HEADS1: tl.constexpr,
     COMPUTE_DW: tl.constexpr,
     CASTING: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -1010,12 +1056,13 @@ def heads_backward(
     if TWO:
         if pid < programs0:
             _heads_backward_program(X0, W0, DY0, RSTD0, DX0, P0, pid, programs0, M0, HEADS0, sx_t0, sx_h0,
-                                    sdy_t0, sdy_h0, N, offset, HAS_WEIGHT, COMPUTE_DW, CASTING, BLOCK_N,
-                                    ROWS)  # fmt: skip
+                                    sdy_t0, sdy_h0, sw0, N, offset, HAS_WEIGHT, W_HEADS0, COMPUTE_DW, CASTING,
+                                    BLOCK_N, ROWS)  # fmt: skip
         else:
             _heads_backward_program(X1, W1, DY1, RSTD1, DX1, P1, pid - programs0, programs1, M1, HEADS1, sx_t1,
-                                    sx_h1, sdy_t1, sdy_h1, N, offset, HAS_WEIGHT, COMPUTE_DW, CASTING, BLOCK_N,
-                                    ROWS)  # fmt: skip
+                                    sx_h1, sdy_t1, sdy_h1, sw1, N, offset, HAS_WEIGHT, W_HEADS1, COMPUTE_DW,
+                                    CASTING, BLOCK_N, ROWS)  # fmt: skip
     else:
         _heads_backward_program(X0, W0, DY0, RSTD0, DX0, P0, pid, programs0, M0, HEADS0, sx_t0, sx_h0, sdy_t0,
-                                sdy_h0, N, offset, HAS_WEIGHT, COMPUTE_DW, CASTING, BLOCK_N, ROWS)  # fmt: skip
+                                sdy_h0, sw0, N, offset, HAS_WEIGHT, W_HEADS0, COMPUTE_DW, CASTING, BLOCK_N,
+                                ROWS)  # fmt: skip

@@ -792,11 +792,19 @@ def head_rows_or_copy(t: Tensor, n: int) -> HeadRows:
     return rows if rows is not None else head_rows(t.contiguous(), n)
 
 
+def _weight_head_stride(w: Tensor | None) -> tuple[bool, int]:
+    """(per head, head stride) of a group's weight: (N,) contiguous is shared by every row, (H, N)
+    with unit stride along N has a row per head."""
+    if w is None or w.dim() == 1:
+        return False, 0
+    return True, w.stride(0)
+
+
 def forward_heads(groups: list, eps: float, offset: float, casting: int, want_rstd: bool = True) -> list:
     """One launch of heads_forward over one or two ``(HeadRows, weight, out_dtype, shape)``
-    groups (rows of one width N <= FORWARD_MAX_TILE; the weights, 1-D contiguous, all given or
-    all None). Returns ``(y, rstd)`` per group: y contiguous of ``shape``, rstd fp32 of
-    ``shape[:-1]`` (None without ``want_rstd``)."""
+    groups (rows of one width N <= FORWARD_MAX_TILE; the weights all given or all None, each (N,)
+    contiguous or (H, N) with unit stride along N, H the rows' heads). Returns ``(y, rstd)`` per
+    group: y contiguous of ``shape``, rstd fp32 of ``shape[:-1]`` (None without ``want_rstd``)."""
     outs = []
     for rows, _w, out_dtype, shape in groups:
         device = rows.t.device
@@ -810,26 +818,28 @@ def forward_heads(groups: list, eps: float, offset: float, casting: int, want_rs
     n = live[0][0][0].t.shape[-1]
     block_n, rows_per, num_warps = forward_config(n)
     has_weight = live[0][0][1] is not None
-    tensors, scalars, blocks = [], [], []
-    for (rows, w, _dtype, _shape), (y, rstd) in live:
+    tensors, scalars, blocks, per_head = [], [], [], [False, False]
+    for i, ((rows, w, _dtype, _shape), (y, rstd)) in enumerate(live):
+        per_head[i], stride_w = _weight_head_stride(w)
         tensors += [rows.t, w if w is not None else rows.t, y, rstd if rstd is not None else y]
-        scalars += [rows.m, rows.heads, rows.stride_t, rows.stride_h]
+        scalars += [rows.m, rows.heads, rows.stride_t, rows.stride_h, stride_w]
         blocks.append((rows.m + rows_per - 1) // rows_per)
     two = len(live) == 2
     if not two:  # tensor 1's parameters get tensor 0's (unused)
         tensors += tensors[:4]
-        scalars += [0, 1, 0, 0]
+        scalars += [0, 1, 0, 0, 0]
     args = (*tensors, *scalars, blocks[0], n, eps, offset)
-    constexprs = (has_weight, casting, block_n, rows_per, want_rstd, two)
+    constexprs = (has_weight, *per_head, casting, block_n, rows_per, want_rstd, two)
     _heads_forward((sum(blocks), 1, 1), args, num_warps, constexprs)
     return outs
 
 
 def backward_heads(groups: list, offset: float, casting: int) -> list:
     """One launch of heads_backward over one or two ``(x HeadRows, dy HeadRows, weight, rstd,
-    dx_dtype, need_dw, shape)`` groups (rstd contiguous, as forward_heads returns it), then the
-    dw reductions. Returns ``(dx, dw)`` per group: dx contiguous of ``shape``; dw (N,) in the
-    weight's dtype, None without need_dw or a weight."""
+    dx_dtype, need_dw, shape)`` groups (rstd contiguous, as forward_heads returns it; weights as
+    there), then the dw reductions. Returns ``(dx, dw)`` per group: dx contiguous of ``shape``;
+    dw of the weight's shape ((N,) or (H, N): a sum over tokens per head) and dtype, None without
+    need_dw or a weight."""
     outs, live = [], []
     compute_dw = any(need and w is not None for _x, _dy, w, _r, _dt, need, _s in groups)
     n = groups[0][0].t.shape[-1]
@@ -838,38 +848,47 @@ def backward_heads(groups: list, offset: float, casting: int) -> list:
         x, dy, w, rstd, dx_dtype, need_dw, shape = group
         device = x.t.device
         dx = torch.empty(*shape, dtype=dx_dtype, device=device)
-        dw = torch.empty(n, dtype=w.dtype, device=device) if compute_dw and w is not None else None
+        per_head, _stride_w = _weight_head_stride(w)
+        dw = torch.empty(w.shape, dtype=w.dtype, device=device) if compute_dw and w is not None else None
         outs.append((dx, dw))
         if x.m == 0:
             if dw is not None:
                 dw.zero_()
             continue
-        programs = backward_programs((x.m + rows_per - 1) // rows_per, per_sm, sm_count(device))
+        if per_head:  # programs per head: dw's reduction must not sum across heads
+            blocks = (x.m // x.heads + rows_per - 1) // rows_per  # each head's row blocks
+            per = backward_programs(blocks * x.heads, per_sm, sm_count(device)) // x.heads
+            programs = x.heads * min(blocks, max(1, per))
+        else:
+            programs = backward_programs((x.m + rows_per - 1) // rows_per, per_sm, sm_count(device))
         if not compute_dw:
             partial = rstd
-        elif programs == 1:  # one program sums every row itself and writes the final dw
+        elif programs == (x.heads if per_head else 1):  # one program per dw row: it writes the final dw
             partial = dw
         else:
             partial = _scratch(programs, n, dtype=torch.float32, device=device)
         live.append((group, dx, dw, programs, partial))
     if not live:
         return [(dx, dw if need else None) for (dx, dw), (*_, need, _s) in zip(outs, groups)]
-    tensors, x_scalars, programs = [], [], []
-    for (x, dy, w, rstd, *_), dx, _dw, progs, partial in live:
+    tensors, x_scalars, programs, per_head = [], [], [], [False, False]
+    for i, ((x, dy, w, rstd, *_), dx, _dw, progs, partial) in enumerate(live):
+        per_head[i], stride_w = _weight_head_stride(w)
         tensors += [x.t, w if w is not None else x.t, dy.t, rstd, dx, partial]
-        x_scalars += [x.m, x.heads, x.stride_t, x.stride_h, dy.stride_t, dy.stride_h]
+        x_scalars += [x.m, x.heads, x.stride_t, x.stride_h, dy.stride_t, dy.stride_h, stride_w]
         programs.append(progs)
     two = len(live) == 2
     if not two:
         tensors += tensors[:6]
-        x_scalars += [0, 1, 0, 0, 0, 0]
+        x_scalars += [0, 1, 0, 0, 0, 0, 0]
         programs.append(0)
     has_weight = live[0][0][2] is not None
     args = (*tensors, *x_scalars, *programs, n, offset)
-    constexprs = (has_weight, compute_dw, casting, block_n, rows_per, two)
+    constexprs = (has_weight, *per_head, compute_dw, casting, block_n, rows_per, two)
     _heads_backward((programs[0] + programs[1], 1, 1), args, num_warps, constexprs)
     for _group, _dx, dw, progs, partial in live:
         if dw is not None and partial is not dw:
-            grid, warps, reduce_constexprs = _reduce_plan(n, progs)
-            _reduce_columns(grid, (partial, dw, progs, n), warps, reduce_constexprs)
+            # per head: the scratch (programs / H, H * N), row p its (p // H, p % H) entry
+            width = dw.numel()
+            grid, warps, reduce_constexprs = _reduce_plan(width, progs * n // width)
+            _reduce_columns(grid, (partial, dw, progs * n // width, width), warps, reduce_constexprs)
     return [(dx, dw if need else None) for (dx, dw), (*_, need, _s) in zip(outs, groups)]

@@ -502,7 +502,9 @@ def _backward_composite(
     xf, dyf = xh.to(cdt), dy.to(cdt)
     r = torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
     xn = xf * r
-    u = dyf * (offset + weight.reshape(n).to(cdt)) if weight is not None else dyf
+    # qk_norm's per-head (H, n) weight broadcasts over the heads; any other weight is n elements
+    w_shape = (n,) if weight is None or weight.numel() == n else tuple(weight.shape)
+    u = dyf * (offset + weight.reshape(w_shape).to(cdt)) if weight is not None else dyf
     dx = (u - xn * (u * xn).mean(-1, keepdim=True)) * r
     if dh is not None:
         dx = dx + dh.to(cdt)
@@ -510,7 +512,7 @@ def _backward_composite(
     if need_dw and weight is not None:
         if casting == contract.CAST_LLAMA:
             xn = xn.to(xh.dtype).to(cdt)
-        dw = (dyf * xn).reshape(-1, n).sum(0).to(weight.dtype).reshape(weight.shape)
+        dw = (dyf * xn).reshape(-1, *w_shape).sum(0).to(weight.dtype).reshape(weight.shape)
     dx = dx.to(dx_dtype)
     if hasattr(xh, "device_mesh") and hasattr(dx, "device_mesh"):  # DTensors
         dx, dw = _placed_as_torch(xh, dx, dw)
@@ -766,9 +768,10 @@ def qk_norm(
     the per-head norm of Qwen3-, OLMo2- and Gemma3-style attention (Gemma's ``offset=1.0``), q
     (..., Hq, D) and k (..., Hk, D) any views with unit stride along D whose leading dims flatten
     to one stride (``qkv[:, :q_size].view(T, Hq, D)``), read in place; others are copied first.
-    Forward and backward (one backward launch for both). contract.validate_qk says what it takes;
-    what the launch does not run (rows wider than a tile, transforms, allow_fallback) takes two
-    ``rms_norm`` calls, whose results these equal."""
+    A weight is (D,) or per head, (Hq, D) for q and (Hk, D) for k: row h scales head h. Forward
+    and backward (one backward launch for both). contract.validate_qk says what it takes; what
+    the launch does not run (rows wider than a tile, transforms, allow_fallback) takes two
+    ``rms_norm`` calls (``_qk_apart``), whose results these equal."""
     if not torch.compiler.is_compiling() and has_torch_function((q, k, q_weight, k_weight)):
         return handle_torch_function(
             qk_norm, (q, k, q_weight, k_weight), q, k, q_weight, k_weight, eps, offset=offset, casting=casting,
@@ -789,7 +792,7 @@ def qk_norm(
     n = q.shape[-1]
     if transformed or unsupported or not 0 < n <= launch.FORWARD_MAX_TILE:
         kw = {"offset": offset, "casting": casting, "allow_fallback": allow_fallback}
-        return rms_norm(q, (n,), q_weight, eps, **kw), rms_norm(k, (n,), k_weight, eps, **kw)
+        return _qk_apart(q, q_weight, eps, kw), _qk_apart(k, k_weight, eps, kw)
     eps, offset = float(eps), float(offset)
     if not torch.compiler.is_compiling():
         q, k, q_weight, k_weight = (_resolve_neg(t) for t in (q, k, q_weight, k_weight))
@@ -799,6 +802,31 @@ def qk_norm(
         q, k, q_weight, k_weight, eps, offset, launch.CASTING_MODES[casting], q_out, k_out
     )
     return yq, yk
+
+
+def _qk_apart(x: Tensor, weight: Tensor | None, eps, kw: dict) -> Tensor:
+    """One of q and k where the launch does not run: ``rms_norm`` over D. With a per-head weight,
+    which ``rms_norm`` does not take, x * r comes from ``rms_norm`` without a weight (fp32; x's
+    dtype for float64) and the casting mode's weight product follows in torch ops, as the
+    kernels compute it."""
+    n = x.shape[-1]
+    if weight is None or weight.dim() == 1:
+        return rms_norm(x, (n,), weight, eps, **kw)
+    offset, casting = kw["offset"], kw["casting"]
+    wide = None if x.dtype == torch.float64 else torch.float32
+    xn = rms_norm(x, (n,), None, eps, out_dtype=wide, allow_fallback=kw["allow_fallback"])
+    if casting in contract.PROMOTING_CASTINGS:  # Llama's: x * r rounded to x's dtype first
+        xn = xn.to(x.dtype).to(xn.dtype)
+    out_dtype = contract.output_dtype(x.dtype, weight, casting, None, _autocast_float32(x))
+    return (xn * (offset + weight.to(xn.dtype))).to(out_dtype)
+
+
+def _head_weight(weight: Tensor | None, n: int) -> Tensor | None:
+    """qk_norm's weight as the kernels read it: _weight_row's (n,), or a per-head (H, n) with
+    unit stride along n (copied otherwise)."""
+    if weight is None or weight.dim() == 1:
+        return _weight_row(weight, n)
+    return weight if weight.stride(-1) == 1 or n == 1 else weight.contiguous()
 
 
 def _qk_forward_impl(
@@ -815,8 +843,8 @@ def _qk_forward_impl(
     """(yq, rq, yk, rk): y contiguous in the input's shape, r fp32 without the last dim."""
     n = q.shape[-1]
     groups = [
-        (launch.head_rows_or_copy(q, n), _weight_row(q_weight, n), q_out_dtype, q.shape),
-        (launch.head_rows_or_copy(k, n), _weight_row(k_weight, n), k_out_dtype, k.shape),
+        (launch.head_rows_or_copy(q, n), _head_weight(q_weight, n), q_out_dtype, q.shape),
+        (launch.head_rows_or_copy(k, n), _head_weight(k_weight, n), k_out_dtype, k.shape),
     ]
     (yq, rq), (yk, rk) = launch.forward_heads(groups, eps, offset, casting)
     _COUNTS["forward"] += 1
@@ -856,7 +884,7 @@ def _qk_backward_impl(
     for x, dy, w, r in ((q, dyq, q_weight, rq), (k, dyk, k_weight, rk)):
         dy = _resolve_neg(dy)
         rows = launch.head_rows_or_copy(x, n)
-        groups.append((rows, launch.head_rows_or_copy(dy, n), _weight_row(w, n), r.reshape(-1), x.dtype, need_dw,
+        groups.append((rows, launch.head_rows_or_copy(dy, n), _head_weight(w, n), r.reshape(-1), x.dtype, need_dw,
                        x.shape))  # fmt: skip
     (dq, dwq), (dk, dwk) = launch.backward_heads(groups, offset, casting)
     _COUNTS["backward"] += 1

@@ -10,7 +10,8 @@ passes through, its outputs (y, h, r) sharded on the same dimension; the weight 
 replicated x gives replicated outputs. The weight's gradient from row-sharded input is
 ``Partial("sum")``: each rank's sum over its own rows, reduced where it is used, as torch's.
 qk_norm's rule is that rule for q and for k side by side (a head is a row: tensor parallel's
-heads pass through as sequence parallel's tokens do), q's and k's placements chosen apart. A
+heads pass through as sequence parallel's tokens do), q's and k's placements chosen apart; a
+per-head (H, D) weight goes with its tensor's heads (sharded on them, or replicated). A
 normalised dimension that arrives sharded is not among the rule's inputs: DTensor redistributes
 it (gathers the rows whole) before the kernels run, as it does for ``F.rms_norm``, rather than
 refusing the call or computing r from a reduction of partial sums of squares across the mesh
@@ -119,29 +120,46 @@ def _qk_placements(q, k) -> list[tuple]:
     return [(r, r), *same, *mixed]
 
 
+def _qk_weight(p, t, w):
+    """A weight's placement beside its tensor ``t`` in ``p``: a per-head (H, D) weight is sharded
+    on its heads where t's heads (dim -2) are, each rank's rows meeting their own heads' weights;
+    else replicated (None for no weight)."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    if w is None:
+        return None
+    if len(w.shape) == 2 and p == Shard(len(t.shape) - 2):
+        return Shard(0)
+    return Replicate()
+
+
 def _qk_forward_rule(q, k, q_weight, k_weight, eps, offset, casting, q_out_dtype, k_out_dtype):
     # rmsnorm_kernel::qk_forward -> (yq, rq, yk, rk); r is y's shape without the last dim.
-    from torch.distributed.tensor import Replicate
-
-    w = Replicate() if q_weight is not None else None
-    return [([p, p, pk, pk], [p, pk, w, w, *[None] * 5]) for p, pk in _qk_placements(q, k)]
+    return [
+        ([p, p, pk, pk], [p, pk, _qk_weight(p, q, q_weight), _qk_weight(pk, k, k_weight), *[None] * 5])
+        for p, pk in _qk_placements(q, k)
+    ]
 
 
 def _qk_backward_rule(dyq, dyk, q, k, q_weight, k_weight, rq, rk, offset, casting, need_dw):
     # rmsnorm_kernel::qk_backward -> (dq, dwq, dk, dwk); dw empty unless need_dw and weights.
     from torch.distributed.tensor import Partial, Replicate, Shard
 
-    r = Replicate()
-    w = r if q_weight is not None else None
     with_dw = q_weight is not None and bool(need_dw)
 
-    def dw(p):  # each rank sums dw over its own rows: the whole dw is the sum over the mesh
-        return Partial("sum") if with_dw and isinstance(p, Shard) else r
+    def dw(p, w_at):
+        if not with_dw:
+            return Replicate()
+        if w_at == Shard(0):  # a per-head dw of sharded heads: each rank's own heads, whole
+            return w_at
+        # each rank sums dw over its own rows: the whole dw is the sum over the mesh
+        return Partial("sum") if isinstance(p, Shard) else Replicate()
 
-    return [
-        ([p, dw(p), pk, dw(pk)], [p, pk, p, pk, w, w, p, pk, None, None, None])
-        for p, pk in _qk_placements(q, k)
-    ]
+    rules = []
+    for p, pk in _qk_placements(q, k):
+        wq, wk = _qk_weight(p, q, q_weight), _qk_weight(pk, k, k_weight)
+        rules.append(([p, dw(p, wq), pk, dw(pk, wk)], [p, pk, p, pk, wq, wk, p, pk, None, None, None]))
+    return rules
 
 
 RULES = {

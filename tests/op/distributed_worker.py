@@ -304,11 +304,12 @@ def host_operators(w: World):
     return out
 
 
-def _qk_case(w: World, q_at, k_at, dtype, heads):
+def _qk_case(w: World, q_at, k_at, dtype, heads, per_head=False):
     """qk_norm on DTensors q (T, Hq, D) in ``q_at`` and k (T, Hk, D) in ``k_at``, the weights
-    replicated, against per-head F.rms_norm on the same DTensors (torch's placements and values)
-    and against the full tensors: y, dq, dk and both weights' gradients."""
-    from torch.distributed.tensor import Replicate
+    replicated (per head: (H, D), sharded with the heads where they are), against per-head
+    F.rms_norm on the same DTensors (times the weight, per head) for torch's placements and
+    values, and against the full tensors: y, dq, dk and both weights' gradients."""
+    from torch.distributed.tensor import Replicate, Shard
 
     eps, r = 1e-6, Replicate()
     tokens = 2 * w.size  # two tokens per rank under Shard(0); the heads a multiple of the ranks
@@ -316,13 +317,14 @@ def _qk_case(w: World, q_at, k_at, dtype, heads):
         w.tensor(tokens, heads[0], H, dtype=dtype, seed=1),
         w.tensor(tokens, heads[1], H, dtype=dtype, seed=4),
     )
-    wq, wk = w.tensor(H, dtype=dtype, seed=2), w.tensor(H, dtype=dtype, seed=5)
+    wq, wk = (w.tensor(*([h] if per_head else []), H, dtype=dtype, seed=s) for h, s in zip(heads, (2, 5)))
     dyq, dyk = w.tensor(*q.shape, dtype=dtype, seed=3), w.tensor(*k.shape, dtype=dtype, seed=6)
     tol = OP_TOL[dtype]
-    what = f"q {q_at}, k {k_at}, {dtype}"
+    what = f"q {q_at}, k {k_at}, {dtype}" + (", per-head weights" if per_head else "")
+    wq_at, wk_at = (Shard(0) if per_head and at == Shard(1) else r for at in (q_at, k_at))
 
     def run(norm):
-        args = [w.dt(q, q_at), w.dt(k, k_at), w.dt(wq, r), w.dt(wk, r)]
+        args = [w.dt(q, q_at), w.dt(k, k_at), w.dt(wq, wq_at), w.dt(wk, wk_at)]
         yq, yk = norm(*args)
         loss = (yq * w.dt(dyq, q_at, grad=False)).sum() + (yk * w.dt(dyk, k_at, grad=False)).sum()
         loss.backward()
@@ -333,7 +335,10 @@ def _qk_case(w: World, q_at, k_at, dtype, heads):
     ran = {n: rmsnorm_kernel.CALLS[n] - before[n] for n in before}
     # one launch of the qk kernels each way on the local rows: not two rms_norm calls, no fallback
     assert ran == {"forward": 1, "backward": 1, "fallback": 0}, (what, ran)
-    theirs = run(lambda q, k, wq, wk: (F.rms_norm(q, (H,), wq, eps), F.rms_norm(k, (H,), wk, eps)))
+    if per_head:  # torch has no per-head weight: the product with F.rms_norm's output
+        theirs = run(lambda *a: tuple(F.rms_norm(x, (H,), None, eps) * w_ for x, w_ in (a[::2], a[1::2])))
+    else:
+        theirs = run(lambda q, k, wq, wk: (F.rms_norm(q, (H,), wq, eps), F.rms_norm(k, (H,), wk, eps)))
     full = [t.clone().requires_grad_() for t in (q, k, wq, wk)]
     yq_f, yk_f = (rms_norm_reference(x, w_, eps) for x, w_ in ((full[0], full[2]), (full[1], full[3])))
     ((yq_f * dyq).sum() + (yk_f * dyk).sum()).backward()
@@ -366,12 +371,17 @@ def qk_norm_heads(w: World):
     out["q Shard(1), k Replicate()"] = _qk_case(
         w, Shard(1), Replicate(), torch.float32, heads=(2 * w.size, 1)
     )
+    for q_at, k_at in ((Shard(1), Shard(1)), (Shard(0), Replicate())):  # per-head (H, D) weights
+        heads = (2 * w.size, w.size)
+        out[f"per head, q {q_at}, k {k_at}"] = _qk_case(w, q_at, k_at, torch.float32, heads, per_head=True)
     if w.size > 1:  # where a placement is not free to change, the rule's own
         heads = out[f"q {Shard(1)}, k {Shard(1)}, {torch.float32}"]
         assert heads["yq"] == heads["dk"] == str((Shard(1),)), heads
         assert heads["dwq"] == heads["dwk"] == str((Partial("sum"),)), heads
         mixed = out["q Shard(1), k Replicate()"]
         assert mixed["yk"] == mixed["dk"] == mixed["dwk"] == str((Replicate(),)), mixed
+        per_head = out[f"per head, q {Shard(1)}, k {Shard(1)}"]  # each rank's own heads' dw, whole
+        assert per_head["dwq"] == per_head["dwk"] == str((Shard(0),)), per_head
     return out
 
 

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 import rmsnorm_kernel
 from rmsnorm_kernel import contract, launch, ops
+from rmsnorm_kernel.contract import InvalidArgument
 
 from ..conftest import INTERPRET, KERNEL_DEVICES
 
@@ -344,7 +345,12 @@ def _qk(**over):
 BAD_QK = [
     ("head dims differ", _qk(k=torch.randn(2, 2, 4)), ValueError, "share the head dim"),
     ("one weight", _qk(k_weight=None), ValueError, "both or neither"),
-    ("per-head weight", _qk(q_weight=torch.ones(4, 8)), ValueError, "(head_dim,)"),
+    ("weight of other heads", _qk(k_weight=torch.ones(4, 8)), InvalidArgument, "(heads, head_dim) = (2, 8)"),
+    ("weight (D, H)", _qk(q_weight=torch.ones(8, 4)), InvalidArgument, "= (4, 8), got (8, 4)"),
+    ("3-D weight", _qk(q_weight=torch.ones(2, 4, 8)), InvalidArgument, "q_weight must have shape"),
+    ("weight of D - 1", _qk(q_weight=torch.ones(4, 7)), InvalidArgument, "(head_dim,) = (8,)"),
+    ("(1, D), 1-D q", _qk(q=torch.randn(8), q_weight=torch.ones(1, 8)), InvalidArgument, "(8,), got (1, 8)"),
+    ("weight on meta", _qk(q_weight=torch.ones(4, 8, device="meta")), InvalidArgument, "device"),
     ("dtypes differ", _qk(k=torch.randn(2, 2, 8, dtype=torch.float16)), TypeError, "share a dtype"),
     ("q not a tensor", _qk(q=[[1.0]]), TypeError, "q must be a torch.Tensor"),
     ("scalar k", _qk(k=torch.tensor(1.0)), ValueError, "at least one dimension"),
@@ -365,8 +371,210 @@ BAD_QK = [
 
 @pytest.mark.parametrize("call,exc,fragment", [c[1:] for c in BAD_QK], ids=[c[0] for c in BAD_QK])
 def test_qk_norm_refuses_bad_input_before_any_launch(call, exc, fragment, monkeypatch):
+    """Refused with the contract's class (InvalidArgument: also ValueError and RuntimeError, as
+    torch raises for a shape) and a message naming the argument, before any launch."""
     launched = []
     monkeypatch.setattr(launch, "_heads_forward", lambda *a: launched.append(a))
     with pytest.raises(exc, match=fragment.replace("(", r"\(").replace(")", r"\)")):
         call()
     assert launched == []
+
+
+# Per-head weights: q_weight (Hq, D) and k_weight (Hk, D), each or one of them (the other (D,)).
+# The reference is float64 torch, F.rms_norm without a weight times the weight row of each head
+# (Llama's casting rounds x * r to the input dtype first, as the op's casting mode does), with
+# the tolerances declared at the top.
+
+MIXES = {"both": (True, True), "q (D,), k per head": (False, True), "q per head, k (D,)": (True, False)}
+CASTS = [(torch.float32, 0.0, "default"), (torch.bfloat16, 1.0, "gemma"), (torch.float16, 0.0, "llama")]
+
+
+def _head_weights(d, hq, hk, mix, dtype, device, seed):
+    """(wq, wk): per head (H, D) or shared (D,) by ``mix``, seeded, leaves requiring grad."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(h, d) if per_head else (d,) for h, per_head in zip((hq, hk), MIXES[mix])]
+    return [(1 + 0.3 * torch.randn(s, generator=g)).to(dtype).to(device).requires_grad_() for s in shapes]
+
+
+def _per_head_oracle(qkv, hq, hk, d, wq, wk, gq, gk, dtype, offset, casting):
+    """float64 torch through the same views: (yq, yk, dqkv, dwq, dwk)."""
+    qkv64 = qkv.detach().double().requires_grad_()
+    ws = [w.detach().double().requires_grad_() for w in (wq, wk)]
+    ys = []
+    for x, w in zip(_views(qkv64, hq, hk, d), ws):
+        xn = F.rms_norm(x, (d,), None, EPS)
+        if casting == "llama":
+            xn = xn.to(dtype).double()
+        ys.append(xn * (offset + w))
+    ((ys[0] * gq.double()).sum() + (ys[1] * gk.double()).sum()).backward()
+    return ys[0].detach(), ys[1].detach(), qkv64.grad, ws[0].grad, ws[1].grad
+
+
+@pytest.mark.parametrize("device", DEVICE)
+@pytest.mark.parametrize("mix", list(MIXES))
+@pytest.mark.parametrize("dtype,offset,casting", CASTS, ids=["fp32", "bf16-gemma", "fp16-llama"])
+@pytest.mark.parametrize("hq,hk", HEADS)
+def test_per_head_weights_match_torch_forward_and_backward(device, mix, dtype, offset, casting, hq, hk):
+    """y, the gradient of qkv through the q and k views, and each weight's gradient (per head:
+    a sum over the tokens of that head only), 37 tokens (several backward programs per head)."""
+    t, d = 37, 16
+    qkv = _fused(t, hq, hk, d, dtype, device, seed=hq + 3 * hk).requires_grad_()
+    wq, wk = _head_weights(d, hq, hk, mix, dtype, device, seed=hq)
+    q, k = _views(qkv, hq, hk, d)
+    yq, yk = rmsnorm_kernel.qk_norm(q, k, wq, wk, EPS, offset=offset, casting=casting)
+    g = torch.Generator().manual_seed(5)
+    gq, gk = (torch.randn(y.shape, generator=g).to(y.dtype).to(device) for y in (yq, yk))
+    ((yq * gq).sum() + (yk * gk).sum()).backward()
+    oq, ok, dqkv, dwq, dwk = _per_head_oracle(qkv, hq, hk, d, wq, wk, gq, gk, dtype, offset, casting)
+    assert yq.shape == q.shape and yk.shape == k.shape and yq.dtype == yk.dtype == dtype
+    assert wq.grad.shape == wq.shape and wk.grad.shape == wk.shape
+    _close(yq, oq, TOL[dtype])
+    _close(yk, ok, TOL[dtype])
+    _close(qkv.grad, dqkv, GRAD_TOL[dtype])
+    _close(wq.grad, dwq, GRAD_TOL[dtype])
+    _close(wk.grad, dwk, GRAD_TOL[dtype])
+
+
+@pytest.mark.parametrize("device", DEVICE)
+@pytest.mark.parametrize("dtype,offset,casting", CASTS, ids=["fp32", "bf16-gemma", "fp16-llama"])
+def test_per_head_weight_of_equal_rows_keeps_the_shared_weights_bits(device, dtype, offset, casting):
+    """An (H, D) weight whose rows are all one (D,) weight gives that weight's y and dx bits (the
+    same math and launch plan; the row is read per head), and dw rows that sum to its dw."""
+    hq, hk, t, d = 4, 2, 21, 32
+    qkv = _fused(t, hq, hk, d, dtype, device, seed=31).requires_grad_()
+    q, k = _views(qkv, hq, hk, d)
+    shared = [w.detach() for w in _weights(d, dtype, device, seed=31)]
+    rows = [w.expand(h, d).clone() for w, h in zip(shared, (hq, hk))]
+    g = torch.Generator().manual_seed(2)
+    gq, gk = (torch.randn(x.shape, generator=g).to(dtype).to(device) for x in (q, k))
+    got = {}
+    for name, (wq, wk) in (("shared", shared), ("rows", rows)):
+        wq, wk = wq.clone().requires_grad_(), wk.clone().requires_grad_()
+        yq, yk = rmsnorm_kernel.qk_norm(q, k, wq, wk, EPS, offset=offset, casting=casting)
+        got[name] = (yq, yk, *torch.autograd.grad((yq, yk), (qkv, wq, wk), (gq, gk)))
+    for a, b in zip(got["shared"][:3], got["rows"][:3]):  # yq, yk, dqkv
+        assert torch.equal(a, b)
+    for dw, dw_rows in zip(got["shared"][3:], got["rows"][3:]):
+        _close(dw_rows.double().sum(0), dw, GRAD_TOL[dtype])
+
+
+@pytest.mark.parametrize("device", DEVICE)
+def test_per_head_weights_one_launch_each_way_no_copy(device, monkeypatch):
+    """q, k and both per-head weights are read where they lie, a weight with a row stride wider
+    than D (a slice of a larger parameter) too: one heads_forward and one heads_backward launch,
+    no row kernels."""
+    hq, hk, d = 4, 2, 16
+    qkv = _fused(9, hq, hk, d, torch.float32, device, seed=3).requires_grad_()
+    q, k = _views(qkv, hq, hk, d)
+    big = torch.randn(hq, 2 * d, device=device) * 0.1 + 1
+    wq, wk = big[:, :d].detach().requires_grad_(), torch.ones(hk, d, device=device, requires_grad=True)
+    fwd, bwd = _Recorder(launch._heads_forward), _Recorder(launch._heads_backward)
+    monkeypatch.setattr(launch, "_heads_forward", fwd)
+    monkeypatch.setattr(launch, "_heads_backward", bwd)
+    row_kernels = {name: _Recorder(getattr(launch, name)) for name in ("_forward_tile", "_backward_tile")}
+    for name, recorder in row_kernels.items():
+        monkeypatch.setattr(launch, name, recorder)
+    yq, yk = rmsnorm_kernel.qk_norm(q, k, wq, wk, EPS)
+    (yq.sum() + yk.sum()).backward()
+    assert len(fwd.calls) == 1 and len(bwd.calls) == 1
+    assert all(r.calls == [] for r in row_kernels.values())
+    (x0, w0, *_, x1, w1, _y1, _r1), (bx0, bw0, *_) = fwd.calls[0], bwd.calls[0]
+    assert [x0.data_ptr(), x1.data_ptr(), bx0.data_ptr()] == [q.data_ptr(), k.data_ptr(), q.data_ptr()]
+    assert w0.data_ptr() == bw0.data_ptr() == big.data_ptr() and w1.data_ptr() == wk.data_ptr()
+    _close(wq.grad, _per_head_oracle(qkv, hq, hk, d, wq, wk, torch.ones_like(yq), torch.ones_like(yk),
+                                     torch.float32, 0.0, "default")[3], GRAD_TOL[torch.float32])  # fmt: skip
+
+
+@pytest.mark.parametrize("device", DEVICE)
+@pytest.mark.parametrize("path", ["vmap", "create_graph", "wide"])
+def test_per_head_weights_off_the_launch(device, path):
+    """Where the launch does not run: under vmap (torch ops), a backward with create_graph=True
+    (the composite backward), and a head dim wider than a tile (rms_norm without a weight, then
+    the weight product): torch's values and gradients."""
+    hq, hk = 2, 1
+    d = launch.FORWARD_MAX_TILE * 2 if path == "wide" else 16
+    qkv = _fused(3, hq, hk, d, torch.float32, device, seed=17).requires_grad_()
+    wq, wk = _head_weights(d, hq, hk, "both", torch.float32, device, seed=17)
+    g = torch.Generator().manual_seed(4)
+    gq, gk = torch.randn(3, hq, d, generator=g).to(device), torch.randn(3, hk, d, generator=g).to(device)
+    q, k = _views(qkv, hq, hk, d)
+    if path == "vmap":  # over the tokens: each call sees (H, D)
+        yq, yk = torch.func.vmap(lambda a, b: rmsnorm_kernel.qk_norm(a, b, wq, wk, EPS))(q, k)
+    else:
+        yq, yk = rmsnorm_kernel.qk_norm(q, k, wq, wk, EPS)
+    grads = torch.autograd.grad((yq, yk), (qkv, wq, wk), (gq, gk), create_graph=path == "create_graph")
+    oq, ok, *want = _per_head_oracle(qkv, hq, hk, d, wq, wk, gq, gk, torch.float32, 0.0, "default")
+    _close(yq, oq, TOL[torch.float32])
+    _close(yk, ok, TOL[torch.float32])
+    for got, expected in zip(grads, want):
+        _close(got, expected, GRAD_TOL[torch.float32])
+    if path == "create_graph":  # a gradient with a graph: a second derivative exists
+        assert grads[1].requires_grad and grads[1].grad_fn is not None
+
+
+@pytest.mark.parametrize("device", DEVICE)
+@pytest.mark.parametrize("mix", list(MIXES))
+def test_per_head_weights_trace_with_aot_autograd(device, mix):
+    """torch.compile (aot_eager, fullgraph) through the per-head shapes: the fakes give the (H, D)
+    gradients, equal to eager's."""
+    torch._dynamo.reset()
+    hq, hk, d = 4, 2, 16
+    qkv = _fused(5, hq, hk, d, torch.float32, device, seed=23).requires_grad_()
+    wq, wk = _head_weights(d, hq, hk, mix, torch.float32, device, seed=23)
+
+    def f(qkv, wq, wk):
+        q, k = _views(qkv, hq, hk, d)
+        yq, yk = rmsnorm_kernel.qk_norm(q, k, wq, wk, EPS)
+        return (yq * yq).sum() + 2 * yk.sum()
+
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    got = torch.autograd.grad(compiled(qkv, wq, wk), (qkv, wq, wk))
+    want = torch.autograd.grad(f(qkv, wq, wk), (qkv, wq, wk))
+    for a, b in zip(got, want):
+        assert a.shape == b.shape
+        _close(a, b, GRAD_TOL[torch.float32])
+
+
+@pytest.mark.parametrize("device", DEVICE)
+def test_the_qknorm_module(device):
+    """QKNorm holds (Hq, D) and (Hk, D) weights (or (D,) without heads), ones at first, and its
+    forward is qk_norm with them: values and the weights' gradients."""
+    hq, hk, d = 4, 2, 16
+    norm = rmsnorm_kernel.QKNorm(d, hq, hk, eps=EPS, offset=1.0, casting="gemma", device=device)
+    assert norm.q_weight.shape == (hq, d) and norm.k_weight.shape == (hk, d)
+    assert bool((norm.q_weight == 1).all()) and set(norm.state_dict()) == {"q_weight", "k_weight"}
+    with torch.no_grad():
+        for w in norm.parameters():
+            w.add_(0.1 * torch.randn(w.shape, generator=torch.Generator().manual_seed(1)).to(device))
+    qkv = _fused(6, hq, hk, d, torch.float32, device, seed=41).requires_grad_()
+    q, k = _views(qkv, hq, hk, d)
+    yq, yk = norm(q, k)
+    (yq.sum() + 3 * yk.sum()).backward()
+    oq, ok, _dqkv, dwq, dwk = _per_head_oracle(qkv, hq, hk, d, norm.q_weight, norm.k_weight, torch.ones_like(yq),
+                                                3 * torch.ones_like(yk), torch.float32, 1.0, "gemma")  # fmt: skip
+    for got, want, tol in ((yq, oq, TOL), (yk, ok, TOL), (norm.q_weight.grad, dwq, GRAD_TOL),
+                           (norm.k_weight.grad, dwk, GRAD_TOL)):  # fmt: skip
+        _close(got, want, tol[torch.float32])
+    shared = rmsnorm_kernel.QKNorm(d, device=device)
+    assert shared.q_weight.shape == shared.k_weight.shape == (d,)
+    bare = rmsnorm_kernel.QKNorm(d, hq, hk, elementwise_affine=False)
+    assert bare.q_weight is None and list(bare.parameters()) == []
+    eps = torch.finfo(torch.float32).eps  # eps=None: torch's default
+    _close(bare(q, k)[0], F.rms_norm(q.double(), (d,), None, eps), TOL[torch.float32])
+
+
+BAD_MODULE = [
+    ({"head_dim": 0}, "head_dim"),
+    ({"head_dim": 8, "q_heads": 2.0}, "q_heads"),
+    ({"head_dim": 8, "casting": "x"}, "casting"),
+    ({"head_dim": 8, "offset": 1.0, "elementwise_affine": False}, "offset needs a weight"),
+]
+
+
+@pytest.mark.parametrize("kwargs,fragment", BAD_MODULE)
+def test_qknorm_refuses_bad_arguments_and_wrong_heads(kwargs, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        rmsnorm_kernel.QKNorm(**kwargs)
+    norm = rmsnorm_kernel.QKNorm(8, 3, 2)  # q of 4 heads: its weight has 3 rows
+    with pytest.raises(RuntimeError, match=r"q_weight must have shape"):  # InvalidArgument is one
+        norm(torch.randn(2, 4, 8), torch.randn(2, 2, 8))
