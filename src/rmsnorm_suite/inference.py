@@ -56,26 +56,28 @@ def _op():
 
 
 def _op_norm(x, weight, residual, eps):
-    out = _op().rms_norm(x, None, weight, eps, **({"residual": residual} if residual is not None else {}))
+    out = _op().rms_norm(
+        x, weight=weight, eps=eps, **({"residual": residual} if residual is not None else {})
+    )
     return out[0] if residual is not None else out
 
 
 def _op_forward(x, weight, residual, eps):
     with torch.no_grad():
         if residual is None:
-            return _op().rms_norm(x, None, weight, eps), None
-        return tuple(_op().rms_norm(x, None, weight, eps, residual=residual))
+            return _op().rms_norm(x, weight=weight, eps=eps), None
+        return tuple(_op().rms_norm(x, weight=weight, eps=eps, residual=residual))
 
 
 def _op_quantise(x, weight, residual, eps, out_dtype):
     extra = {"residual": residual} if residual is not None else {}
-    out = _op().rms_norm(x, None, weight, eps, out_dtype=out_dtype, **extra)
+    out = _op().rms_norm(x, weight=weight, eps=eps, out_dtype=out_dtype, **extra)
     return out[0], out[1]
 
 
 def _op_norm32(x, weight, residual, eps):
     extra = {"residual": residual} if residual is not None else {}
-    out = _op().rms_norm(x, None, weight, eps, out_dtype=torch.float32, **extra)
+    out = _op().rms_norm(x, weight=weight, eps=eps, out_dtype=torch.float32, **extra)
     return out[0] if residual is not None else out
 
 
@@ -86,7 +88,7 @@ op_impl = InferenceImpl(
     _op_quantise,
     _op_norm32,
     lambda q, k, wq, wk, eps: _op().qk_norm(q, k, wq, wk, eps),
-    lambda x, w, eps: _op().rms_norm(x, (x.shape[-1],), w, eps),
+    lambda x, w, eps: _op().rms_norm(x, weight=w, eps=eps),
 )
 """rmsnorm_kernel.rms_norm and qk_norm; gradients through autograd."""
 
