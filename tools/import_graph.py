@@ -38,7 +38,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "rmsnorm_suite.telemetry", "rmsnorm_suite.checks", "rmsnorm_suite.probes",
         "rmsnorm_suite.checkreport", "rmsnorm_suite.torchchecks", "rmsnorm_suite.training",
         "rmsnorm_suite.mutants", "rmsnorm_suite.featurechecks", "rmsnorm_suite.mutanthunt",
-        "rmsnorm_suite.distributed",
+        "rmsnorm_suite.distributed", "rmsnorm_suite.inference", "rmsnorm_suite.featurebench",
     ),
     "gate": (
         "rmsnorm_suite.thresholds", "rmsnorm_suite.gatereport", "rmsnorm_suite.gate",

@@ -57,6 +57,13 @@ def configure(parser: argparse.ArgumentParser, command: str) -> None:
         help="benchmark the fused residual add + RMSNorm (this kernel, the unfused pair, peers) instead",
     )
     parser.add_argument(
+        "--feature",
+        choices=("quant", "qk"),
+        default=None,
+        help="benchmark an inference feature instead: quantised output (fp8/int8 per token) or QK-norm "
+        "(rmsnorm_suite.featurebench; --shapes then names its shapes, or decode, prefill)",
+    )
+    parser.add_argument(
         "--no-device-time", action="store_true", help="skip the CUDA-graph (GPU time only) samples"
     )
     parser.add_argument(
@@ -82,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
         config = load_config(args.config)
         out_dir, seed = config.output_dir, config.seeds.checks
     out_dir = args.out or str(Path(out_dir) / "benchmark")
+    if getattr(args, "feature", None):
+        return _run_feature(args, out_dir, seed)
     chosen = select_cases(args.shapes)
     providers = args.providers or None
     if providers:
@@ -121,6 +130,42 @@ def run(args: argparse.Namespace) -> int:
     for r in failed:
         print(f"FAILED {r.provider} {r.shape} {r.mode}: {r.error}", file=sys.stderr)
     return 1 if any(r.provider == "kernel" for r in failed) else 0
+
+
+def _run_feature(args: argparse.Namespace, out_dir: str, seed: int) -> int:
+    """`benchmark --feature`: the feature's providers on its shapes (rmsnorm_suite.featurebench)."""
+    from rmsnorm_suite import featurebench
+
+    shapes = featurebench.feature_shapes(args.feature, args.shapes)
+    providers = args.providers or featurebench.providers_of(args.feature)
+    wrong = [p for p in providers if featurebench.FEATURE_PROVIDERS.get(p, None) is None
+             or featurebench.FEATURE_PROVIDERS[p].feature != args.feature]  # fmt: skip
+    if wrong:
+        raise ValueError(
+            f"--providers: {wrong} are not {args.feature} providers: {featurebench.providers_of(args.feature)}"
+        )
+    if not torch.cuda.is_available():
+        print(cuda_message(), file=sys.stderr)
+        return 2
+    result = featurebench.run_feature_benchmarks(
+        shapes, providers, args.modes, samples=args.samples, blocks=args.blocks, warmup_ms=args.warmup_ms,
+        seed=seed, progress=not args.quiet, device_time=not args.no_device_time,
+    )  # fmt: skip
+    path = results.write(result, out_dir)
+    print(json.dumps(result.to_json()) if args.json else f"{format_table(result)}\n\nresults: {path}")
+    failed = [r for r in result.results if not r.ok]
+    for r in failed:
+        print(f"FAILED {r.provider} {r.shape} {r.mode}: {r.error}", file=sys.stderr)
+    return 1 if any(r.provider.startswith("kernel") for r in failed) else 0
+
+
+def _baseline(r: results.Row) -> str:
+    """The op's provider a row is compared with: its feature's, the fused residual's or the plain op's."""
+    from rmsnorm_suite.featurebench import FEATURE_PROVIDERS
+
+    if r.provider in FEATURE_PROVIDERS:
+        return FEATURE_PROVIDERS[r.provider].baseline
+    return "kernel_residual" if r.residual else "kernel"
 
 
 def _paired_blocks(t: results.Timing, kernel: results.Timing) -> tuple[tuple, tuple] | None:
@@ -182,7 +227,7 @@ def format_table(result: results.Run) -> str:
             continue
         blocks = "/".join(f"{b * 1e3:.1f}" for b in t.block_medians_ms)
         errs = " ".join(f"{k}={v:.1e}" for k, v in r.errors.items())
-        kernel = index.get(("kernel_residual" if r.residual else "kernel", r.shape, r.mode))
+        kernel = index.get((_baseline(r), r.shape, r.mode))
         vs = f"{t.median_ms / kernel.whole.median_ms:.2f}x" if kernel and kernel.whole.median_ms else "-"
         paired = kernel and kernel is not r
         slower = _slower_blocks(t, kernel.whole) if paired else "-"

@@ -246,6 +246,7 @@ def judge(
                     _latency_row(name, br, hr, thresholds, kind, paired=paired, granted=granted, units=units)
                 )
         rows.extend(_numeric_rows(shape, mode, br, hr, thresholds))
+    rows.extend(feature_rows(base, head, thresholds))
     family = apply_family(rows, units, thresholds)
     verdict = _verdict(rows, base, head, thresholds)
     verdict.family, verdict.acceptance = family, acceptance
@@ -385,6 +386,41 @@ def _numeric_rows(shape: str, mode: str, br: ResultRow, hr: ResultRow, th: Thres
         ratio = he / be if be else None
         bad = exceeds_limit(he, limit)
         rows.append(Row(check, be, he, ratio, limit, "regression" if bad else "pass", "numerics", note=note))
+    return rows
+
+
+def feature_rows(base: Run | None, head: Run | None, th: Thresholds) -> list[Row]:
+    """The inference features' rows (docs/gate.md): head's figure against its [features] limit,
+    base's beside it. None where neither run holds figures (a plain benchmark run) or where
+    neither side's op has the feature; head without a figure base has is a regression."""
+    b = base.features if base is not None else {}
+    h = head.features if head is not None else {}
+    rows = []
+    for key in dict.fromkeys([*b, *h]):
+        check = key.replace("_", " ")
+        bf, hf = b.get(key), h.get(key)
+        be = bf.value if bf is not None else None
+        if hf is not None and hf.status == "unsupported" and (bf is None or bf.status != "ok"):
+            continue  # neither side's op has it
+        limit = th.features.get(key)
+        if hf is None:
+            rows.append(Row(check, be, None, None, None, "error", "numerics", note="missing in head"))
+        elif limit is None:
+            rows.append(
+                Row(check, be, hf.value, None, None, "error", "numerics", note=f"no features.{key} limit")
+            )
+        elif hf.status == "unsupported":
+            note = f"head lost the feature: {hf.note}"[:300]
+            rows.append(Row(check, be, None, None, limit, "regression", "numerics", note=note))
+        elif hf.status == "failed":
+            note = f"head failed: {hf.note}"[:300]
+            rows.append(Row(check, be, None, None, limit, "regression", "numerics", note=note))
+        else:
+            bad = exceeds_limit(hf.value, limit)
+            rows.append(
+                Row(check, be, hf.value, None, limit, "regression" if bad else "pass", "numerics",
+                    note="limit")
+            )  # fmt: skip
     return rows
 
 

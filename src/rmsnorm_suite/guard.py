@@ -37,7 +37,8 @@ CLOCK_CLASSES = (
 # the trusted harness: every function, class (with its methods) and constant of these modules
 TRUSTED = ("rmsnorm_suite.bench", "rmsnorm_suite.harness", "rmsnorm_suite.timing",
            "rmsnorm_suite.providers", "rmsnorm_suite.results", "rmsnorm_suite.numerics",
-           "rmsnorm_suite.worker", "rmsnorm_suite.guard", "rmsnorm_suite.stopwatch", "json")  # fmt: skip
+           "rmsnorm_suite.worker", "rmsnorm_suite.guard", "rmsnorm_suite.stopwatch",
+           "rmsnorm_suite.inference", "json")  # fmt: skip
 # 128 MiB of bf16 on the GPU (over the L2); on the host 64 KiB of fp32, under torch's threshold for a
 # threaded copy (a threaded copy on a loaded machine times the scheduler more than the clock)
 CALIBRATION_ELEMENTS = {"cuda": 2**26, "host": 2**14}

@@ -419,6 +419,7 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
             "modes": list(args.modes),
             "samples": args.samples,
             "errors": True,
+            "features": True,  # the inference features' figures (the gate's [features] rows)
             "label": side,
             "round": k,
             "commit": shas[side],

@@ -148,6 +148,19 @@ class ShapeCopy:
         return {"whole": self.median_ms, "device": self.device_median_ms}[kind]
 
 
+FEATURE_STATUSES = ("ok", "failed", "unsupported")
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One figure of an inference feature's check (rmsnorm_suite.inference), as pr-verdict's
+    worker measured it: ``ok`` with its ``value``, ``failed`` or ``unsupported`` with a ``note``."""
+
+    status: str
+    value: float | None = None
+    note: str | None = None
+
+
 @dataclass(frozen=True)
 class Run:
     """A results file. ``machine`` (device, versions) and ``settings`` (samples, blocks, timing
@@ -165,6 +178,7 @@ class Run:
     wall_s: float | None = None
     label: str | None = None  # pr-verdict: "base" or "head"
     round: int | None = None  # pr-verdict: the round a worker's file holds
+    features: Mapping[str, Feature] = field(default_factory=dict)  # pr-verdict: figure -> Feature
 
     def index(self) -> dict[Key, Row]:
         """(provider, shape, mode) -> row."""
@@ -193,6 +207,10 @@ class Run:
         for key in ("wall_s", "label", "round"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
+        if self.features:
+            out["features"] = {
+                k: {"status": f.status, "value": f.value, "note": f.note} for k, f in self.features.items()
+            }
         return out
 
 
@@ -371,6 +389,17 @@ def _read_shape_copy(value: Any, where: str) -> ShapeCopy:
     )
 
 
+def _read_feature(value: Any, where: str) -> Feature:
+    r = _Reader(value, where)
+    status = r.get("status", _str)
+    if status not in FEATURE_STATUSES:
+        raise ValueError(f"{r.path('status')}: expected one of {list(FEATURE_STATUSES)}, got {status!r}")
+    feature = Feature(status, r.get("value", _number, None), r.get("note", _str, None))
+    if (status == "ok") != (feature.value is not None):
+        raise ValueError(f"{r.path('value')}: a value goes with status ok, and only with it")
+    return feature
+
+
 def _read_settings(value: Any, where: str) -> dict[str, Any]:
     settings = _object(value, where)
     if settings.get("round_indices") is not None:
@@ -412,6 +441,10 @@ def from_json(data: Any) -> Run:
         wall_s=r.get("wall_s", _number, None),
         label=r.get("label", _str, None),
         round=r.get("round", _int, None),
+        features={
+            _str(k, "features key"): _read_feature(f, f"features[{k!r}]")
+            for k, f in r.get("features", _object, {}).items()
+        },
     )
 
 

@@ -60,7 +60,28 @@ def merge_rounds(
         # round_indices: the rounds merged, in order; the gate pairs two runs' rounds by them
         settings={**first.settings, "rounds": len(runs), "round_indices": rounds},
         copy=results.CopyCeiling(tbs=copy_tbs, rounds_tbs=tuple(copies)),
+        features=merge_features(runs),
     )
+
+
+def merge_features(runs: Sequence[results.Run]) -> dict[str, results.Feature]:
+    """Per feature figure over the rounds: failed if any round failed, else the largest value;
+    unsupported only where no round measured it. A round without the figure voids it (failed)."""
+    keys = list(dict.fromkeys(k for run in runs for k in run.features))
+    out: dict[str, results.Feature] = {}
+    for key in keys:
+        seen = [run.features.get(key) for run in runs]
+        failed = [f for f in seen if f is None or f.status == "failed"]
+        values = [f.value for f in seen if f is not None and f.status == "ok"]
+        if failed:
+            note = "a round did not report it" if failed[0] is None else failed[0].note
+            out[key] = results.Feature("failed", note=note)
+        elif values:
+            nan = [v for v in values if v != v]
+            out[key] = results.Feature("ok", nan[0] if nan else max(values), seen[0].note)
+        else:
+            out[key] = results.Feature("unsupported", note=seen[0].note)
+    return out
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 Per (group, mode) a factor, with its alpha, in each latency table ([latency], [device_latency],
 [host_latency]); per dtype the numerics' growth and ceilings; and the [gate], [clock],
-[stopwatch], [telemetry], [family] and [accept] settings. Apart from the judging
+[stopwatch], [telemetry], [family] and [accept] settings; the [features] limits. Apart from the judging
 (:mod:`rmsnorm_suite.gate`) because pr-verdict and the drift search read the same file.
 Errors name the file and the key.
 """
@@ -90,6 +90,7 @@ class Thresholds:
     stopwatch_any_round: float = 0.6  # [stopwatch]: hidden time allowed in any one round
     family: Family = Family()  # [family]: the rate shared by a verdict's latency rows
     accept: AcceptLimits = AcceptLimits()  # [accept]: bounds on accepted regressions
+    features: dict[str, float] = field(default_factory=dict)  # [features]: figure -> its limit
 
 
 def _number(
@@ -123,7 +124,7 @@ def parse_thresholds(data: dict[str, Any], source: str = "<thresholds>") -> Thre
             data,
             [
                 "gate", "clock", "stopwatch", "telemetry", "family", "accept", "drift", "latency",
-                "device_latency", "host_latency", "numerics",
+                "device_latency", "host_latency", "numerics", "features",
             ],
         )  # fmt: skip
         gate = _table("gate", data.get("gate", {}))
@@ -180,6 +181,11 @@ def parse_thresholds(data: dict[str, Any], source: str = "<thresholds>") -> Thre
                 growth=_number(f"{where}.growth", rule["growth"], low=1.0, low_inclusive=True),
                 ceiling={q: _number(f"{where}.ceiling.{q}", v, low=0.0) for q, v in ceiling.items()},
             )
+        features = _table("features", data.get("features", {}))
+        features = {
+            key: _number(f"features.{key}", value, low=0.0, low_inclusive=True)
+            for key, value in features.items()
+        }
     except ValueError as exc:
         raise ValueError(f"{source}: {exc}") from None
     return Thresholds(
@@ -202,6 +208,7 @@ def parse_thresholds(data: dict[str, Any], source: str = "<thresholds>") -> Thre
         stopwatch_any_round=stopwatch_any_round,
         family=family,
         accept=accept,
+        features=features,
     )
 
 

@@ -215,6 +215,21 @@ def check_training(cfg: Config, device: str):
     return result["passed"], figure, {k: v for k, v in result.items() if k != "losses"}
 
 
+def _inference(which: str):
+    """A check of :mod:`rmsnorm_suite.inference` on the op, its figures held to regression.toml's
+    [features] limits (the gate's)."""
+
+    def check(cfg: Config, device: str):
+        from rmsnorm_suite import inference
+        from rmsnorm_suite.thresholds import load_thresholds
+
+        finding = inference.run(inference.op_impl, device, which)
+        passed, figure = inference.judge(finding, load_thresholds().features)
+        return passed, figure, asdict(finding)
+
+    return check
+
+
 CHECKS: tuple[tuple[str, Callable], ...] = (
     ("environment", check_environment),
     ("reference gradcheck", check_reference),
@@ -226,6 +241,9 @@ CHECKS: tuple[tuple[str, Callable], ...] = (
     ("opcheck", check_opcheck),
     ("torch.compile fullgraph", check_compile),
     ("CUDA graph capture", check_cuda_graphs),
+    ("batch invariance", _inference("batch")),
+    ("quantised output", _inference("quant")),
+    ("QK-norm", _inference("qk")),
     ("training integration", check_training),
 )
 CHECK_NAMES = tuple(name for name, _ in CHECKS)

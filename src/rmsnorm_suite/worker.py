@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rmsnorm_suite import bench, guard, numerics, results, stopwatch
+from rmsnorm_suite import bench, guard, inference, numerics, results, stopwatch
 
 TIMINGS = ("cuda", "host")
 # The stopwatch's class as the trusted suite defines it, bound before any commit's code runs
@@ -91,6 +91,16 @@ def host_stand_in(spec: dict[str, Any], before_case=None) -> results.Run:
     )
 
 
+def feature_figures(timing: str) -> dict[str, results.Feature]:
+    """The inference checks' figures on this commit's op (rmsnorm_suite.inference): the GPU's
+    cases, or the host stand-in's small CPU ones."""
+    if timing == "host":
+        found = inference.gate_figures("cpu", case_table=inference.HOST_CASES)
+    else:
+        found = inference.gate_figures(bench.DEVICE)
+    return {k: results.Feature(f["status"], f.get("value"), f.get("note")) for k, f in found.items()}
+
+
 def run_round(spec: dict[str, Any], before_case=None) -> results.Run:
     if spec.get("timing", "cuda") == "host":
         return host_stand_in(spec, before_case)
@@ -152,6 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(exc, file=sys.stderr)
         return 2
     calibrations.append(calibration.measure())
+    if spec.get("features"):  # the inference features' figures, inside the guarded span
+        result = dataclasses.replace(result, features=feature_figures(timing))
     if replaced := held.replaced():
         print(f"the clock was replaced during the round: {', '.join(replaced[:8])}", file=sys.stderr)
         return 3

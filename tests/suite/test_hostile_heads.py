@@ -27,7 +27,7 @@ TRUSTED_PYPROJECT = '[tool.pytest.ini_options]\nmarkers = ["gpu: needs CUDA"]\n'
 LOOSE = (
     "[gate]\nmin_samples = 2\n[clock]\ntolerance = 0.5\ncheckpoint = 50.0\n[stopwatch]\ntolerance = 3.0\nconsistency = 0.95\nshare = 0.0\nsingle = 0.95\nany_round = 3.0\n"
     "[latency.large.forward]\nfactor = 2.0\nalpha = 0.01\n"
-    "[numerics.bfloat16]\ngrowth = 1.05\nceiling = {{y = 0.01}}\n"
+    "[numerics.bfloat16]\ngrowth = 1.05\nceiling = {{y = 0.01}}\n[features]\nbatch_invariance = 0\n"
 )
 ARGS = ["--shapes", "32768x4096-bfloat16", "--modes", "forward", "--rounds", "3", "--samples", "8"]
 

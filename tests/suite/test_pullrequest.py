@@ -151,6 +151,10 @@ def test_same_commit_passes(repo, host_timing, tmp_path):
     assert pr_verdict(repo, shas["main"], shas["main"], out) == 0
     data = json.loads((out / "verdict.json").read_text())
     assert data["status"] == "pass" and data["base_sha"] == data["head_sha"] == shas["main"]
+    # the stand-in op's rows are batch invariant: the worker's figure is judged, and passes
+    assert [(r["verdict"], r["head"]) for r in data["rows"] if r["check"] == "batch invariance"] == [
+        ("pass", 0)
+    ]
 
 
 @pytest.mark.parametrize("approved_by", [None, "maintainer"])

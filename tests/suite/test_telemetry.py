@@ -123,7 +123,7 @@ def test_noisy_rounds_are_redone_within_the_bound(tmp_path, monkeypatch, noisy, 
     sha = git(repo, "rev-parse", "HEAD")
     thresholds = tmp_path / "th.toml"
     thresholds.write_text(
-        "[gate]\nmin_samples = 2\n[clock]\ntolerance = 0.5\ncheckpoint = 50.0\n[stopwatch]\ntolerance = 3.0\nconsistency = 0.95\nshare = 0.0\nsingle = 0.95\nany_round = 3.0\n[telemetry]\nredo = 2\n"
+        "[gate]\nmin_samples = 2\n[clock]\ntolerance = 0.5\ncheckpoint = 50.0\n[stopwatch]\ntolerance = 3.0\nconsistency = 0.95\nshare = 0.0\nsingle = 0.95\nany_round = 3.0\n[telemetry]\nredo = 2\n[features]\nbatch_invariance = 0\n"
         "[latency.large.forward]\nfactor = 100.0\nalpha = 0.01\n"
         "[numerics.bfloat16]\ngrowth = 1.05\nceiling = {y = 0.01}\n"
     )

@@ -98,6 +98,9 @@ def test_every_issue_check_is_in_the_verdict():
         "opcheck",
         "torch.compile fullgraph",
         "CUDA graph capture",
+        "batch invariance",
+        "quantised output",
+        "QK-norm",
         "training integration",
     )
 

@@ -1,0 +1,149 @@
+"""The inference features' checks (rmsnorm_suite.inference): batch invariance, quantised output
+and QK-norm. Each passes on the op (under the interpreter) and on an honest torch implementation,
+and fails on a deliberately broken one: rows that depend on the batch size, a quantisation that
+truncates or scales differently, a QK-norm with the weights of q and k swapped. The limits are
+regression.toml's [features] (read before any comparison); the verdict holds the figures to them."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rmsnorm_suite import inference
+from rmsnorm_suite.thresholds import load_thresholds
+
+from ..conftest import KERNEL_DEVICES
+
+LIMITS = load_thresholds().features
+CPU = inference.CASES["cpu"]
+
+
+def _norm(x, w, r, eps):
+    h = (x.float() + r.float()).to(x.dtype) if r is not None else x
+    return F.rms_norm(h.float(), (x.shape[-1],), w.float(), eps).to(x.dtype), (h if r is not None else None)
+
+
+def _qk(q, k, wq, wk, eps):
+    return tuple(
+        F.rms_norm(t.float(), (t.shape[-1],), w.float(), eps).to(t.dtype) for t, w in ((q, wq), (k, wk))
+    )
+
+
+torch_impl = inference.InferenceImpl(
+    "torch",
+    forward=lambda x, w, r, eps: tuple(t.detach() if t is not None else None for t in _norm(x, w, r, eps)),
+    norm=lambda x, w, r, eps: _norm(x, w, r, eps)[0],
+    quantise=lambda x, w, r, eps, dt: inference.torch_quantise(inference.torch_norm32(x, w, r, eps), dt),
+    norm32=inference.torch_norm32,
+    qk=_qk,
+    rms_norm=lambda x, w, eps: F.rms_norm(x.float(), (x.shape[-1],), w.float(), eps).to(x.dtype),
+)
+
+
+def _batch_dependent(x, w, r, eps):
+    """The honest norm, scaled by a tiny term that grows with the rows in the call."""
+    y, h = _norm(x, w, r, eps)
+    return (y.float() * (1 + x.shape[0] * 2.0**-20)).to(y.dtype), h
+
+
+def _truncating(x, w, r, eps, dt):
+    """int8 by truncation toward zero (a cast without torch.round); fp8 as torch does."""
+    y32 = inference.torch_norm32(x, w, r, eps)
+    if dt != torch.int8:
+        return inference.torch_quantise(y32, dt)
+    scales = (y32.abs().amax(-1, keepdim=True) / 127.0).clamp(min=inference.min_scale(dt))
+    return (y32 / scales).clamp(-128, 127).to(torch.int8), scales
+
+
+def _loose_scale(x, w, r, eps, dt):
+    """Scales from amax over a QMAX 1% too small: every code and scale moves."""
+    y32 = inference.torch_norm32(x, w, r, eps)
+    scales = y32.abs().amax(-1, keepdim=True) / (inference.QMAX[dt] * 0.99)
+    v = y32 / scales
+    v = torch.round(v) if dt == torch.int8 else v
+    return v.clamp(inference.QMIN[dt], inference.QMAX[dt]).to(dt), scales
+
+
+BROKEN = {
+    "batch": dataclasses.replace(
+        torch_impl,
+        name="batch-dependent",
+        forward=_batch_dependent,
+        norm=lambda x, w, r, eps: _batch_dependent(x, w, r, eps)[0],
+    ),
+    "quant-truncating": dataclasses.replace(torch_impl, name="truncating", quantise=_truncating),
+    "quant-scale": dataclasses.replace(torch_impl, name="loose scale", quantise=_loose_scale),
+    "qk": dataclasses.replace(
+        torch_impl, name="weights swapped", qk=lambda q, k, wq, wk, eps: _qk(q, k, wk, wq, eps)
+    ),
+}
+
+
+def test_limits_are_declared():
+    assert set(LIMITS) == {k for keys in inference.FIGURES.values() for k in keys}
+    assert LIMITS["batch_invariance"] == 0 and LIMITS["quant_bits"] == 0 and LIMITS["qk_bits"] == 0
+
+
+@pytest.mark.parametrize("which", ["batch", "quant", "qk"])
+def test_an_honest_torch_implementation_passes(which):
+    finding = inference.run(torch_impl, "cpu", which)
+    passed, figure = inference.judge(finding, LIMITS)
+    assert passed, figure
+    assert set(finding.figures) == set(inference.FIGURES[which])
+
+
+@pytest.mark.parametrize(
+    "name, which, figure",
+    [
+        ("batch", "batch", "batch_invariance"),
+        ("quant-truncating", "quant", "quant_bits"),
+        ("quant-scale", "quant", "quant_scales"),
+        ("qk", "qk", "qk_bits"),
+    ],
+)
+def test_a_broken_implementation_fails(name, which, figure):
+    finding = inference.run(BROKEN[name], "cpu", which)
+    passed, text = inference.judge(finding, LIMITS)
+    assert not passed, text
+    assert finding.figures[figure] > LIMITS[figure], text
+
+
+def test_a_crash_fails_and_a_missing_option_is_unsupported():
+    def crash(*args):
+        raise RuntimeError("boom")
+
+    def old(x, w, r, eps):
+        if r is not None:
+            raise TypeError("rms_norm() got an unexpected keyword argument 'residual'")
+        return _norm(x, w, r, eps)
+
+    crashed = inference.run(dataclasses.replace(torch_impl, qk=crash), "cpu", "qk")
+    assert crashed.failures and not inference.judge(crashed, LIMITS)[0]
+    older = inference.run(dataclasses.replace(torch_impl, forward=old), "cpu", "batch")
+    assert older.unsupported and not older.failures and "batch_invariance" in older.figures
+    figures = inference.gate_figures("cpu", dataclasses.replace(torch_impl, qk=crash), inference.HOST_CASES)
+    assert figures["qk_bits"]["status"] == "failed" and figures["batch_invariance"]["status"] == "ok"
+
+
+@pytest.mark.parametrize("device", [p for p in KERNEL_DEVICES])
+@pytest.mark.parametrize("which", ["batch", "quant", "qk"])
+def test_the_op_passes(device, which):
+    finding = inference.run(inference.op_impl, device, which)
+    passed, figure = inference.judge(finding, LIMITS)
+    assert passed, figure
+
+
+@pytest.mark.parametrize("device", [p for p in KERNEL_DEVICES])
+def test_the_op_with_a_batch_dependent_term_fails(device):
+    """The op itself, its rows scaled by a tiny term that grows with the batch."""
+
+    def forward(x, w, r, eps):
+        y, h = inference.op_impl.forward(x, w, r, eps)
+        return (y.float() * (1 + x.shape[0] * 2.0**-20)).to(y.dtype), h
+
+    broken = dataclasses.replace(inference.op_impl, forward=forward)
+    finding = inference.run(broken, device, "batch")
+    assert finding.figures["batch_invariance"] > LIMITS["batch_invariance"]
