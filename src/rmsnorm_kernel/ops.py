@@ -798,9 +798,15 @@ def qk_norm(
         q, k, q_weight, k_weight = (_resolve_neg(t) for t in (q, k, q_weight, k_weight))
     q_out = contract.output_dtype(q.dtype, q_weight, casting, None, _autocast_float32(q))
     k_out = contract.output_dtype(k.dtype, k_weight, casting, None, _autocast_float32(k))
-    yq, _rq, yk, _rk = qk_forward_op(
-        q, k, q_weight, k_weight, eps, offset, launch.CASTING_MODES[casting], q_out, k_out
-    )
+    options = (eps, offset, launch.CASTING_MODES[casting], q_out, k_out)
+    if torch.compiler.is_compiling() or _seen_by_python_dispatch(q, k, q_weight, k_weight):
+        yq, _rq, yk, _rk = qk_forward_op(q, k, q_weight, k_weight, *options)
+    elif torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q, k, q_weight, k_weight)
+    ):
+        yq, yk = _QKFunction.apply(q, k, q_weight, k_weight, options)
+    else:  # nothing to differentiate: the launch alone, as rms_norm's eager path
+        yq, _rq, yk, _rk = _qk_forward_impl(q, k, q_weight, k_weight, *options)
     return yq, yk
 
 
@@ -913,6 +919,12 @@ def _qk_setup_context(ctx, inputs, output):
 
 
 def _qk_backward(ctx, dyq, _drq, dyk, _drk):
+    return *_qk_grads(ctx, dyq, dyk, qk_backward_op), None, None, None, None, None
+
+
+def _qk_grads(ctx, dyq, dyk, backward) -> tuple:
+    """(dq, dk, dwq, dwk) of the op's autograd (``backward`` the custom op, which a trace
+    records) and of _QKFunction (``_qk_backward_impl``, eager) alike."""
     q, k, q_weight, k_weight, rq, rk = ctx.saved_tensors
     need_q, need_k, need_wq, need_wk = ctx.needs_input_grad[:4]
     need_dw = q_weight is not None and (need_wq or need_wk)
@@ -924,15 +936,27 @@ def _qk_backward(ctx, dyq, _drq, dyk, _drk):
             dyk, None, k, k_weight, ctx.eps, ctx.offset, ctx.casting, need_dw, k.dtype
         )
     else:
-        dq, dwq, dk, dwk = qk_backward_op(dyq, dyk, q, k, q_weight, k_weight, rq, rk, ctx.offset, ctx.casting,
-                                          need_dw)  # fmt: skip
-    return (
-        dq if need_q else None,
-        dk if need_k else None,
-        dwq if need_wq else None,
-        dwk if need_wk else None,
-        None, None, None, None, None,
-    )  # fmt: skip
+        dq, dwq, dk, dwk = backward(
+            dyq, dyk, q, k, q_weight, k_weight, rq, rk, ctx.offset, ctx.casting, need_dw
+        )
+    return dq if need_q else None, dk if need_k else None, dwq if need_wq else None, dwk if need_wk else None
 
 
 qk_forward_op.register_autograd(_qk_backward, setup_context=_qk_setup_context)
+
+
+class _QKFunction(torch.autograd.Function):
+    """qk_norm's eager autograd: the op's forward, saved state and backward without the
+    dispatcher round trip, as _EagerFunction is rms_norm's (traced calls take the op). The
+    options are one tuple: ``(eps, offset, casting, q_out_dtype, k_out_dtype)``."""
+
+    @staticmethod
+    def forward(ctx, q, k, q_weight, k_weight, options):
+        yq, rq, yk, rk = _qk_forward_impl(q, k, q_weight, k_weight, *options)
+        ctx.save_for_backward(q, k, q_weight, k_weight, rq, rk)
+        ctx.eps, ctx.offset, ctx.casting = options[0], options[1], options[2]
+        return yq, yk
+
+    @staticmethod
+    def backward(ctx, dyq, dyk):
+        return *_qk_grads(ctx, dyq, dyk, _qk_backward_impl), None

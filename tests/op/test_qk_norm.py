@@ -578,3 +578,30 @@ def test_qknorm_refuses_bad_arguments_and_wrong_heads(kwargs, fragment):
     norm = rmsnorm_kernel.QKNorm(8, 3, 2)  # q of 4 heads: its weight has 3 rows
     with pytest.raises(RuntimeError, match=r"q_weight must have shape"):  # InvalidArgument is one
         norm(torch.randn(2, 4, 8), torch.randn(2, 2, 8))
+
+
+@pytest.mark.parametrize("device", DEVICE)
+@pytest.mark.parametrize("grad", [True, False])
+def test_eager_calls_skip_the_dispatcher(device, grad, monkeypatch):
+    """An eager call (no trace, no dispatch mode, plain tensors) launches directly, through
+    autograd.Function where a gradient is needed, as rms_norm's eager path does: the custom ops'
+    Python dispatch costs more host time than a decode step's kernel. Values as before."""
+    hq, hk, d = 4, 2, 16
+    qkv = _fused(5, hq, hk, d, torch.float32, device, seed=21).requires_grad_(grad)
+    wq, wk = _weights(d, torch.float32, device, seed=21)
+    want = [
+        F.rms_norm(v.detach().double(), (d,), w.double(), EPS)
+        for v, w in zip(_views(qkv, hq, hk, d), (wq, wk))
+    ]
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the custom op was called from an eager call")
+
+    monkeypatch.setattr(ops, "qk_forward_op", refuse)
+    monkeypatch.setattr(ops, "qk_backward_op", refuse)
+    yq, yk = rmsnorm_kernel.qk_norm(*_views(qkv, hq, hk, d), wq, wk, EPS)
+    for got, expected in zip((yq, yk), want):
+        _close(got, expected, TOL[torch.float32])
+    if grad:
+        (yq.sum() + 2 * yk.sum()).backward()
+        assert qkv.grad is not None and qkv.grad.abs().sum() > 0
