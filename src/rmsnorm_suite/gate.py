@@ -391,8 +391,9 @@ def _numeric_rows(shape: str, mode: str, br: ResultRow, hr: ResultRow, th: Thres
 
 def feature_rows(base: Run | None, head: Run | None, th: Thresholds) -> list[Row]:
     """The inference features' rows (docs/gate.md): head's figure against its [features] limit,
-    base's beside it. None where neither run holds figures (a plain benchmark run) or where
-    neither side's op has the feature; head without a figure base has is a regression."""
+    base's beside it. None where neither run holds figures (a plain benchmark run). Head without
+    a figure, or a case, base has (base's check measured or failed) is a regression; a figure
+    neither side's op has is an ``unsupported`` row, shown and never counted as a pass."""
     b = base.features if base is not None else {}
     h = head.features if head is not None else {}
     rows = []
@@ -400,8 +401,6 @@ def feature_rows(base: Run | None, head: Run | None, th: Thresholds) -> list[Row
         check = key.replace("_", " ")
         bf, hf = b.get(key), h.get(key)
         be = bf.value if bf is not None else None
-        if hf is not None and hf.status == "unsupported" and (bf is None or bf.status != "ok"):
-            continue  # neither side's op has it
         limit = th.features.get(key)
         if hf is None:
             rows.append(Row(check, be, None, None, None, "error", "numerics", note="missing in head"))
@@ -409,18 +408,27 @@ def feature_rows(base: Run | None, head: Run | None, th: Thresholds) -> list[Row
             rows.append(
                 Row(check, be, hf.value, None, None, "error", "numerics", note=f"no features.{key} limit")
             )
+        elif hf.status == "unsupported" and (bf is None or bf.status == "unsupported"):
+            note = f"neither side's op has it: {hf.note}"[:300]
+            rows.append(Row(check, be, None, None, limit, "unsupported", "numerics", note=note))
         elif hf.status == "unsupported":
-            note = f"head lost the feature: {hf.note}"[:300]
+            had = "base's check failed" if bf.status == "failed" else "base measured it"
+            note = f"head lost the feature ({had}): {hf.note}"[:300]
             rows.append(Row(check, be, None, None, limit, "regression", "numerics", note=note))
         elif hf.status == "failed":
             note = f"head failed: {hf.note}"[:300]
             rows.append(Row(check, be, None, None, limit, "regression", "numerics", note=note))
+        elif dropped := [
+            c for c in (bf.cases if bf is not None and bf.status == "ok" else ()) if c not in hf.cases
+        ]:
+            note = f"head dropped cases base measured: {', '.join(dropped)}; {hf.note or ''}"[:300]
+            rows.append(Row(check, be, hf.value, None, limit, "regression", "numerics", note=note))
         else:
             bad = exceeds_limit(hf.value, limit)
+            note = f"limit; {hf.note}"[:300] if hf.note else "limit"
             rows.append(
-                Row(check, be, hf.value, None, limit, "regression" if bad else "pass", "numerics",
-                    note="limit")
-            )  # fmt: skip
+                Row(check, be, hf.value, None, limit, "regression" if bad else "pass", "numerics", note=note)
+            )
     return rows
 
 
@@ -428,7 +436,8 @@ def _verdict(rows: list[Row], base, head, th: Thresholds) -> Verdict:
     errors = [r for r in rows if r.verdict == "error"]
     regressions = [r for r in rows if r.verdict == "regression"]
     accepted = [r for r in rows if r.verdict == "accepted"]
-    judged = len(rows) - len(errors)
+    absent = [r for r in rows if r.verdict == "unsupported"]  # shown, never counted as a pass
+    judged = len(rows) - len(errors) - len(absent)
     if errors:
         status = "error"
         summary = f"could not judge {len(errors)} of {len(rows)} checks: " + ", ".join(
@@ -449,7 +458,7 @@ def _verdict(rows: list[Row], base, head, th: Thresholds) -> Verdict:
         n_dev = sum(r.kind == "latency" and r.check.startswith(CHECK_PREFIXES["device"] + " ") for r in rows)
         n_host = sum(r.kind == "latency" and r.check.startswith(CHECK_PREFIXES["host"] + " ") for r in rows)
         n_lat = sum(r.kind == "latency" for r in rows) - n_dev - n_host
-        n_num = sum(r.kind == "numerics" for r in rows)
+        n_num = sum(r.kind == "numerics" and r.verdict != "unsupported" for r in rows)
         status = "pass"
         device = f"{n_dev} device latency, " if n_dev else ""
         host = f"{n_host} host latency, " if n_host else ""
@@ -460,13 +469,15 @@ def _verdict(rows: list[Row], base, head, th: Thresholds) -> Verdict:
                 f"({n_lat} latency, {device}{host}{n_num} numerics): "
                 + ", ".join(_short(r) for r in accepted[:4])
             )
+    if absent:
+        summary += f"; not judged, neither side's op has it: {', '.join(r.check for r in absent)}"
     return Verdict(status, f"{status.upper()}: {summary}", rows, _describe(base), _describe(head), th.source)
 
 
 def _short(r: Row) -> str:
     if r.kind == "latency" and r.ratio is not None:
         return f"{r.check} ({100 * (r.ratio - 1):+.1f}%, lower bound {r.ci_low:.3f})"
-    if r.kind == "numerics" and r.head is not None and r.threshold is not None:
+    if r.kind == "numerics" and r.head is not None and r.threshold is not None and r.head > r.threshold:
         return f"{r.check} ({r.head:.2e} > {r.threshold:.2e})"
     return r.check
 

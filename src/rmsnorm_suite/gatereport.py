@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 STATUSES = ("pass", "regression", "error")
-ROW_VERDICTS = ("pass", "accepted", "regression", "error")  # a row's; "accepted" never fails a verdict
+# a row's; "accepted" never fails a verdict; "unsupported" (a feature neither side's op has) is
+# shown and never counted as a pass
+ROW_VERDICTS = ("pass", "accepted", "regression", "error", "unsupported")
 EXIT = {"pass": 0, "regression": 1, "error": 2}
 
 
@@ -124,6 +126,7 @@ def to_markdown(verdict: Verdict) -> str:
             "accepted": "**accepted**",
             "regression": "**regression**",
             "error": "**error**",
+            "unsupported": "not supported by either side",
         }[r.verdict]
         # numerics notes say which limit binds and already show in the threshold column
         note = f" ({_escape(r.note)})" if r.note and r.kind != "numerics" else ""

@@ -408,6 +408,9 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
     if why:
         extra.append(gate.Row("telemetry", None, None, None, None, "error", "run", note=why))
 
+    wanted = [key for key in results.FEATURE_KEYS if key in context["thresholds"].features]
+    feature_seeds = [secrets.randbits(62) for _ in range(args.rounds)]  # per round, both sides'
+
     def play(side: str, k: int, seeds: list[int], may_redo: bool = True):
         """One side's round k, redone while the telemetry finds it noisy and ``may_redo`` (within the
         bound, with new stopwatch seeds: a redo never knows its go seeds); (run, problem, the seeds
@@ -419,7 +422,10 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
             "modes": list(args.modes),
             "samples": args.samples,
             "errors": True,
-            "features": True,  # the inference features' figures (the gate's [features] rows)
+            # the inference features' figures the judge's [features] declares (the gate's rows),
+            # their sizes and data drawn by the judge's seed for the round
+            "features": wanted,
+            "feature_seed": feature_seeds[k],
             "label": side,
             "round": k,
             "commit": shas[side],

@@ -149,16 +149,26 @@ class ShapeCopy:
 
 
 FEATURE_STATUSES = ("ok", "failed", "unsupported")
+# The inference checks' figures (rmsnorm_suite.inference), per check in the gate's order: the only
+# keys of regression.toml's [features] and of a results file's features.
+FEATURE_FIGURES = (
+    ("batch", ("batch_invariance",)),
+    ("quant", ("quant_bits", "quant_quanta", "quant_scales", "quant_fp32")),
+    ("qk", ("qk_bits", "qk_tolerance")),
+)
+FEATURE_KEYS = tuple(key for _, keys in FEATURE_FIGURES for key in keys)
 
 
 @dataclass(frozen=True)
 class Feature:
     """One figure of an inference feature's check (rmsnorm_suite.inference), as pr-verdict's
-    worker measured it: ``ok`` with its ``value``, ``failed`` or ``unsupported`` with a ``note``."""
+    worker measured it: ``ok`` with its ``value`` (never negative), ``failed`` or ``unsupported``
+    with a ``note``; ``cases``: the labels of the cases measured (the gate holds head to base's)."""
 
     status: str
     value: float | None = None
     note: str | None = None
+    cases: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -209,7 +219,8 @@ class Run:
                 out[key] = getattr(self, key)
         if self.features:
             out["features"] = {
-                k: {"status": f.status, "value": f.value, "note": f.note} for k, f in self.features.items()
+                k: {"status": f.status, "value": f.value, "note": f.note, "cases": list(f.cases)}
+                for k, f in self.features.items()
             }
         return out
 
@@ -307,6 +318,18 @@ def _number(value: Any, where: str) -> float:
     return float(value)
 
 
+def _labels(value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise ValueError(f"{where}: expected a list of case labels, got {_kind(value)}")
+    return tuple(_str(v, f"{where}[{i}]") for i, v in enumerate(value))
+
+
+def _feature_key(key: Any) -> str:
+    if key not in FEATURE_KEYS:
+        raise ValueError(f"features: {key!r} is not a figure of the inference checks {list(FEATURE_KEYS)}")
+    return key
+
+
 def _numbers(value: Any, where: str) -> tuple[float, ...]:
     if not isinstance(value, list):
         raise ValueError(f"{where}: expected a list of numbers, got {_kind(value)}")
@@ -394,9 +417,12 @@ def _read_feature(value: Any, where: str) -> Feature:
     status = r.get("status", _str)
     if status not in FEATURE_STATUSES:
         raise ValueError(f"{r.path('status')}: expected one of {list(FEATURE_STATUSES)}, got {status!r}")
-    feature = Feature(status, r.get("value", _number, None), r.get("note", _str, None))
+    labels = r.get("cases", _labels, ())
+    feature = Feature(status, r.get("value", _number, None), r.get("note", _str, None), tuple(labels))
     if (status == "ok") != (feature.value is not None):
         raise ValueError(f"{r.path('value')}: a value goes with status ok, and only with it")
+    if feature.value is not None and feature.value < 0:
+        raise ValueError(f"{r.path('value')}: a figure counts or bounds a difference, not {feature.value}")
     return feature
 
 
@@ -442,7 +468,7 @@ def from_json(data: Any) -> Run:
         label=r.get("label", _str, None),
         round=r.get("round", _int, None),
         features={
-            _str(k, "features key"): _read_feature(f, f"features[{k!r}]")
+            _feature_key(k): _read_feature(f, f"features[{k!r}]")
             for k, f in r.get("features", _object, {}).items()
         },
     )

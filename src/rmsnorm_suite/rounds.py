@@ -65,8 +65,9 @@ def merge_rounds(
 
 
 def merge_features(runs: Sequence[results.Run]) -> dict[str, results.Feature]:
-    """Per feature figure over the rounds: failed if any round failed, else the largest value;
-    unsupported only where no round measured it. A round without the figure voids it (failed)."""
+    """Per feature figure over the rounds: failed if any round failed, else the largest value and
+    the cases every round measured; unsupported only where no round measured it. A round without
+    the figure voids it (failed)."""
     keys = list(dict.fromkeys(k for run in runs for k in run.features))
     out: dict[str, results.Feature] = {}
     for key in keys:
@@ -78,7 +79,11 @@ def merge_features(runs: Sequence[results.Run]) -> dict[str, results.Feature]:
             out[key] = results.Feature("failed", note=note)
         elif values:
             nan = [v for v in values if v != v]
-            out[key] = results.Feature("ok", nan[0] if nan else max(values), seen[0].note)
+            measured = [set(f.cases) for f in seen if f.status == "ok"]
+            first = next(f for f in seen if f.status == "ok")
+            cases = tuple(c for c in first.cases if all(c in m for m in measured))
+            note = next((f.note for f in seen if f.note), None)
+            out[key] = results.Feature("ok", nan[0] if nan else max(values), note, cases)
         else:
             out[key] = results.Feature("unsupported", note=seen[0].note)
     return out

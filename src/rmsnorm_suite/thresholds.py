@@ -17,6 +17,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from rmsnorm_suite.results import FEATURE_KEYS
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
@@ -182,6 +184,7 @@ def parse_thresholds(data: dict[str, Any], source: str = "<thresholds>") -> Thre
                 ceiling={q: _number(f"{where}.ceiling.{q}", v, low=0.0) for q, v in ceiling.items()},
             )
         features = _table("features", data.get("features", {}))
+        _only("features", features, list(FEATURE_KEYS))
         features = {
             key: _number(f"features.{key}", value, low=0.0, low_inclusive=True)
             for key, value in features.items()

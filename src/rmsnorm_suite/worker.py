@@ -29,6 +29,9 @@ TIMINGS = ("cuda", "host")
 STOPWATCH_CLASS = tuple((k, v, getattr(v, "__code__", None)) for k, v in vars(stopwatch.Stopwatch).items())
 BLOCK = stopwatch.Stopwatch.block
 HOST_SHAPE = (4, 64)  # rows, columns (at most the case's) of the host stand-in's CPU inputs
+# Bound at import, before any commit's code: the Run is assembled with these, not with whatever
+# dataclasses.replace is when the round ends (the guard also holds both).
+REPLACE, FEATURE = dataclasses.replace, results.Feature
 
 
 def check_origin(module: str, expected_under: str | None) -> str | None:
@@ -91,14 +94,21 @@ def host_stand_in(spec: dict[str, Any], before_case=None) -> results.Run:
     )
 
 
-def feature_figures(timing: str) -> dict[str, results.Feature]:
+def feature_figures(timing: str, seed: int = 0, wanted=None) -> dict[str, results.Feature]:
     """The inference checks' figures on this commit's op (rmsnorm_suite.inference): the GPU's
-    cases, or the host stand-in's small CPU ones."""
+    cases, or the host stand-in's small CPU ones; sizes and data drawn by the judge's ``seed``;
+    only the checks with a figure in ``wanted`` (the judge's [features] keys; None: all)."""
     if timing == "host":
-        found = inference.gate_figures("cpu", case_table=inference.HOST_CASES)
+        found = inference.gate_figures("cpu", table=inference.HOST_CASES, seed=seed, wanted=wanted)
     else:
-        found = inference.gate_figures(bench.DEVICE)
-    return {k: results.Feature(f["status"], f.get("value"), f.get("note")) for k, f in found.items()}
+        found = inference.gate_figures(bench.DEVICE, seed=seed, wanted=wanted)
+    return {k: FEATURE(f["status"], f["value"], f["note"], tuple(f["cases"])) for k, f in found.items()}
+
+
+def _wanted(spec: dict[str, Any]):
+    """The figures the judge asks for: ``features`` true (all), or a list of figure names."""
+    asked = spec.get("features")
+    return None if asked is True else tuple(asked or ())
 
 
 def run_round(spec: dict[str, Any], before_case=None) -> results.Run:
@@ -163,12 +173,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     calibrations.append(calibration.measure())
     if spec.get("features"):  # the inference features' figures, inside the guarded span
-        result = dataclasses.replace(result, features=feature_figures(timing))
+        seed = int(spec.get("feature_seed", 0))
+        result = REPLACE(result, features=feature_figures(timing, seed, _wanted(spec)))
     if replaced := held.replaced():
         print(f"the clock was replaced during the round: {', '.join(replaced[:8])}", file=sys.stderr)
         return 3
     settings = {**result.settings, "calibration_ms": calibrations}
-    result = dataclasses.replace(result, label=spec.get("label"), round=spec.get("round"), settings=settings)
+    result = REPLACE(result, label=spec.get("label"), round=spec.get("round"), settings=settings)
     if fd is None:
         results.write(result, Path(out).parent, Path(out).stem)
         return 0

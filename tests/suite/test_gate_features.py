@@ -61,16 +61,23 @@ def test_feature_rows():
     assert {k: v[0] for k, v in _verdicts(ok, ok).items()} == {
         "batch invariance": "pass",
         "quant quanta": "pass",
+        "qk bits": "unsupported",  # neither side has it: shown, never a pass
     }
     worse = {**ok, "batch_invariance": ("ok", 12.0), "quant_quanta": ("ok", 2.0)}
     assert {k: v[0] for k, v in _verdicts(ok, worse).items()} == {
         "batch invariance": "regression",
         "quant quanta": "regression",
+        "qk bits": "unsupported",
     }
     nan = _verdicts(ok, {**ok, "batch_invariance": ("ok", math.nan)})
     assert nan["batch invariance"][0] == "regression"
     lost = _verdicts(ok, {**ok, "batch_invariance": ("unsupported", None, "TypeError")})
-    assert lost["batch invariance"] == ("regression", "head lost the feature: TypeError")
+    assert lost["batch invariance"] == ("regression", "head lost the feature (base measured it): TypeError")
+    cases = {"batch_invariance": ("ok", 0.0, None, ("a", "b"))}
+    dropped = _verdicts(cases, {"batch_invariance": ("ok", 0.0, "not supported: b: no residual", ("a",))})
+    assert (
+        dropped["batch invariance"][0] == "regression" and "dropped cases" in dropped["batch invariance"][1]
+    )
     crashed = _verdicts(ok, {**ok, "quant_quanta": ("failed", None, "RuntimeError")})
     assert crashed["quant quanta"][0] == "regression"
     missing = _verdicts(ok, {"quant_quanta": ("ok", 0.0)})
@@ -97,11 +104,15 @@ def feature_repo(tmp_path_factory):
 def test_pr_verdict_flags_a_batch_dependent_head(feature_repo, host_timing, tmp_path):  # noqa: F811
     repo, base, head = feature_repo
     out = tmp_path / "verdict"
-    assert pr_verdict(repo, base, head, out) == 1
+    assert pr_verdict(repo, base, head, out, features=True) == 1
     data = json.loads((out / "verdict.json").read_text())
     rows = {r["check"]: r for r in data["rows"]}
     assert data["status"] == "regression", data["summary"]
     assert rows["batch invariance"]["verdict"] == "regression", rows["batch invariance"]
     assert rows["batch invariance"]["base"] == 0 and rows["batch invariance"]["head"] > 0
-    # the stand-in op has no residual, quantised output or qk_norm on either side: no such rows
-    assert not any(c.startswith(("quant", "qk")) for c in rows)
+    # the stand-in op has no residual, quantised output or qk_norm on either side: those rows
+    # show, never counted as a pass; the batch row names the residual cases it could not run
+    absent = {c: r["verdict"] for c, r in rows.items() if c.startswith(("quant", "qk"))}
+    assert absent and set(absent.values()) == {"unsupported"}, absent
+    assert "no residual" in rows["batch invariance"]["note"]
+    assert "not judged, neither side's op has it" in data["summary"]

@@ -18,7 +18,7 @@ from rmsnorm_suite.thresholds import load_thresholds
 from ..conftest import KERNEL_DEVICES
 
 LIMITS = load_thresholds().features
-CPU = inference.CASES["cpu"]
+FIGURES = dict(inference.FIGURES)
 
 
 def _norm(x, w, r, eps):
@@ -61,10 +61,17 @@ def _truncating(x, w, r, eps, dt):
 def _loose_scale(x, w, r, eps, dt):
     """Scales from amax over a QMAX 1% too small: every code and scale moves."""
     y32 = inference.torch_norm32(x, w, r, eps)
-    scales = y32.abs().amax(-1, keepdim=True) / (inference.QMAX[dt] * 0.99)
+    scales = y32.abs().amax(-1, keepdim=True) / (inference.qmax(dt) * 0.99)
     v = y32 / scales
     v = torch.round(v) if dt == torch.int8 else v
-    return v.clamp(inference.QMIN[dt], inference.QMAX[dt]).to(dt), scales
+    return v.clamp(inference.qmin(dt), inference.qmax(dt)).to(dt), scales
+
+
+def _off32(x, w, r, eps):
+    """The fp32 y 1e-3 off on every element under half its row's amax (the amax, so the scale,
+    unchanged): quantised from it exactly as torch would, only quant_fp32 holds it to torch's norm."""
+    y = inference.torch_norm32(x, w, r, eps)
+    return y + 1e-3 * (y.abs() < 0.5 * y.abs().amax(-1, keepdim=True))
 
 
 BROKEN = {
@@ -76,6 +83,12 @@ BROKEN = {
     ),
     "quant-truncating": dataclasses.replace(torch_impl, name="truncating", quantise=_truncating),
     "quant-scale": dataclasses.replace(torch_impl, name="loose scale", quantise=_loose_scale),
+    "quant-fp32": dataclasses.replace(
+        torch_impl,
+        name="fp32 y off",
+        norm32=_off32,
+        quantise=lambda x, w, r, eps, dt: inference.torch_quantise(_off32(x, w, r, eps), dt),
+    ),
     "qk": dataclasses.replace(
         torch_impl, name="weights swapped", qk=lambda q, k, wq, wk, eps: _qk(q, k, wk, wq, eps)
     ),
@@ -83,7 +96,7 @@ BROKEN = {
 
 
 def test_limits_are_declared():
-    assert set(LIMITS) == {k for keys in inference.FIGURES.values() for k in keys}
+    assert set(LIMITS) == {k for keys in FIGURES.values() for k in keys}
     assert LIMITS["batch_invariance"] == 0 and LIMITS["quant_bits"] == 0 and LIMITS["qk_bits"] == 0
 
 
@@ -92,7 +105,7 @@ def test_an_honest_torch_implementation_passes(which):
     finding = inference.run(torch_impl, "cpu", which)
     passed, figure = inference.judge(finding, LIMITS)
     assert passed, figure
-    assert set(finding.figures) == set(inference.FIGURES[which])
+    assert set(finding.figures) == set(FIGURES[which])
 
 
 @pytest.mark.parametrize(
@@ -101,6 +114,7 @@ def test_an_honest_torch_implementation_passes(which):
         ("batch", "batch", "batch_invariance"),
         ("quant-truncating", "quant", "quant_bits"),
         ("quant-scale", "quant", "quant_scales"),
+        ("quant-fp32", "quant", "quant_fp32"),
         ("qk", "qk", "qk_bits"),
     ],
 )
@@ -112,6 +126,10 @@ def test_a_broken_implementation_fails(name, which, figure):
 
 
 def test_a_crash_fails_and_a_missing_option_is_unsupported():
+    """Support is the implementation's options, asked once before any case: an option it lacks
+    skips the cases that need it (named, and never a full pass); after that any exception is a
+    failure, whatever its type or message."""
+
     def crash(*args):
         raise RuntimeError("boom")
 
@@ -122,10 +140,83 @@ def test_a_crash_fails_and_a_missing_option_is_unsupported():
 
     crashed = inference.run(dataclasses.replace(torch_impl, qk=crash), "cpu", "qk")
     assert crashed.failures and not inference.judge(crashed, LIMITS)[0]
-    older = inference.run(dataclasses.replace(torch_impl, forward=old), "cpu", "batch")
-    assert older.unsupported and not older.failures and "batch_invariance" in older.figures
-    figures = inference.gate_figures("cpu", dataclasses.replace(torch_impl, qk=crash), inference.HOST_CASES)
-    assert figures["qk_bits"]["status"] == "failed" and figures["batch_invariance"]["status"] == "ok"
+    # claims the residual (the default options) and raises on it: failed, not "unsupported"
+    claims = inference.run(dataclasses.replace(torch_impl, forward=old), "cpu", "batch")
+    assert claims.failures and not claims.unsupported and not inference.judge(claims, LIMITS)[0]
+    without = frozenset(inference.OPTIONS) - {"residual"}
+    older = dataclasses.replace(torch_impl, forward=old, options=lambda: without)
+    found = inference.run(older, "cpu", "batch")
+    assert found.unsupported and not found.failures and "batch_invariance" in found.figures
+    assert not inference.judge(found, LIMITS)[0]  # partly measured is not a pass
+    assert len(found.cases) == 1 and "residual" not in found.cases[0]
+    figures = inference.gate_figures("cpu", dataclasses.replace(older, qk=crash), inference.HOST_CASES)
+    assert figures["qk_bits"]["status"] == "failed"
+    batch = figures["batch_invariance"]
+    assert batch["status"] == "ok" and "no residual" in batch["note"] and len(batch["cases"]) == 1
+    no_qk = dataclasses.replace(torch_impl, options=lambda: frozenset(inference.OPTIONS) - {"qk_norm"})
+    assert inference.gate_figures("cpu", no_qk, inference.HOST_CASES)["qk_bits"]["status"] == "unsupported"
+
+
+class _Subclass(torch.Tensor):
+    pass
+
+
+def _with(forward=None, quantise=None):
+    impl = torch_impl
+    if forward is not None:
+        impl = dataclasses.replace(impl, forward=forward)
+    return dataclasses.replace(impl, quantise=quantise) if quantise is not None else impl
+
+
+def _exits(*args):
+    raise SystemExit(0)
+
+
+WRONG = {
+    "not a tensor": ("batch", _with(forward=lambda x, w, r, eps: ([0.0], None))),
+    "h None with a residual": ("batch", _with(forward=lambda x, w, r, eps: (_norm(x, w, r, eps)[0], None))),
+    "a tensor subclass": (
+        "batch",
+        _with(
+            forward=lambda x, w, r, eps: (
+                _norm(x, w, r, eps)[0].as_subclass(_Subclass),
+                _norm(x, w, r, eps)[1],
+            )
+        ),
+    ),
+    "SystemExit": ("batch", _with(forward=_exits)),
+    "scales of the wrong numel": (
+        "quant",
+        _with(quantise=lambda x, w, r, eps, dt: (torch_impl.quantise(x, w, r, eps, dt)[0], torch.ones(3))),
+    ),
+    "a scalar for scales": (
+        "quant",
+        _with(quantise=lambda x, w, r, eps, dt: (torch_impl.quantise(x, w, r, eps, dt)[0], 1.0)),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG))
+def test_a_wrong_output_fails_the_check(name):
+    which, impl = WRONG[name]
+    figures = inference.gate_figures("cpu", impl, inference.HOST_CASES, wanted=FIGURES[which])
+    assert set(figures) == set(FIGURES[which])
+    assert all(f["status"] == "failed" for f in figures.values()), figures
+
+
+def test_sizes_and_data_follow_the_seed():
+    seen = []
+
+    def forward(x, w, r, eps):
+        seen.append((x.shape[0], float(x[0, 0])))
+        return torch_impl.forward(x, w, r, eps)
+
+    impl = _with(forward=forward)
+    for seed in (1, 2):
+        inference.run(impl, "cpu", "batch", inference.HOST_CASES, seed=seed)
+    half = len(seen) // 2
+    assert seen[:half] != seen[half:]
+    assert all(257 <= m <= 300 for m, _ in seen[::3])  # each case's large batch
 
 
 @pytest.mark.parametrize("device", [p for p in KERNEL_DEVICES])
