@@ -1,4 +1,4 @@
-"""QK-norm on the heads of a fused qkv projection (issue 48): q = qkv[..., :q_size].view(T, Hq, D)
+"""QK-norm on the heads of a fused qkv projection: q = qkv[..., :q_size].view(T, Hq, D)
 and the k slice beside it, normalised per head over D by ``rms_norm`` and by ``qk_norm`` (q and k
 in one launch), forward and backward, read in place (no copy), under the interpreter on CPU and
 on CUDA. Torch is the reference: F.rms_norm on each of q and k, in float64.
