@@ -182,13 +182,18 @@ def test_the_hot_cache_is_bounded(compiled_mode, monkeypatch):
     assert max(sizes) == 3 and sizes[-1] <= 3
 
 
-def test_the_hot_path_launches_on_the_current_device_only(compiled_mode, monkeypatch):
-    """Tensors on a device that is not current take the keyed path, under a device guard."""
+@pytest.mark.parametrize("current", [0, 2], ids=["current-below", "current-above"])
+def test_the_hot_path_launches_on_the_current_device_only(compiled_mode, monkeypatch, current):
+    """Tensors on a device that is not current take the keyed path, under a device guard, on
+    either side of the current device's index (a model spread over GPUs in one process): a
+    launch cached while their device was current is not replayed on another one."""
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 1)  # the tensors are on device 1
     launcher = launch.Launcher(FakeKernel(), 1)
     keyed = _count_keyed_calls(monkeypatch, launcher)
     x = torch.ones(8)
-    launcher((1, 1, 1), (x, 8), 4, ())  # the tensors' device (-1 on CPU) is current
-    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 1, raising=False)
+    launcher((1, 1, 1), (x, 8), 4, ())  # their device is current: the launch enters the hot cache
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: current, raising=False)
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     launcher((1, 1, 1), (x, 8), 4, ())
     assert len(keyed) == 2
@@ -344,6 +349,7 @@ class _Recorder:
         ("strided x", 0.0, False, False),
         ("strided residual", 0.0, False, False),
         ("contiguous residual", 0.5, True, True),
+        ("broadcast residual", 0.0, False, False),  # one residual row for every row: stride 0
     ],
 )
 def test_walked_forward_knows_contiguous_rows_and_a_nonzero_offset(
@@ -357,7 +363,11 @@ def test_walked_forward_knows_contiguous_rows_and_a_nonzero_offset(
     n = 9000
     base = torch.randn(6, n + 8)
     x = base[::2, :n] if layout == "strided x" else base[:3, :n].contiguous()
-    res = {"strided residual": base[:3, 8:], "contiguous residual": base[3:, :n].contiguous()}.get(layout)
+    res = {
+        "strided residual": base[:3, 8:],
+        "contiguous residual": base[3:, :n].contiguous(),
+        "broadcast residual": base[:1, :n].expand(3, n),
+    }.get(layout)
     launch.forward(x, torch.randn(n), res, 1e-6, offset, 0, torch.float32, torch.float32)
     grid, args, _, constexprs = launch._forward_looped.last
     assert log == ["looped"] and grid == (3, 1, 1)
@@ -709,3 +719,74 @@ def test_wide_backward_plan_grid_fills_the_machine_with_whole_programs():
     assert grid == (4, 132) and all(type(g) is int for g in grid)
     assert launch._wide_grid(8, 65536, 16384, 4, 132) == (4, 8)  # few rows: one group a row
     assert launch._wide_grid(4096, 65537, 16384, 1, 2) == (5, 1)  # more segments than programs
+
+
+@pytest.mark.parametrize("n", [64, 1000, 4096, 9000], ids=["narrow", "prefetch", "one-row", "two-walk"])
+def test_backward_launches_at_most_one_program_per_row_block(compiled_mode, monkeypatch, n):
+    """The tile and two-walk backward run a persistent grid: P programs over the row blocks (ROWS
+    rows each; one row a step in the two-walk kernel), program p taking blocks p, p + P, ...
+    P is at most the blocks (no program without rows, none run twice), the kernel is told P, and
+    dw's scratch has one row per program, or is dw itself where one program sums every row."""
+    log = []
+    for name in LAUNCHERS:
+        monkeypatch.setattr(launch, name, _Recorder(name, log))
+    kernel = launch._backward_tile if n <= launch.BACKWARD_MAX_TILE else launch._backward_chunked
+    names = [p.name for p in (kernels.backward_tile if kernel is launch._backward_tile else kernels.backward_chunked).params if p.is_constexpr]  # fmt: skip
+    w = torch.randn(n)
+    for m in (1, 2, 3, 5, 8, 17):
+        x, dy = torch.randn(m, n), torch.randn(m, n)
+        _, dw = launch.backward(dy, None, x, w, torch.ones(m), 0.0, 0, True, torch.float32)
+        grid, args, _, constexprs = kernel.last
+        rows = dict(zip(names, constexprs)).get("ROWS", 1)
+        programs = grid[0] * grid[1] * grid[2]
+        assert 1 <= programs <= -(-m // rows) and args[9] == programs, (m, grid, rows)
+        partial = args[6]
+        assert partial is dw if programs == 1 else partial.shape == (programs, n), (m, grid)
+
+
+def test_per_head_backward_takes_the_programs_of_a_shared_weight(compiled_mode, monkeypatch):
+    """Per-head weights split the backward's programs by head (dw's reduction must not sum across
+    heads), but over the same rows take as many programs as a shared weight where the heads
+    divide that count: each head's row blocks spread over several programs, not one."""
+    n, heads = 16, 2
+    rows = launch.backward_config(n).rows
+    monkeypatch.setattr(launch, "_heads_backward", _Recorder("heads", []))
+    monkeypatch.setattr(launch, "_reduce_columns", _Recorder("reduce", []))
+    launched = {}
+    for blocks in (2, 4):  # row blocks per head
+        t = blocks * rows
+        x, dy, rstd = torch.randn(t, heads, n), torch.randn(t, heads, n), torch.ones(t, heads)
+        for per_head, w in (("per head", torch.randn(heads, n)), ("shared", torch.randn(n))):
+            group = (launch.head_rows(x, n), launch.head_rows(dy, n), w, rstd, torch.float32, True, x.shape)
+            launch.backward_heads([group], 0.0, 0)
+            launched[blocks, per_head] = launch._heads_backward.last[0][0]
+    for blocks in (2, 4):
+        shared = launched[blocks, "shared"]
+        assert shared % heads == 0 and shared > heads, launched  # the case this test is about
+        assert launched[blocks, "per head"] == shared, launched
+
+
+HEAD_LAYOUTS = {
+    "tokens": lambda: torch.randn(5, 3, 8),
+    "batch, one token": lambda: torch.randn(2, 1, 3, 8),  # decoding: one token a sequence
+    "one batch": lambda: torch.randn(1, 5, 3, 8),
+    "size-1 dims between": lambda: torch.randn(2, 1, 3, 1, 3, 8),
+    "fused qkv, one token": lambda: torch.randn(2, 1, 40)[..., :24].view(2, 1, 3, 8),
+    "every other token": lambda: torch.randn(4, 6, 3, 8)[:, ::2],
+    "one head": lambda: torch.randn(5, 1, 8),
+    "2-D": lambda: torch.randn(3, 8),
+    "1-D": lambda: torch.randn(8),
+}
+
+
+@pytest.mark.parametrize("layout", list(HEAD_LAYOUTS))
+def test_head_rows_reach_each_row_in_place(layout):
+    """head_rows' (token stride, head stride) reach row token * H + head of t (..., H, n) in t's
+    own memory: read through them, the rows are t's, at every layout it takes in place, size-1
+    dims (one token a sequence, as in decoding) included."""
+    t = HEAD_LAYOUTS[layout]()
+    rows = launch.head_rows(t, 8)
+    assert rows is not None and rows.t is t and rows.m == t.numel() // 8
+    tokens = rows.m // rows.heads
+    read = torch.as_strided(t, (tokens, rows.heads, 8), (rows.stride_t, rows.stride_h, 1), t.storage_offset())
+    assert torch.equal(read, t.reshape(tokens, rows.heads, 8))

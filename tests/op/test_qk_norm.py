@@ -605,3 +605,24 @@ def test_eager_calls_skip_the_dispatcher(device, grad, monkeypatch):
     if grad:
         (yq.sum() + 2 * yk.sum()).backward()
         assert qkv.grad is not None and qkv.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("device", DEVICE)
+def test_a_head_dim_short_of_its_block_matches_torch(device):
+    """A head dim that is not a power of two and more than one column short of the block the
+    kernels tile it with (80 in a block of 128, as some models have): the columns past D are
+    neither read nor written, forward and backward, with a per-head and a shared weight."""
+    t, hq, hk, d = 3, 4, 2, 80
+    qkv = _fused(t, hq, hk, d, torch.float32, device, seed=21).requires_grad_()
+    wq, wk = _head_weights(d, hq, hk, "q per head, k (D,)", torch.float32, device, seed=21)
+    q, k = _views(qkv, hq, hk, d)
+    yq, yk = rmsnorm_kernel.qk_norm(q, k, wq, wk, EPS)
+    g = torch.Generator().manual_seed(21)
+    gq, gk = (torch.randn(y.shape, generator=g).to(device) for y in (yq, yk))
+    ((yq * gq).sum() + (yk * gk).sum()).backward()
+    oq, ok, dqkv, dwq, dwk = _per_head_oracle(qkv, hq, hk, d, wq, wk, gq, gk, torch.float32, 0.0, "default")
+    _close(yq, oq, TOL[torch.float32])
+    _close(yk, ok, TOL[torch.float32])
+    _close(qkv.grad, dqkv, GRAD_TOL[torch.float32])
+    _close(wq.grad, dwq, GRAD_TOL[torch.float32])
+    _close(wk.grad, dwk, GRAD_TOL[torch.float32])
