@@ -790,3 +790,24 @@ def test_an_error_row_reports_head_over_base():
     assert rows[f"error y {FP32}"].ratio == pytest.approx(3.0, rel=1e-12)
     assert rows[f"error dx {FP32}"].ratio == pytest.approx(1.0, rel=1e-12)
     assert rows[f"error y {SMALL}"].ratio is None
+
+
+def test_paired_rounds_of_unequal_counts_are_refused_either_way():
+    """Paired inference needs one head round per base round, whichever side has more."""
+    for base, head in (([1.0, 1.1], [1.0, 1.1, 1.2]), ([1.0, 1.1, 1.2], [1.0, 1.1])):
+        with pytest.raises(ValueError, match="equal counts"):
+            gate.ratio_estimate(base, head, 0.01, paired=True, factor=1.03)
+
+
+@pytest.mark.parametrize("ratio, flagged", [(1.01, False), (1.05, True)])
+def test_rounds_without_spread_are_judged_against_the_factor(ratio, flagged):
+    """Every round the same head/base ratio (no spread, so no t interval): the evidence that
+    head/base passes the factor is certain either way, p 0 above it and 1 below it."""
+    base = [1.0, 1.0, 1.0]
+    est = gate.ratio_estimate(base, [ratio] * 3, 0.01, paired=True, factor=1.03)
+    assert est.p_factor == (0.0 if flagged else 1.0)
+
+
+def test_median_of_odd_and_even_counts():
+    assert gate.median([4.0, 1.0, 2.0]) == 2.0
+    assert gate.median([4.0, 1.0, 2.0, 3.0]) == 2.5
