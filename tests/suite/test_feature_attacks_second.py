@@ -1,15 +1,19 @@
 """A second hostile review of the inference features' rows (host stand-in, CPU).
 
-Each test states a property the gate's documentation claims, and is marked ``xfail(strict=True)``
-while the property does not hold: it fails (XPASS) once the hole is closed, so the mark must then
-be removed. The heads are the first review's batch-dependent op (a "many-row plan" for 257 rows or
+Each test states a property the gate's documentation claims; one that does not hold is marked
+``xfail(strict=True)`` (it fails, XPASS, once the hole is closed, so the mark must then be
+removed). None is open now: the guard holds InferenceImpl's fields, keeps its modules from
+construction and binds what it reads at import, the checks bind their run-time lookups, and a
+round's unsupported voids the merged figure. The heads are the first review's batch-dependent op (a "many-row plan" for 257 rows or
 more, tests/suite/test_feature_attacks.py) plus an attack that needs no frame walk, no caller
 recognition and no write to the result pipe (the routes docs/ci.md lists as open).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 import json
 import math
 import types
@@ -76,7 +80,6 @@ def second_repo(tmp_path_factory):
     return repo, base, heads
 
 
-@pytest.mark.xfail(strict=True, reason="open: the head's process forges batch invariance (review 2)")
 @pytest.mark.parametrize("attack", list(ATTACKS))
 def test_second_feature_attack_does_not_pass(second_repo, host_timing, tmp_path, attack):  # noqa: F811
     repo, base, heads = second_repo
@@ -87,8 +90,8 @@ def test_second_feature_attack_does_not_pass(second_repo, host_timing, tmp_path,
     assert row is None or row["verdict"] != "pass", (data["status"], row)
 
 
-# What the checks call at run time, looked up then (not bound at import), that the guard does not
-# hold: each replaced, the guard names nothing.
+# What the checks called at run time, looked up then (not bound at import), that the guard did not
+# hold: the checks now bind them at import and the guard names each replaced.
 UNHELD = {
     # torch_quantise's int8 reference rounds with torch.round: an op that truncates its int8
     # codes reads 0 quant_bits once torch.round is torch.trunc
@@ -99,10 +102,12 @@ UNHELD = {
     "math.isnan": (math, "isnan", lambda v: True),
     # _worst's max, _check's float, _differing's int: builtins of the checks
     "builtins.max": (__import__("builtins"), "max", min),
+    "builtins.float": (__import__("builtins"), "float", lambda v=0.0: 0.0),
+    "builtins.int": (__import__("builtins"), "int", lambda v=0: 0),
+    "builtins.sum": (__import__("builtins"), "sum", lambda it, start=0: 0),
 }
 
 
-@pytest.mark.xfail(strict=True, reason="open: the guard does not hold these (review 2)")
 @pytest.mark.parametrize("name", list(UNHELD))
 def test_guard_holds_what_the_checks_call_at_run_time(name, monkeypatch):
     owner, attr, value = UNHELD[name]
@@ -115,7 +120,6 @@ def test_guard_holds_what_the_checks_call_at_run_time(name, monkeypatch):
     assert named, f"{name} replaced and the guard names nothing"
 
 
-@pytest.mark.xfail(strict=True, reason="open: the guard does not hold InferenceImpl's fields (review 2)")
 def test_guard_holds_the_impl_the_worker_measures():
     held = guard.Guard()
     original = inference.op_impl.forward
@@ -127,7 +131,6 @@ def test_guard_holds_the_impl_the_worker_measures():
     assert named, "op_impl.forward replaced in place and the guard names nothing"
 
 
-@pytest.mark.xfail(strict=True, reason="open: the guard reads modules through unheld importlib (review 2)")
 def test_guard_is_not_blinded_by_import_module(monkeypatch):
     held = guard.Guard()
     copies = {m: dict(vars(importlib.import_module(m))) for m in guard.TRUSTED}
@@ -149,8 +152,8 @@ def test_guard_is_not_blinded_by_import_module(monkeypatch):
     assert named, "inference._differing rebound and the guard names nothing"
 
 
-def test_an_int8_truncating_op_passes_quant_bits_with_torch_round_replaced(monkeypatch):
-    """Not xfail: shows the effect of torch.round being unheld (an int8 row, as the GPU's)."""
+def test_an_int8_truncating_op_fails_quant_bits_with_torch_round_replaced(monkeypatch):
+    """torch.round replaced after import does not change the int8 reference (bound at import)."""
     import torch.nn.functional as F
 
     def norm32(x, w, r, eps):
@@ -167,12 +170,9 @@ def test_an_int8_truncating_op_passes_quant_bits_with_torch_round_replaced(monke
     assert honest.figures["quant_bits"] > 0
     monkeypatch.setattr(torch, "round", torch.trunc)
     forged = inference.run(impl, "cpu", "quant", table)
-    assert forged.figures["quant_bits"] == 0 and not forged.failures
+    assert forged.figures["quant_bits"] == honest.figures["quant_bits"] > 0
 
 
-@pytest.mark.xfail(
-    strict=True, reason="open: a round's unsupported is dropped when another measured (review 2)"
-)
 def test_a_figure_unsupported_in_some_rounds_is_not_ok():
     """A head that drops qk_norm at random in most rounds (no knowledge of the seed needed) has
     its figure judged on the few rounds that measured it: a flaky op is caught less often."""
@@ -183,4 +183,39 @@ def test_a_figure_unsupported_in_some_rounds_is_not_ok():
         results.Run((), features={"qk_bits": F_("ok", 0.0, None, ("qkv 3..5x(4+2+2)x16-float32",))}),
     ]
     merged = rounds.merge_features(runs)["qk_bits"]
-    assert merged.status != "ok", merged
+    assert merged.status == "failed", merged
+    assert "#1, #2" in merged.note, merged
+
+
+def _options_of(monkeypatch, rms_norm) -> frozenset:
+    monkeypatch.setattr(inference, "_op", lambda: types.SimpleNamespace(rms_norm=rms_norm))
+    return inference._op_options()
+
+
+def test_an_unreadable_signature_reads_as_every_option(monkeypatch):
+    """A C function (no signature to read) is not taken as lacking residual and out_dtype."""
+    with pytest.raises(ValueError):
+        inspect.signature(max)
+    assert {"residual", "out_dtype"} <= _options_of(monkeypatch, max)
+
+
+def test_a_wraps_wrapper_narrowing_the_signature_keeps_its_options(monkeypatch):
+    """functools.wraps reports the wrapped function's narrower signature; the wrapper's own
+    (``**kw``) takes every keyword."""
+
+    def narrow(x, weight=None, eps=1e-6):
+        return x
+
+    @functools.wraps(narrow)
+    def rms_norm(*args, **kwargs):
+        return args[0]
+
+    assert "out_dtype" not in inspect.signature(rms_norm).parameters
+    assert {"residual", "out_dtype"} <= _options_of(monkeypatch, rms_norm)
+
+
+def test_a_plain_signature_without_the_options_still_lacks_them(monkeypatch):
+    def rms_norm(x, weight=None, eps=1e-6):
+        return x
+
+    assert _options_of(monkeypatch, rms_norm) == frozenset({"rms_norm"})
