@@ -24,7 +24,39 @@ import torch
 from rmsnorm_suite import guard, inference, results, rounds
 
 from .test_feature_attacks import MANY_ROW_PLAN, OPS_RESIDUAL
-from .test_pullrequest import INIT, commit, git, host_timing, pr_verdict  # noqa: F401
+from .test_pullrequest import commit, git, host_timing, pr_verdict  # noqa: F401
+
+
+# The residual op with out_dtype (fp32 y, or fp8/int8 codes with per-row scales by torch's own
+# sequence) and qk_norm, so that the quant and QK-norm rows run end to end under pr-verdict (the
+# first review's op lacks both). The heads keep its batch-dependent plan.
+def _full(ops: str) -> str:
+    return ops.replace(
+        "def rms_norm(x, weight=None, eps=1e-6, residual=None):",
+        "def rms_norm(x, weight=None, eps=1e-6, residual=None, out_dtype=None):\n"
+        "    if out_dtype is not None:\n"
+        "        return _quantised(x, weight, eps, residual, out_dtype)",
+    ) + (
+        "QMAX = {torch.float8_e4m3fn: 448.0, torch.int8: 127.0}\n"
+        "def _quantised(x, weight, eps, residual, out_dtype):\n"
+        "    h = x if residual is None else (x.float() + residual.float()).to(x.dtype)\n"
+        "    y = torch.nn.functional.rms_norm(h.float(), (h.shape[-1],), weight.float(), eps)\n"
+        "    if out_dtype == torch.float32:\n"
+        "        return y if residual is None else (y, h)\n"
+        "    q = QMAX[out_dtype]\n"
+        "    s = (y.abs().amax(-1, keepdim=True) / q).clamp(min=float(torch.tensor(1.0 / (q * 512.0))))\n"
+        "    v = y / s\n"
+        "    v = torch.round(v) if out_dtype == torch.int8 else v\n"
+        "    y_q = v.clamp(-q - (out_dtype == torch.int8), q).to(out_dtype)\n"
+        "    return (y_q, s) if residual is None else (y_q, s, h)\n"
+        "def qk_norm(q, k, q_weight, k_weight, eps=1e-6):\n"
+        "    return rms_norm(q, q_weight, eps), rms_norm(k, k_weight, eps)\n"
+    )
+
+
+OPS_FULL, FULL_MANY_ROW_PLAN = _full(OPS_RESIDUAL), _full(MANY_ROW_PLAN)
+assert FULL_MANY_ROW_PLAN != OPS_FULL
+INIT_FULL = "from rmsnorm_kernel.ops import rms_norm, qk_norm\n"
 
 ATTACKS = {
     # The worker measures ``inference.op_impl``, a frozen dataclass instance: frozen only guards
@@ -32,7 +64,7 @@ ATTACKS = {
     # instance (nor does comparing gate_figures.__defaults__ see a change inside the same object).
     # The check then measures torch's own norm, not the op.
     "op-impl-fields-swapped": (
-        MANY_ROW_PLAN,
+        FULL_MANY_ROW_PLAN,
         "from rmsnorm_suite import inference as _inf\n"
         "def _ref(x, w, r, eps):\n"
         "    h = x if r is None else (x.float() + r.float()).to(x.dtype)\n"
@@ -48,7 +80,7 @@ ATTACKS = {
     # vars(): neither is held. Served a copy of each module's namespace taken at import, the
     # guard sees nothing change, and any function of the checks can then be rebound.
     "guard-blinded-through-import-module": (
-        MANY_ROW_PLAN,
+        FULL_MANY_ROW_PLAN,
         "import importlib as _il, types as _types\n"
         "from rmsnorm_suite import guard as _g, inference as _inf\n"
         "_copies = {m: dict(vars(_il.import_module(m))) for m in _g.TRUSTED}\n"
@@ -71,9 +103,9 @@ def second_repo(tmp_path_factory):
     repo.mkdir()
     git(repo, "init", "-q", "-b", "main")
     op = "src/rmsnorm_kernel/"
-    base = commit(repo, {op + "__init__.py": INIT, op + "ops.py": OPS_RESIDUAL}, "base: residual")
+    base = commit(repo, {op + "__init__.py": INIT_FULL, op + "ops.py": OPS_FULL}, "base: full")
     heads = {}
-    for name, (ops, extra) in ATTACKS.items():
+    for name, (ops, extra) in {"control": (FULL_MANY_ROW_PLAN, ""), **ATTACKS}.items():
         git(repo, "checkout", "-q", "-b", name, base)
         heads[name] = commit(repo, {op + "ops.py": ops + extra}, name)
     git(repo, "checkout", "-q", "main")
@@ -85,9 +117,23 @@ def test_second_feature_attack_does_not_pass(second_repo, host_timing, tmp_path,
     repo, base, heads = second_repo
     pr_verdict(repo, base, heads[attack], tmp_path / "verdict", features=True)
     data = json.loads((tmp_path / "verdict" / "verdict.json").read_text())
-    row = {r["check"]: r for r in data["rows"]}.get("batch invariance")
+    rows = {r["check"]: r for r in data["rows"]}
+    row = rows.get("batch invariance")
     assert data["status"] in ("regression", "error"), (data["summary"], row)
     assert row is None or row["verdict"] != "pass", (data["status"], row)
+
+
+def test_quant_and_qk_rows_run_end_to_end(second_repo, host_timing, tmp_path):  # noqa: F811
+    """The control head (the batch-dependent plan, no attack) on an op with out_dtype and qk_norm:
+    the quant and QK-norm rows are measured on both sides and pass; the batch row regresses."""
+    repo, base, heads = second_repo
+    pr_verdict(repo, base, heads["control"], tmp_path / "verdict", features=True)
+    data = json.loads((tmp_path / "verdict" / "verdict.json").read_text())
+    rows = {r["check"]: r for r in data["rows"]}
+    assert data["status"] == "regression", data["summary"]
+    assert rows["batch invariance"]["verdict"] == "regression", rows["batch invariance"]
+    features = {c: r["verdict"] for c, r in rows.items() if c.startswith(("quant", "qk"))}
+    assert len(features) == 6 and set(features.values()) == {"pass"}, features
 
 
 # What the checks called at run time, looked up then (not bound at import), that the guard did not
