@@ -10,6 +10,7 @@ head's calibrations to the base's (regression.toml, [clock]). Either finding mak
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import math
@@ -17,6 +18,18 @@ import statistics
 import types
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+# What the guard itself reads with, bound at its import (before any commit's code): a head that
+# replaces importlib.import_module, vars or inspect.getattr_static later does not change what the
+# guard sees through them. docs/ci.md (threat model): an in-process guard can still be blinded.
+_IMPORT, _VARS, _GETATTR_STATIC = importlib.import_module, vars, inspect.getattr_static
+_ISINSTANCE, _TYPE, _ID, _SORTED = isinstance, type, id, sorted
+_IS_DATACLASS, _FIELDS = dataclasses.is_dataclass, dataclasses.fields
+_OBJECT_GETATTR = object.__getattribute__
+_FUNCTION = types.FunctionType
+_WRAPPERS, _MODULE = (classmethod, staticmethod), types.ModuleType
+_VALUES = (int, float, str, bytes, tuple, frozenset, bool, type(None))
+_CONSTANTS = (int, float, str, bytes, tuple, frozenset)
 
 # (module, attribute path) of the clocks and what they time with
 CLOCKS = (
@@ -30,6 +43,9 @@ CLOCKS = (
     ("torch", "matmul"), ("torch", "randn"), ("torch", "randint"),
     ("dataclasses", "replace"), ("torch.nn.functional", "rms_norm"), ("torch", "equal"),
     ("torch", "ne"), ("torch", "count_nonzero"), ("torch", "index_select"), ("torch.autograd", "grad"),
+    # what the feature checks call at run time (inference binds them at import too)
+    ("torch", "round"), ("torch", "where"), ("torch", "trunc"), ("torch", "abs"), ("torch", "clamp"),
+    ("importlib", "import_module"), ("inspect", "getattr_static"), ("inspect", "signature"),
 )  # fmt: skip
 # classes whose whole namespace is held (methods replaced on the class, or on its C base)
 CLOCK_CLASSES = (
@@ -40,43 +56,66 @@ CLOCK_CLASSES = (
 TRUSTED = ("rmsnorm_suite.bench", "rmsnorm_suite.harness", "rmsnorm_suite.timing",
            "rmsnorm_suite.providers", "rmsnorm_suite.results", "rmsnorm_suite.numerics",
            "rmsnorm_suite.worker", "rmsnorm_suite.guard", "rmsnorm_suite.stopwatch",
-           "rmsnorm_suite.inference", "rmsnorm_suite.cases", "dataclasses", "json")  # fmt: skip
+           "rmsnorm_suite.inference", "rmsnorm_suite.cases", "dataclasses", "json",
+           "builtins", "math")  # fmt: skip
 # classes whose every member is held, dunders included (the feature checks compute with tensors
 # the op returned: a method or operator replaced on the class is named)
 HELD_CLASSES = (("torch", "Tensor"), ("torch._C", "TensorBase"))
+# every module the guard reads, imported once at construction and kept: the guard never looks a
+# module up again (a head serving copies through importlib.import_module is not read)
+MODULES = tuple(dict.fromkeys((*(m for m, _ in CLOCKS), *(m for m, _ in CLOCK_CLASSES),
+                               *(m for m, _ in HELD_CLASSES), *TRUSTED)))  # fmt: skip
 # 128 MiB of bf16 on the GPU (over the L2); on the host 64 KiB of fp32, under torch's threshold for a
 # threaded copy (a threaded copy on a loaded machine times the scheduler more than the clock)
 CALIBRATION_ELEMENTS = {"cuda": 2**26, "host": 2**14}
 CALIBRATION_SAMPLES = 15
 
 
-def _resolve(module: str, path: str) -> Any:
-    obj: Any = importlib.import_module(module)
+def _modules() -> dict[str, types.ModuleType]:
+    found = {}
+    for name in MODULES:
+        try:
+            found[name] = _IMPORT(name)
+        except ImportError:
+            continue
+    return found
+
+
+def _resolve(modules: Mapping[str, types.ModuleType], module: str, path: str) -> Any:
+    if module not in modules:
+        raise ImportError(module)
+    obj: Any = modules[module]
     for part in path.split("."):
-        obj = inspect.getattr_static(obj, part)
+        obj = _GETATTR_STATIC(obj, part)
     return obj
 
 
 def _fingerprint(value: Any) -> tuple:
     """What must stay the same: the object, and for a Python function its code and defaults
     (swapping ``__code__`` keeps the function's identity)."""
-    if isinstance(value, (classmethod, staticmethod)):
+    if _ISINSTANCE(value, _WRAPPERS):
         value = value.__func__
-    if isinstance(value, types.FunctionType):
-        return (id(value), id(value.__code__), value.__defaults__, value.__kwdefaults__)
-    if isinstance(value, (int, float, str, bytes, tuple, frozenset, bool, type(None))):
-        return (type(value), value)
-    return (id(value),)
+    if _ISINSTANCE(value, _FUNCTION):
+        return (_ID(value), _ID(value.__code__), value.__defaults__, value.__kwdefaults__)
+    if _ISINSTANCE(value, _VALUES):
+        return (_TYPE(value), value)
+    return (_ID(value),)
 
 
 def _held(value: Any, module: str) -> bool:
-    if isinstance(value, (types.FunctionType, classmethod, staticmethod, types.ModuleType)):
+    if _ISINSTANCE(value, (_FUNCTION, *_WRAPPERS, _MODULE)):
         return True  # a module global replaced (worker.stopwatch = a stand-in) is seen by identity
-    if isinstance(value, type):
+    if _ISINSTANCE(value, _TYPE):
         return value.__module__ == module
-    if isinstance(value, BUILTINS) or _is_dtype(value):
+    if _ISINSTANCE(value, BUILTINS) or _is_dtype(value):
         return True  # a torch function or dtype bound at import (inference's), by identity
-    return isinstance(value, (int, float, str, bytes, tuple, frozenset))
+    if _is_instance_of_dataclass(value):
+        return True  # inference.op_impl: its fields are held too (object.__setattr__ swaps them)
+    return _ISINSTANCE(value, _CONSTANTS)
+
+
+def _is_instance_of_dataclass(value: Any) -> bool:
+    return _IS_DATACLASS(value) and not _ISINSTANCE(value, _TYPE)
 
 
 BUILTINS = (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
@@ -84,54 +123,59 @@ BUILTINS = (types.BuiltinFunctionType, types.MethodDescriptorType, types.Wrapper
 
 
 def _is_dtype(value: Any) -> bool:
-    return type(value).__name__ == "dtype" and type(value).__module__ == "torch"
+    return _TYPE(value).__name__ == "dtype" and _TYPE(value).__module__ == "torch"
 
 
 class Guard:
     """Snapshot at construction; :meth:`replaced` names whatever changed since."""
 
     def __init__(self) -> None:
+        self.modules = _modules()  # kept: never looked up again
         self.snapshot = self._take()
         self.objects = {name: value for name, (value, _) in self.snapshot.items()}  # keeps ids alive
 
-    @staticmethod
-    def _take() -> dict[str, tuple[Any, tuple]]:
+    def _take(self) -> dict[str, tuple[Any, tuple]]:
         found: dict[str, tuple[Any, tuple]] = {}
+        modules = self.modules
 
         def hold(name: str, value: Any) -> None:
             found[name] = (value, _fingerprint(value))
 
         for module, path in CLOCKS:
             try:
-                hold(f"{module}.{path}", _resolve(module, path))
+                hold(f"{module}.{path}", _resolve(modules, module, path))
             except (ImportError, AttributeError):
                 continue
         for module, path in CLOCK_CLASSES:
             try:
-                cls = _resolve(module, path)
+                cls = _resolve(modules, module, path)
             except (ImportError, AttributeError):
                 continue
-            for key, value in vars(cls).items():
+            for key, value in _VARS(cls).items():
                 if not key.startswith("__") or key in ("__init__", "__new__", "__call__"):
                     hold(f"{module}.{path}.{key}", value)
         for module, path in HELD_CLASSES:
             try:
-                cls = _resolve(module, path)
+                cls = _resolve(modules, module, path)
             except (ImportError, AttributeError):
                 continue
-            for key, value in vars(cls).items():
+            for key, value in _VARS(cls).items():
                 if key not in ("__dict__", "__doc__", "__weakref__", "__annotations__"):
                     hold(f"{module}.{path}.{key}", value)
         for module in TRUSTED:
-            mod = importlib.import_module(module)
-            for key, value in vars(mod).items():
+            if module not in modules:
+                continue
+            for key, value in _VARS(modules[module]).items():
                 if key.startswith("__") or not _held(value, module):
                     continue
                 hold(f"{module}.{key}", value)
-                if isinstance(value, type):
-                    for attr, member in vars(value).items():
+                if _ISINSTANCE(value, _TYPE):
+                    for attr, member in _VARS(value).items():
                         if not attr.startswith("__") or attr in ("__init__", "__post_init__"):
                             hold(f"{module}.{key}.{attr}", member)
+                elif _is_instance_of_dataclass(value):
+                    for f in _FIELDS(value):
+                        hold(f"{module}.{key}.{f.name}", _OBJECT_GETATTR(value, f.name))
         return found
 
     def replaced(self) -> list[str]:
@@ -140,7 +184,7 @@ class Guard:
         changed = [
             name for name, (_, mark) in self.snapshot.items() if now.get(name, (None, None))[1] != mark
         ]
-        return sorted(changed)
+        return _SORTED(changed)
 
 
 class Calibration:

@@ -47,6 +47,9 @@ _TENSOR_OF, _GENERATOR, _GRAD = torch.tensor, torch.Generator, torch.autograd.gr
 _ENABLE_GRAD, _NO_GRAD = torch.enable_grad, torch.no_grad
 _DTYPE_OF = inspect.getattr_static(torch.Tensor, "dtype").__get__
 _SIGNATURE, _VAR_KEYWORD = inspect.signature, inspect.Parameter.VAR_KEYWORD
+_ROUND, _WHERE, _ISNAN, _INF = torch.round, torch.where, math.isnan, math.inf
+# the builtins the checks compute figures with (the guard holds builtins' namespace as well)
+_MAX, _FLOAT, _INT, _SUM, _SORTED = max, float, int, sum, sorted
 FIGURES = results.FEATURE_FIGURES  # per check, its figures in the gate's order
 OPTIONS = ("rms_norm", "residual", "out_dtype", "qk_norm")  # what an implementation may lack
 
@@ -111,17 +114,24 @@ def _op():
 
 
 def _op_options() -> frozenset[str]:
-    """The op's entry points, and the keywords its rms_norm's signature names (any, with **kw)."""
+    """The op's entry points, and the keywords its rms_norm takes: named by its signature, or by
+    the signature a ``functools.wraps`` wrapper reports, or any with ``**kw`` in either. A
+    signature that cannot be read (a C function) counts as taking every keyword: a case the op
+    then rejects fails, where reading it as lacking them would skip its cases (unsupported)."""
     op, found = _op(), set()
     norm = getattr(op, "rms_norm", None)
     if callable(norm):
         found.add("rms_norm")
-        try:
-            params = _SIGNATURE(norm).parameters
-        except (TypeError, ValueError):
-            params = {}
-        anything = any(p.kind == _VAR_KEYWORD for p in params.values())
-        found.update(k for k in ("residual", "out_dtype") if anything or k in params)
+        names, anything = set(), False
+        for follow in (True, False):
+            try:
+                params = _SIGNATURE(norm, follow_wrapped=follow).parameters
+            except (TypeError, ValueError):
+                anything = True
+                continue
+            names.update(params)
+            anything = anything or any(p.kind == _VAR_KEYWORD for p in params.values())
+        found.update(k for k in ("residual", "out_dtype") if anything or k in names)
     if callable(getattr(op, "qk_norm", None)):
         found.add("qk_norm")
     return frozenset(found)
@@ -198,8 +208,8 @@ def plain(t, what: str, shape=None, dtype=None):
 
 
 def _worst(old: float, value: float) -> float:
-    value = float(value)
-    return value if math.isnan(value) or math.isnan(old) else max(old, value)
+    value = _FLOAT(value)
+    return value if _ISNAN(value) or _ISNAN(old) else _MAX(old, value)
 
 
 def _differing(a, b) -> int:
@@ -209,16 +219,16 @@ def _differing(a, b) -> int:
     plain(b, "reference")
     as_int = _lookup(INT_VIEWS, a.element_size())
     x, y = _VIEW(_CONTIGUOUS(a), as_int), _VIEW(_CONTIGUOUS(b), as_int)
-    return int(_COUNT(_NE(x, y)))
+    return _INT(_COUNT(_NE(x, y)))
 
 
 def _generator(seed: int, index: int):
-    return _GENERATOR().manual_seed((int(seed) * 1_000_003 + index) % 2**63)
+    return _GENERATOR().manual_seed((_INT(seed) * 1_000_003 + index) % 2**63)
 
 
 def _size(lo: int, hi: int, gen) -> int:
     """A size drawn from [lo, hi] (the judge's seed: the op cannot tell the check by its rows)."""
-    return int(_RANDINT(lo, hi + 1, (1,), generator=gen)[0]) if hi > lo else lo
+    return _INT(_RANDINT(lo, hi + 1, (1,), generator=gen)[0]) if hi > lo else lo
 
 
 def _draw(shape, dtype, device, gen, scaled=False):
@@ -249,12 +259,12 @@ def _check(name, impl, device, rows, seed, eps, needs, label, measure, keys) -> 
     except BaseException as exc:  # the probe is the implementation's code too
         return Finding(name, {}, (f"options: {_why(exc)}",))
     todo, skipped = _unsupported(rows, needs, label, have)
-    worst, failures, measured = tuple(-math.inf for _ in keys), (), ()
+    worst, failures, measured = tuple(-_INF for _ in keys), (), ()
     for index, row in enumerate(rows):
         if row not in todo:
             continue
         try:
-            got = tuple(float(v) for v in measure(impl, device, row, _generator(seed, index), eps))
+            got = tuple(_FLOAT(v) for v in measure(impl, device, row, _generator(seed, index), eps))
         except BaseException as exc:  # whatever the op raises (or a rejected output) fails the case
             failures += (f"{label(row)}: {_why(exc)}",)
             continue
@@ -303,8 +313,8 @@ def _batch_case(impl, device, row, gen, eps) -> tuple[int]:
     r = _draw((m, n), dtype, device, gen) if residual else None
     w = (1 + 0.1 * _RANDN(n, generator=gen)).to(dtype).to(device)
     dy = _draw((m, n), dtype, device, gen)
-    one = int(_RANDINT(0, m, (1,), generator=gen)[0])
-    inner = sorted(int(i) + 1 for i in _RANDPERM(m - 2, generator=gen)[:5])
+    one = _INT(_RANDINT(0, m, (1,), generator=gen)[0])
+    inner = _SORTED(_INT(i) + 1 for i in _RANDPERM(m - 2, generator=gen)[:5])
     big = _outputs(impl, x, w, r, dy, eps, (m, n), dtype)
     differing = 0
     for picks in ([one], [0, *inner, m - 1]):
@@ -351,7 +361,7 @@ def torch_quantise(y32: torch.Tensor, out_dtype: torch.dtype) -> tuple[torch.Ten
     scales = (y32.abs().amax(-1, keepdim=True) / qmax(out_dtype)).clamp(min=min_scale(out_dtype))
     v = y32 / scales
     if out_dtype == I8:
-        v = torch.round(v)
+        v = _ROUND(v)
     return v.clamp(qmin(out_dtype), qmax(out_dtype)).to(out_dtype), scales
 
 
@@ -368,7 +378,7 @@ def codes_apart(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
     def ordered(t):
         bits = _VIEW(t, U8).int()
-        return torch.where(bits & 0x80 != 0, -(bits & 0x7F), bits & 0x7F)
+        return _WHERE(bits & 0x80 != 0, -(bits & 0x7F), bits & 0x7F)
 
     return (ordered(a) - ordered(b)).abs()
 
@@ -401,7 +411,7 @@ def _quant_case(impl, device, row, gen, eps) -> tuple[float, ...]:
     ref_q, ref_s = torch_quantise(ref32, out_dtype)
     bits = _differing(y_q, own_q) + _differing(scales, own_s)
     quanta = codes_apart(y_q, ref_q).max().item()
-    rel = ((scales.double() - ref_s.double()).abs() / ref_s.double()).nan_to_num(nan=math.inf)
+    rel = ((scales.double() - ref_s.double()).abs() / ref_s.double()).nan_to_num(nan=_INF)
     return bits, quanta, rel.max().item(), _fraction(y32, ref32, tolerance(F32))
 
 
@@ -442,14 +452,14 @@ def _qk_case(impl, device, row, gen, eps) -> tuple[float, float]:
     gq, gk = (_draw(t.shape, dtype, device, gen) for t in (q, k))
     yq, yk, dq, dk, dwq, dwk = _per_head(impl, q, k, wq, wk, gq, gk, eps, dtype)
     (yqc, dqc, dwqc), (ykc, dkc, dwkc) = _copies(impl, ((q, wq, gq), (k, wk, gk)), eps, dtype)
-    bits = sum(_differing(a, b) for a, b in ((yq, yqc), (yk, ykc), (dq, dqc), (dk, dkc)))
+    bits = _SUM(_differing(a, b) for a, b in ((yq, yqc), (yk, ykc), (dq, dqc), (dk, dkc)))
     tol = tolerance(dtype)
     fractions = [
         _fraction(y, _RMS_NORM(x.detach().float(), (d,), w.float(), eps).to(dtype), tol)
         for y, x, w in ((yq, q, wq), (yk, k, wk))
     ]
     fractions += [_fraction(dwq, dwqc, tol), _fraction(dwk, dwkc, tol)]
-    return bits, max(fractions)
+    return bits, _MAX(fractions)
 
 
 def _per_head(impl, q, k, wq, wk, gq, gk, eps, dtype):
@@ -479,7 +489,7 @@ def _fraction(value, ref, tol: cases.Tolerance) -> float:
     """The worst element's |value - ref| / (atol + rtol |ref|): within tolerance at <= 1."""
     plain(value, "output", tuple(_SIZE(ref)))
     v, r = value.detach().double(), ref.detach().double()
-    return ((v - r).abs() / (tol.atol + tol.rtol * r.abs())).nan_to_num(nan=math.inf).max().item()
+    return ((v - r).abs() / (tol.atol + tol.rtol * r.abs())).nan_to_num(nan=_INF).max().item()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -67,15 +67,21 @@ def merge_rounds(
 def merge_features(runs: Sequence[results.Run]) -> dict[str, results.Feature]:
     """Per feature figure over the rounds: failed if any round failed, else the largest value and
     the cases every round measured; unsupported only where no round measured it. A round without
-    the figure voids it (failed)."""
+    the figure voids it (failed), and so does a round that reports it unsupported while another
+    measured it (an op that drops an option in some rounds): the note names those rounds."""
     keys = list(dict.fromkeys(k for run in runs for k in run.features))
     out: dict[str, results.Feature] = {}
     for key in keys:
         seen = [run.features.get(key) for run in runs]
         failed = [f for f in seen if f is None or f.status == "failed"]
         values = [f.value for f in seen if f is not None and f.status == "ok"]
+        dropped = [_round_name(run, i) for i, (run, f) in enumerate(zip(runs, seen))
+                   if f is not None and f.status == "unsupported"]  # fmt: skip
         if failed:
             note = "a round did not report it" if failed[0] is None else failed[0].note
+            out[key] = results.Feature("failed", note=note)
+        elif values and dropped:
+            note = f"unsupported in round(s) {', '.join(dropped)}, measured in others"[:300]
             out[key] = results.Feature("failed", note=note)
         elif values:
             nan = [v for v in values if v != v]
@@ -87,6 +93,10 @@ def merge_features(runs: Sequence[results.Run]) -> dict[str, results.Feature]:
         else:
             out[key] = results.Feature("unsupported", note=seen[0].note)
     return out
+
+
+def _round_name(run: results.Run, index: int) -> str:
+    return str(run.round) if run.round is not None else f"#{index + 1}"
 
 
 @dataclass
