@@ -406,3 +406,61 @@ def test_a_negative_zero_gradient_gives_the_per_head_paths_bits(device, m, n):
         grads.append(xg.grad.reshape(-1, n).view(torch.int32))
     assert torch.equal(grads[0], grads[1])
     assert bool((grads[1] == torch.tensor(-0.0).view(torch.int32).item()).all()), "dx is not -0 everywhere"
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_per_head_rows_wider_than_a_backward_tile(device, monkeypatch):
+    """Per-head views of a fused projection with rows wider than launch.BACKWARD_MAX_TILE: the
+    per-head backward (launch.backward_heads) holds a row in one tile, so such rows take the row
+    backward, launch.backward, whose wide path walks them in chunks (`n <= BACKWARD_MAX_TILE` ->
+    `n != ...` sent them to the per-head launch). Which launch ran, and dx and dw against
+    float64."""
+    t, heads, n = 2, 2, launch.BACKWARD_MAX_TILE + 4
+    fused, w, _, _ = inputs(t, 3 * heads * n, F32, device)
+    w = w[:n]
+    x = fused[:, : heads * n].view(t, heads, n)
+    dy = inputs(t * heads, n, F32, device, seed=1)[2].view(t, heads, n)
+    assert launch.strided_heads(x, n) is not None  # rows the per-head path could read in place
+    ran = []
+    for name in ("backward", "backward_heads"):
+        real = getattr(launch, name)
+        monkeypatch.setattr(launch, name, lambda *a, _real=real, _name=name: ran.append(_name) or _real(*a))
+    xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
+    rmsnorm_kernel.rms_norm(xg, weight=wg, eps=EPS).backward(dy)
+    assert ran == ["backward"], ran
+    dx_ref, dw_ref = rms_norm_backward_reference(
+        x.double().reshape(-1, n), w.double(), dy.double().reshape(-1, n), EPS
+    )
+    close(xg.grad.reshape(-1, n), dx_ref, F32, "dx")
+    close(wg.grad, dw_ref, F32, "dw")
+
+
+class _FixedGradient(torch.autograd.Function):
+    """Passes its input through; its backward sends a fixed gradient (ones), whatever comes in."""
+
+    @staticmethod
+    def forward(ctx, a):
+        return a.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return torch.ones(g.shape, dtype=g.dtype, device=g.device)
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_a_batched_gradient_at_h_alone(device):
+    """A batched backward (autograd.grad's is_grads_batched) where only h's gradient is batched:
+    y's comes from a function whose backward ignores what it is sent. dh has no memory for the
+    kernels to read, so the backward runs in torch ops whichever gradient is batched
+    (`dh is not None and ...` -> `dh is None` left it to the kernels). Each batch entry equals
+    the unbatched backward with that entry's dh."""
+    x, w, _, r = inputs(3, 64, F32, device)
+    dhs = inputs(3, 64, F32, device, seed=1)[2] * torch.arange(1.0, 3.0, device=device).view(2, 1, 1)
+    xg, rg = x.detach().requires_grad_(), r.detach().requires_grad_()
+    y, h = rmsnorm_kernel.rms_norm(xg, weight=w, eps=EPS, residual=rg)
+    z = _FixedGradient.apply(y)
+    ones = torch.ones(2, *y.shape, device=device)
+    (batched,) = torch.autograd.grad((z, h), xg, (ones, dhs), retain_graph=True, is_grads_batched=True)
+    for i in range(2):
+        (want,) = torch.autograd.grad((z, h), xg, (ones[i], dhs[i]), retain_graph=True)
+        close(batched[i], want, F32, f"dx[{i}]")
