@@ -1,17 +1,12 @@
 """The inference features' checks: batch invariance, quantised output and QK-norm.
 
 An ``InferenceImpl`` is the op's entry points these features use. Each check measures figures
-(named in ``FIGURES``, the keys of regression.toml's ``[features]`` table, which holds their
-limits) over its cases: the verdict judges them (:func:`judge`), pr-verdict's worker reports them
-in its results (:func:`gate_figures`) and the gate judges base and head with the trusted table.
-
-This module runs in the worker beside the commit's op (docs/ci.md, threat model): its tables are
-tuples of immutable values the guard holds (rmsnorm_suite.guard.TRUSTED), the torch functions it
-computes references and compares with are bound at import (before the op's), each output must
-be exactly a ``torch.Tensor``, and a check keeps its running figures in local numbers until it
-returns. What the op supports is decided once per check by :meth:`InferenceImpl.options` before
-any case; after that any exception in a case fails the check. Nothing of the op is imported at
-import time; the quantisation constants are the formats', not the op's.
+(``FIGURES``; limits in regression.toml's ``[features]``) over its cases: the verdict judges them
+(:func:`judge`), pr-verdict's worker reports them (:func:`gate_figures`), the gate judges base
+and head. This module runs in the worker beside the commit's op: its tables are immutable and
+held by the guard, its torch functions bound at import, outputs must be exactly ``torch.Tensor``,
+support is decided once per check before any case (then any exception fails it), and running
+figures stay in local numbers. docs/ci.md's threat model says what remains the worker's word.
 """
 
 from __future__ import annotations
