@@ -17,7 +17,7 @@ import pytest
 
 from rmsnorm_suite import guard
 
-from .test_pullrequest import INIT, OPS, commit, git, host_timing, pr_verdict  # noqa: F401
+from .test_pullrequest import INIT, OPS, heads_repo, host_timing, pr_verdict  # noqa: F401
 
 OPS_RESIDUAL = """import torch
 def rms_norm(x, weight=None, eps=1e-6, residual=None):
@@ -116,16 +116,11 @@ ATTACKS = {
 @pytest.fixture(scope="module")
 def attack_repo(tmp_path_factory):
     repo = tmp_path_factory.mktemp("prv-feature-attacks") / "repo"
-    repo.mkdir()
-    git(repo, "init", "-q", "-b", "main")
     op = "src/rmsnorm_kernel/"
-    base = commit(repo, {op + "__init__.py": INIT, op + "ops.py": OPS_RESIDUAL}, "base: residual")
-    heads = {}
-    for name, (ops, extra) in {"control": (MANY_ROW_PLAN, ""), **ATTACKS}.items():
-        git(repo, "checkout", "-q", "-b", name, base)
-        heads[name] = commit(repo, {op + "ops.py": ops + extra}, name)
-    git(repo, "checkout", "-q", "main")
-    return repo, base, heads
+    attacks = {"control": (MANY_ROW_PLAN, ""), **ATTACKS}
+    heads = {name: {op + "ops.py": ops + extra} for name, (ops, extra) in attacks.items()}
+    base, shas = heads_repo(repo, {op + "__init__.py": INIT, op + "ops.py": OPS_RESIDUAL}, heads)
+    return repo, base, shas
 
 
 def _rows(repo, base, head, out):

@@ -24,7 +24,7 @@ import torch
 from rmsnorm_suite import guard, inference, results, rounds
 
 from .test_feature_attacks import MANY_ROW_PLAN, OPS_RESIDUAL
-from .test_pullrequest import commit, git, host_timing, pr_verdict  # noqa: F401
+from .test_pullrequest import heads_repo, host_timing, pr_verdict  # noqa: F401
 
 
 # The residual op with out_dtype (fp32 y, or fp8/int8 codes with per-row scales by torch's own
@@ -100,16 +100,11 @@ ATTACKS = {
 @pytest.fixture(scope="module")
 def second_repo(tmp_path_factory):
     repo = tmp_path_factory.mktemp("prv-feature-attacks-2") / "repo"
-    repo.mkdir()
-    git(repo, "init", "-q", "-b", "main")
     op = "src/rmsnorm_kernel/"
-    base = commit(repo, {op + "__init__.py": INIT_FULL, op + "ops.py": OPS_FULL}, "base: full")
-    heads = {}
-    for name, (ops, extra) in {"control": (FULL_MANY_ROW_PLAN, ""), **ATTACKS}.items():
-        git(repo, "checkout", "-q", "-b", name, base)
-        heads[name] = commit(repo, {op + "ops.py": ops + extra}, name)
-    git(repo, "checkout", "-q", "main")
-    return repo, base, heads
+    attacks = {"control": (FULL_MANY_ROW_PLAN, ""), **ATTACKS}
+    heads = {name: {op + "ops.py": ops + extra} for name, (ops, extra) in attacks.items()}
+    base, shas = heads_repo(repo, {op + "__init__.py": INIT_FULL, op + "ops.py": OPS_FULL}, heads)
+    return repo, base, shas
 
 
 @pytest.mark.parametrize("attack", list(ATTACKS))

@@ -54,6 +54,20 @@ def commit(repo: Path, files: dict[str, str], message: str) -> str:
     return git(repo, "rev-parse", "HEAD")
 
 
+def heads_repo(root: Path, base_files: dict[str, str], heads: dict[str, dict[str, str]]) -> tuple[str, dict]:
+    """A repository at ``root`` whose main holds ``base_files`` and one branch per head, each
+    the base commit plus its own files: (base sha, {head name: sha})."""
+    root.mkdir()
+    git(root, "init", "-q", "-b", "main")
+    base = commit(root, base_files, "base")
+    shas = {}
+    for name, files in heads.items():
+        git(root, "checkout", "-q", "-b", name, base)
+        shas[name] = commit(root, files, name)
+    git(root, "checkout", "-q", "main")
+    return base, shas
+
+
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     """old: the op and the suite in one package (before the split), fast. main: the split layout,
