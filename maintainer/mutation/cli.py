@@ -47,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--out", type=Path, default=DEFAULT_OUT, help="session database and report directory")
     run.add_argument("--report", type=Path, default=None, help="report path (default: OUT/mutation.md)")
     run.add_argument("--fresh", action="store_true", help="discard an existing session database first")
+    run.add_argument(
+        "--narrow", action="store_true",
+        help="keep only the --target files of an existing session (their sources unchanged)",
+    )  # fmt: skip
     run.add_argument("--no-catalogue", action="store_true", help="operators only")
     run.add_argument("--target", action="append", default=None, help="only these targets (config names)")
     run.add_argument(
@@ -113,7 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     path = _session_path(args.out, args.device)
     if args.fresh and path.exists():
         path.unlink()
-    init_session(path, config, patches, args.device, args.sample, args.seed, confined=args.definition)
+    init_session(
+        path, config, patches, args.device, args.sample, args.seed,
+        confined=args.definition, narrow=args.narrow,
+    )  # fmt: skip
     if args.retry_survivors:
         print(f"{reopen_survivors(path)} survivors to run again")
     counts = execute(path, config, load_catalogue(), args.device, args.workers, args.budget_s)

@@ -1,7 +1,9 @@
 """Running a session's pending mutants. Each worker mutates its own copy of the tree (the
 checkout is never touched), so Triton's JIT, which reads a kernel's source from disk, compiles
 the mutant; the target's kill command then runs there, with a timeout from its unmutated
-baseline, until the work is done or the time budget is spent.
+baseline, until the work is done or the time budget is spent. A resumed run takes the timeout
+from the baseline it recorded and checks the baseline again beside the mutants: where that
+check fails or does not finish, the results of this run for that command are dropped.
 """
 
 from __future__ import annotations
@@ -106,6 +108,10 @@ def execute(
     from cosmic_ray.work_item import TestOutcome, WorkerOutcome, WorkResult
 
     target_of = {t.file: t for t in config.targets.values()}
+
+    def _kill_of(item) -> str:
+        return target_of[item.mutations[0].module_path.as_posix()].kill
+
     patch_by_id = {p.id: p for p in patches}
     db = open_db(path)
     pending = sorted(db.pending_work_items, key=lambda w: w.job_id)
@@ -120,6 +126,10 @@ def execute(
     queue = list(pending)
     timeouts: dict[str, float] = {}
     broken: dict[str, str] = {}  # kill commands that fail unmutated: their mutants stay pending
+
+    recorded: dict[str, float] = dict(read_meta(path).get("baselines", {}))
+    unverified: set[str] = set()  # rechecked beside the mutants, not finished yet
+    done_by: dict[str, list[str]] = {}  # this run's results per kill command
 
     def baseline(name: str) -> None:
         # The kill commands must pass on the unmutated tree, else every mutant looks killed.
@@ -136,16 +146,21 @@ def execute(
         if name in broken:
             log(f"kill command {name!r} {broken[name]}\nits mutants are left pending")
             return
-        timeouts[name] = max(config.timeout_min_s, config.timeout_factor * seconds)
+        with lock:
+            recorded[name] = seconds
+            unverified.discard(name)
+            timeouts.setdefault(name, max(config.timeout_min_s, config.timeout_factor * seconds))
         log(f"baseline {name}: {seconds:.1f} s, so a mutant's timeout is {timeouts[name]:.0f} s")
 
     def worker(index: int) -> None:
         tree = make_tree(root, base / f"tree{index}", config.tree)
         while not stop.is_set():
             with lock:
-                if not queue:
+                runnable = [w for w in queue if _kill_of(w) not in broken]
+                if not runnable:
                     return
-                item = queue.pop(0)
+                item = runnable[0]
+                queue.remove(item)
             spec = item.mutations[0]
             file = spec.module_path.as_posix()
             target_file = tree / file
@@ -175,6 +190,9 @@ def execute(
                 diff=_diff(original, mutated, file),
             )  # fmt: skip
             with lock:
+                if name in broken:
+                    continue  # its baseline failed meanwhile: left pending
+                done_by.setdefault(name, []).append(item.job_id)
                 db.set_result(item.job_id, result)
                 with sqlite3.connect(path) as con:
                     con.execute(
@@ -194,20 +212,43 @@ def execute(
 
     try:
         threading.Thread(target=watchdog, daemon=True).start()
-        names = sorted({target_of[w.mutations[0].module_path.as_posix()].kill for w in pending})
-        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(workers, len(names)))) as pool:
-            for future in [pool.submit(baseline, name) for name in names]:
+        names = sorted({_kill_of(w) for w in pending})
+        first = [n for n in names if n not in recorded]  # no recorded baseline: wait for it
+        for name in names:
+            if name in recorded:
+                timeouts[name] = max(config.timeout_min_s, config.timeout_factor * recorded[name])
+                unverified.add(name)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(workers, len(first)))) as pool:
+            for future in [pool.submit(baseline, name) for name in first]:
                 future.result()
-        queue[:] = [w for w in queue if target_of[w.mutations[0].module_path.as_posix()].kill not in broken]
+        queue[:] = [w for w in queue if _kill_of(w) not in broken]
+        checks = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(unverified)))
+        rechecks = [checks.submit(baseline, name) for name in sorted(unverified)]
         with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
             for future in [pool.submit(worker, i) for i in range(workers)]:
                 future.result()
+        for future in rechecks:
+            future.result()
+        checks.shutdown()
     finally:
         stop.set()
+        for name in sorted(unverified | set(broken)):  # results no passing baseline stands behind
+            dropped = done_by.pop(name, [])
+            with sqlite3.connect(path) as con:
+                for table in ("work_results", "mutation_timing"):
+                    con.executemany(f"DELETE FROM {table} WHERE job_id = ?", [(j,) for j in dropped])
+            counts["done"] -= len(dropped)
+            counts["dropped"] = counts.get("dropped", 0) + len(dropped)
+            if dropped:
+                log(f"baseline {name} not confirmed in this run: {len(dropped)} results dropped")
         meta = read_meta(path)
         write_meta(
             path,
-            {"elapsed_s": meta.get("elapsed_s", 0.0) + time.monotonic() - started, "baseline_errors": broken},
+            {
+                "elapsed_s": meta.get("elapsed_s", 0.0) + time.monotonic() - started,
+                "baseline_errors": broken,
+                "baselines": {n: recorded[n] for n in sorted(recorded) if n not in broken},
+            },
         )
         db.close()
         shutil.rmtree(base, ignore_errors=True)

@@ -1,6 +1,7 @@
 """The session database (``<out>/session-<device>.sqlite``): cosmic-ray's WorkDB plus the run's
 metadata and per-mutant times. It makes a run resumable: ``--budget-s`` stops cleanly and the
-next run with the same arguments continues; changed sources or arguments are refused.
+next run with the same arguments continues; changed sources or arguments are refused, except
+that ``--narrow`` keeps the targets named whose sources are unchanged and drops the others.
 """
 
 from __future__ import annotations
@@ -91,13 +92,45 @@ def _job_id(kind: str, key: str) -> str:
     return f"{kind}-{key}"
 
 
+def _narrowed(path: Path, meta: dict[str, Any], wanted: dict[str, Any]) -> dict[str, Any] | None:
+    """The session cut down to ``wanted``'s targets, or None where that is not a narrowing (other
+    arguments, a kept file changed, a target or patch the session lacks). The sample is drawn per
+    target (population.sample), so the kept items are what a fresh session would draw."""
+    same = ("device", "sample", "seed", "confined", "config", "cosmic_ray")
+    if any(meta.get(k) != wanted[k] for k in same):
+        return None
+    if not set(wanted["targets"]) <= set(meta["targets"]) or not set(wanted["patch_ids"]) <= set(
+        meta["patch_ids"]
+    ):
+        return None
+    if any(meta["hashes"].get(f) != h for f, h in wanted["hashes"].items()):
+        return None
+    keep_mutants = {k: m for k, m in meta["mutants"].items() if m["target"] in wanted["targets"]}
+    keep = {_job_id("op", k) for k in keep_mutants} | {_job_id("cat", p) for p in wanted["patch_ids"]}
+    with sqlite3.connect(path) as con:
+        dropped = [j for (j,) in con.execute("SELECT job_id FROM work_items") if j not in keep]
+        for table in ("work_results", "mutation_specs", "mutation_timing", "work_items"):
+            con.executemany(f"DELETE FROM {table} WHERE job_id = ?", [(j,) for j in dropped])
+    by_target = ("population", "gpu_only", "skipped")
+    narrowed = {
+        **wanted,
+        **{k: {t: v for t, v in meta[k].items() if t in wanted["targets"]} for k in by_target},
+        "mutants": keep_mutants,
+        "patches": [p for p in meta["patches"] if p in wanted["patch_ids"]],
+        "narrowed": {"from": meta["targets"], "dropped": len(dropped)},
+    }  # fmt: skip
+    write_meta(path, narrowed)
+    return {**meta, **narrowed}
+
+
 def init_session(
     path: Path, config: Config, patches: list[Patch], device: str, per_target: int | None, seed: int,
-    root: Path = ROOT, confined: list[str] | None = None,
+    root: Path = ROOT, confined: list[str] | None = None, narrow: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """Create the session (or check that an existing one matches these arguments and sources:
     a resumed run must mutate the same code) and return its metadata. ``confined``: the
-    functions a --definition run is confined to (None: not confined)."""
+    functions a --definition run is confined to (None: not confined). ``narrow``: an existing
+    session with more targets keeps only these (their sources unchanged), dropping the rest."""
     from cosmic_ray.work_item import MutationSpec, WorkItem
 
     files = {t.file for t in config.targets.values()} | {p.file for p in patches}
@@ -113,9 +146,13 @@ def init_session(
     if path.exists():
         meta = read_meta(path)
         if {k: meta.get(k) for k in wanted} != wanted:
+            narrowed = _narrowed(path, meta, wanted) if narrow else None
+            if narrowed is not None:
+                return narrowed
             raise MutationError(
                 f"{path} was made for { ({k: meta.get(k) for k in wanted}) }, not {wanted}: "
-                "the sources or arguments changed; start afresh with --fresh"
+                "the sources or arguments changed; start afresh with --fresh (or keep the unchanged "
+                "targets with --narrow)"
             )
         return meta
     check_catalogue(patches, root)

@@ -438,3 +438,69 @@ def test_a_report_marks_stale_scores_and_the_targets_not_measured_at_this_commit
     (tmp_path / "a.py").write_text("x = 2\n")
     text = render_report([result], config, [], tmp_path)
     assert "| 0 | **changed since** |" in text and "ops, gate: not yet measured on CPU" in text
+
+
+def two_target_project(root: Path) -> Path:
+    toy_project(root)
+    (root / "src" / "other.py").write_text("def sub(a, b):\n    return a + b - 2 * b\n")
+    (root / "tests" / "test_other.py").write_text(
+        "from other import sub\n\n\ndef test_sub():\n    assert sub(5, 3) == 2\n"
+    )
+    other = '[targets.other]\nfile = "src/other.py"\nfloor = 90.0\nkill = "other"\n[kill.cpu]\n'
+    config = TOY_CONFIG.replace("[kill.cpu]\n", other) + 'other = [{ args = ["tests/test_other.py"] }]\n'
+    (root / "maintainer" / "mutation" / "config.toml").write_text(config)
+    return root
+
+
+def _only(config, *names):
+    return dataclasses.replace(config, targets={k: v for k, v in config.targets.items() if k in names})
+
+
+def test_narrowing_keeps_the_unchanged_targets_results_and_drops_the_rest(tmp_path):
+    pytest.importorskip("cosmic_ray")
+    root = two_target_project(tmp_path / "project")
+    config, patches = load_config(root), load_catalogue(root)
+    assert sorted(config.targets) == ["other", "toy"]
+    db = tmp_path / "session.sqlite"
+    init_session(db, config, patches, "cpu", None, 0, root)
+    execute(db, config, patches, "cpu", 1, None, root, work_dir=tmp_path, log=lambda _: None)
+    before = summarise(db, config, patches, {})
+    toy_done = {s.file: (s.run, s.killed) for s in before.scores}["src/toy.py"]
+    (root / "src" / "other.py").write_text("def sub(a, b):\n    return a - b\n")  # other changed
+    toy = _only(config, "toy")
+    with pytest.raises(MutationError, match="--narrow"):  # not without asking
+        init_session(db, toy, patches, "cpu", None, 0, root)
+    meta = init_session(db, toy, patches, "cpu", None, 0, root, narrow=True)
+    assert meta["targets"] == ["toy"] and meta["narrowed"]["from"] == ["other", "toy"]
+    assert set(meta["population"]) == {"toy"} and {m["target"] for m in meta["mutants"].values()} == {"toy"}
+    after = summarise(db, toy, patches, {})
+    assert [(s.file, s.run, s.killed) for s in after.scores] == [("src/toy.py", *toy_done)]
+    assert after.pending == 0
+    # The narrowed session resumes as a plain toy session; a changed kept file is refused.
+    assert init_session(db, toy, patches, "cpu", None, 0, root)["targets"] == ["toy"]
+    with pytest.raises(MutationError, match="--fresh"):
+        init_session(db, _only(config, "other"), [], "cpu", None, 0, root, narrow=True)
+
+
+def test_a_resumed_run_rechecks_its_recorded_baseline_beside_the_mutants(tmp_path):
+    pytest.importorskip("cosmic_ray")
+    root = toy_project(tmp_path / "project")
+    config, patches = load_config(root), load_catalogue(root)
+    db = tmp_path / "session.sqlite"
+    init_session(db, config, patches, "cpu", None, 0, root)
+    execute(db, config, patches, "cpu", 1, None, root, work_dir=tmp_path, log=lambda _: None)
+    assert set(read_meta(db)["baselines"]) == {"toy"}
+    assert reopen_survivors(db) == 2
+    # The recorded baseline passes again: the rerun's results stand.
+    counts = execute(db, config, patches, "cpu", 1, None, root, work_dir=tmp_path, log=lambda _: None)
+    assert counts["done"] == 2 and counts["pending"] == 0
+    assert reopen_survivors(db) == 2
+    # Now the unmutated tree fails its kill command: what this run judged is dropped, not kept.
+    (root / "tests" / "test_toy.py").write_text(
+        "from toy import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n    assert False\n"
+    )
+    counts = execute(db, config, patches, "cpu", 1, None, root, work_dir=tmp_path, log=lambda _: None)
+    assert counts["done"] == 0 and counts["pending"] == 2 and counts["broken"] == ["toy"]
+    result = summarise(db, config, patches, {})
+    assert result.pending == 2 and "toy" in result.meta["baseline_errors"]
+    assert "toy" not in read_meta(db)["baselines"]
