@@ -110,14 +110,19 @@ def _qk_placements(q, k) -> list[tuple]:
     """The (q's, k's) placements of qk_norm's rules: each of q and k replicated or sharded on a
     row dim (tokens, heads), the two chosen apart (their rows are independent, and Hq and Hk
     may differ: a GQA k whose few heads are replicated while q's are sharded); both replicated
-    first, then q and k sharded on the same dim, as the other rules list theirs."""
+    first, then q and k sharded on the same dim, as the other rules list theirs. The pairs q and
+    k already have lead, the more replicated first: where moving costs nothing (a mesh dim of one
+    rank) DTensor takes the first cheapest, and torch's own ops keep the placements they got."""
     from torch.distributed.tensor import Replicate, Shard
 
     r = Replicate()
     qs, ks = [Shard(d) for d in _row_dims(q)], [Shard(d) for d in _row_dims(k)]
     same = [(s, s) for s in qs if s in ks]
     mixed = [(a, b) for a in [r, *qs] for b in [r, *ks] if (a, b) != (r, r) and a != b]
-    return [(r, r), *same, *mixed]
+    pairs = [(r, r), *same, *mixed]
+    held = set(zip(getattr(q, "placements", ()), getattr(k, "placements", ())))
+    own = sorted((p for p in pairs if p in held), key=lambda p: -sum(a == r for a in p))
+    return [*own, *(p for p in pairs if p not in own)]
 
 
 def _qk_weight(p, t, w):

@@ -335,7 +335,11 @@ def _qk_case(w: World, q_at, k_at, dtype, heads, per_head=False):
     ran = {n: rmsnorm_kernel.CALLS[n] - before[n] for n in before}
     # one launch of the qk kernels each way on the local rows: not two rms_norm calls, no fallback
     assert ran == {"forward": 1, "backward": 1, "fallback": 0}, (what, ran)
-    if per_head:  # torch has no per-head weight: the product with F.rms_norm's output
+    if per_head and w.size == 1 and q_at == Shard(1):
+        # torch's own DTensor ops refuse this one on a mesh of one rank (mul's backward reshapes
+        # the sharded heads dim): the values are checked against the full tensors below
+        theirs = None
+    elif per_head:  # torch has no per-head weight: the product with F.rms_norm's output
         theirs = run(lambda *a: tuple(F.rms_norm(x, (H,), None, eps) * w_ for x, w_ in (a[::2], a[1::2])))
     else:
         theirs = run(lambda q, k, wq, wk: (F.rms_norm(q, (H,), wq, eps), F.rms_norm(k, (H,), wk, eps)))
@@ -346,13 +350,15 @@ def _qk_case(w: World, q_at, k_at, dtype, heads, per_head=False):
         zip(("yq", "yk"), (yq_f, yk_f)), **{n: t.grad for n, t in zip(("dq", "dk", "dwq", "dwk"), full)}
     )
     placements = {n: str(t.placements) for n, t in ours.items()}
-    torch_placements = {n: str(t.placements) for n, t in theirs.items()}
-    assert placements == torch_placements, f"{what}: ours {placements}, torch's {torch_placements}"
+    if theirs is not None:
+        torch_placements = {n: str(t.placements) for n, t in theirs.items()}
+        assert placements == torch_placements, f"{what}: ours {placements}, torch's {torch_placements}"
     for n, t in ours.items():
         got = t.full_tensor()
         assert got.dtype == expected[n].dtype, (what, n, got.dtype, expected[n].dtype)
         _close(got, expected[n], tol, f"{n}, {what}")
-        _close(got, theirs[n].full_tensor(), tol, f"{n} against torch's DTensor rule, {what}")
+        if theirs is not None:
+            _close(got, theirs[n].full_tensor(), tol, f"{n} against torch's DTensor rule, {what}")
     return placements
 
 
