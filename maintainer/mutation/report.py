@@ -6,7 +6,9 @@ mutated and what is not, and how to run it.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import statistics
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +113,24 @@ def _source_status(root: Path, file: str, measured: str | None) -> str:
     return "unchanged" if measured == now else "**changed since**"
 
 
+def measured_commit(root: Path, file: str, measured: str | None) -> str:
+    """The commit that holds the code a session measured: the newest commit of ``file`` whose
+    content has the session's hash (derived here from the content, not from the checkout of the
+    machine that ran the session); "" where no commit of the last 300 has it."""
+    try:
+        log = subprocess.run(
+            ["git", "log", "-n", "300", "--format=%h", "--", file],
+            cwd=root, capture_output=True, text=True, check=True,
+        ).stdout.split()  # fmt: skip
+        for commit in log:
+            shown = subprocess.run(["git", "show", f"{commit}:{file}"], cwd=root, capture_output=True)
+            if shown.returncode == 0 and hashlib.sha256(shown.stdout).hexdigest()[:16] == measured:
+                return commit
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    return ""
+
+
 def unmeasured(results: list[SessionResult], config: Config, root: Path = ROOT) -> dict[str, list[str]]:
     """Per device (cpu, gpu), the targets no session of ``results`` measured on the code in the
     tree now: none ran them, or their file changed since (a session confined to some functions
@@ -155,9 +175,9 @@ def render_report(
             + ", ".join(f"`{f}` {h}" for f, h in meta["hashes"].items())
             + f". Wall time so far {meta.get('elapsed_s', 0):.0f} s; {timing}."
             + (
-                f" Started {meta['started']} at commit `{meta['commit']}`; population drawn by"
+                f" Started {meta['started']}; population drawn by"
                 f" `maintainer/mutation/config.toml` {meta['config']} with cosmic-ray {meta['cosmic_ray']}."
-                if all(meta.get(k) for k in ("started", "commit", "config", "cosmic_ray"))
+                if all(meta.get(k) for k in ("started", "config", "cosmic_ray"))
                 else ""
             )
             + (
@@ -167,16 +187,19 @@ def render_report(
             ),
             "",
             "| file | mutants (this device) | sampled | run | killed | equivalent | score | 95% interval | floor "
-            "| did not compile | file since |",
-            "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|",
+            "| did not compile | file since | code of |",
+            "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---|",
         ]
         for s in r.scores:
             lo, hi = s.interval
             flag = " **below floor**" if s.below_floor else ""
-            since = _source_status(root, s.file, meta.get("hashes", {}).get(s.file))
+            measured = meta.get("hashes", {}).get(s.file)
+            since = _source_status(root, s.file, measured)
+            commit = measured_commit(root, s.file, measured)
+            code_of = f"`{commit}`" if commit else "no commit"
             out.append(
                 f"| `{s.file}` ({s.target}) | {s.population} | {s.planned} | {s.run} | {s.killed} | {s.equivalent} "
-                f"| {pct(s.percent)}{flag} | {lo:.1f}-{hi:.1f}% | {s.floor:g}% | {s.incompetent} | {since} |"
+                f"| {pct(s.percent)}{flag} | {lo:.1f}-{hi:.1f}% | {s.floor:g}% | {s.incompetent} | {since} | {code_of} |"
             )
         for name, error in meta.get("baseline_errors", {}).items():
             out += ["", f"**Kill command `{name}` fails on the unmutated tree; its mutants were not run:**", "",

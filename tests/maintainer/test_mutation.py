@@ -431,8 +431,20 @@ def test_a_report_marks_stale_scores_and_the_targets_not_measured_at_this_commit
     scores = [Score("ops", "a.py", 90.0, 10, 10, run=10, killed=10)]
     result = SessionResult(Path("s"), meta, scores, [], [], [], [1.0], 0)
     text = render_report([result], config, [], tmp_path)
-    assert "at commit `abc123`" in text and "cosmic-ray 8.7.0" in text
-    assert "| 0 | unchanged |" in text
+    assert "abc123" not in text and "cosmic-ray 8.7.0" in text  # the machine's checkout: not the code's
+    assert "| 0 | unchanged | no commit |" in text  # a.py is in no commit
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "add", "a.py"], cwd=tmp_path, check=True)
+    subprocess.run([*git, "commit", "-qm", "a"], cwd=tmp_path, check=True)
+    first = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=tmp_path, capture_output=True, text=True
+    )
+    (tmp_path / "b.py").write_text("y = 1\n")  # a later commit that leaves a.py alone
+    subprocess.run([*git, "add", "b.py"], cwd=tmp_path, check=True)
+    subprocess.run([*git, "commit", "-qm", "b"], cwd=tmp_path, check=True)
+    text = render_report([result], config, [], tmp_path)
+    assert f"| 0 | unchanged | `{first.stdout.strip()}` |" in text
     assert "gate: not yet measured on CPU at this commit" in text
     assert "ops, gate: not yet measured on GPU at this commit" in text
     (tmp_path / "a.py").write_text("x = 2\n")
