@@ -1,6 +1,6 @@
 """Inputs that end against a page no process may touch: a kernel that loads or stores past the
-end of x, the residual, the weight, dy or dh stops the process (SIGSEGV) instead of reading
-whatever lies there. Such a read changes no value a test can see where the kernel masks it away
+end of x, the residual, the weight, dy or dh, or of the backward's scratch buffers (dw's
+partial sums), stops the process (SIGSEGV) instead of reading whatever lies there. Such a read changes no value a test can see where the kernel masks it away
 later (dx's and dw's stores are masked), but on a GPU it is a read past an allocation, which
 faults where the allocation ends a mapped range.
 
@@ -77,7 +77,16 @@ def run_case(m: int, n: int, residual: bool) -> None:
     torch.testing.assert_close(wg.grad.double(), wr.grad, rtol=1e-4, atol=1e-4)
 
 
+def _guarded_scratch(*shape: int, dtype: torch.dtype, device: torch.device, zero: bool = False):
+    """launch._scratch's buffers, each ending against a guard page too."""
+    t = torch.zeros(*shape, dtype=dtype) if zero else torch.full(shape, float("nan"), dtype=dtype)
+    return against_guard_page(t)
+
+
 def main(argv: list[str]) -> int:
+    from rmsnorm_kernel import launch
+
+    launch._scratch = _guarded_scratch  # this process only: a scratch read past its end stops it too
     for n in map(int, argv):
         for residual in (False, True):
             print(f"guarded: 2 x {n}, residual {residual}", flush=True)

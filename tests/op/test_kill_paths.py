@@ -201,9 +201,10 @@ def test_many_rows_of_the_unrolled_wide_forward(device, n):
 
 @pytest.mark.parametrize("device", [KERNEL_DEVICES[0]])  # the interpreter reads through the addresses
 def test_no_path_touches_memory_past_the_end_of_an_input(device):
-    """Every path's forward and backward with x, the weight, dy, the residual and dh each ending
-    against an inaccessible page (tests/op/guard_pages.py), in a process of its own: an unmasked load
-    past a row's end stops it, though the values it reads are masked away before any store."""
+    """Every path's forward and backward with x, the weight, dy, the residual, dh and the
+    backward's scratch each ending against an inaccessible page (tests/op/guard_pages.py), in a
+    process of its own: an unmasked load past a row's end stops it, though the values it reads
+    are masked away before any store."""
     sizes = sorted({n for _, n in PATHS.values()} | {53249})  # and 4 unrolled chunks, the last partial
     done = subprocess.run(
         [sys.executable, "-m", "tests.op.guard_pages", *map(str, sizes)],
@@ -218,3 +219,41 @@ def test_no_path_touches_memory_past_the_end_of_an_input(device):
         f"exit {done.returncode} (-11: SIGSEGV, an access past an input's end) in "
         f"{ran[-1] if ran else 'the start'}\n{done.stderr[-2000:]}"
     )
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize("per_head", [False, True], ids=["shared-weights", "per-head-weights"])
+def test_qk_norm_of_several_programs_each_way(device, per_head):
+    """qk_norm's one launch each way over q and k views of a fused projection: tokens enough for
+    several forward blocks and several backward programs of each tensor (k's programs follow
+    q's in one grid), distinct weights per head, D short of its block (masked columns); y, dq,
+    dk and both dw against float64 torch per head, within fp32's tolerance."""
+    tokens, hq, hk, d = 37, 4, 2, 96
+    g = torch.Generator().manual_seed(11)
+    qkv = torch.randn(tokens, (hq + 2 * hk) * d, generator=g).to(device)
+    shape_q, shape_k = ((hq, d), (hk, d)) if per_head else ((d,), (d,))
+    wq, wk = ((0.5 + torch.rand(*s, generator=g)).to(device) for s in (shape_q, shape_k))
+    dyq, dyk = (
+        torch.randn(tokens, hq, d, generator=g).to(device),
+        torch.randn(tokens, hk, d, generator=g).to(device),
+    )
+
+    def run(norm, dtype):
+        leaf = qkv.to(dtype).detach().requires_grad_()
+        w = [t.to(dtype).detach().requires_grad_() for t in (wq, wk)]
+        q = leaf[:, : hq * d].view(tokens, hq, d)
+        k = leaf[:, hq * d : (hq + hk) * d].view(tokens, hk, d)
+        yq, yk = norm(q, k, *w)
+        ((yq * dyq.to(dtype)).sum() + (yk * dyk.to(dtype)).sum()).backward()
+        return yq.detach(), yk.detach(), leaf.grad, w[0].grad, w[1].grad
+
+    got = run(lambda q, k, a, b: rmsnorm_kernel.qk_norm(q, k, a, b, EPS), F32)
+    want = run(
+        lambda q, k, a, b: (rms_norm_reference(q, None, EPS) * a, rms_norm_reference(k, None, EPS) * b),
+        torch.float64,
+    )
+    for name, a, b in zip(("yq", "yk", "dqkv", "dwq", "dwk"), got, want):
+        close(a, b, F32, f"{name}, {'per-head' if per_head else 'shared'} weights")
+    # the shape is sharp only if each tensor has several forward blocks and each head several
+    # backward row blocks (so k's programs are several too)
+    assert tokens * hk > launch.forward_config(d)[1] and tokens > launch.backward_config(d)[1]
