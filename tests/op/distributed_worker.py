@@ -352,6 +352,12 @@ def _qk_case(w: World, q_at, k_at, dtype, heads, per_head=False):
     placements = {n: str(t.placements) for n, t in ours.items()}
     if theirs is not None:
         torch_placements = {n: str(t.placements) for n, t in theirs.items()}
+        if per_head and w.size == 1:
+            # torch has no per-head weight; its composed reference's dw placement on a mesh of one
+            # rank differs between torch versions (Replicate on 2.11, Partial(sum) on 2.13), all
+            # holding the same data there: ours is the rule's, checked where ranks are several
+            for n in ("dwq", "dwk"):
+                placements.pop(n), torch_placements.pop(n)
         assert placements == torch_placements, f"{what}: ours {placements}, torch's {torch_placements}"
     for n, t in ours.items():
         got = t.full_tensor()
