@@ -448,12 +448,17 @@ class _FixedGradient(torch.autograd.Function):
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
-def test_a_batched_gradient_at_h_alone(device):
+@pytest.mark.parametrize("host_path", ["as-installed", "python"])
+def test_a_batched_gradient_at_h_alone(device, host_path, monkeypatch):
     """A batched backward (autograd.grad's is_grads_batched) where only h's gradient is batched:
     y's comes from a function whose backward ignores what it is sent. dh has no memory for the
     kernels to read, so the backward runs in torch ops whichever gradient is batched
     (`dh is not None and ...` -> `dh is None` left it to the kernels). Each batch entry equals
-    the unbatched backward with that entry's dh."""
+    the unbatched backward with that entry's dh. Both host paths: on CUDA the compiled one
+    decides where it is built; the Python one serves where it is not."""
+    if host_path == "python":
+        host.extension()  # loaded (or refused) first: the call must not load it over the patch
+        monkeypatch.setattr(host, "entry", None)
     x, w, _, r = inputs(3, 64, F32, device)
     dhs = inputs(3, 64, F32, device, seed=1)[2] * torch.arange(1.0, 3.0, device=device).view(2, 1, 1)
     xg, rg = x.detach().requires_grad_(), r.detach().requires_grad_()

@@ -20,7 +20,7 @@ from rmsnorm_kernel import launch
 from rmsnorm_kernel.reference import rms_norm_backward_reference, rms_norm_reference
 from rmsnorm_suite.cases import TOLERANCES
 
-from ..conftest import KERNEL_DEVICES
+from ..conftest import KERNEL_DEVICES, requires_cuda
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 EPS = 1e-2  # of the order of mean(x^2) below, so where eps is added matters
@@ -199,7 +199,12 @@ def test_many_rows_of_the_unrolled_wide_forward(device, n):
     )
 
 
-@pytest.mark.parametrize("device", [KERNEL_DEVICES[0]])  # the interpreter reads through the addresses
+# Under the interpreter either way (it reads through the addresses); on a GPU machine too, so
+# that the GPU kill command (-m gpu) runs it.
+GUARDED = [KERNEL_DEVICES[0], pytest.param("cuda", marks=[pytest.mark.gpu, requires_cuda], id="gpu-machine")]
+
+
+@pytest.mark.parametrize("device", GUARDED)
 def test_no_path_touches_memory_past_the_end_of_an_input(device):
     """Every path's forward and backward with x, the weight, dy, the residual, dh and the
     backward's scratch each ending against an inaccessible page (tests/op/guard_pages.py), in a
