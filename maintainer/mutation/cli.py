@@ -60,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument(
         "--retry-survivors", action="store_true", help="run the survivors again (after adding kill tests)"
     )
+    run.add_argument(
+        "--retry", action="append", default=None, metavar="KEY",
+        help="run this survivor again (a key the report prints); repeatable",
+    )  # fmt: skip
     rep = sub.add_parser("report", help="render the report of one or more session databases")
     rep.add_argument("--session", type=Path, action="append", required=True)
     rep.add_argument("--report", type=Path, default=DEFAULT_REPORT)
@@ -121,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         path, config, patches, args.device, args.sample, args.seed,
         confined=args.definition, narrow=args.narrow,
     )  # fmt: skip
-    if args.retry_survivors:
-        print(f"{reopen_survivors(path)} survivors to run again")
+    if args.retry_survivors or args.retry:
+        print(f"{reopen_survivors(path, args.retry)} survivors to run again")
     counts = execute(path, config, load_catalogue(), args.device, args.workers, args.budget_s)
     print(f"session {path}: {counts}")
     results = [summarise(path, config, load_catalogue(), equivalent)]

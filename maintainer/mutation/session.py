@@ -54,12 +54,15 @@ def file_hashes(root: Path, files: set[str]) -> dict[str, str]:
     return {f: hashlib.sha256((root / f).read_bytes()).hexdigest()[:16] for f in sorted(files)}
 
 
-def reopen_survivors(path: Path) -> int:
-    """Make the session's survivors pending again (their results dropped, their times kept until
-    the new run replaces them): for a rerun once new kill tests exist. Returns how many."""
+def reopen_survivors(path: Path, keys: list[str] | None = None) -> int:
+    """Make the session's survivors (those of ``keys`` only, where given) pending again, their
+    results dropped and their times kept until the new run replaces them: for a rerun once new
+    kill tests exist. Returns how many."""
     with sqlite3.connect(path) as con:
         rows = con.execute("SELECT job_id FROM work_results WHERE test_outcome = 'SURVIVED'").fetchall()
-        con.execute("DELETE FROM work_results WHERE test_outcome = 'SURVIVED'")
+        if keys is not None:
+            rows = [(j,) for (j,) in rows if j.split("-", 1)[1] in keys]
+        con.executemany("DELETE FROM work_results WHERE job_id = ?", rows)
     retried = read_meta(path).get("retried", [])
     write_meta(path, {"retried": sorted(set(retried) | {j for (j,) in rows})})  # the report names them
     return len(rows)

@@ -305,7 +305,10 @@ def test_a_session_runs_kills_records_and_resumes_in_a_copy_of_the_tree(tmp_path
     gap = {result.survivors[0]["key"]: {"why": "a known gap", "equivalent": False}}
     explained = summarise(db, config, patches, gap)
     assert explained.scores[0].non_equivalent == 4 and "Not equivalent" in explained.survivors[0]["why"]
-    assert reopen_survivors(db) == 2  # a rerun after new kill tests: pending again
+    assert reopen_survivors(db, [result.catalogue[0]["id"]]) == 0  # killed: not a survivor
+    assert reopen_survivors(db, [result.survivors[0]["key"]]) == 1  # one named survivor
+    assert summarise(db, config, patches, {}).pending == 1
+    assert reopen_survivors(db) == 1  # a rerun after new kill tests: every survivor pending again
     assert summarise(db, config, patches, {}).pending == 2
     assert len(read_meta(db)["retried"]) == 2
     # The same arguments resume the session; changed sources refuse it.
