@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import re
 import statistics
 import subprocess
 from pathlib import Path
@@ -113,6 +114,14 @@ def _source_status(root: Path, file: str, measured: str | None) -> str:
     return "unchanged" if measured == now else "**changed since**"
 
 
+def _scrub(text: str) -> str:
+    """An error excerpt without the machine's paths: an installed package's file from its
+    site-packages folder on, the interpreter by its name, a work tree's file from the tree on."""
+    text = re.sub(r"(?:/[\w.+-]+)+/((?:site|dist)-packages/)", r"\1", text)
+    text = re.sub(r"(?:/[\w.+-]+)+/bin/(python[\d.]*)", r"\1", text)
+    return re.sub(r"(?:/[\w.+-]+)*/rmsnorm-mutation-\w+/[\w-]+/", "", text)
+
+
 def measured_commit(root: Path, file: str, measured: str | None) -> str:
     """The commit that holds the code a session measured: the newest commit of ``file`` whose
     content has the session's hash (derived here from the content, not from the checkout of the
@@ -203,7 +212,7 @@ def render_report(
             )
         for name, error in meta.get("baseline_errors", {}).items():
             out += ["", f"**Kill command `{name}` fails on the unmutated tree; its mutants were not run:**", "",
-                    "```", error.strip()[-1200:], "```"]  # fmt: skip
+                    "```", _scrub(error.strip()[-1200:]), "```"]  # fmt: skip
         gpu_only = {t: n for t, n in meta.get("gpu_only", {}).items() if n}
         if meta["device"] == "cpu" and gpu_only:
             out += [

@@ -519,3 +519,15 @@ def test_a_resumed_run_rechecks_its_recorded_baseline_beside_the_mutants(tmp_pat
     result = summarise(db, config, patches, {})
     assert result.pending == 2 and "toy" in result.meta["baseline_errors"]
     assert "toy" not in read_meta(db)["baselines"]
+
+
+def test_a_reports_error_excerpt_names_no_machine_path():
+    from maintainer.mutation.report import _scrub
+
+    text = (
+        'File "/opt/a/.venv/lib/python3.12/site-packages/triton/interpreter.py", line 1\n'
+        "args=['/usr/local/bin/python3.12', '-m'] /tmp/rmsnorm-mutation-ab_1/tree3/tests/op/t.py:5"
+    )
+    assert _scrub(text) == (
+        "File \"site-packages/triton/interpreter.py\", line 1\nargs=['python3.12', '-m'] tests/op/t.py:5"
+    )
