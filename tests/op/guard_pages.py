@@ -1,6 +1,7 @@
 """Inputs that end against a page no process may touch: a kernel that loads or stores past the
-end of x, the residual, the weight, dy or dh, or of the backward's scratch buffers (dw's
-partial sums), stops the process (SIGSEGV) instead of reading whatever lies there. Such a read changes no value a test can see where the kernel masks it away
+end of x, the residual, the weight, dy or dh, of the backward's scratch buffers (dw's partial
+sums) or of an output the op allocates, stops the process (SIGSEGV) instead of reading
+whatever lies there. Such a read changes no value a test can see where the kernel masks it away
 later (dx's and dw's stores are masked), but on a GPU it is a read past an allocation, which
 faults where the allocation ends a mapped range.
 
@@ -83,10 +84,25 @@ def _guarded_scratch(*shape: int, dtype: torch.dtype, device: torch.device, zero
     return against_guard_page(t)
 
 
+_empty = torch.empty
+
+
+def _guarded_empty(*size, dtype=None, device=None, **kwargs):
+    """torch.empty of a CPU tensor ending against a guard page (NaN-filled): the op's outputs
+    (y, h, dx, dw, rstd) too, so a store past a row's end stops the process at the last row."""
+    shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else size
+    if kwargs or (device is not None and torch.device(device).type != "cpu") or 0 in shape:
+        return _empty(*size, dtype=dtype, device=device, **kwargs)
+    return against_guard_page(torch.full(shape, float("nan"), dtype=dtype or torch.get_default_dtype()))
+
+
 def main(argv: list[str]) -> int:
     from rmsnorm_kernel import launch
 
-    launch._scratch = _guarded_scratch  # this process only: a scratch read past its end stops it too
+    # this process only: a read past the end of a scratch buffer, or a store past an output's
+    # end, stops it too
+    launch._scratch = _guarded_scratch
+    torch.empty = _guarded_empty
     for n in map(int, argv):
         for residual in (False, True):
             print(f"guarded: 2 x {n}, residual {residual}", flush=True)

@@ -132,6 +132,41 @@ def test_residual_offset_and_h_gradient(device, m, n):
     close(wg.grad, dw_ref, F32, "dw")
 
 
+def _apart(t, pad, offset):
+    """``t``'s values in a view whose rows are ``t.shape[-1] + pad`` apart, starting ``offset``
+    elements into its storage (a slice of a wider stream, as a fused projection gives)."""
+    m, n = t.shape
+    wide = torch.full((m + 1, n + pad), float("nan"), dtype=t.dtype, device=t.device)
+    view = wide.view(-1)[offset : offset + m * (n + pad)].view(m, n + pad)[:, :n]
+    view.copy_(t)
+    return view
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize(("m", "n"), PATH_PARAMS)
+def test_every_tensor_with_its_own_row_stride(device, m, n):
+    """x, the residual and both incoming gradients (at y and at h) each a view with its own row
+    stride and storage offset, NaN between rows: a kernel that reads one tensor's rows with
+    another's stride, or past a row's end, reads NaN or another row. dh's rows are its own (a
+    backward that reads dh at dy's stride gets another row's values)."""
+    x, w, dy, res = inputs(m, n, F32, device)
+    dh = torch.flip(dy, dims=[-1]).contiguous()
+    x, res, dy, dh = (
+        _apart(t, pad, off) for t, pad, off in ((x, 3, 1), (res, 8, 5), (dy, 16, 2), (dh, 40, 7))
+    )
+    assert len({t.stride(0) for t in (x, res, dy, dh)}) == 4
+    xg, rg, wg = (t.detach().requires_grad_() for t in (x, res, w))
+    y, h = rmsnorm_kernel.rms_norm(xg, weight=wg, eps=EPS, residual=rg)
+    torch.autograd.backward([y, h], [dy, dh])
+    hd = x.double() + res.double()
+    close(h, hd, F32, "h")
+    close(y, rms_norm_reference(hd, w.double(), EPS), F32, "y")
+    dx_ref, dw_ref = rms_norm_backward_reference(hd, w.double(), dy.double(), EPS)
+    close(xg.grad, dx_ref + dh.double(), F32, "dx")
+    close(rg.grad, dx_ref + dh.double(), F32, "dresidual")
+    close(wg.grad, dw_ref, F32, "dw")
+
+
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
 @pytest.mark.parametrize(("m", "n"), PATH_PARAMS)
 def test_llama_casting_in_bf16(device, m, n):
