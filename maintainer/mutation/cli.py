@@ -16,6 +16,7 @@ from pathlib import Path
 from maintainer.mutation.catalogue import check_catalogue, load_catalogue
 from maintainer.mutation.config import MutationError, load_config
 from maintainer.mutation.equivalence import current_equivalent, load_equivalent
+from maintainer.mutation.handwritten import RECORD, run_all
 from maintainer.mutation.population import describe_mutant, enumerate_mutants, restrict_to_definitions
 from maintainer.mutation.report import SessionResult, pct, render_report, summarise
 from maintainer.mutation.runner import execute
@@ -68,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--session", type=Path, action="append", required=True)
     rep.add_argument("--report", type=Path, default=DEFAULT_REPORT)
     sub.add_parser("check-catalogue", help="check that every catalogue patch applies exactly once")
+    hand = sub.add_parser("handwritten", help="run the hand-written mutants under their CPU kill commands")
+    hand.add_argument("--record", action="store_true", help=f"write the outcomes to {RECORD}")
     describe = sub.add_parser(
         "describe",
         help="a mutant's description, as an entry of maintainer/mutation/equivalent.toml records it",
@@ -84,6 +87,15 @@ def main(argv: list[str] | None = None) -> int:
         check_catalogue(patches)
         print(f"all {len(patches)} catalogue patches apply exactly once")
         return 0
+    if args.command == "handwritten":
+        results = run_all(config)
+        if args.record:
+            RECORD.parent.mkdir(parents=True, exist_ok=True)
+            RECORD.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        alive = [k for k, r in results.items() if r["outcome"] != "killed"]
+        for k in alive:
+            print(f"FAIL hand-written mutant {k} {results[k]['outcome']}")
+        return 1 if alive else 0
     if args.command == "describe":
         by_key = {m.key: m for m in enumerate_mutants(config)[0]}
         for key in args.key:

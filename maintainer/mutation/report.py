@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from maintainer.mutation import handwritten
 from maintainer.mutation.catalogue import CATALOGUE_OPERATOR, Patch
 from maintainer.mutation.config import ROOT, Config
 from maintainer.mutation.scores import Score
@@ -264,6 +265,7 @@ def render_report(
                 "of this report ran them on the files in the tree now)."
             )
         out.append("")
+    out += handwritten.render(root)
     out += _method_section(config, patches)
     return "\n".join(out) + "\n"
 

@@ -3,6 +3,7 @@ mutant: the catalogue applies exactly once, the score and its interval, the floo
 sample, and the report. The mutation run itself is `nox -s mutation`."""
 
 import dataclasses
+import json
 import math
 import os
 import re
@@ -531,3 +532,35 @@ def test_a_reports_error_excerpt_names_no_machine_path():
     assert _scrub(text) == (
         "File \"site-packages/triton/interpreter.py\", line 1\nargs=['python3.12', '-m'] tests/op/t.py:5"
     )
+
+
+def test_every_hand_written_mutant_applies_once_and_the_report_shows_its_record(tmp_path):
+    from maintainer.mutation import handwritten
+
+    entries = handwritten.load_handwritten(ROOT)
+    assert {
+        "dh-row-stride-tile",
+        "residual-same-numel",
+        "dx-store-past-row",
+        "eps-outside-rsqrt-composite",
+    } <= {h.id for h in entries}
+    config = load_config(ROOT)
+    for h in entries:
+        compile(handwritten.mutated(h, ROOT), h.file, "exec")
+        assert h.kill in config.kill["cpu"], h
+    # The report: the outcome recorded, stale once the file changes, "not run" without a record.
+    (tmp_path / "maintainer" / "mutation").mkdir(parents=True)
+    (tmp_path / "maintainer" / "mutation" / "handwritten.toml").write_text(
+        '[[mutant]]\nid = "m"\nclass = "c"\nfile = "a.py"\nold = "x = 1"\nnew = "x = 2"\nkill = "k"\n'
+    )
+    (tmp_path / "a.py").write_text("x = 1\n")
+    assert "| `m` | c | `a.py` | k | **not run** |" in handwritten.render(tmp_path)
+    (tmp_path / "docs" / "data").mkdir(parents=True)
+    record = {"m": {"outcome": "killed", "seconds": 3.0, "kill": "k", "date": "2026-12-04",
+                    "hash": file_hashes(tmp_path, {"a.py"})["a.py"]}}  # fmt: skip
+    (tmp_path / "docs" / "data" / "handwritten.json").write_text(json.dumps(record))
+    assert "| killed (2026-12-04, 3 s) |" in "\n".join(handwritten.render(tmp_path))
+    (tmp_path / "a.py").write_text("x = 1\ny = 0\n")
+    assert "**file changed since**" in "\n".join(handwritten.render(tmp_path))
+    with pytest.raises(MutationError, match="occurs 0 times"):
+        handwritten.mutated(dataclasses.replace(entries[0], old="no such text"), ROOT)
