@@ -17,7 +17,7 @@ import pytest
 
 from rmsnorm_suite import guard
 
-from .test_pullrequest import INIT, OPS, heads_repo, host_timing, pr_verdict  # noqa: F401
+from .test_pullrequest import INIT, OPS, base_rounds, heads_repo, host_timing, pr_verdict, shared_base  # noqa: F401
 
 OPS_RESIDUAL = """import torch
 def rms_norm(x, weight=None, eps=1e-6, residual=None):
@@ -129,7 +129,7 @@ def _rows(repo, base, head, out):
     return data, {r["check"]: r for r in data["rows"]}
 
 
-def test_control_many_row_plan_is_flagged(attack_repo, host_timing, tmp_path):  # noqa: F811
+def test_control_many_row_plan_is_flagged(attack_repo, host_timing, shared_base, tmp_path):  # noqa: F811
     repo, base, heads = attack_repo
     data, rows = _rows(repo, base, heads["control"], tmp_path / "verdict")
     assert rows["batch invariance"]["verdict"] == "regression", rows["batch invariance"]
@@ -143,7 +143,7 @@ def test_control_many_row_plan_is_flagged(attack_repo, host_timing, tmp_path):  
 
 
 @pytest.mark.parametrize("attack", list(ATTACKS))
-def test_feature_attack_does_not_pass(attack_repo, host_timing, tmp_path, attack):  # noqa: F811
+def test_feature_attack_does_not_pass(attack_repo, host_timing, shared_base, tmp_path, attack):  # noqa: F811
     repo, base, heads = attack_repo
     data, rows = _rows(repo, base, heads[attack], tmp_path / "verdict")
     row = rows.get("batch invariance")

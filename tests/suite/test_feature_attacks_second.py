@@ -24,7 +24,7 @@ import torch
 from rmsnorm_suite import guard, inference, results, rounds
 
 from .test_feature_attacks import MANY_ROW_PLAN, OPS_RESIDUAL
-from .test_pullrequest import heads_repo, host_timing, pr_verdict  # noqa: F401
+from .test_pullrequest import base_rounds, heads_repo, host_timing, pr_verdict, shared_base  # noqa: F401
 
 
 # The residual op with out_dtype (fp32 y, or fp8/int8 codes with per-row scales by torch's own
@@ -108,7 +108,7 @@ def second_repo(tmp_path_factory):
 
 
 @pytest.mark.parametrize("attack", list(ATTACKS))
-def test_second_feature_attack_does_not_pass(second_repo, host_timing, tmp_path, attack):  # noqa: F811
+def test_second_feature_attack_does_not_pass(second_repo, host_timing, shared_base, tmp_path, attack):  # noqa: F811
     repo, base, heads = second_repo
     pr_verdict(repo, base, heads[attack], tmp_path / "verdict", features=True)
     data = json.loads((tmp_path / "verdict" / "verdict.json").read_text())
@@ -118,7 +118,7 @@ def test_second_feature_attack_does_not_pass(second_repo, host_timing, tmp_path,
     assert row is None or row["verdict"] != "pass", (data["status"], row)
 
 
-def test_quant_and_qk_rows_run_end_to_end(second_repo, host_timing, tmp_path):  # noqa: F811
+def test_quant_and_qk_rows_run_end_to_end(second_repo, host_timing, shared_base, tmp_path):  # noqa: F811
     """The control head (the batch-dependent plan, no attack) on an op with out_dtype and qk_norm:
     the quant and QK-norm rows are measured on both sides and pass; the batch row regresses."""
     repo, base, heads = second_repo

@@ -17,7 +17,7 @@ import pytest
 
 from rmsnorm_suite import cli, exchange, pullrequest, sandbox, staging
 from tests.suite import hostile_catalogue as catalogue
-from tests.suite.test_pullrequest import INIT, OPS, SLOW_S, git
+from tests.suite.test_pullrequest import INIT, OPS, SLOW_S, BaseRounds, base_rounds, git  # noqa: F401
 from tests.suite.test_pullrequest import commit as pullrequest_commit
 
 TRUSTED_CONFTEST = "import pytest\n"
@@ -95,8 +95,17 @@ def world(tmp_path_factory):
             "trusted": trusted, "token": f"rmsnorm-hostile-{root.name}-{os.getpid()}"}  # fmt: skip
 
 
-def run_verdict(world, name: str, monkeypatch, gpu_tests: bool = False) -> dict:
+# Heads whose attack aims at the base's rounds of their own verdict (a writer to the base's staged
+# op, spinners that load the base's rounds): their base runs beside them, never from the store.
+AIMED_AT_THE_BASE = ("left-behind-writer", "spins-during-the-base")
+
+
+def run_verdict(world, name: str, monkeypatch, shared: BaseRounds, gpu_tests: bool = False) -> dict:
+    """One head's verdict; the base's rounds from ``shared`` (BaseRounds), unless the head aims
+    at them."""
     monkeypatch.setattr(pullrequest, "WORKER_TIMING", "host")
+    if name not in AIMED_AT_THE_BASE:
+        shared.install(monkeypatch)
     monkeypatch.setattr(staging, "trusted_root", lambda: world["trusted"])
     out = world["out"] / name
     argv = ["pr-verdict", "--repo", str(world["repo"]), "--base", world["base"], "--head", world["heads"][name],
@@ -137,8 +146,8 @@ def survivors(token: str) -> list[str]:
         ("symlinked-module", "error", "src/rmsnorm_kernel/ops.py (a link)"),
     ],
 )
-def test_hostile_head_never_passes(world, monkeypatch, name, status, why):
-    data = run_verdict(world, name, monkeypatch)
+def test_hostile_head_never_passes(world, monkeypatch, base_rounds, name, status, why):  # noqa: F811
+    data = run_verdict(world, name, monkeypatch, base_rounds)
     assert data["status"] in status.split(), data["summary"]
     assert why in json.dumps(data), data["summary"]
     time.sleep(0.5)  # a surviving writer would have written by now
@@ -148,11 +157,11 @@ def test_hostile_head_never_passes(world, monkeypatch, name, status, why):
 
 
 @pytest.mark.parametrize("name", catalogue.STOPWATCH_ONLY)
-def test_only_the_stopwatch_sees_a_head_that_fools_its_process(world, monkeypatch, name):
+def test_only_the_stopwatch_sees_a_head_that_fools_its_process(world, monkeypatch, base_rounds, name):  # noqa: F811
     """These heads make the harness inside their process report them fast (the latency rows
     pass); the judge's own clock, outside the sandbox, sees them slow, and slower than their own
     rows say: the verdict is `error` (the judge's clock disagrees), not a pass."""
-    data = run_verdict(world, name, monkeypatch)
+    data = run_verdict(world, name, monkeypatch, base_rounds)
     rows = {r["check"]: r for r in data["rows"]}
     latency = [r for r in data["rows"] if r["kind"] == "latency"]
     assert latency and all(r["verdict"] == "pass" for r in latency), latency
@@ -161,10 +170,10 @@ def test_only_the_stopwatch_sees_a_head_that_fools_its_process(world, monkeypatc
     assert watch["ratio"] > 4, watch
 
 
-def test_head_conftest_never_runs(world, monkeypatch):
+def test_head_conftest_never_runs(world, monkeypatch, base_rounds):  # noqa: F811
     """Head's GPU tests run with the trusted conftest: head's own, which would turn a failure
     into success and leave a marker, is left out, and the verdict says so."""
-    data = run_verdict(world, "head-conftest", monkeypatch, gpu_tests=True)
+    data = run_verdict(world, "head-conftest", monkeypatch, base_rounds, gpu_tests=True)
     assert data["status"] == "regression", data["summary"]
     row = next(r for r in data["rows"] if r["check"] == "gpu tests (head)")
     assert row["verdict"] == "regression" and "exit 1" in row["note"], row
@@ -172,10 +181,10 @@ def test_head_conftest_never_runs(world, monkeypatch):
     assert not (world["markers"] / "head-conftest").exists()
 
 
-def test_an_honest_head_passes_with_its_clock_checked(world, monkeypatch):
+def test_an_honest_head_passes_with_its_clock_checked(world, monkeypatch, base_rounds):  # noqa: F811
     """The same commit on both sides: PASS, with a clock row that held head's calibration to base's."""
     world["heads"]["same"] = world["base"]
-    data = run_verdict(world, "same", monkeypatch)
+    data = run_verdict(world, "same", monkeypatch, base_rounds)
     assert data["status"] == "pass", data["summary"]
     clock = next(r for r in data["rows"] if r["check"] == "clock")
     assert clock["verdict"] == "pass" and "over 3 rounds" in clock["note"]

@@ -5,14 +5,18 @@ the thresholds, the harness and the worker of its own tree still gets REGRESSION
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import itertools
 import json
+import secrets
 import subprocess
+import types
 from pathlib import Path
 
 import pytest
 
-from rmsnorm_suite import cli, pullrequest, sandbox, staging
+from rmsnorm_suite import cli, pullrequest, results, sandbox, staging
 from rmsnorm_suite.thresholds import default_thresholds
 
 # A stand-in op: the defining formula, after a sleep of COST_S seconds per call.
@@ -114,6 +118,72 @@ def host_timing(monkeypatch, tmp_path):
     return marker
 
 
+class BaseRounds:
+    """The base's rounds of one test process, for the verdicts of many heads over one base.
+
+    A base round is a function of the base commit, the round's spec and its seeds, run by the
+    trusted suite. Every verdict of the process draws the same seeds (each drawn once, from
+    the system's source, when a verdict first asks for it; a commit's code meets a seed only in
+    its own sandboxed round, which keeps nothing for another verdict), so a base round with the
+    spec and seeds of one already run is served instead of run again. What is kept is the judge's own validated copy, in this
+    process's memory, which no sandboxed head can reach; each verdict gets a deep copy and
+    writes its own round files and log. Only the base side: every head runs all its rounds, on
+    the seeds its base's rounds had. A head whose attack aims at the base's rounds (a writer to
+    the base's staged op, a spinner that loads them) must not use it: its base runs beside it."""
+
+    def __init__(self):
+        self.seeds: dict[tuple[int, int], int] = {}  # (the verdict's k-th draw, bits) -> seed
+        self.rounds: dict[tuple, tuple] = {}  # (spec, seeds) -> (the base's run, its log)
+        self.served = 0
+
+    def seed(self, cursor, bits: int) -> int:
+        key = (next(cursor), bits)
+        if key not in self.seeds:
+            self.seeds[key] = secrets.randbits(bits)
+        return self.seeds[key]
+
+    def install(self, monkeypatch) -> None:
+        """From now on in this test, pr-verdict's judge draws the shared seeds (the stream from
+        its start, anew for each verdict) and serves the base's rounds it has already run."""
+        real_judge, real_round = pullrequest._judge_pr, pullrequest.run_round
+
+        def judge(*args, **kwargs):
+            cursor = itertools.count()
+            monkeypatch.setattr(
+                pullrequest, "secrets", types.SimpleNamespace(randbits=lambda bits: self.seed(cursor, bits))
+            )
+            return real_judge(*args, **kwargs)
+
+        def run_round(box, spec, log_path, timeout, hidden, watch=None, seeds=(0,)):
+            if spec["label"] != "base":
+                return real_round(box, spec, log_path, timeout, hidden, watch, seeds)
+            key = (json.dumps(spec, sort_keys=True), tuple(seeds))
+            if key in self.rounds:
+                run, log = self.rounds[key]
+                log_path.write_text(log, encoding="utf-8")
+                self.served += 1
+                return copy.deepcopy(run), None
+            run, problem = real_round(box, spec, log_path, timeout, hidden, watch, seeds)
+            if run is not None:
+                self.rounds[key] = (copy.deepcopy(run), log_path.read_text(encoding="utf-8"))
+            return run, problem
+
+        monkeypatch.setattr(pullrequest, "_judge_pr", judge)
+        monkeypatch.setattr(pullrequest, "run_round", run_round)
+
+
+@pytest.fixture(scope="session")
+def base_rounds():
+    return BaseRounds()
+
+
+@pytest.fixture
+def shared_base(base_rounds, monkeypatch):
+    """The base's rounds shared with the other verdicts over the same base (BaseRounds)."""
+    base_rounds.install(monkeypatch)
+    return base_rounds
+
+
 def pr_verdict(repo: Path, base: str, head: str, out: Path, *extra: str, features: bool = False) -> int:
     """The trusted thresholds, with clock and stopwatch tolerances a loaded CPU can hold (the
     host stand-in's calibration and stopwatch take milliseconds: noise of tens of percent).
@@ -178,7 +248,9 @@ def test_same_commit_passes(repo, host_timing, tmp_path):
 
 
 @pytest.mark.parametrize("approved_by", [None, "maintainer"])
-def test_accept_regression_is_read_from_git_and_needs_approval(repo, host_timing, tmp_path, approved_by):
+def test_accept_regression_is_read_from_git_and_needs_approval(
+    repo, host_timing, shared_base, tmp_path, approved_by
+):
     """A trailer in the judged commits is a request; only the caller's approval grants it, and a
     grant bounds the row at the accepted factor (this head is far past it: still a regression)."""
     repo, shas = repo
@@ -222,6 +294,40 @@ def test_stage_op_takes_the_op_alone(repo, tmp_path, commit, staged):
     path = staging.stage_op(repo, shas[commit], tmp_path / "path")
     assert sorted(p.name for p in (path / "rmsnorm_kernel").iterdir()) == staged
     assert [p.name for p in path.iterdir()] == ["rmsnorm_kernel"]  # never the commit's suite
+
+
+def test_base_rounds_serve_the_base_alone_and_a_copy_each_time(monkeypatch, tmp_path):
+    """BaseRounds: each verdict draws the same seeds; a base round with the spec and seeds of
+    one already run is served, as a copy whose change reaches no later verdict; a head's round,
+    a base round on other seeds and a failed base round always run."""
+    ran = []
+
+    def judge():
+        return [pullrequest.secrets.randbits(62) for _ in range(4)]
+
+    def real_round(box, spec, log_path, timeout, hidden, watch=None, seeds=(0,)):
+        ran.append((spec["label"], tuple(seeds)))
+        log_path.write_text(f"{spec['label']} {seeds}", encoding="utf-8")
+        return (results.Run((), settings={"seeds": list(seeds)}), None) if box else (None, "failed")
+
+    monkeypatch.setattr(pullrequest, "_judge_pr", judge)
+    monkeypatch.setattr(pullrequest, "run_round", real_round)
+    store = BaseRounds()
+    store.install(monkeypatch)
+    first, second = pullrequest._judge_pr(), pullrequest._judge_pr()
+    assert first == second and len(set(first)) == 4
+    log = tmp_path / "log"
+    played = [
+        pullrequest.run_round(box, {"label": side, "round": 0}, log, 60, [], None, seeds)
+        for box, side, seeds in [(1, "base", (1, 2)), (1, "head", (1, 2)), (1, "base", (1, 2)), (1, "head", (1, 2)),
+                                 (1, "base", (1, 3)), (0, "base", (1, 4)), (0, "base", (1, 4))]
+    ]  # fmt: skip
+    assert ran == [("base", (1, 2)), ("head", (1, 2)), ("head", (1, 2)), ("base", (1, 3)), ("base", (1, 4)),
+                   ("base", (1, 4))]  # fmt: skip
+    assert store.served == 1 and played[2][0] == played[0][0] and played[2][0] is not played[0][0]
+    played[2][0].settings["seeds"].append(0)  # a verdict changes what it was served
+    served, _ = pullrequest.run_round(1, {"label": "base", "round": 0}, log, 60, [], None, (1, 2))
+    assert served.settings == {"seeds": [1, 2]} and log.read_text() == "base (1, 2)"
 
 
 def test_stage_op_reads_git_objects_not_the_worktree(tmp_path):
