@@ -106,7 +106,7 @@ VALUE_BOUNDS = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2
 @given(
     dtype=st.sampled_from(list(VALUE_BOUNDS)),
     kind=st.sampled_from(["near-eps", "huge", "tiny", "outlier", "constant"]),
-    n=st.sampled_from([1, 8, 67, 300]),
+    n=st.sampled_from([1, 8, 67, 300, 5000, 9000, 24577]),  # tile; two-walk 2 and 3 chunks; wide
     seed=st.integers(0, 2**16),
 )
 def test_values_users_meet_match_torch(device, dtype, kind, n, seed):
