@@ -2,7 +2,8 @@
 
 Development only. Each variant is first checked against the reference, then timed in the same run
 as the production launch path and its peers. The rounds are the ones a maintainer reruns to
-re-tune the launch constants of launch.py.
+re-tune the launch constants of launch.py (the speed-only ones are launch.Tuning's fields: the lab
+reads production's values from launch.TUNING and launches its variants itself).
 
     python tools/kernel_lab.py ROUND [ROUND ...] [--out lab.json]     on a CUDA machine
     TRITON_INTERPRET=1 python tools/kernel_lab.py ROUND --smoke        tiny CPU check, no timing
@@ -409,7 +410,7 @@ def round_even(lab: Lab) -> None:
             if not lab.smoke:
                 lab.production(s, backward=False)
                 peers(lab, s)
-            rows, warps = launch.forward_config(n, m <= launch.EVEN_MAX_ROWS)[1:]
+            rows, warps = launch.forward_config(n, m <= launch.TUNING.EVEN_MAX_ROWS)[1:]
             evens = (False, True) if s["m"] % rows == 0 else (False,)
             for even, w in itertools.product(evens, sorted({warps, 4, 8} if m <= 1024 else {warps})):
                 lab.run("fwd", s, f"tile EVEN={even} rows{rows} w{w}", tile_forward(s, rows, w, even))

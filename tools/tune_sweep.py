@@ -1,9 +1,11 @@
 """Launch-configuration sweep for kernel development: times launch.backward (GPU work plus the
 lean launch path, L2 flushed between calls) at wide shapes under variants of the wide backward's
-knobs (segment width, warps, programs per SM of the one launch and of the two), in the dtypes,
+knobs (segment width, warps, programs per SM of the one launch and of the two), each passed as a
+launch.Tuning (``dataclasses.replace(launch.TUNING, ...)``, nothing patched), in the dtypes,
 castings and with the residual gradient that decide whether it runs as one launch or two, and
 says which ran. Prints the best variant per case. The forward's and the two-walk backward's variants: tools/kernel_lab.py."""
 
+import dataclasses
 import json
 import os
 
@@ -13,7 +15,6 @@ from triton.testing import do_bench
 from rmsnorm_kernel import launch
 
 KNOBS = ("SEGMENT", "SEGMENT_WARPS", "WIDE_PER_SM", "FUSED_SEGMENT", "FUSED_WARPS", "FUSED_PER_SM")
-DEFAULTS = {name: getattr(launch, name) for name in KNOBS}
 # Production's knobs, and neighbours of the one launch's and of the two launches'.
 VARIANTS = [
     {},
@@ -34,10 +35,11 @@ CASES = [
 ]
 
 
-def set_config(**knobs):
-    """Override the wide backward's knobs of rmsnorm_kernel.launch by name."""
-    for name, value in DEFAULTS.items():
-        setattr(launch, name, knobs.get(name, value))
+def tuning(**knobs) -> launch.Tuning:
+    """The production launch tuning with the wide backward's ``knobs`` (Tuning fields) replaced."""
+    unknown = set(knobs) - set(KNOBS)
+    assert not unknown, f"not a wide-backward knob: {sorted(unknown)}"
+    return dataclasses.replace(launch.TUNING, **knobs)
 
 
 def main():
@@ -68,13 +70,13 @@ def main():
         nbytes = (4 if with_dh else 3) * m * n * x.element_size()
         name = f"{m}x{n} {str(dtype)[6:]} {casting}{' dh' if with_dh else ''}"
         for v in VARIANTS:
-            set_config(**v)
+            config = tuning(**v)
             try:
                 ran.clear()
-                launch.backward(dy, dh, x, w, rstd, 0.0, mode, True, dtype)
+                launch.backward(dy, dh, x, w, rstd, 0.0, mode, True, dtype, tuning=config)
                 path = "one launch" if ran[-1] else "two launches"
                 t = do_bench(
-                    lambda: launch.backward(dy, dh, x, w, rstd, 0.0, mode, True, dtype),
+                    lambda: launch.backward(dy, dh, x, w, rstd, 0.0, mode, True, dtype, tuning=config),
                     warmup=10,
                     rep=60,
                     return_mode="median",
@@ -85,12 +87,11 @@ def main():
             us = t * 1e3
             frac = nbytes / (us * 1e-6) / 1e12 / copy
             results.append(
-                dict(case=name, us=us, frac=frac, path=path, **{k: getattr(launch, k) for k in KNOBS})
+                dict(case=name, us=us, frac=frac, path=path, **{k: getattr(config, k) for k in KNOBS})
             )
             print(f"{name:32} {str(v or 'production'):60} {path:13} {us:7.1f} us {frac:6.1%}", flush=True)
         x = dy = dh = None  # free before the next case
         torch.cuda.empty_cache()
-    set_config()
     with open(os.path.join(os.environ.get("OUT", "."), "sweep.json"), "w") as fh:
         json.dump(dict(copy_tbs=copy, rows=results), fh)
     print("\nbest per case:")

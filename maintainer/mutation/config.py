@@ -36,7 +36,7 @@ class Target:
     kill: str  # name of the kill command in [kill.<device>]
     definitions: tuple[str, ...]  # only mutants inside these functions (empty: all)
     skip_definitions: dict[str, str]  # function -> why it is not mutated
-    skip_assignments: dict[str, str]  # module-level name -> why (launch tuning, ...)
+    skip_assignments: dict[str, str]  # module- or class-level name -> why (launch.Tuning fields, ...)
     gpu_only: dict[str, str]  # function -> why the interpreter cannot reach it
 
 

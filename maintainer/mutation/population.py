@@ -36,11 +36,14 @@ def operator_names(patterns: tuple[str, ...]) -> list[str]:
 
 
 def _assignment_lines(source: str, names: dict[str, str]) -> dict[int, str]:
-    """Lines of the module-level assignments to ``names``: line -> name."""
+    """Lines of the assignments to ``names`` at module level or in the body of a module-level
+    class (a frozen dataclass's field defaults, such as launch.Tuning's): line -> name."""
     import ast
 
     lines = {}
-    for node in ast.parse(source).body:
+    body = ast.parse(source).body
+    nodes = body + [n for c in body if isinstance(c, ast.ClassDef) for n in c.body]
+    for node in nodes:
         targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
         for t in targets:
             if isinstance(t, ast.Name) and t.id in names:
@@ -48,7 +51,9 @@ def _assignment_lines(source: str, names: dict[str, str]) -> dict[int, str]:
     found = set(lines.values())
     missing = sorted(set(names) - found)
     if missing:
-        raise MutationError(f"skip_assignments name no module-level assignment: {', '.join(missing)}")
+        raise MutationError(
+            f"skip_assignments name no module- or class-level assignment: {', '.join(missing)}"
+        )
     return lines
 
 

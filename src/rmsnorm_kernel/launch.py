@@ -8,10 +8,13 @@ input.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 import operator
 import os
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import NamedTuple
 
 import torch
@@ -32,32 +35,14 @@ CASTING_MODES = contract.CASTING_CODES
 FORWARD_MAX_TILE = 4096
 BACKWARD_MAX_TILE = 4096
 TWO_WALK_MAX = 16384
-# Two-walk forward: one program per row, chunk width, warps up to TWO_WALK_MAX and beyond.
-# Two-walk backward: chunk width, warps by the row width rounded up to a power of two, programs
-# per SM. Measured: docs/performance-notes.md, Two-walk forward and Two-walk backward.
+# Chunk widths of the two-walk paths: forward up to TWO_WALK_MAX, forward beyond it, backward.
+# Module constants, not Tuning fields: which kernel specialisation runs, and what the kernels'
+# walks assume, follow from them (the unrolled wide forward holds at most four chunks of
+# FORWARD_WIDE_BLOCK; backward_chunked gets 2 to 4 chunks of TWO_WALK_BACKWARD_CHUNK), and tests
+# and the mutation equivalence arguments read them. The speed-only values: Tuning, below.
 FORWARD_WALK_BLOCK = 8192
-FORWARD_WALK_WARPS = 16
-# Beyond TWO_WALK_MAX: chunk width, warps, and y's stores hinted to leave L2 first; the walks are
-# unrolled for rows of up to FORWARD_WIDE_UNROLL chunks.
 FORWARD_WIDE_BLOCK = 16384
-FORWARD_WIDE_WARPS = 32
-FORWARD_WIDE_UNROLL = 4
 TWO_WALK_BACKWARD_CHUNK = 4096
-# (warps, programs per SM) by the row width rounded up to a power of two (the second walk issues
-# all of a row's loads at once).
-TWO_WALK_BACKWARD = {8192: (8, 2), 16384: (16, 1)}
-# Wide backward. As two launches (backward_wide_dot, then backward_wide): segment width, warps,
-# and programs per SM of backward_wide's grid. As one cooperative launch (backward_wide_fused),
-# run where the driver can make its grid resident: the same, and how many steps ahead of their
-# use it posts its segment sums. Measured: docs/performance-notes.md, Wide backward.
-SEGMENT = 8192
-SEGMENT_WARPS = 8
-WIDE_PER_SM = 2
-FUSED_SEGMENT = 4096
-FUSED_WARPS = 4
-FUSED_PER_SM = 4
-WIDE_FUSED = True
-WIDE_LOOKAHEAD = 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -352,19 +337,6 @@ class BackwardTile(NamedTuple):
     prefetch: bool  # load the next row block before working on this one
 
 
-# Launch configurations of the tile path, by BLOCK_N. "Few rows": fewer than FEW_ROW_BLOCKS row
-# blocks per program, where each program's fixed cost outweighs the parallelism; prefetch only
-# where measured. Measured: docs/performance-notes.md, Tile tables.
-FORWARD_TILE = {
-    128: ForwardTile(rows=16, warps=4, few_rows=8, few_warps=4),
-    512: ForwardTile(rows=2, warps=1, few_rows=2, few_warps=4),
-    1024: ForwardTile(rows=1, warps=1, few_rows=1, few_warps=4),
-    2048: ForwardTile(rows=1, warps=4, few_rows=1, few_warps=4),
-    4096: ForwardTile(rows=1, warps=2, few_rows=1, few_warps=8),
-}
-# Launches of at most this many rows, with N the tile width and one row per program, run the tile
-# forward without masks (forward_tile's EVEN). Measured: docs/performance-notes.md, EVEN_MAX_ROWS.
-EVEN_MAX_ROWS = 256
 # Batch invariance: a row's outputs do not depend on how many rows share the call, nor on where
 # the row sits. On, every launch of the tile forward takes its many-row plan's rows and warps
 # (the warps along a row fix the order of its sum of squares) and the correctly rounded r; the
@@ -373,12 +345,80 @@ EVEN_MAX_ROWS = 256
 # warps and r by the hardware estimate and a Newton step (_rsqrt_newton), which can round a row
 # differently. docs/features.md, Batch invariance.
 BATCH_INVARIANT = os.environ.get("RMSNORM_KERNEL_BATCH_INVARIANT", "1").strip() != "0"
-BACKWARD_TILE = {
-    1024: BackwardTile(rows=2, warps=4, per_sm=(4, 4), prefetch=True),
-    2048: BackwardTile(rows=1, warps=4, per_sm=(4, 4), prefetch=False),
-    4096: BackwardTile(rows=1, warps=8, per_sm=(2, 1), prefetch=True),
-}
-FEW_ROW_BLOCKS = 2
+
+
+def _table(entries: dict) -> MappingProxyType:
+    """A read-only launch table (a frozen Tuning holds no dict a caller could change under it)."""
+    return MappingProxyType(entries)
+
+
+@dataclasses.dataclass(frozen=True, eq=False, slots=True)
+class Tuning:
+    """The launch tuning: values that change how fast the kernels run, never what they compute
+    (within the limits each comment gives). ``TUNING`` is the measured default every launch
+    function takes; a caller (tools/tune_sweep.py, tools/kernel_lab.py) passes another, made by
+    ``dataclasses.replace(launch.TUNING, FIELD=value)``, as the ``tuning`` argument. Compared and
+    hashed by identity: the cached plans key on the instance, which costs one pointer hash.
+    Field names are those of docs/performance-notes.md's measurements and of the mutation
+    config's skipped assignments. Measured: docs/performance-notes.md, the section each names."""
+
+    # Two-walk forward up to TWO_WALK_MAX (one program per row): warps. (Two-walk forward)
+    FORWARD_WALK_WARPS: int = 16
+    # Two-walk forward beyond TWO_WALK_MAX: warps (y's stores hinted to leave L2 first).
+    FORWARD_WIDE_WARPS: int = 32
+    # Beyond TWO_WALK_MAX, rows of up to this many chunks walk unrolled (at most 4, the kernel's).
+    FORWARD_WIDE_UNROLL: int = 4
+    # Two-walk backward: (warps, programs per SM) by the row width rounded up to a power of two.
+    TWO_WALK_BACKWARD: Mapping[int, tuple[int, int]] = dataclasses.field(
+        default_factory=lambda: _table({8192: (8, 2), 16384: (16, 1)})
+    )
+    # Wide backward as two launches (backward_wide_dot, backward_wide): segment width (a power of 2).
+    SEGMENT: int = 8192
+    # Wide backward as two launches: warps of both.
+    SEGMENT_WARPS: int = 8
+    # Wide backward as two launches: programs per SM of backward_wide's grid.
+    WIDE_PER_SM: int = 2
+    # Wide backward as one cooperative launch (backward_wide_fused): segment width (a power of 2).
+    FUSED_SEGMENT: int = 4096
+    # Wide backward as one launch: warps.
+    FUSED_WARPS: int = 4
+    # Wide backward as one launch: programs per SM (a grid the driver refuses falls back to two).
+    FUSED_PER_SM: int = 4
+    # Wide backward: try the one cooperative launch where the driver can make its grid resident.
+    WIDE_FUSED: bool = True
+    # Wide backward as one launch: steps ahead of their use it posts its segment sums (any >= 0).
+    WIDE_LOOKAHEAD: int = 1
+    # Tile forward by BLOCK_N: rows per program and warps, many rows and few. (Tile tables)
+    FORWARD_TILE: Mapping[int, ForwardTile] = dataclasses.field(
+        default_factory=lambda: _table({
+            128: ForwardTile(rows=16, warps=4, few_rows=8, few_warps=4),
+            512: ForwardTile(rows=2, warps=1, few_rows=2, few_warps=4),
+            1024: ForwardTile(rows=1, warps=1, few_rows=1, few_warps=4),
+            2048: ForwardTile(rows=1, warps=4, few_rows=1, few_warps=4),
+            4096: ForwardTile(rows=1, warps=2, few_rows=1, few_warps=8),
+        })
+    )  # fmt: skip
+    # Launches of at most this many rows (N the tile width, one row per program) drop the masks.
+    EVEN_MAX_ROWS: int = 256
+    # Tile backward by BLOCK_N: rows, warps, programs per SM (and with few rows), prefetch.
+    BACKWARD_TILE: Mapping[int, BackwardTile] = dataclasses.field(
+        default_factory=lambda: _table({
+            1024: BackwardTile(rows=2, warps=4, per_sm=(4, 4), prefetch=True),
+            2048: BackwardTile(rows=1, warps=4, per_sm=(4, 4), prefetch=False),
+            4096: BackwardTile(rows=1, warps=8, per_sm=(2, 1), prefetch=True),
+        })
+    )  # fmt: skip
+    # "Few rows": fewer than this many row blocks per program, where a program's fixed cost wins.
+    FEW_ROW_BLOCKS: int = 2
+    # dw reduction: scratch rows summed per step. (dw reduction)
+    REDUCE_ROWS: int = 32
+    # dw reduction: a scratch of at least this many rows is tall (16-column strips, else N / 256).
+    REDUCE_TALL: int = 128
+
+
+# The measured tuning: every launch function's default, bound once at definition, as a last
+# positional parameter (a keyword-only default costs the common call a dict lookup in CPython).
+TUNING = Tuning()
 
 
 class ForwardConfig(NamedTuple):
@@ -396,11 +436,11 @@ class BackwardConfig(NamedTuple):
 
 
 @functools.cache
-def forward_config(n: int, few_rows: bool = False) -> ForwardConfig:
+def forward_config(n: int, few_rows: bool = False, tuning: Tuning = TUNING) -> ForwardConfig:
     """BLOCK_N, rows per program and warps of the forward tile path (``few_rows``: at most
-    EVEN_MAX_ROWS rows)."""
+    EVEN_MAX_ROWS rows), by ``tuning``'s FORWARD_TILE."""
     block_n = triton.next_power_of_2(n)
-    tile = FORWARD_TILE.get(block_n)
+    tile = tuning.FORWARD_TILE.get(block_n)
     if tile is None:  # narrow rows: about 1024 elements per program
         rows = max(1, 1024 // block_n)
         tile = ForwardTile(rows=rows, warps=4, few_rows=rows, few_warps=4)
@@ -410,19 +450,19 @@ def forward_config(n: int, few_rows: bool = False) -> ForwardConfig:
 
 
 @functools.cache
-def backward_config(n: int) -> BackwardConfig:
-    """BLOCK_N and the BACKWARD_TILE entry of the backward tile path."""
+def backward_config(n: int, tuning: Tuning = TUNING) -> BackwardConfig:
+    """BLOCK_N and ``tuning``'s BACKWARD_TILE entry of the backward tile path."""
     block_n = triton.next_power_of_2(n)
-    tile = BACKWARD_TILE.get(block_n)
+    tile = tuning.BACKWARD_TILE.get(block_n)
     if tile is None:
         tile = BackwardTile(rows=max(1, 1024 // block_n), warps=4, per_sm=(4, 4), prefetch=False)
     return BackwardConfig(block_n, *tile)
 
 
-# Launch parameters of the tile and two-walk paths, built once per configuration so that a call
-# only looks them up (a plan unpacks like a tuple; ``constexprs`` is the kernel's constexpr
-# parameters in order, a plain tuple). (The wide backward reads its module-level knobs at every
-# call: tools/tune_sweep.py overrides them between runs.)
+# Launch parameters of the tile and two-walk paths, built once per configuration and Tuning so
+# that a call only looks them up (a plan unpacks like a tuple; ``constexprs`` is the kernel's
+# constexpr parameters in order, a plain tuple). The wide backward reads its Tuning fields at
+# every call.
 
 
 class ForwardTilePlan(NamedTuple):
@@ -460,11 +500,12 @@ def _forward_tile_plan(
     few_rows: bool,
     store_rstd: bool,
     invariant: bool = True,
+    tuning: Tuning = TUNING,
 ) -> ForwardTilePlan:
     """forward_tile's plan; ``few_rows``: at most EVEN_MAX_ROWS rows. ``invariant``
     (BATCH_INVARIANT): a row's values do not depend on few_rows, which then only drops masks."""
     tuned = few_rows and not invariant
-    block_n, rows, num_warps = forward_config(n, tuned)
+    block_n, rows, num_warps = forward_config(n, tuned, tuning)
     even = few_rows and n == block_n and rows == 1
     constexprs = (has_weight, has_residual, casting, block_n, rows, even, store_rstd, tuned)
     return ForwardTilePlan(rows, num_warps, constexprs)
@@ -479,15 +520,17 @@ def _forward_looped_plan(
     contiguous: bool,
     has_offset: bool,
     store_rstd: bool,
+    tuning: Tuning = TUNING,
 ) -> ForwardLoopedPlan:
     """forward_looped's plan; ``contiguous``: x's and the residual's rows are n apart,
     ``has_offset``: the weight offset is nonzero, ``store_rstd``: r is stored."""
     first_walk_policy, second_walk_policy = "evict_last", "evict_first"
     if n <= TWO_WALK_MAX:
-        num_warps, block_n, store_policy, unroll_walks = FORWARD_WALK_WARPS, FORWARD_WALK_BLOCK, "", False
+        block_n, store_policy, unroll_walks = FORWARD_WALK_BLOCK, "", False
+        num_warps = tuning.FORWARD_WALK_WARPS
     else:
-        num_warps, block_n, store_policy = FORWARD_WIDE_WARPS, FORWARD_WIDE_BLOCK, "evict_first"
-        unroll_walks = n <= FORWARD_WIDE_UNROLL * block_n
+        num_warps, block_n, store_policy = tuning.FORWARD_WIDE_WARPS, FORWARD_WIDE_BLOCK, "evict_first"
+        unroll_walks = n <= tuning.FORWARD_WIDE_UNROLL * block_n
     constexprs = (has_weight, has_residual, casting, block_n, first_walk_policy, second_walk_policy,
                   store_policy, unroll_walks, n, contiguous, has_offset, store_rstd)  # fmt: skip
     return ForwardLoopedPlan(num_warps, constexprs)
@@ -495,53 +538,49 @@ def _forward_looped_plan(
 
 @functools.cache
 def _backward_tile_plan(
-    n: int, has_weight: bool, has_dh: bool, compute_dw: bool, casting: int
+    n: int, has_weight: bool, has_dh: bool, compute_dw: bool, casting: int, tuning: Tuning = TUNING
 ) -> BackwardPlan:
     """backward_tile's plan."""
-    block_n, rows, num_warps, per_sm, prefetch = backward_config(n)
+    block_n, rows, num_warps, per_sm, prefetch = backward_config(n, tuning)
     constexprs = (has_weight, has_dh, compute_dw, casting, block_n, rows, prefetch)
     return BackwardPlan(rows, num_warps, per_sm, constexprs)
 
 
 @functools.cache
 def _backward_chunked_plan(
-    n: int, has_weight: bool, has_dh: bool, compute_dw: bool, casting: int
+    n: int, has_weight: bool, has_dh: bool, compute_dw: bool, casting: int, tuning: Tuning = TUNING
 ) -> BackwardPlan:
     """backward_chunked's plan: one row per program step."""
     chunk = TWO_WALK_BACKWARD_CHUNK
     chunks = (n + chunk - 1) // chunk
-    num_warps, per_sm = TWO_WALK_BACKWARD[_next_power_of_2(n)]
+    num_warps, per_sm = tuning.TWO_WALK_BACKWARD[_next_power_of_2(n)]
     constexprs = (has_weight, has_dh, compute_dw, casting, chunk, chunks)
     return BackwardPlan(1, num_warps, (per_sm, per_sm), constexprs)
 
 
-# The dw reduction sums a (programs, N) fp32 scratch, just written and read from L2, in
-# column strips, REDUCE_ROWS scratch rows per step; its time is the latency of its steps, so the
-# strips are narrow: 16 columns for a tall scratch (at least REDUCE_TALL rows), N / 256 for a
-# short one. Measured: docs/performance-notes.md, dw reduction.
-REDUCE_ROWS = 32
-REDUCE_TALL = 128
-
-
 @functools.cache
-def _reduce_plan(n: int, programs: int) -> ReducePlan:
-    """reduce_columns' plan over a (programs, n) scratch."""
-    if programs >= REDUCE_TALL:
+def _reduce_plan(n: int, programs: int, tuning: Tuning = TUNING) -> ReducePlan:
+    """reduce_columns' plan over a (programs, n) scratch. The dw reduction sums that fp32
+    scratch, just written and read from L2, in column strips, REDUCE_ROWS scratch rows per step;
+    its time is the latency of its steps, so the strips are narrow: 16 columns for a tall scratch
+    (at least REDUCE_TALL rows), N / 256 for a short one. Measured: docs/performance-notes.md,
+    dw reduction."""
+    if programs >= tuning.REDUCE_TALL:
         block_c, num_warps = 16, (8 if programs >= 256 else 4)
     else:
         strip = 1 << max(0, (n // 256).bit_length() - 1)  # N / 256 rounded down to a power of two
         block_c, num_warps = min(256, max(16, strip)), 4
     block_c = min(block_c, _next_power_of_2(n))
-    block_p = min(REDUCE_ROWS, _next_power_of_2(programs))
+    block_p = min(tuning.REDUCE_ROWS, _next_power_of_2(programs))
     return ReducePlan(((n + block_c - 1) // block_c, 1, 1), num_warps, (block_p, block_c))
 
 
-def backward_programs(blocks: int, per_sm: tuple[int, int], sms: int) -> int:
+def backward_programs(blocks: int, per_sm: tuple[int, int], sms: int, tuning: Tuning = TUNING) -> int:
     """Programs of a persistent backward over ``blocks`` row blocks: ``per_sm[0]`` per SM, or
     ``per_sm[1]`` per SM where each program would get fewer than FEW_ROW_BLOCKS blocks; never
     more programs than blocks."""
     programs = min(blocks, sms * per_sm[0])
-    if blocks < FEW_ROW_BLOCKS * programs:
+    if blocks < tuning.FEW_ROW_BLOCKS * programs:
         programs = min(blocks, sms * per_sm[1])
     return programs
 
@@ -570,12 +609,13 @@ def forward(
     residual_dtype: torch.dtype,
     shape: tuple[int, ...] | None = None,
     want_rstd: bool = True,
+    tuning: Tuning = TUNING,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """x2, res2: (M, N) with unit row stride. Returns y, rstd (fp32) and h = x + residual (None
     without a residual): y and h of shape ``shape``, rstd of ``shape[:-1]``. ``shape`` (at least
     2-D, M * N elements) defaults to (M, N); a caller passes its input's shape to get outputs it
     needs no views of. Without ``want_rstd`` (no backward will follow) r is neither allocated
-    nor stored, and rstd is None."""
+    nor stored, and rstd is None. ``tuning``: the launch tuning (default TUNING)."""
     m, n = x2.shape
     device = x2.device
     if shape is None:
@@ -598,14 +638,15 @@ def forward(
         r, hs, stride_r = res2, h, res2.stride(0)
     if n <= FORWARD_MAX_TILE:
         rows, num_warps, constexprs = _forward_tile_plan(
-            n, weight is not None, res2 is not None, casting, m <= EVEN_MAX_ROWS, want_rstd, BATCH_INVARIANT
-        )
+            n, weight is not None, res2 is not None, casting, m <= tuning.EVEN_MAX_ROWS, want_rstd,
+            BATCH_INVARIANT, tuning,
+        )  # fmt: skip
         args = (x2, r, w, y, hs, r_out, m, n, stride_x, stride_r, n, n, eps, offset)
         _forward_tile(((m + rows - 1) // rows, 1, 1), args, num_warps, constexprs)
     else:  # one program per row, the row kept in L2 between the walks
         contiguous = stride_x == n and stride_r == n
         num_warps, constexprs = _forward_looped_plan(
-            n, weight is not None, res2 is not None, casting, contiguous, offset != 0.0, want_rstd
+            n, weight is not None, res2 is not None, casting, contiguous, offset != 0.0, want_rstd, tuning
         )
         args = (x2, r, w, y, hs, r_out, stride_x, stride_r, eps, offset)
         _forward_looped((m, 1, 1), args, num_warps, constexprs)
@@ -619,11 +660,12 @@ def _wide_grid(m: int, n: int, segment: int, per_sm: int, sms: int) -> tuple[int
     return segments, min(m, max(1, per_sm * sms // segments))
 
 
-def _wide_fused(xh2, w, dy2, dh, rstd, dot, dx, partial, scalars, constexprs) -> bool:
+def _wide_fused(xh2, w, dy2, dh, rstd, dot, dx, partial, scalars, constexprs, num_warps: int) -> bool:
     """The wide backward as one cooperative launch of backward_wide_fused (``scalars``: M, N, row
     groups, the strides, the offset; ``constexprs`` in the kernel's order); False where the
     driver cannot make the grid resident, and the caller runs the two launches instead. The grid
-    has FUSED_PER_SM programs per SM (fewer with few rows); four of 4 warps fit on an SM only
+    has FUSED_PER_SM programs per SM (fewer with few rows) of ``num_warps`` (FUSED_WARPS); four
+    of 4 warps fit on an SM only
     where the kernel compiles to at most 128 registers per thread (which specialisations do:
     docs/performance-notes.md, Wide backward). The launcher remembers
     each refusal, so a refused grid costs one failed launch per specialisation, and a call whose
@@ -636,12 +678,12 @@ def _wide_fused(xh2, w, dy2, dh, rstd, dot, dx, partial, scalars, constexprs) ->
 
     # An empty int32 tensor stands in for the counters in the specialisation key.
     if _backward_wide_fused.refused and _backward_wide_fused.refuses(
-        grid, args(xh2.new_empty(0, dtype=torch.int32)), FUSED_WARPS, constexprs
+        grid, args(xh2.new_empty(0, dtype=torch.int32)), num_warps, constexprs
     ):
         return False
     posted = _scratch(m, dtype=torch.int32, device=xh2.device, zero=True)
     try:
-        _backward_wide_fused(grid, args(posted), FUSED_WARPS, constexprs)
+        _backward_wide_fused(grid, args(posted), num_warps, constexprs)
     except CooperativeGridRefused:
         return False
     return True
@@ -658,9 +700,11 @@ def backward(
     need_dw: bool,
     dx_dtype: torch.dtype,
     shape: tuple[int, ...] | None = None,
+    tuning: Tuning = TUNING,
 ) -> tuple[Tensor, Tensor | None]:
     """Returns dx in dx_dtype, of shape ``shape`` (as in ``forward``; default (M, N)), and dw
-    (N,) in the weight's dtype, None when not needed."""
+    (N,) in the weight's dtype, None when not needed. ``tuning``: the launch tuning (default
+    TUNING)."""
     m, n = xh2.shape
     device = xh2.device
     dx = torch.empty(*(shape if shape is not None else (m, n)), dtype=dx_dtype, device=device)
@@ -683,10 +727,10 @@ def backward(
         tile = n <= BACKWARD_MAX_TILE
         plan = _backward_tile_plan if tile else _backward_chunked_plan
         rows, num_warps, per_sm, constexprs = plan(
-            n, weight is not None, dh2 is not None, compute_dw, casting
+            n, weight is not None, dh2 is not None, compute_dw, casting, tuning
         )
         kernel = _backward_tile if tile else _backward_chunked
-        programs = backward_programs((m + rows - 1) // rows, per_sm, sm_count(device))
+        programs = backward_programs((m + rows - 1) // rows, per_sm, sm_count(device), tuning)
         if not compute_dw:
             partial = rstd
         elif programs == 1:  # one program sums every row itself and writes the final dw
@@ -697,11 +741,13 @@ def backward(
         kernel((programs, 1, 1), args, num_warps, constexprs)
     else:
         sms = sm_count(device)
-        segments, programs = _wide_grid(m, n, SEGMENT, WIDE_PER_SM, sms)
+        segment, segment_warps = tuning.SEGMENT, tuning.SEGMENT_WARPS
+        segments, programs = _wide_grid(m, n, segment, tuning.WIDE_PER_SM, sms)
         # One launch where it can (not under the interpreter, which runs programs one after
         # another), else two. One allocation of the sums and the dw scratch serves either.
-        one_launch = WIDE_FUSED and not kernels.INTERPRET
-        f_segments, f_programs = _wide_grid(m, n, FUSED_SEGMENT, FUSED_PER_SM, sms) if one_launch else (0, 0)
+        one_launch = tuning.WIDE_FUSED and not kernels.INTERPRET
+        f_segment, f_per_sm, lookahead = tuning.FUSED_SEGMENT, tuning.FUSED_PER_SM, tuning.WIDE_LOOKAHEAD
+        f_segments, f_programs = _wide_grid(m, n, f_segment, f_per_sm, sms) if one_launch else (0, 0)
         dot = _scratch(m * max(segments, f_segments), dtype=torch.float32, device=device)
         partial = (
             _scratch(max(programs, f_programs), n, dtype=torch.float32, device=device) if compute_dw else rstd
@@ -709,23 +755,25 @@ def backward(
         has_weight, has_dh = weight is not None, dh2 is not None
         ran_fused = False
         if one_launch:
-            block_s, segments_pow2, lookahead = FUSED_SEGMENT, _next_power_of_2(f_segments), WIDE_LOOKAHEAD
+            block_s, segments_pow2 = f_segment, _next_power_of_2(f_segments)
             fused = (has_weight, has_dh, compute_dw, casting, block_s, f_segments, segments_pow2, lookahead)
             f_dot = dot[: m * f_segments].view(m, f_segments)
             scalars = (m, n, f_programs, *strides)
-            ran_fused = _wide_fused(xh2, w, dy2, dh, rstd, f_dot, dx, partial, scalars, fused)
+            ran_fused = _wide_fused(
+                xh2, w, dy2, dh, rstd, f_dot, dx, partial, scalars, fused, tuning.FUSED_WARPS
+            )
         if ran_fused:
             programs = f_programs
         else:
             dot = dot[: m * segments].view(m, segments)
             args = (xh2, w, dy2, dot, n, strides[0], stride_dy, offset, segments)
-            _backward_wide_dot((m, segments, 1), args, SEGMENT_WARPS, (has_weight, SEGMENT))
-            block_s, segments_pow2 = SEGMENT, _next_power_of_2(segments)
+            _backward_wide_dot((m, segments, 1), args, segment_warps, (has_weight, segment))
+            block_s, segments_pow2 = segment, _next_power_of_2(segments)
             constexprs = (has_weight, has_dh, compute_dw, casting, block_s, segments_pow2)
             args = (xh2, w, dy2, dh, rstd, dot, dx, partial, m, n, programs, *strides, segments)
-            _backward_wide((programs, segments, 1), args, SEGMENT_WARPS, constexprs)
+            _backward_wide((programs, segments, 1), args, segment_warps, constexprs)
     if compute_dw and partial is not dw:
-        grid, num_warps, constexprs = _reduce_plan(n, programs)
+        grid, num_warps, constexprs = _reduce_plan(n, programs, tuning)
         _reduce_columns(grid, (partial, dw, programs, n), num_warps, constexprs)
     return dx, dw
 
@@ -800,7 +848,9 @@ def _weight_head_stride(w: Tensor | None) -> tuple[bool, int]:
     return True, w.stride(0)
 
 
-def forward_heads(groups: list, eps: float, offset: float, casting: int, want_rstd: bool = True) -> list:
+def forward_heads(
+    groups: list, eps: float, offset: float, casting: int, want_rstd: bool = True, tuning: Tuning = TUNING
+) -> list:
     """One launch of heads_forward over one or two ``(HeadRows, weight, out_dtype, shape)``
     groups (rows of one width N <= FORWARD_MAX_TILE; the weights all given or all None, each (N,)
     contiguous or (H, N) with unit stride along N, H the rows' heads). Returns ``(y, rstd)`` per
@@ -816,7 +866,7 @@ def forward_heads(groups: list, eps: float, offset: float, casting: int, want_rs
     if not live:
         return outs
     n = live[0][0][0].t.shape[-1]
-    block_n, rows_per, num_warps = forward_config(n)
+    block_n, rows_per, num_warps = forward_config(n, False, tuning)
     has_weight = live[0][0][1] is not None
     tensors, scalars, blocks, per_head = [], [], [], [False, False]
     for i, ((rows, w, _dtype, _shape), (y, rstd)) in enumerate(live):
@@ -834,7 +884,7 @@ def forward_heads(groups: list, eps: float, offset: float, casting: int, want_rs
     return outs
 
 
-def backward_heads(groups: list, offset: float, casting: int) -> list:
+def backward_heads(groups: list, offset: float, casting: int, tuning: Tuning = TUNING) -> list:
     """One launch of heads_backward over one or two ``(x HeadRows, dy HeadRows, weight, rstd,
     dx_dtype, need_dw, shape)`` groups (rstd contiguous, as forward_heads returns it; weights as
     there), then the dw reductions. Returns ``(dx, dw)`` per group: dx contiguous of ``shape``;
@@ -843,7 +893,7 @@ def backward_heads(groups: list, offset: float, casting: int) -> list:
     outs, live = [], []
     compute_dw = any(need and w is not None for _x, _dy, w, _r, _dt, need, _s in groups)
     n = groups[0][0].t.shape[-1]
-    block_n, rows_per, num_warps, per_sm, _prefetch = backward_config(n)
+    block_n, rows_per, num_warps, per_sm, _prefetch = backward_config(n, tuning)
     for group in groups:
         x, dy, w, rstd, dx_dtype, need_dw, shape = group
         device = x.t.device
@@ -857,10 +907,10 @@ def backward_heads(groups: list, offset: float, casting: int) -> list:
             continue
         if per_head:  # programs per head: dw's reduction must not sum across heads
             blocks = (x.m // x.heads + rows_per - 1) // rows_per  # each head's row blocks
-            per = backward_programs(blocks * x.heads, per_sm, sm_count(device)) // x.heads
+            per = backward_programs(blocks * x.heads, per_sm, sm_count(device), tuning) // x.heads
             programs = x.heads * min(blocks, max(1, per))
         else:
-            programs = backward_programs((x.m + rows_per - 1) // rows_per, per_sm, sm_count(device))
+            programs = backward_programs((x.m + rows_per - 1) // rows_per, per_sm, sm_count(device), tuning)
         if not compute_dw:
             partial = rstd
         elif programs == (x.heads if per_head else 1):  # one program per dw row: it writes the final dw
@@ -889,6 +939,6 @@ def backward_heads(groups: list, offset: float, casting: int) -> list:
         if dw is not None and partial is not dw:
             # per head: the scratch (programs / H, H * N), row p its (p // H, p % H) entry
             width = dw.numel()
-            grid, warps, reduce_constexprs = _reduce_plan(width, progs * n // width)
+            grid, warps, reduce_constexprs = _reduce_plan(width, progs * n // width, tuning)
             _reduce_columns(grid, (partial, dw, progs * n // width, width), warps, reduce_constexprs)
     return [(dx, dw if need else None) for (dx, dw), (*_, need, _s) in zip(outs, groups)]

@@ -137,7 +137,9 @@ def test_enumeration_skips_tuning_constants_and_keeps_keys_stable():
     mutants, skipped = enumerate_mutants(config, ROOT)
     source = (ROOT / "src/rmsnorm_kernel/launch.py").read_text().splitlines()
     assert skipped["launch"]["assignment"] > 0
-    assert not any(source[m.line - 1].startswith(("FORWARD_WALK_WARPS", "FUSED_PER_SM")) for m in mutants)
+    assert not any(
+        source[m.line - 1].lstrip().startswith(("FORWARD_WALK_WARPS", "FUSED_PER_SM")) for m in mutants
+    )
     assert len({m.key for m in mutants}) == len(mutants)
     again, _ = enumerate_mutants(config, ROOT)
     assert [m.key for m in again] == [m.key for m in mutants]
@@ -185,6 +187,39 @@ def test_the_gpu_kill_commands_run_the_tests_that_reach_gpu_only_code():
             assert f"{named[1]}::{named[2]}[" in collected or f"{named[1]}::{named[2]}\n" in collected, (
                 f"kill.gpu.{t.kill} does not collect {named[1]}::{named[2]} ({function})"
             )
+
+
+def test_skipped_assignments_include_a_module_level_class_s_fields():
+    """A skipped name matches a module-level assignment or a field of a module-level class (the
+    launch tuning is a frozen dataclass): every line of a multi-line default; nothing nested
+    deeper, nor another name."""
+    source = (
+        "A = 1\n"
+        "class Tuning:\n"
+        "    B: int = 2\n"
+        "    C: dict = field(\n"
+        "        default_factory=dict\n"
+        "    )\n"
+        "    D = 4\n"
+        "def f():\n"
+        "    B = 5\n"
+    )
+    assert _assignment_lines(source, {"A": "", "B": "", "C": ""}) == {1: "A", 3: "B", 4: "C", 5: "C", 6: "C"}
+    with pytest.raises(MutationError, match="E"):
+        _assignment_lines(source, {"B": "", "E": ""})
+
+
+def test_the_launch_tuning_fields_are_skipped():
+    """Every speed-only field of launch.Tuning named in the config is skipped: no mutant of the
+    launch target sits on its lines."""
+    pytest.importorskip("cosmic_ray")
+    config = load_config(ROOT)
+    target = config.targets["launch"]
+    source = (ROOT / target.file).read_text()
+    lines = _assignment_lines(source, target.skip_assignments)
+    assert {"FORWARD_TILE", "BACKWARD_TILE", "EVEN_MAX_ROWS", "FUSED_PER_SM"} <= set(lines.values())
+    mutants, _ = enumerate_mutants(dataclasses.replace(config, targets={"launch": target}), ROOT)
+    assert not [m for m in mutants if m.line in lines]
 
 
 def test_an_unknown_skipped_assignment_is_an_error():

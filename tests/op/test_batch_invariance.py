@@ -19,7 +19,7 @@ from ..conftest import KERNEL_DEVICES
 # widths: the tile forward's narrow (several rows per program), masked and power-of-two widths,
 # and the two-walk forward (N > FORWARD_MAX_TILE).
 SMALL_BATCHES = (1, 7)
-LARGE_BATCH = {"cpu": launch.EVEN_MAX_ROWS + 1, "cuda": 512}
+LARGE_BATCH = {"cpu": launch.TUNING.EVEN_MAX_ROWS + 1, "cuda": 512}
 WIDTHS = (128, 257, 1024, 4096, 5000)
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}

@@ -304,7 +304,7 @@ def test_reduce_plan(n_programs, expected):
 
 @pytest.mark.parametrize(("blocks", "per_sm", "expected"), BACKWARD_PROGRAMS)
 def test_backward_program_count(blocks, per_sm, expected):
-    assert launch.FEW_ROW_BLOCKS == 2  # the table above is written for it
+    assert launch.TUNING.FEW_ROW_BLOCKS == 2  # the table above is written for it
     assert launch.backward_programs(blocks, per_sm, 132) == expected
 
 
@@ -312,7 +312,7 @@ def test_backward_plans_give_both_program_counts():
     for n in (1, 257, 1024, 2048, 4096):
         _rows, _warps, per_sm, _constexprs = launch._backward_tile_plan(n, True, False, True, 0)
         assert len(per_sm) == 2 and min(per_sm) >= 1
-    assert launch.BACKWARD_TILE[4096][2] == (2, 1)  # measured: tools/kernel_lab.py small
+    assert launch.TUNING.BACKWARD_TILE[4096][2] == (2, 1)  # measured: tools/kernel_lab.py small
 
 
 @pytest.mark.parametrize(("n", "prefetch"), [(257, False), (1000, True), (2048, False), (4096, True)])

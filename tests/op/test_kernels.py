@@ -2,6 +2,8 @@
 torch integration (opcheck, torch.compile, CUDA graphs). Each test runs under the interpreter on
 CPU (nox -s interpret) and on CUDA (nox -s gpu); tolerances come from rmsnorm_suite.cases."""
 
+import dataclasses
+
 import pytest
 import torch
 import triton
@@ -351,8 +353,8 @@ def test_wide_backward_one_launch_and_two_launches(monkeypatch, m, n, dtype, wit
     assert len(calls) == (0 if fused else 1), "fused" if fused else "two launches"
     again = launch.backward(dy, dh, x, w, rstd, 0.0, mode, True, dtype)
     assert torch.equal(dx1, again[0]) and torch.equal(dw1, again[1])
-    monkeypatch.setattr(launch, "WIDE_FUSED", False)
-    dx2, dw2 = launch.backward(dy, dh, x, w, rstd, 0.0, mode, True, dtype)
+    two_launches = dataclasses.replace(launch.TUNING, WIDE_FUSED=False)
+    dx2, dw2 = launch.backward(dy, dh, x, w, rstd, 0.0, mode, True, dtype, tuning=two_launches)
     assert len(calls) == (1 if fused else 3)
     # The reference's autograd: with Llama's casting dw sums dy times the rounded activations.
     xr, wr = x.detach().requires_grad_(), w.detach().requires_grad_()

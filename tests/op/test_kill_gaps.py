@@ -5,6 +5,8 @@ docs/mutation.md has the survivors and maintainer/mutation/equivalent.toml the o
 equivalent.
 """
 
+import dataclasses
+import functools
 import math
 
 import pytest
@@ -134,7 +136,8 @@ def test_two_launch_wide_backward(monkeypatch, replanned, device, m, n, strided,
     """The wide backward's two launches (backward_wide_dot, backward_wide), which a GPU runs only
     where the cooperative grid is refused: forced here (WIDE_FUSED off), with Gemma's offset, and
     every other row of a wider tensor or a residual with a gradient at h, against float64."""
-    monkeypatch.setattr(launch, "WIDE_FUSED", False)
+    two_launches = dataclasses.replace(launch.TUNING, WIDE_FUSED=False)
+    monkeypatch.setattr(launch, "backward", functools.partial(launch.backward, tuning=two_launches))
     calls = []
     dot = launch._backward_wide_dot
 

@@ -4,6 +4,7 @@ kernel tests check those on CUDA, where every launch after the first per special
 the direct path)."""
 
 import contextlib
+import dataclasses
 import inspect
 from types import SimpleNamespace
 
@@ -348,6 +349,7 @@ class _Recorder:
         ("contiguous", 1.0, True, True),
         ("strided x", 0.0, False, False),
         ("strided residual", 0.0, False, False),
+        ("strided x, contiguous residual", 0.0, False, False),  # rows N apart in one of the two only
         ("contiguous residual", 0.5, True, True),
         ("broadcast residual", 0.0, False, False),  # one residual row for every row: stride 0
     ],
@@ -362,9 +364,10 @@ def test_walked_forward_knows_contiguous_rows_and_a_nonzero_offset(
     monkeypatch.setattr(launch, "_forward_looped", _Recorder("looped", log))
     n = 9000
     base = torch.randn(6, n + 8)
-    x = base[::2, :n] if layout == "strided x" else base[:3, :n].contiguous()
+    x = base[::2, :n] if layout.startswith("strided x") else base[:3, :n].contiguous()
     res = {
         "strided residual": base[:3, 8:],
+        "strided x, contiguous residual": base[3:, :n].contiguous(),
         "contiguous residual": base[3:, :n].contiguous(),
         "broadcast residual": base[:1, :n].expand(3, n),
     }.get(layout)
@@ -407,7 +410,8 @@ def _tile_constexprs(constexprs: tuple) -> dict:
 
 
 @pytest.mark.parametrize(
-    ("m", "newton"), [(1, True), (launch.EVEN_MAX_ROWS, True), (launch.EVEN_MAX_ROWS + 1, False)]
+    ("m", "newton"),
+    [(1, True), (launch.TUNING.EVEN_MAX_ROWS, True), (launch.TUNING.EVEN_MAX_ROWS + 1, False)],
 )
 def test_tile_forward_takes_the_newton_r_only_for_few_rows(compiled_mode, monkeypatch, m, newton):
     """With batch invariance off, launches of at most EVEN_MAX_ROWS rows compute r by the hardware
@@ -419,7 +423,7 @@ def test_tile_forward_takes_the_newton_r_only_for_few_rows(compiled_mode, monkey
     assert _tile_constexprs(launch._forward_tile.last[3])["NEWTON_R"] is newton
 
 
-@pytest.mark.parametrize("m", [1, 7, launch.EVEN_MAX_ROWS, launch.EVEN_MAX_ROWS + 1, 4096])
+@pytest.mark.parametrize("m", [1, 7, launch.TUNING.EVEN_MAX_ROWS, launch.TUNING.EVEN_MAX_ROWS + 1, 4096])
 @pytest.mark.parametrize("n", [128, 257, 1024, 4096])
 def test_batch_invariant_tile_forward_launches_one_plan(compiled_mode, monkeypatch, m, n):
     """Batch invariance (the default): every M launches the tile forward with the same rows per
@@ -518,19 +522,28 @@ def test_wide_backward_falls_back_to_two_launches_when_the_grid_is_refused(compi
     # What the one launch was asked for: ceil(N / FUSED_SEGMENT) segments, row groups as
     # FUSED_PER_SM programs per SM allow (2 SMs here), its tensors then M, N, row groups, strides
     # and offset, and its constexprs in kernel order; and the two launches, with their own grid.
-    segments = -(-n // launch.FUSED_SEGMENT)
-    groups = min(m, max(1, launch.FUSED_PER_SM * 2 // segments))
+    segments = -(-n // launch.TUNING.FUSED_SEGMENT)
+    groups = min(m, max(1, launch.TUNING.FUSED_PER_SM * 2 // segments))
     grid, args, warps, constexprs = launch._backward_wide_fused.last
-    assert grid == (groups, segments, 1) and warps == launch.FUSED_WARPS
+    assert grid == (groups, segments, 1) and warps == launch.TUNING.FUSED_WARPS
     assert args[0] is x and args[1] is w and args[2] is dy and args[7] is dx
     assert args[5].shape == (m, segments) and args[8].shape[1] == n
     assert args[9:] == (m, n, groups, n, n, n, n, 0.0)
     pow2 = 1 << (segments - 1).bit_length()
-    assert constexprs == (True, False, True, 0, launch.FUSED_SEGMENT, segments, pow2, launch.WIDE_LOOKAHEAD)
-    segments2 = -(-n // launch.SEGMENT)
-    groups2 = min(m, max(1, launch.WIDE_PER_SM * 2 // segments2))
+    assert constexprs == (
+        True,
+        False,
+        True,
+        0,
+        launch.TUNING.FUSED_SEGMENT,
+        segments,
+        pow2,
+        launch.TUNING.WIDE_LOOKAHEAD,
+    )
+    segments2 = -(-n // launch.TUNING.SEGMENT)
+    groups2 = min(m, max(1, launch.TUNING.WIDE_PER_SM * 2 // segments2))
     grid, args, warps, _ = launch._backward_wide.last
-    assert grid == (groups2, segments2, 1) and warps == launch.SEGMENT_WARPS
+    assert grid == (groups2, segments2, 1) and warps == launch.TUNING.SEGMENT_WARPS
     assert args[5].shape == (m, segments2) and args[8:11] == (m, n, groups2) and args[-1] == segments2
     assert launch._backward_wide_dot.last[0] == (m, segments2, 1)
     assert launch._reduce_columns.last[1][2] == groups2  # dw sums the row groups that ran
@@ -672,14 +685,12 @@ def test_every_launcher_splits_its_arguments_into_tensors_and_scalars(
 def test_launch_block_widths_are_powers_of_two():
     """tl.arange takes a power-of-two width: every block, chunk and segment width the launcher
     hands a kernel is one, the one cooperative launch's included, which only a GPU runs."""
-    for name in (
-        "FORWARD_WALK_BLOCK",
-        "FORWARD_WIDE_BLOCK",
-        "TWO_WALK_BACKWARD_CHUNK",
-        "SEGMENT",
-        "FUSED_SEGMENT",
-    ):
-        width = getattr(launch, name)
+    widths = {
+        name: getattr(launch, name)
+        for name in ("FORWARD_WALK_BLOCK", "FORWARD_WIDE_BLOCK", "TWO_WALK_BACKWARD_CHUNK")
+    }
+    widths.update({name: getattr(launch.TUNING, name) for name in ("SEGMENT", "FUSED_SEGMENT")})
+    for name, width in widths.items():
         assert width > 0 and width & (width - 1) == 0, f"{name} = {width}"
 
 
@@ -790,3 +801,90 @@ def test_head_rows_reach_each_row_in_place(layout):
     tokens = rows.m // rows.heads
     read = torch.as_strided(t, (tokens, rows.heads, 8), (rows.stride_t, rows.stride_h, 1), t.storage_offset())
     assert torch.equal(read, t.reshape(tokens, rows.heads, 8))
+
+
+def _run(**attrs) -> SimpleNamespace:
+    """A compiled kernel's launcher (compiled.run) with the attributes _direct_launch reads."""
+    run = dict(launch=lambda *a: None, global_scratch_size=0, profile_scratch_size=0, num_ctas=1,
+               launch_cooperative_grid=False, launch_pdl=False)  # fmt: skip
+    run.update(attrs)
+    return SimpleNamespace(**{k: v for k, v in run.items() if v is not _MISSING})
+
+
+_MISSING = object()
+
+
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        {"launch": _MISSING},
+        {"global_scratch_size": 64},
+        {"global_scratch_size": _MISSING},
+        {"profile_scratch_size": 64},
+        {"num_ctas": 2},  # thread-block clusters
+        {"num_ctas": 4},
+        {"num_ctas": _MISSING},  # a launcher without the attribute: one CTA, as Triton's default
+        {"launch_cooperative_grid": _MISSING},
+        {"launch_pdl": _MISSING},
+    ],
+)
+def test_direct_launch_only_where_the_c_launcher_needs_nothing_more(attrs):
+    """A compiled kernel is launched through its C launcher directly exactly where that launcher
+    needs no more than the direct call passes: no scratch buffers, one CTA per program, the
+    cooperative and PDL flags known; else (None) it goes through compiled.run."""
+    direct = launch._direct_launch(SimpleNamespace(function=7, packed_metadata=(4,), run=_run(**attrs)))
+    plain = attrs.get("num_ctas", 0) is _MISSING
+    assert (direct is not None) is plain, attrs
+    assert launch._direct_launch(SimpleNamespace(function=7, packed_metadata=(4,), run=_run())) is not None
+
+
+AS_ROWS_LAYOUTS = {
+    "2-D": lambda: torch.randn(5, 7),
+    "3-D": lambda: torch.randn(2, 3, 7),
+    "3-D, N = 1": lambda: torch.randn(2, 3, 1),  # stride(1) is 1, as a 2-D tensor's unit row stride
+    "3-D, one row per batch": lambda: torch.randn(4, 1, 7),
+    "strided rows": lambda: torch.randn(6, 9)[::2, :7],
+    "transposed": lambda: torch.randn(7, 5).t(),  # stride(1) is 1 along the leading dim
+    "3-D transposed": lambda: torch.randn(2, 7, 3).transpose(1, 2),  # stride(1) 1, rows not unit
+    "1-D": lambda: torch.randn(7),
+}
+
+
+@pytest.mark.parametrize("layout", list(AS_ROWS_LAYOUTS))
+def test_as_rows_launch_views_are_2d_rows_of_unit_stride(layout):
+    """as_rows gives every layout as (M, N) rows with unit stride along each row, holding the
+    tensor's rows in order: the view itself where the layout allows it, else a copy."""
+    t = AS_ROWS_LAYOUTS[layout]()
+    n = t.shape[-1]
+    rows = launch.as_rows(t, n)
+    assert rows.dim() == 2 and rows.shape == (t.numel() // n, n), rows.shape
+    assert rows.stride(1) == 1 or n == 1
+    assert torch.equal(rows, t.reshape(-1, n))
+
+
+def test_a_passed_launch_tuning_serves_that_call_only(compiled_mode, monkeypatch):
+    """A caller's Tuning (dataclasses.replace of TUNING) decides the launches of the call it is
+    passed to, and TUNING those of the calls without one: nothing is patched or cached across."""
+    for name in ("_forward_tile", "_backward_chunked", "_reduce_columns"):
+        monkeypatch.setattr(launch, name, _Recorder(name, []))
+    x, w = torch.randn(1, 4096), torch.randn(4096)
+    other = dataclasses.replace(
+        launch.TUNING,
+        EVEN_MAX_ROWS=0,
+        FORWARD_TILE={4096: launch.ForwardTile(rows=1, warps=16, few_rows=1, few_warps=16)},
+        TWO_WALK_BACKWARD={16384: (2, 3)},
+        REDUCE_TALL=1,
+    )
+    for tuning, even, warps in [(None, True, 2), (other, False, 16), (None, True, 2)]:
+        kwargs = {} if tuning is None else {"tuning": tuning}
+        launch.forward(x, w, None, 1e-6, 0.0, 0, torch.float32, torch.float32, **kwargs)
+        _, _, num_warps, constexprs = launch._forward_tile.last
+        assert (_tile_constexprs(constexprs)["EVEN"], num_warps) == (even, warps), tuning
+    x, dy, w = torch.randn(8, 9000), torch.randn(8, 9000), torch.randn(9000)
+    for tuning, warps, programs in [(None, 16, 2), (other, 2, 6), (None, 16, 2)]:
+        kwargs = {} if tuning is None else {"tuning": tuning}
+        launch.backward(dy, None, x, w, torch.ones(8), 0.0, 0, True, torch.float32, **kwargs)
+        grid, _, num_warps, _ = launch._backward_chunked.last
+        assert (num_warps, grid[0]) == (warps, programs), tuning
+        block_c = launch._reduce_columns.last[3][1]
+        assert block_c == (16 if tuning is other else 32), tuning
