@@ -461,6 +461,14 @@ def drift(session: nox.Session) -> None:
 
 
 @nox.session(tags=["gpu"])
+def bisect(session: nox.Session) -> None:
+    """First commit that drift's judge flags (-- --good REV --bad REV [--max-calls N] [--budget-s S])."""
+    install(session, needs_cuda=True)
+    require_cuda(session)
+    run(session, "python", "-m", "rmsnorm_suite", "bisect", *session.posargs)
+
+
+@nox.session(tags=["gpu"])
 def mutation(session: nox.Session) -> None:
     """Mutation testing of kernels, launch, ops and the gate's judgement (-- --device cpu on CPU)."""
     args = session.posargs or ["--device", "gpu"]

@@ -42,6 +42,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "rmsnorm_suite.changepoint",
         "steps in main's benchmark history, and the first commit of each",
     ),
+    "bisect": (
+        "rmsnorm_suite.bisection",
+        "the first commit pr-verdict flags between a good and a bad commit",
+    ),
 }
 
 # optional dependency (top-level module) -> the extra of pyproject.toml that installs it

@@ -32,6 +32,7 @@ EXPECTED_SESSIONS = {
     "asv": {"gpu"},
     "pr_verdict": {"gpu"},
     "drift": {"gpu"},
+    "bisect": {"gpu"},
     "history": {"cpu"},
     "rehearse": {"cpu"},
     "perf_docs": {"gpu"},
