@@ -44,11 +44,12 @@ def load_catalogue(root: Path = ROOT, path: Path = CATALOGUE) -> list[Patch]:
 
 
 def apply_patch(text: str, patch: Patch) -> str:
-    """``text`` with the patch applied; MutationError unless its old text occurs exactly once."""
+    """``text`` with the patch applied (a catalogue Patch, or anything with its id, file, old and
+    new: a hand-written mutant); MutationError unless its old text occurs exactly once."""
     count = text.count(patch.old)
     if count != 1:
         raise MutationError(
-            f"catalogue patch {patch.id!r} ({patch.file}): its old text occurs {count} times, "
+            f"patch {patch.id!r} ({patch.file}): its old text occurs {count} times, "
             "not once; the production code changed, so the patch must be rewritten"
         )
     return text.replace(patch.old, patch.new, 1)

@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+from maintainer.mutation.catalogue import apply_patch
 from maintainer.mutation.config import ROOT, Config, MutationError, read_toml
 from maintainer.mutation.session import file_hashes
 
@@ -38,12 +39,7 @@ def load_handwritten(root: Path = ROOT) -> list[Handwritten]:
 
 def mutated(h: Handwritten, root: Path = ROOT) -> str:
     """The file's text with the mutant applied; MutationError unless its old text occurs once."""
-    text = (root / h.file).read_text(encoding="utf-8")
-    if text.count(h.old) != 1:
-        raise MutationError(
-            f"hand-written mutant {h.id!r}: its old text occurs {text.count(h.old)} times in {h.file}"
-        )
-    return text.replace(h.old, h.new, 1)
+    return apply_patch((root / h.file).read_text(encoding="utf-8"), h)
 
 
 def run_all(config: Config, root: Path = ROOT, log=print) -> dict[str, dict]:

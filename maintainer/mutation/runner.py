@@ -24,7 +24,7 @@ from typing import Any
 
 from maintainer.mutation.catalogue import CATALOGUE_OPERATOR, Patch, apply_patch
 from maintainer.mutation.config import ROOT, Config, MutationError
-from maintainer.mutation.session import open_db, read_meta, write_meta
+from maintainer.mutation.session import forget, open_db, read_meta, write_meta
 
 
 def kill_steps(config: Config, device: str, name: str) -> list[dict[str, Any]]:
@@ -222,21 +222,18 @@ def execute(
             for future in [pool.submit(baseline, name) for name in first]:
                 future.result()
         queue[:] = [w for w in queue if _kill_of(w) not in broken]
-        checks = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(unverified)))
-        rechecks = [checks.submit(baseline, name) for name in sorted(unverified)]
-        with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-            for future in [pool.submit(worker, i) for i in range(workers)]:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(unverified))) as checks:
+            rechecks = [checks.submit(baseline, name) for name in sorted(unverified)]
+            with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+                for future in [pool.submit(worker, i) for i in range(workers)]:
+                    future.result()
+            for future in rechecks:
                 future.result()
-        for future in rechecks:
-            future.result()
-        checks.shutdown()
     finally:
         stop.set()
         for name in sorted(unverified | set(broken)):  # results no passing baseline stands behind
             dropped = done_by.pop(name, [])
-            with sqlite3.connect(path) as con:
-                for table in ("work_results", "mutation_timing"):
-                    con.executemany(f"DELETE FROM {table} WHERE job_id = ?", [(j,) for j in dropped])
+            forget(path, dropped, ("work_results", "mutation_timing"))
             counts["done"] -= len(dropped)
             counts["dropped"] = counts.get("dropped", 0) + len(dropped)
             if dropped:

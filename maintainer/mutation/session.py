@@ -54,18 +54,24 @@ def file_hashes(root: Path, files: set[str]) -> dict[str, str]:
     return {f: hashlib.sha256((root / f).read_bytes()).hexdigest()[:16] for f in sorted(files)}
 
 
+def forget(path: Path, job_ids: list[str], tables: tuple[str, ...]) -> None:
+    """Delete the rows of ``job_ids`` from the session database's ``tables``."""
+    with sqlite3.connect(path) as con:
+        for table in tables:
+            con.executemany(f"DELETE FROM {table} WHERE job_id = ?", [(j,) for j in job_ids])
+
+
 def reopen_survivors(path: Path, keys: list[str] | None = None) -> int:
     """Make the session's survivors (those of ``keys`` only, where given) pending again, their
     results dropped and their times kept until the new run replaces them: for a rerun once new
     kill tests exist. Returns how many."""
     with sqlite3.connect(path) as con:
         rows = con.execute("SELECT job_id FROM work_results WHERE test_outcome = 'SURVIVED'").fetchall()
-        if keys is not None:
-            rows = [(j,) for (j,) in rows if j.split("-", 1)[1] in keys]
-        con.executemany("DELETE FROM work_results WHERE job_id = ?", rows)
+    jobs = [j for (j,) in rows if keys is None or j.split("-", 1)[1] in keys]
+    forget(path, jobs, ("work_results",))
     retried = read_meta(path).get("retried", [])
-    write_meta(path, {"retried": sorted(set(retried) | {j for (j,) in rows})})  # the report names them
-    return len(rows)
+    write_meta(path, {"retried": sorted(set(retried) | set(jobs))})  # the report names them
+    return len(jobs)
 
 
 def cosmic_ray_version() -> str:
@@ -112,8 +118,7 @@ def _narrowed(path: Path, meta: dict[str, Any], wanted: dict[str, Any]) -> dict[
     keep = {_job_id("op", k) for k in keep_mutants} | {_job_id("cat", p) for p in wanted["patch_ids"]}
     with sqlite3.connect(path) as con:
         dropped = [j for (j,) in con.execute("SELECT job_id FROM work_items") if j not in keep]
-        for table in ("work_results", "mutation_specs", "mutation_timing", "work_items"):
-            con.executemany(f"DELETE FROM {table} WHERE job_id = ?", [(j,) for j in dropped])
+    forget(path, dropped, ("work_results", "mutation_specs", "mutation_timing", "work_items"))
     by_target = ("population", "gpu_only", "skipped")
     narrowed = {
         **wanted,
