@@ -78,31 +78,24 @@ def run_case(m: int, n: int, residual: bool) -> None:
     torch.testing.assert_close(wg.grad.double(), wr.grad, rtol=1e-4, atol=1e-4)
 
 
-def _guarded_scratch(*shape: int, dtype: torch.dtype, device: torch.device, zero: bool = False):
-    """launch._scratch's buffers, each ending against a guard page too."""
-    t = torch.zeros(*shape, dtype=dtype) if zero else torch.full(shape, float("nan"), dtype=dtype)
-    return against_guard_page(t)
+def _guarded(allocate, fill: float):
+    """``allocate`` (torch.empty or torch.zeros) of a CPU tensor ending against a guard page,
+    filled with ``fill``: the op's outputs (y, h, dx, dw, rstd) and the backward's scratch
+    (launch._scratch), so a store past a row's end, or a read past a scratch's, stops the process
+    at the last row. Anything else (other devices, other keywords, no elements) as before."""
 
+    def guarded(*size, dtype=None, device=None, **kwargs):
+        shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else size
+        if kwargs or (device is not None and torch.device(device).type != "cpu") or 0 in shape:
+            return allocate(*size, dtype=dtype, device=device, **kwargs)
+        return against_guard_page(torch.full(shape, fill, dtype=dtype or torch.get_default_dtype()))
 
-_empty = torch.empty
-
-
-def _guarded_empty(*size, dtype=None, device=None, **kwargs):
-    """torch.empty of a CPU tensor ending against a guard page (NaN-filled): the op's outputs
-    (y, h, dx, dw, rstd) too, so a store past a row's end stops the process at the last row."""
-    shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else size
-    if kwargs or (device is not None and torch.device(device).type != "cpu") or 0 in shape:
-        return _empty(*size, dtype=dtype, device=device, **kwargs)
-    return against_guard_page(torch.full(shape, float("nan"), dtype=dtype or torch.get_default_dtype()))
+    return guarded
 
 
 def main(argv: list[str]) -> int:
-    from rmsnorm_kernel import launch
-
-    # this process only: a read past the end of a scratch buffer, or a store past an output's
-    # end, stops it too
-    launch._scratch = _guarded_scratch
-    torch.empty = _guarded_empty
+    # this process only
+    torch.empty, torch.zeros = _guarded(torch.empty, float("nan")), _guarded(torch.zeros, 0.0)
     for n in map(int, argv):
         for residual in (False, True):
             print(f"guarded: 2 x {n}, residual {residual}", flush=True)
