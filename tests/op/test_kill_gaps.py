@@ -18,7 +18,7 @@ from rmsnorm_kernel import host, launch, ops
 from rmsnorm_kernel.reference import rms_norm_backward_reference, rms_norm_reference
 
 from ..conftest import KERNEL_DEVICES
-from .test_kill_paths import EPS, F32, close, inputs
+from .test_kill_paths import EPS, F32, check_residual_call, close, inputs
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
@@ -189,16 +189,7 @@ def test_expanded_inputs(device, which, expanded):
     given[which] = EXPANDED[expanded](given[which])
     x, res, dy, dh = given["x"], given["residual"], given["dy"], given["dh"]
     assert given[which].stride()[0 if expanded == "rows" else 1] == 0
-    xg, rg, wg = (t.detach().requires_grad_() for t in (x, res, w))
-    y, h = rmsnorm_kernel.rms_norm(xg, weight=wg, eps=EPS, residual=rg)
-    torch.autograd.backward([y, h], [dy, dh])
-    hd = x.double() + res.double()
-    close(h, hd, F32, "h")
-    close(y, rms_norm_reference(hd, w.double(), EPS), F32, "y")
-    dx_ref, dw_ref = rms_norm_backward_reference(hd, w.double(), dy.double(), EPS)
-    close(xg.grad, dx_ref + dh.double(), F32, "dx")
-    close(rg.grad, dx_ref + dh.double(), F32, "dresidual")
-    close(wg.grad, dw_ref, F32, "dw")
+    check_residual_call(x, res, w, dy, dh)
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)

@@ -155,6 +155,12 @@ def test_every_tensor_with_its_own_row_stride(device, m, n):
         _apart(t, pad, off) for t, pad, off in ((x, 3, 1), (res, 8, 5), (dy, 16, 2), (dh, 40, 7))
     )
     assert len({t.stride(0) for t in (x, res, dy, dh)}) == 4
+    check_residual_call(x, res, w, dy, dh)
+
+
+def check_residual_call(x, res, w, dy, dh):
+    """rms_norm(x, weight=w, residual=res) with gradients dy at y and dh at h, as they are laid
+    out: h, y, dx, dresidual and dw against float64, within fp32's tolerance."""
     xg, rg, wg = (t.detach().requires_grad_() for t in (x, res, w))
     y, h = rmsnorm_kernel.rms_norm(xg, weight=wg, eps=EPS, residual=rg)
     torch.autograd.backward([y, h], [dy, dh])

@@ -113,25 +113,33 @@ ATTACKS = {
 }
 
 
-@pytest.fixture(scope="module")
-def attack_repo(tmp_path_factory):
-    repo = tmp_path_factory.mktemp("prv-feature-attacks") / "repo"
+def attack_heads_repo(repo, init: str, base_ops: str, control_ops: str, attacks: dict):
+    """A repository whose base holds the op (``init``, ``base_ops``) and one head per attack,
+    its ops.py the attack's ops text plus its extra lines, and a "control" head of
+    ``control_ops``: (repo, base sha, {head: sha})."""
     op = "src/rmsnorm_kernel/"
-    attacks = {"control": (MANY_ROW_PLAN, ""), **ATTACKS}
-    heads = {name: {op + "ops.py": ops + extra} for name, (ops, extra) in attacks.items()}
-    base, shas = heads_repo(repo, {op + "__init__.py": INIT, op + "ops.py": OPS_RESIDUAL}, heads)
+    every = {"control": (control_ops, ""), **attacks}
+    heads = {name: {op + "ops.py": ops + extra} for name, (ops, extra) in every.items()}
+    base, shas = heads_repo(repo, {op + "__init__.py": init, op + "ops.py": base_ops}, heads)
     return repo, base, shas
 
 
-def _rows(repo, base, head, out):
+def feature_rows(repo, base, head, out):
+    """pr-verdict with the feature rows: (verdict data, rows by check)."""
     pr_verdict(repo, base, head, out, features=True)
     data = json.loads((out / "verdict.json").read_text())
     return data, {r["check"]: r for r in data["rows"]}
 
 
+@pytest.fixture(scope="module")
+def attack_repo(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("prv-feature-attacks") / "repo"
+    return attack_heads_repo(repo, INIT, OPS_RESIDUAL, MANY_ROW_PLAN, ATTACKS)
+
+
 def test_control_many_row_plan_is_flagged(attack_repo, host_timing, shared_base, tmp_path):  # noqa: F811
     repo, base, heads = attack_repo
-    data, rows = _rows(repo, base, heads["control"], tmp_path / "verdict")
+    data, rows = feature_rows(repo, base, heads["control"], tmp_path / "verdict")
     assert rows["batch invariance"]["verdict"] == "regression", rows["batch invariance"]
     # the batch dependence is the only thing wrong with the op
     others = [
@@ -145,7 +153,7 @@ def test_control_many_row_plan_is_flagged(attack_repo, host_timing, shared_base,
 @pytest.mark.parametrize("attack", list(ATTACKS))
 def test_feature_attack_does_not_pass(attack_repo, host_timing, shared_base, tmp_path, attack):  # noqa: F811
     repo, base, heads = attack_repo
-    data, rows = _rows(repo, base, heads[attack], tmp_path / "verdict")
+    data, rows = feature_rows(repo, base, heads[attack], tmp_path / "verdict")
     row = rows.get("batch invariance")
     # REGRESSION on the row, or ERROR for the head as a whole (a table it cannot change in
     # place fails its import; a function it replaced is named by the guard)

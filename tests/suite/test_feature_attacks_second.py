@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-import json
 import math
 import types
 
@@ -23,8 +22,8 @@ import torch
 
 from rmsnorm_suite import guard, inference, results, rounds
 
-from .test_feature_attacks import MANY_ROW_PLAN, OPS_RESIDUAL
-from .test_pullrequest import base_rounds, heads_repo, host_timing, pr_verdict, shared_base  # noqa: F401
+from .test_feature_attacks import MANY_ROW_PLAN, OPS_RESIDUAL, attack_heads_repo, feature_rows
+from .test_pullrequest import base_rounds, host_timing, shared_base  # noqa: F401
 
 
 # The residual op with out_dtype (fp32 y, or fp8/int8 codes with per-row scales by torch's own
@@ -100,19 +99,13 @@ ATTACKS = {
 @pytest.fixture(scope="module")
 def second_repo(tmp_path_factory):
     repo = tmp_path_factory.mktemp("prv-feature-attacks-2") / "repo"
-    op = "src/rmsnorm_kernel/"
-    attacks = {"control": (FULL_MANY_ROW_PLAN, ""), **ATTACKS}
-    heads = {name: {op + "ops.py": ops + extra} for name, (ops, extra) in attacks.items()}
-    base, shas = heads_repo(repo, {op + "__init__.py": INIT_FULL, op + "ops.py": OPS_FULL}, heads)
-    return repo, base, shas
+    return attack_heads_repo(repo, INIT_FULL, OPS_FULL, FULL_MANY_ROW_PLAN, ATTACKS)
 
 
 @pytest.mark.parametrize("attack", list(ATTACKS))
 def test_second_feature_attack_does_not_pass(second_repo, host_timing, shared_base, tmp_path, attack):  # noqa: F811
     repo, base, heads = second_repo
-    pr_verdict(repo, base, heads[attack], tmp_path / "verdict", features=True)
-    data = json.loads((tmp_path / "verdict" / "verdict.json").read_text())
-    rows = {r["check"]: r for r in data["rows"]}
+    data, rows = feature_rows(repo, base, heads[attack], tmp_path / "verdict")
     row = rows.get("batch invariance")
     assert data["status"] in ("regression", "error"), (data["summary"], row)
     assert row is None or row["verdict"] != "pass", (data["status"], row)
@@ -122,9 +115,7 @@ def test_quant_and_qk_rows_run_end_to_end(second_repo, host_timing, shared_base,
     """The control head (the batch-dependent plan, no attack) on an op with out_dtype and qk_norm:
     the quant and QK-norm rows are measured on both sides and pass; the batch row regresses."""
     repo, base, heads = second_repo
-    pr_verdict(repo, base, heads["control"], tmp_path / "verdict", features=True)
-    data = json.loads((tmp_path / "verdict" / "verdict.json").read_text())
-    rows = {r["check"]: r for r in data["rows"]}
+    data, rows = feature_rows(repo, base, heads["control"], tmp_path / "verdict")
     assert data["status"] == "regression", data["summary"]
     assert rows["batch invariance"]["verdict"] == "regression", rows["batch invariance"]
     features = {c: r["verdict"] for c, r in rows.items() if c.startswith(("quant", "qk"))}
