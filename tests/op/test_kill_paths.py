@@ -70,6 +70,41 @@ def grads(x, w, dy, **kwargs):
     return y.detach(), xg.grad, wg.grad if wg is not None else None
 
 
+# The cooperative backward's programs wait on each other: run in a child with a deadline.
+COOPERATIVE_CHILD = """
+import torch
+from rmsnorm_kernel import launch
+g = torch.Generator().manual_seed(0)
+x, dy = (torch.randn(64, 65536, generator=g).to(torch.bfloat16).cuda() for _ in range(2))
+w = (0.5 + torch.rand(65536, generator=g)).to(torch.bfloat16).cuda()
+rstd = torch.rsqrt(x.float().square().mean(-1) + 1e-6)
+launch._backward_wide_dot = lambda *a: (_ for _ in ()).throw(AssertionError("two launches taken"))
+dx, dw = launch.backward(dy, None, x, w, rstd, 0.0, launch.CASTING_MODES["default"], True, torch.bfloat16)
+torch.cuda.synchronize()
+print("finished")
+"""
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_cooperative_wide_backward_finishes():
+    """The one-launch wide backward (kernels.backward_wide_fused) finishes in bounded time: each
+    row waits until every segment has posted its sum, and a wait that can never be met hangs the
+    GPU. First in this file, in a process with a deadline, so a hang fails here instead of
+    stalling every later test (test_kernels checks this path's values)."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", COOPERATIVE_CHILD],
+            cwd=Path(__file__).resolve().parents[2],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the cooperative wide backward did not finish within 180 s (a wait never met)")
+    assert done.returncode == 0 and done.stdout.strip() == "finished", done.stderr[-2000:]
+
+
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
 @pytest.mark.parametrize(("m", "n"), PATH_PARAMS)
 def test_saved_r_is_one_over_rms(device, m, n):
