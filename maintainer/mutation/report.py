@@ -144,15 +144,25 @@ def measured_commit(root: Path, file: str, measured: str | None) -> str:
 def unmeasured(results: list[SessionResult], config: Config, root: Path = ROOT) -> dict[str, list[str]]:
     """Per device (cpu, gpu), the targets no session of ``results`` measured on the code in the
     tree now: none ran them, or their file changed since (a session confined to some functions
-    does not count)."""
-    missing = {}
+    does not count). A target with no GPU-only functions whose kill command is the same on both
+    devices, measured on one, counts as measured on the other: the run would repeat itself."""
+    current = {}
     for device in ("cpu", "gpu"):
-        current = {
+        current[device] = {
             s.target for r in results if r.meta.get("device") == device and not r.meta.get("confined")
             for s in r.scores if _source_status(root, s.file, r.meta.get("hashes", {}).get(s.file)) == "unchanged"
         }  # fmt: skip
-        missing[device] = [t for t in config.targets if t not in current]
-    return missing
+
+    def same_run(t: str) -> bool:
+        target = config.targets[t]
+        kills = [config.kill.get(d, {}).get(target.kill) for d in ("cpu", "gpu")]
+        return not target.gpu_only and kills[0] is not None and kills[0] == kills[1]
+
+    measured = current["cpu"] | current["gpu"]
+    return {
+        d: [t for t in config.targets if t not in current[d] and not (t in measured and same_run(t))]
+        for d in ("cpu", "gpu")
+    }
 
 
 def render_report(

@@ -259,6 +259,26 @@ def test_report_shows_scores_catalogue_and_every_survivor():
     assert not math.isnan(float(row.split("|")[2]))
 
 
+def test_a_target_counts_as_measured_on_both_devices_only_where_the_run_would_repeat():
+    """gate's kill command is the same on either device and it has no GPU-only code: a CPU
+    session measures it for both. kernels has GPU-only functions: its CPU session does not."""
+    from maintainer.mutation.report import unmeasured
+    from maintainer.mutation.session import file_hashes
+
+    config = load_config(ROOT)
+    assert config.kill["cpu"]["gate"] == config.kill["gpu"]["gate"] and not config.targets["gate"].gpu_only
+    files = {t.file for t in config.targets.values()}
+    meta = {"device": "cpu", "hashes": file_hashes(ROOT, files)}
+    scores = [
+        Score(t.name, t.file, t.floor, 10, 10)
+        for t in config.targets.values()
+        if t.name in ("gate", "kernels")
+    ]
+    missing = unmeasured([SessionResult(Path("c"), meta, scores, [], [], [], [], 0)], config, ROOT)
+    assert "gate" not in missing["gpu"] and "kernels" in missing["gpu"]
+    assert "gate" not in missing["cpu"] and "kernels" not in missing["cpu"] and "ops" in missing["cpu"]
+
+
 def test_report_names_the_session_that_killed_another_sessions_survivor():
     """A survivor of one session that a later session of the same report killed is shown as such,
     not as a gap; one killed nowhere stays unexplained."""
@@ -581,8 +601,11 @@ def test_every_hand_written_mutant_applies_once_and_the_report_shows_its_record(
     } <= {h.id for h in entries}
     config = load_config(ROOT)
     for h in entries:
-        compile(handwritten.mutated(h, ROOT), h.file, "exec")
-        assert h.kill in config.kill["cpu"], h
+        text = handwritten.mutated(h, ROOT)
+        if h.file.endswith(".py"):
+            compile(text, h.file, "exec")
+        assert h.args or h.kill in config.kill["cpu"], h
+    assert any(h.file.endswith(".cpp") and h.args for h in entries)  # the compiled host path's C++
     # The report: the outcome recorded, stale once the file changes, "not run" without a record.
     (tmp_path / "maintainer" / "mutation").mkdir(parents=True)
     (tmp_path / "maintainer" / "mutation" / "handwritten.toml").write_text(
