@@ -1,6 +1,7 @@
 """Hand-written mutants (handwritten.toml beside this module): one per class of bug a review
-found the suite blind to, each run with the CPU kill command it names in a copy of the tree.
-Apart from the sessions' samples; the outcomes go to a record the report shows."""
+found the suite blind to, each run with the CPU kill command it names (or, for code outside
+the config's targets such as the compiled host path's C++, the pytest arguments it gives) in a
+copy of the tree. Apart from the sessions' samples; the outcomes go to a record the report shows."""
 
 from __future__ import annotations
 
@@ -26,12 +27,22 @@ class Handwritten:
     file: str
     old: str
     new: str
-    kill: str  # a kill command of config.toml [kill.cpu]
+    kill: str  # a kill command of config.toml [kill.cpu], or a label for ``args``
+    args: tuple[str, ...] = ()  # pytest arguments of its own kill command (code no target covers)
+
+    def steps(self, config: Config) -> list[dict]:
+        return [{"args": list(self.args)}] if self.args else config.kill["cpu"][self.kill]
+
+    def kill_text(self) -> str:
+        return f"{self.kill}: `pytest {' '.join(self.args)}`" if self.args else self.kill
 
 
 def load_handwritten(root: Path = ROOT) -> list[Handwritten]:
     entries = read_toml(root / HANDWRITTEN).get("mutant", [])
-    out = [Handwritten(e["id"], e["class"], e["file"], e["old"], e["new"], e["kill"]) for e in entries]
+    out = [
+        Handwritten(e["id"], e["class"], e["file"], e["old"], e["new"], e["kill"], tuple(e.get("args", ())))
+        for e in entries
+    ]
     if len({h.id for h in out}) != len(out):
         raise MutationError(f"{HANDWRITTEN}: an id appears twice")
     return out
@@ -45,7 +56,7 @@ def mutated(h: Handwritten, root: Path = ROOT) -> str:
 def run_all(config: Config, root: Path = ROOT, log=print) -> dict[str, dict]:
     """Each mutant's outcome ("killed" | "survived") under its kill command, with the seconds it
     took and the hash of the file it mutated."""
-    from maintainer.mutation.runner import kill_steps, make_tree, run_kill
+    from maintainer.mutation.runner import make_tree, run_kill
 
     results = {}
     with tempfile.TemporaryDirectory(prefix="rmsnorm-handwritten-") as tmp:
@@ -53,7 +64,7 @@ def run_all(config: Config, root: Path = ROOT, log=print) -> dict[str, dict]:
             tree = make_tree(root, Path(tmp) / h.id, config.tree)
             (tree / h.file).write_text(mutated(h, root), encoding="utf-8")
             t0 = time.monotonic()
-            outcome, _tail = run_kill(tree, kill_steps(config, "cpu", h.kill), 3600, threading.Event())
+            outcome, _tail = run_kill(tree, h.steps(config), 3600, threading.Event())
             seconds = time.monotonic() - t0
             results[h.id] = {"outcome": outcome, "seconds": round(seconds, 1), "kill": h.kill,
                              "hash": file_hashes(root, {h.file})[h.file], "date": time.strftime("%Y-%m-%d")}  # fmt: skip
@@ -69,7 +80,10 @@ def render(root: Path = ROOT) -> list[str]:
     record = json.loads((root / RECORD).read_text()) if (root / RECORD).is_file() else {}
     out = ["## Hand-written mutants", "",
            f"Outside the samples (`{HANDWRITTEN}`), one per class of bug a review found the suite blind to;",
-           "`python -m maintainer.mutation handwritten --record` runs each under its CPU kill command.", "",
+           "`python -m maintainer.mutation handwritten --record` runs each under its CPU kill command.",
+           "The compiled host path's C++ (`src/rmsnorm_kernel/host/csrc/host.cpp`) has no sampled session:",
+           "cosmic-ray mutates Python only, so its route checks get hand-written mutants here, each with",
+           "the tests that build the mutated source as its kill command.", "",
            "| mutant | class | file | kill command | outcome |", "|---|---|---|---|---|"]  # fmt: skip
     for h in load_handwritten(root):
         r = record.get(h.id)
@@ -78,5 +92,5 @@ def render(root: Path = ROOT) -> list[str]:
         else:
             stale = "" if r["hash"] == file_hashes(root, {h.file})[h.file] else " (**file changed since**)"
             outcome = f"{r['outcome']} ({r['date']}, {r['seconds']:.0f} s){stale}"
-        out.append(f"| `{h.id}` | {h.cls} | `{h.file}` | {h.kill} | {outcome} |")
+        out.append(f"| `{h.id}` | {h.cls} | `{h.file}` | {h.kill_text()} | {outcome} |")
     return [*out, ""]
