@@ -143,3 +143,39 @@ def test_series_json_and_nothing_to_judge(tmp_path, capsys):
 
 def test_the_drift_rule_is_declared_in_regression_toml():
     assert cp.rule_from() == cp.DriftRule(rate=0.01, min_step=0.02, min_size=3, permutations=9999)
+
+
+KERNEL_FORWARD = "bench_rmsnorm.Forward.track_gpu_median_ms('32768x4096-bfloat16', 'kernel')"
+
+
+def test_an_accepted_regression_marks_its_step_and_no_other(tmp_path, capsys):
+    """A +6% step at commit 18 of 30, accepted there up to 1.08: marked accepted, exit 0; the same
+    record at another commit, for another row, or with a factor under the step leaves a slowdown."""
+    c = commits(30)
+    path = tmp_path / "s.json"
+    path.write_text(
+        json.dumps({KERNEL_FORWARD: [[x, v] for x, v in zip(c, series(30, {18: 1.06}, 0.004, 5))]})
+    )
+    record = {"commit": c[18], "source": c[18], "check": "device 32768x4096-bfloat16 forward", "factor": 1.08,
+              "reason": "two passes for accuracy"}  # fmt: skip
+    accepted, out = tmp_path / "accepted.json", tmp_path / "steps.json"
+    argv = ["changepoints", "--series", str(path), "--accepted", str(accepted), "--out", str(out)]
+    accepted.write_text(json.dumps({"accepted": [record]}))
+    assert cli.main(argv) == 0
+    assert "slowdown (accepted)" in capsys.readouterr().out
+    (step,) = json.loads(out.read_text())["steps"]
+    assert step["first_commit"] == c[18] and step["accepted"].startswith(f"{c[18][:12]} x1.08")
+    for other in ({"commit": c[10]}, {"check": "device 32768x4096-bfloat16 forward_backward"},
+                  {"check": "host 32768x4096-bfloat16 forward"}, {"factor": 1.03}):  # fmt: skip
+        accepted.write_text(json.dumps({"accepted": [{**record, **other}]}))
+        assert cli.main(argv) == 1, other
+        assert json.loads(out.read_text())["steps"][0]["accepted"] == ""
+
+
+def test_an_accepted_commit_inside_a_skipped_range_is_found_in_main_order():
+    c = commits(12)
+    step = cp.Step(KERNEL_FORWARD, 6, c[9], c[5], 1.0, 1.05, 1.05, 1e-4, 1e-3, "slowdown")
+    record = {"commit": c[7], "check": "device 32768x4096-bfloat16 forward", "factor": 1.1}
+    assert cp.mark_accepted([step], [record], c)[0].accepted.startswith(c[7][:12])
+    assert cp.mark_accepted([step], [record], [])[0].accepted == ""  # no order: the first commit only
+    assert cp.check_series("numerics 4096x4096-bfloat16 forward") == ""
