@@ -414,8 +414,12 @@ def test_the_drift_issue_job_holds_only_issues_write_and_runs_the_default_branch
     assert "!cancelled()" in job["if"] and "github.ref == 'refs/heads/main'" in job["if"]
     assert job["permissions"] == {"issues": "write"}
     used = [s["uses"].split("@")[0] for s in job["steps"] if "uses" in s]
-    assert used == ["actions/checkout", "actions/download-artifact", "actions/download-artifact"]
-    assert job["steps"][2]["with"] == {"pattern": "{changepoints,bisect-*}", "path": "steps"}
+    assert used == ["actions/checkout"] + ["actions/download-artifact"] * 3
+    # one plain glob each: brace sets are not relied on in a pattern; steps/changepoints/ and
+    # steps/bisect-KIND/ are the folders drift_issue.py --steps reads
+    assert job["steps"][2]["with"] == {"name": "changepoints", "path": "steps/changepoints"}
+    assert job["steps"][3]["with"] == {"pattern": "bisect-*", "path": "steps"}
+    assert job["steps"][2]["continue-on-error"] is True and job["steps"][3]["continue-on-error"] is True
     checkout = job["steps"][0]["with"]
     assert "ref" not in checkout and checkout["sparse-checkout"] == ".github/scripts"
     assert job["steps"][1]["with"] == {"pattern": "drift-*", "path": "drift"}  # this run's artifacts only
@@ -675,3 +679,14 @@ def test_the_fallback_refuses_a_token_file_others_can_read(tmp_path):
     done = subprocess.run(["bash", str(DEPLOY / "single-machine" / "ephemeral-runner.sh")], env=env,
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 1 and "must be owned by root with mode 0600" in done.stderr
+
+
+def test_download_patterns_are_plain_globs():
+    """A download-artifact pattern holds no brace set or extglob: what it matches must not depend
+    on the matcher's options. Two names are two steps."""
+    for name, wf in WORKFLOWS.items():
+        for job_id, job in wf["jobs"].items():
+            for step in job.get("steps", []):
+                if step.get("uses", "").startswith("actions/download-artifact@"):
+                    pattern = str(step.get("with", {}).get("pattern", ""))
+                    assert not set(pattern) & set("{}()!+@,"), (name, job_id, pattern)
