@@ -204,11 +204,13 @@ def mark_accepted(
     return out
 
 
-def load_accepted(path: str | Path) -> list[dict]:
-    """The records of ``rmsnorm_suite.history accepted`` (a JSON list); malformed ones are dropped."""
+def load_accepted(path: str | Path, limits=None) -> list[dict]:
+    """The records of ``rmsnorm_suite.history accepted`` (a JSON list); malformed ones are dropped,
+    and so is any the gate's ``[accept]`` (``limits``, thresholds.AcceptLimits) would refuse: a kind
+    it does not list, a factor outside (1, max_factor], rows of one commit past max_rows."""
     data = json.loads(Path(path).read_text(encoding="utf-8"))
     records = data.get("accepted", []) if isinstance(data, dict) else data
-    return [
+    valid = [
         r
         for r in records
         if isinstance(r, dict)
@@ -217,6 +219,24 @@ def load_accepted(path: str | Path) -> list[dict]:
         and isinstance(r.get("factor"), (int, float))
         and math.isfinite(r["factor"])
     ]
+    if limits is None:
+        return valid
+    kept, rows = [], {}
+    for r in valid:
+        seen = rows.setdefault(r["commit"], set())
+        if r["check"] in seen or len(seen) >= limits.max_rows:
+            continue
+        if r["check"].split(" ", 1)[0] in limits.kinds and 1.0 < r["factor"] <= limits.max_factor:
+            seen.add(r["check"])
+            kept.append(r)
+    return kept
+
+
+def accept_limits(thresholds_path: str | Path | None = None):
+    """``[accept]`` of regression.toml (the suite's by default), as the gate reads it."""
+    from rmsnorm_suite import thresholds
+
+    return thresholds.load_thresholds(thresholds_path).accept
 
 
 # ---------------------------------------------------------------------------------------------
@@ -321,7 +341,7 @@ def configure(parser: argparse.ArgumentParser, command: str) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         rule = rule_from(args.thresholds)
-        accepted = load_accepted(args.accepted) if args.accepted else []
+        accepted = load_accepted(args.accepted, accept_limits(args.thresholds)) if args.accepted else []
         order: list[str] = []
         if args.series:
             raw = json.loads(Path(args.series).read_text(encoding="utf-8"))

@@ -179,3 +179,33 @@ def test_an_accepted_commit_inside_a_skipped_range_is_found_in_main_order():
     assert cp.mark_accepted([step], [record], c)[0].accepted.startswith(c[7][:12])
     assert cp.mark_accepted([step], [record], [])[0].accepted == ""  # no order: the first commit only
     assert cp.check_series("numerics 4096x4096-bfloat16 forward") == ""
+
+
+def test_history_honours_an_acceptance_only_within_the_gates_accept_limits(tmp_path):
+    """regression.toml [accept] bounds history as it bounds the gate: a factor past max_factor, a
+    kind it does not list, or rows past max_rows of one commit mark nothing."""
+    from rmsnorm_suite.thresholds import AcceptLimits
+
+    limits = AcceptLimits(max_rows=1, max_factor=1.25, kinds=("device",))
+    c = "a" * 40
+    recs = [
+        {"commit": c, "check": "device 32768x4096-bfloat16 forward", "factor": 1000.0},
+        {"commit": c, "check": "host 32768x4096-bfloat16 forward", "factor": 1.1},
+        {"commit": c, "check": "device 8192x4096-bfloat16 forward", "factor": 1.1},
+        {"commit": c, "check": "device 4096x4096-bfloat16 forward", "factor": 1.2},
+        {"commit": "b" * 40, "check": "device 4096x4096-bfloat16 forward", "factor": 1.0},
+    ]
+    path = tmp_path / "accepted.json"
+    path.write_text(json.dumps({"accepted": recs}))
+    assert [r["check"] for r in cp.load_accepted(path, limits)] == ["device 8192x4096-bfloat16 forward"]
+    assert cp.load_accepted(path, AcceptLimits()) == []  # [accept] allows none: none is honoured
+    # end to end: a x2 step, "accepted" at x1000 by a trailer, stays a slowdown
+    c = commits(30)
+    data = tmp_path / "s.json"
+    data.write_text(
+        json.dumps({KERNEL_FORWARD: [[x, v] for x, v in zip(c, series(30, {18: 2.0}, 0.004, 5))]})
+    )
+    path.write_text(json.dumps({"accepted": [{**recs[0], "commit": c[18]}]}))
+    out = tmp_path / "steps.json"
+    assert cli.main(["changepoints", "--series", str(data), "--accepted", str(path), "--out", str(out)]) == 1
+    assert json.loads(out.read_text())["steps"][0]["accepted"] == ""
