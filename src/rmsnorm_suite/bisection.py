@@ -78,9 +78,11 @@ def first_parent_range(repo: str | Path, good: str, bad: str) -> tuple[str, str,
     return shas[0], shas[1], commits
 
 
-def range_from_steps(path: str | Path) -> tuple[str, str] | None:
+def range_from_steps(path: str | Path, rank: dict[str, int] | None = None) -> tuple[str, str] | None:
     """(last commit before, first commit after) of the newest slowdown in a `changepoints --out`
-    file that is not accepted, or None when there is none; malformed input is a ValueError."""
+    file that is not accepted, or None when there is none; malformed input is a ValueError.
+    Newest: the latest first commit in ``rank`` (position on main's first-parent line, oldest 0)
+    where given (a series' own ``index`` is not comparable across series), else by ``index``."""
     data = json.loads(Path(path).read_text(encoding="utf-8"))
     steps = data.get("steps") if isinstance(data, dict) else None
     if not isinstance(steps, list):
@@ -92,16 +94,33 @@ def range_from_steps(path: str | Path) -> tuple[str, str] | None:
         good, bad = s.get("last_before"), s.get("first_commit")
         if not all(isinstance(c, str) and SHA.fullmatch(c) for c in (good, bad)):
             raise ValueError(f"{path}: a step's commits are not 40-hex SHAs")
-        candidates.append((int(s.get("index", 0)), good, bad))
+        key = rank.get(bad, -1) if rank is not None else int(s.get("index", 0))
+        candidates.append((key, good, bad))
     return max(candidates)[1:] if candidates else None
+
+
+def first_parent_line(repo: str | Path, within: str) -> list[str]:
+    """The commits of ``within``'s first-parent line, newest first; ``within`` must name one
+    commit (an option, a range or several revisions is a ValueError, never a wider set)."""
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
+
+    sha = git("rev-parse", "--verify", "--quiet", "--end-of-options", f"{within}^{{commit}}").stdout.strip()
+    if within.startswith("-") or not SHA.fullmatch(sha):
+        raise ValueError(f"--within: {within!r} is not a commit here")
+    line = git("rev-list", "--first-parent", sha, "--")
+    if line.returncode != 0:
+        raise ValueError(f"--within: git rev-list: {line.stderr.strip()}")
+    return line.stdout.split()
 
 
 def on_first_parent_line(repo: str | Path, commits: list[str], within: str) -> bool:
     """Every commit of ``commits`` is on ``within``'s first-parent line (main's history, not a PR's)."""
-    line = subprocess.run(
-        ["git", "rev-list", "--first-parent", within, "--"], cwd=repo, capture_output=True, text=True
-    )
-    return line.returncode == 0 and set(commits) <= set(line.stdout.split())
+    try:
+        return set(commits) <= set(first_parent_line(repo, within))
+    except ValueError:
+        return False
 
 
 def search(
@@ -212,11 +231,12 @@ def run(args: argparse.Namespace, judge: Callable[[str, str], bool] | None = Non
     out = Path(args.out)
     try:
         if args.steps:
-            found = range_from_steps(args.steps)
+            line = first_parent_line(args.repo, args.within)
+            found = range_from_steps(args.steps, {c: len(line) - i for i, c in enumerate(line)})
             if found is None:
                 print(f"bisect: no slowdown to bisect in {args.steps} (none, or every one accepted)")
                 return 0
-            if not on_first_parent_line(args.repo, list(found), args.within):
+            if not set(found) <= set(line):
                 raise ValueError(f"the step's commits are not on {args.within}'s first-parent line")
             args.good, args.bad = found
         if not (args.good and args.bad):

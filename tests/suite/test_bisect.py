@@ -221,3 +221,36 @@ def test_steps_give_the_newest_slowdown_not_accepted_on_main_only(history, tmp_p
         json.dumps({"steps": [{"direction": "slowdown", "first_commit": "--all"}]})
     )
     assert bisection.run(_args(tmp_path, repo, None, None, steps=str(tmp_path / "bad.json"))) == 2
+
+
+def test_within_names_one_commit_never_an_option_or_a_set_of_refs(history):
+    """A commit reachable only through a merge's second parent is off main's line, whatever
+    --within says: an option (--all, --branches), two revisions or a range widen nothing."""
+    repo, good, after = history
+    side = _git(repo, "rev-parse", "side")
+    assert bisection.on_first_parent_line(repo, [good, after[8]], "main")
+    for within in ("main", "--all", "--branches", "main side", "side..main", "-n1", "main;side"):
+        assert not bisection.on_first_parent_line(repo, [side], within), within
+    with pytest.raises(ValueError, match="not a commit"):
+        bisection.first_parent_line(repo, "--all")
+
+
+def test_the_newest_step_is_the_newest_on_mains_line_not_the_largest_series_index(history, tmp_path):
+    """Series differ in length, so a step's index says nothing across series: a long series' old
+    step (index 40) is older than a short series' recent one (index 3)."""
+    repo, good, after = history
+    rows = [{"series": "long", "index": 40, "first_commit": after[1], "last_before": after[0],
+             "direction": "slowdown", "accepted": "", "ratio": 1.05},
+            {"series": "short", "index": 3, "first_commit": after[7], "last_before": after[6],
+             "direction": "slowdown", "accepted": "", "ratio": 1.05}]  # fmt: skip
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"steps": rows}))
+    calls = []
+    assert (
+        bisection.run(
+            _args(tmp_path, repo, None, None, steps=str(path), within="main"), planted(after, 7, calls)
+        )
+        == 0
+    )
+    saved = json.loads((tmp_path / "out" / "bisect.json").read_text())
+    assert saved["stopped"] == bisection.ONE_COMMIT and saved["first_bad"] == after[7]
