@@ -363,6 +363,16 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if not any(len(p) >= 2 * rule.min_size for p in series.values()):
         print(f"changepoints: no series with {2 * rule.min_size} or more points", file=sys.stderr)
+        if args.out:  # nothing to bisect yet, said in the file the bisection reads
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            payload = {
+                "rule": asdict(rule),
+                "level": None,
+                "series": 0,
+                "accepted": len(accepted),
+                "steps": [],
+            }
+            Path(args.out).write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
         return 2
     steps, level = detect_all(series, rule)
     steps = mark_accepted(steps, accepted, order)

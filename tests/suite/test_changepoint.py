@@ -209,3 +209,14 @@ def test_history_honours_an_acceptance_only_within_the_gates_accept_limits(tmp_p
     out = tmp_path / "steps.json"
     assert cli.main(["changepoints", "--series", str(data), "--accepted", str(path), "--out", str(out)]) == 1
     assert json.loads(out.read_text())["steps"][0]["accepted"] == ""
+
+
+def test_a_history_too_short_to_judge_still_writes_its_empty_steps(tmp_path):
+    """Exit 2 (too few points yet) writes steps.json with no step, so that the GPU bisection reads
+    "nothing to bisect" and ends before installing, instead of failing on a missing file."""
+    c = commits(2)
+    path, out = tmp_path / "s.json", tmp_path / "o" / "steps.json"
+    path.write_text(json.dumps({"short": [[c[0], 1.0], [c[1], 1.0]]}))
+    assert cli.main(["changepoints", "--series", str(path), "--out", str(out)]) == 2
+    saved = json.loads(out.read_text())
+    assert saved["steps"] == [] and saved["series"] == 0
