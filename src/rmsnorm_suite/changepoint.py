@@ -181,9 +181,11 @@ def mark_accepted(
     steps: Sequence[Step], accepted: Sequence[Mapping], order: Sequence[str] = ()
 ) -> list[Step]:
     """``steps`` with each slowdown that an accepted regression covers marked: the record names its
-    row's series, its commit lies in the step's range (``last_before``, ``first_commit``] of
-    ``order`` (the first commit itself where ``order`` lacks either), and the step's ratio is no
-    larger than its factor. A step past the accepted factor stays a plain slowdown."""
+    row's series, the step's range (``last_before``, ``first_commit``] of main's ``order`` is that
+    one commit, and the step's ratio is no larger than its factor. A wider range stays a plain
+    slowdown (another commit in it may be the cause: the bisection names it), and so does a step
+    past the accepted factor. A trailer is not proof of approval: marking names a commit the
+    history already names, and hides nothing from the bisection."""
     rank = {c: i for i, c in enumerate(order)}
     out = []
     for s in steps:
@@ -192,11 +194,9 @@ def mark_accepted(
             commit, factor = str(a.get("commit", "")), a.get("factor")
             if not tail or not s.series.endswith(tail) or not isinstance(factor, (int, float)):
                 continue
-            if s.last_before in rank and s.first_commit in rank and commit in rank:
-                inside = rank[s.last_before] < rank[commit] <= rank[s.first_commit]
-            else:
-                inside = commit == s.first_commit
-            if inside and s.ratio <= factor:
+            alone = s.last_before in rank and s.first_commit in rank
+            alone = alone and rank[s.first_commit] == rank[s.last_before] + 1 and commit == s.first_commit
+            if alone and s.ratio <= factor:
                 why = str(a.get("reason", ""))[:120]
                 s = replace(s, accepted=f"{commit[:12]} x{factor:g}: {why}")
                 break
