@@ -32,6 +32,7 @@ Environment variables:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -460,12 +461,48 @@ def drift(session: nox.Session) -> None:
     run(session, "python", "-m", "rmsnorm_suite", *command)
 
 
+def slowdown_to_bisect(posargs) -> bool | None:
+    """With ``--steps FILE``: whether FILE holds a slowdown not accepted (read before any install,
+    so that a GPU job with nothing to bisect ends at once); None without ``--steps``."""
+    if "--steps" not in posargs or posargs.index("--steps") + 1 >= len(posargs):
+        return None
+    try:
+        data = json.loads(Path(posargs[posargs.index("--steps") + 1]).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return True  # let the command say what is wrong with it
+    steps = data.get("steps") if isinstance(data, dict) else None
+    return not isinstance(steps, list) or any(
+        isinstance(s, dict) and s.get("direction") == "slowdown" and not s.get("accepted") for s in steps
+    )
+
+
 @nox.session(tags=["gpu"])
 def bisect(session: nox.Session) -> None:
-    """First commit that drift's judge flags (-- --good REV --bad REV [--max-calls N] [--budget-s S])."""
+    """First commit drift's judge flags (-- --good REV --bad REV, or --steps JSON; --max-calls, --budget-s)."""
+    if slowdown_to_bisect(session.posargs) is False:
+        session.log("bisect: no slowdown to bisect in the steps (none, or every one accepted)")
+        return
     install(session, needs_cuda=True)
     require_cuda(session)
     run(session, "python", "-m", "rmsnorm_suite", "bisect", *session.posargs)
+
+
+@nox.session(tags=["cpu"])
+def changepoints(session: nox.Session) -> None:
+    """Steps in main's asv history, accepted regressions marked (-- --machine M --out DIR); no GPU."""
+    parser = argparse.ArgumentParser(prog="nox -s changepoints --", allow_abbrev=False)
+    parser.add_argument("--out", default="outputs/changepoints")
+    args, rest = parser.parse_known_args(session.posargs)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    # standard library only: the trailers of main's first-parent history, before any install
+    session.run(sys.executable, str(ROOT / HISTORY_SCRIPT), "accepted", "--out", str(out / "accepted.json"),
+                external=True)  # fmt: skip
+    session.install("numpy>=1.26")
+    env = {"PYTHONPATH": str(ROOT / "src")}  # the search needs numpy alone, not torch
+    command = ["python", "-m", "rmsnorm_suite.changepoint", "--accepted", str(out / "accepted.json")]
+    # 1: a slowdown found, 2: nothing to judge yet; both are written up, neither fails the job
+    run(session, *command, "--out", str(out / "steps.json"), *rest, env=env, success_codes=[0, 1, 2])
 
 
 @nox.session(tags=["gpu"])

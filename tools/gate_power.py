@@ -1,22 +1,13 @@
 #!/usr/bin/env python3
 """Power and family-wise false alarms of the gate, by resampling the rounds of recorded A/A runs.
 
-Each A/A run is a pr-verdict output folder of one commit against itself (``base.json`` and
-``head.json``, paired rounds: ``python tools/gate_rehearsal.py aa`` or ``nox -s pr_verdict``
-with ``--head`` equal to ``--base``). The tool resamples verdicts of R rounds from their
-per-round log ratios, multiplies head's rounds of one class of rows by each shift (+3%, +5%),
-judges each trial as the gate does (rmsnorm_suite.power) and prints, per candidate (device
-factor, rounds, statistic, rule across rows): the family-wise false-alarm rate (any latency row
-flagged when nothing changed) and the power per class of rows (the share of its rows flagged).
+Input: A/A pr-verdict output folders (``base.json``, ``head.json``) or ``--record`` files. Trials of
+R rounds are drawn from their per-round log ratios, head's rounds of one class of rows multiplied
+by each shift, and judged as the gate does (rmsnorm_suite.power); per candidate rule it prints the
+false-alarm rate across rows and the power per class. ``--synthetic``: a stated noise model,
+labelled SYNTHETIC, for testing the tool only. docs/gate.md shows the method and results.
 
-    PYTHONPATH=src python tools/gate_power.py --aa outputs/aa-0 outputs/aa-1 ... \\
-        --factors 1.02 1.025 1.03 --rounds 4 6 8 10 --shifts 1.03 1.05 \\
-        --classes device/large/forward device/large/forward_backward --json outputs/power.json
-
-``--synthetic`` replaces the recorded runs by a set drawn from a stated noise model, labelled
-SYNTHETIC in every line it prints: it exercises the method (tests/suite/test_gate_power.py), it is not
-evidence for a threshold. ``--resolve`` adds, per class of rows at its table factor, the smallest
-shift flagged with 90% power.
+    PYTHONPATH=src python tools/gate_power.py --aa outputs/aa-0 ... --factors 1.02 1.03 --rounds 6 10
 """
 
 from __future__ import annotations

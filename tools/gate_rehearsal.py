@@ -1,26 +1,14 @@
 """Rehearse the trusted judge and the gate's statistics on a GPU, one command each.
 
-    PYTHONPATH=src python tools/gate_rehearsal.py hostile    # a hostile head must get REGRESSION
-    PYTHONPATH=src python tools/gate_rehearsal.py aa         # A/A runs (head = base) must pass
-    PYTHONPATH=src python tools/gate_rehearsal.py ab         # a ~5% slower forward must be flagged
-    PYTHONPATH=src python tools/gate_rehearsal.py host --shapes small   # losing the C++ host path
-    PYTHONPATH=src python tools/gate_rehearsal.py catalogue  # every hostile head: REGRESSION or error
+    PYTHONPATH=src python tools/gate_rehearsal.py WHAT [--shapes large] [--rounds R] [--samples S]
 
-Both build their commits in a temporary git repository from this tree's ``src`` (base: the tree as
-it is), so the checkout's own history is not touched, and run ``rmsnorm-kernel pr-verdict`` from
-this tree (the trusted judge) on the shapes of ``--shapes`` (the large ones by default), few rounds. Verdicts go under
-``outputs/rehearsal/``; the exit status is 0 only when every verdict is as expected.
-
-hostile: head slows the op (an extra fp32 pass over x before every call) and rewrites the gate
-(every verdict a pass), the thresholds (factors of 1000) and the harness (constant timings).
-aa: ``--aa-runs`` A/A runs. ab: one A/B run whose head adds a forward over 1/``--extra-rows`` of
-the rows to every call (about 5% more forward bytes, plus a launch); every large device forward
-row must be flagged. catalogue: the heads of tests/suite/hostile_catalogue.py, each slowed as hostile's is;
-each must end REGRESSION or error, leave no process behind and no marker written, and the heads
-that fool their own process (catalogue.STOPWATCH_ONLY) must be seen by the judge's stopwatch. host: head never builds the compiled host path (the Python host path serves
-every call, same kernels); every host-time forward row of ``--shapes`` must be flagged, and no
-device row (the GPU work is the same). Each run prints its wall time and every latency row's ratio
-and interval.
+WHAT: hostile (a slowed head that rewrites gate, thresholds and harness: REGRESSION), aa
+(``--aa-runs`` A/A runs: pass), ab (a slower head: every large device row of the slowed pass
+flagged; ``--slow forward|backward --percent P``, see SLOW_*), host (no compiled host path: host
+rows flagged, device rows not), catalogue (tests/suite/hostile_catalogue.py's heads: REGRESSION
+or error, nothing left behind), overhead (seconds a sandbox adds). Commits are built in a
+temporary repository from this tree's ``src``; verdicts go under ``outputs/rehearsal/``; exit 0
+only when every verdict is as expected. docs/gate.md gives each rehearsal's purpose and results.
 """
 
 from __future__ import annotations
@@ -54,6 +42,58 @@ def rms_norm(x, *args, **kwargs):  # rehearsal: an extra forward over 1/{k} of t
     _rms_norm(x.detach()[: max(1, x.shape[0] // {k})], *args, **kwargs)
     return _rms_norm(x, *args, **kwargs)
 """
+# ab --slow forward --percent P: before every call, a forward over P% of the rows (at least one):
+# P% more forward device work, plus one launch.
+SLOW_FORWARD_OP = """
+_rms_norm = rms_norm
+
+
+def rms_norm(x, *args, **kwargs):  # rehearsal: a forward over {percent}% more rows
+    _rms_norm(x.detach()[: max(1, round(x.shape[0] * {fraction!r}))], *args, **kwargs)
+    return _rms_norm(x, *args, **kwargs)
+"""
+# ab --slow backward --percent P: the output goes through an identity whose backward redoes the
+# op's forward and backward over a share q of the rows. The forward moves 2 tensors the size of x
+# (x read, y written), the backward 3 (x and dy read, dx written), so q = P/100 * 3/5 makes the
+# extra bytes P% of the backward's; the forward is unchanged (no extra launch, no extra bytes).
+SLOW_BACKWARD_OP = """
+import torch as _torch
+
+_rms_norm = rms_norm
+_SLOW_SHARE = {fraction!r} * 3 / 5  # of the rows: P% of the backward's bytes (tools/gate_rehearsal.py)
+
+
+class _SlowBackward(_torch.autograd.Function):  # rehearsal: the backward does {percent}% more work
+    @staticmethod
+    def forward(ctx, y, x, args, kwargs):
+        ctx.x, ctx.args, ctx.kwargs = x.detach(), args, kwargs
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx, dy):
+        n = max(1, round(ctx.x.shape[0] * _SLOW_SHARE))
+        with _torch.enable_grad():
+            xs = ctx.x[:n].clone().requires_grad_()
+            _torch.autograd.grad(_rms_norm(xs, *ctx.args, **ctx.kwargs), xs, dy[:n])
+        return dy, None, None, None
+
+
+def rms_norm(x, *args, **kwargs):
+    y = _rms_norm(x, *args, **kwargs)
+    if not (_torch.is_grad_enabled() and isinstance(y, _torch.Tensor) and y.requires_grad):
+        return y
+    return _SlowBackward.apply(y, x, args, kwargs)
+"""
+SLOW_OPS = {"forward": SLOW_FORWARD_OP, "backward": SLOW_BACKWARD_OP}
+
+
+def slow_patch(which: str, percent: float) -> str:
+    """The text ``ab --slow WHICH --percent P`` appends to rmsnorm_kernel/__init__.py."""
+    if which not in SLOW_OPS or not 0 < percent <= 100:
+        raise ValueError(f"--slow {which} --percent {percent}: forward or backward, 0 < P <= 100")
+    return SLOW_OPS[which].format(percent=f"{percent:g}", fraction=percent / 100)
+
+
 PYTHON_HOST = """
 
 
@@ -175,19 +215,18 @@ def aa(args, repo: Path, base: str) -> list[str]:
 
 def ab(args, repo: Path, base: str) -> list[str]:
     problems = []
-    op = EXTRA_ROWS_OP.format(k=args.extra_rows)
-    head = commit_on(
-        repo, base, {"src/rmsnorm_kernel/__init__.py": op}, f"a forward over 1/{args.extra_rows} more rows"
-    )
-    data = pr_verdict(args, repo, base, head, "ab-extra-rows")
-    forward = [
-        r
-        for r in data.get("rows", [])
-        if r["check"].startswith("device ") and r["check"].endswith(" forward")
-    ]
-    missed = [r["check"] for r in forward if r["verdict"] != "regression"]
-    if not forward or missed:
-        problems.append(f"A/B: device forward rows not flagged: {missed or 'none judged'}")
+    if args.slow:
+        op, what = slow_patch(args.slow, args.percent), f"{args.percent:g}% more {args.slow} work"
+        name, mode = f"ab-{args.slow}-{args.percent:g}", " forward" if args.slow == "forward" else "_backward"
+    else:
+        op, what = EXTRA_ROWS_OP.format(k=args.extra_rows), f"a forward over 1/{args.extra_rows} more rows"
+        name, mode = "ab-extra-rows", " forward"
+    head = commit_on(repo, base, {"src/rmsnorm_kernel/__init__.py": op}, what)
+    data = pr_verdict(args, repo, base, head, name)
+    rows = [r for r in data.get("rows", []) if r["check"].startswith("device ") and r["check"].endswith(mode)]
+    missed = [r["check"] for r in rows if r["verdict"] != "regression"]
+    if not rows or missed:
+        problems.append(f"A/B ({what}): device{mode} rows not flagged: {missed or 'none judged'}")
     return problems
 
 
@@ -303,6 +342,10 @@ def main() -> int:
         "--only", nargs="+", default=None, metavar="HEAD", help="catalogue: these heads alone"
     )
     parser.add_argument("--extra-rows", type=int, default=20, help="A/B head: extra forward over 1/K rows")
+    parser.add_argument(
+        "--slow", choices=sorted(SLOW_OPS), default=None, help="A/B head: P%% more forward or backward work"
+    )
+    parser.add_argument("--percent", type=float, default=5.0, help="--slow's P (default 5)")
     parser.add_argument(
         "--shapes", nargs="+", default=["large"], help="pr-verdict's --shapes (default: large)"
     )

@@ -1,25 +1,14 @@
 #!/usr/bin/env python3
 """Show the drift of main on one tracking issue: open it, update it, close it when drift is gone.
 
-Input is a folder of the history workflow's drift artifacts, one subfolder per GPU kind
-(``drift-h200/``...), each holding what ``nox -s drift`` wrote (``verdict.json``) and the
-``drift.json`` (``{"baseline": TAG}``) that the drift job recorded. They are read with the PR
-comment's validation (post_verdict_comment.py: size limits, SHAs, finite numbers, check names
-against a pattern), a verdict about another commit than ``--sha`` is not believed, and the body is
-rebuilt from the validated rows: main's SHA, the baseline tag, the regressed and could-not-judge
-rows with their change and interval, a link to each one's history.
-
-The tracking issue is the oldest open issue labelled ``perf-drift`` that the bot opened; an issue
-with that label written by anyone else is never edited or closed. Drift (any kind regressed):
-the issue is updated, or opened, even where other rows could not be judged. No drift (every kind passes): the bot's issue is closed, its body
-saying at which commit drift was gone. Could not judge, or no verdict at all: the issue is left as
-it is (the drift job's summary says why), since a missing measurement shows neither.
-
-Locally, ``--dry-run`` prints the issue body and touches nothing:
+Reads the history workflow's artifacts: ``--drift`` (``drift-KIND/``: verdict.json and drift.json)
+and ``--steps`` (``changepoints/steps.json``, ``bisect-KIND/bisect.json``), validated as the PR
+comment's are (post_verdict_comment.py). Drift opens or updates the bot's ``perf-drift`` issue
+(never anyone else's), naming each step's commit range and the bisection's result; no drift
+closes it; could not judge leaves it. docs/ci.md ("Drift of main") has the rules. Standard
+library only. Locally, nothing posted:
 
     python3 .github/scripts/drift_issue.py --drift outputs --sha "$(git rev-parse HEAD)" --dry-run
-
-Standard library only, so that the issue job installs nothing.
 """
 
 from __future__ import annotations
@@ -37,6 +26,76 @@ MARKER = "<!-- rmsnorm-kernel:perf-drift -->"
 LABEL = "perf-drift"
 TAG = re.compile(r"v[0-9A-Za-z][0-9A-Za-z._+-]{0,63}")  # the release tags `nox -s drift` judges against
 MAX_DRIFT_BYTES = 1_024
+MAX_STEPS_BYTES = 512_000  # steps.json and bisect.json, each
+MAX_STEPS_SHOWN = 10
+BISECT_STOPS = {"narrowed", "inconsistent", "out of calls", "out of time", "judge error", "one commit"}
+
+
+def _step(s: object) -> dict | None:
+    """One step of steps.json as the issue shows it, or None when it does not validate."""
+    if not isinstance(s, dict) or s.get("direction") not in ("slowdown", "improvement"):
+        return None
+    ratio, series, accepted = s.get("ratio"), s.get("series"), s.get("accepted") or ""
+    commits = [s.get("first_commit"), s.get("last_before")]
+    if not all(isinstance(c, str) and pvc.SHA.fullmatch(c) for c in commits):
+        return None
+    if not (isinstance(ratio, (int, float)) and 0 < ratio < 1e6 and isinstance(series, str)):
+        return None
+    index = s.get("index") if isinstance(s.get("index"), int) else 0
+    return {"series": series, "ratio": float(ratio), "direction": s["direction"], "first": commits[0],
+            "last": commits[1], "index": index, "accepted": accepted if isinstance(accepted, str) else ""}  # fmt: skip
+
+
+def load_steps(folder: Path | None) -> tuple[list[dict], list[dict]]:
+    """The change points' steps (validated: SHAs, a finite ratio; newest first) and the
+    bisections' results; what does not validate is left out."""
+    if folder is None:
+        return [], []
+    try:
+        data = pvc.load_json(folder / "changepoints" / "steps.json", MAX_STEPS_BYTES)
+    except pvc.VerdictError:
+        data = {}
+    raw = data.get("steps") if isinstance(data, dict) else None
+    steps = [s for s in map(_step, raw if isinstance(raw, list) else []) if s]
+    steps.sort(key=lambda s: s["index"], reverse=True)
+    bisects: list[dict] = []
+    for path in sorted(folder.glob("bisect-*/bisect.json")):
+        kind = path.parent.name.removeprefix("bisect-")
+        try:
+            b = pvc.load_json(path, MAX_STEPS_BYTES)
+        except pvc.VerdictError:
+            continue
+        if not isinstance(b, dict) or b.get("stopped") not in BISECT_STOPS or not pvc.KIND.fullmatch(kind):
+            continue
+        shas = [b.get("good"), b.get("bad")] + ([b["first_bad"]] if b.get("first_bad") is not None else [])
+        if all(isinstance(c, str) and pvc.SHA.fullmatch(c) for c in shas):
+            bisects.append({"kind": kind, "stopped": b["stopped"], "good": b["good"], "bad": b["bad"],
+                            "first_bad": b.get("first_bad")})  # fmt: skip
+    return steps, bisects
+
+
+def steps_section(steps: list[dict], bisects: list[dict]) -> list[str]:
+    """Markdown lines: each slowdown of main's history with the commit range it lies in (accepted
+    ones say so), newest first, then what the bisection narrowed."""
+    slow = [s for s in steps if s["direction"] == "slowdown"]
+    if not slow and not bisects:
+        return []
+    lines = ["### Which commit", ""]
+    if slow:
+        lines += ["Steps in main's history (`nox -s changepoints`): each lies after the first commit, up to "
+                  "and including the second.", "", "| series | change | commits | |", "|---|---|---|---|"]  # fmt: skip
+        for s in slow[:MAX_STEPS_SHOWN]:
+            mark = "accepted: " + pvc.plain(s["accepted"], 160) if s["accepted"] else "slowdown"
+            lines.append(f"| {pvc.plain(s['series'], 160)} | {pvc.percent(s['ratio'])} | "
+                         f"{pvc.short(s['last'])}..{pvc.short(s['first'])} | {mark} |")  # fmt: skip
+        if len(slow) > MAX_STEPS_SHOWN:
+            lines.append(f"| {len(slow) - MAX_STEPS_SHOWN} more in the `changepoints` artifact | | | |")
+        lines.append("")
+    for b in bisects:
+        found = f", first bad commit {pvc.short(b['first_bad'])}" if b["first_bad"] else ""
+        lines += [f"Bisection on {b['kind']} ({pvc.short(b['good'])}..{pvc.short(b['bad'])}): "
+                  f"{pvc.plain(b['stopped'], 40)}{found}.", ""]  # fmt: skip
+    return lines
 
 
 def baseline_tag(folder: Path) -> str:
@@ -66,7 +125,8 @@ def title(tag: str) -> str:
     return f"Performance drift of main against {tag or 'the last release'}"
 
 
-def render(entries: list[pvc.Entry], main_sha: str, tag: str, run: pvc.Run) -> str:
+def render(entries: list[pvc.Entry], main_sha: str, tag: str, run: pvc.Run,
+           steps: tuple[list[dict], list[dict]] = ([], [])) -> str:  # fmt: skip
     """The issue body: what is measured against what, a line per GPU kind, then the rows that drift
     or could not be judged, worst first, each linked to its history; under GitHub's size limit."""
     overall = "regression" if drifted(entries) else pvc.worst(e.status for e in entries)
@@ -83,6 +143,7 @@ def render(entries: list[pvc.Entry], main_sha: str, tag: str, run: pvc.Run) -> s
         return "\n".join(lines) + "\n"
     lines = [MARKER, f"## Drift of main: {pvc.ICON[overall]}", "", " · ".join(facts), ""]
     lines += [pvc.kind_summary(e) for e in entries] + [""]
+    lines += steps_section(*steps)
     tail = [
         "Main is judged against the baseline on every push with the PR gate and its thresholds "
         "(`nox -s drift`); this issue is updated by each run and closed when no check drifts. "
@@ -117,14 +178,14 @@ def bot_issue(client: pvc.Client, repo: str, bot: str) -> int | None:
 
 
 def publish(client: pvc.Client, repo: str, entries: list[pvc.Entry], main_sha: str, tag: str,
-            run: pvc.Run, bot: str) -> str:  # fmt: skip
+            run: pvc.Run, bot: str, steps: tuple[list[dict], list[dict]] = ([], [])) -> str:  # fmt: skip
     """Open, update or close the tracking issue; returns what was done, for the log."""
     if not entries:
         return "no drift verdict: the tracking issue is left as it is"
     if not drifted(entries) and any(e.status != "pass" for e in entries):
         return "drift could not be judged: the tracking issue is left as it is"
     number = bot_issue(client, repo, bot)
-    body = render(entries, main_sha, tag, run)
+    body = render(entries, main_sha, tag, run, steps)
     if not drifted(entries):  # every kind passes
         if number is None:
             return "no drift, no tracking issue: nothing to do"
@@ -143,6 +204,9 @@ def publish(client: pvc.Client, repo: str, entries: list[pvc.Entry], main_sha: s
 def main(argv: list[str] | None = None, client: pvc.Client | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--drift", type=Path, required=True, help="folder of drift-KIND/ artifact folders")
+    parser.add_argument(
+        "--steps", type=Path, default=None, help="folder of changepoints/ and bisect-KIND/ artifact folders"
+    )
     parser.add_argument("--sha", required=True, help="the commit of main that was judged (github.sha)")
     parser.add_argument("--repo", default=os.environ.get("GITHUB_REPOSITORY", ""), help="owner/name")
     parser.add_argument("--run-url", default="", help="the history run's page")
@@ -160,8 +224,9 @@ def main(argv: list[str] | None = None, client: pvc.Client | None = None) -> int
     url = args.run_url if pvc.RUN_URL.fullmatch(args.run_url) else ""
     run = pvc.Run(head_sha=args.sha, url=url, pages=args.pages_url)
     entries, tag = collect(args.drift, args.sha)
+    steps = load_steps(args.steps)
     if args.dry_run:
-        sys.stdout.write(render(entries, args.sha, tag, run) if entries else "no drift verdict\n")
+        sys.stdout.write(render(entries, args.sha, tag, run, steps) if entries else "no drift verdict\n")
         return 0
 
     token = os.environ.get("GH_TOKEN") or os.environ.get("GITHUB_TOKEN") or ""
@@ -169,7 +234,7 @@ def main(argv: list[str] | None = None, client: pvc.Client | None = None) -> int
         parser.error("posting needs GH_TOKEN and --repo owner/name (or use --dry-run)")
     client = client or pvc.GitHub(os.environ.get("GITHUB_API_URL", "https://api.github.com"), token)
     try:
-        print(publish(client, args.repo, entries, args.sha, tag, run, args.bot_login))
+        print(publish(client, args.repo, entries, args.sha, tag, run, args.bot_login, steps))
     except urllib.error.HTTPError as exc:
         raise SystemExit(f"GitHub API error {exc.code} on {exc.url}") from None
     return 0

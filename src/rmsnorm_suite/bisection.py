@@ -4,9 +4,9 @@ The commits strictly after ``good`` up to ``bad`` on ``bad``'s first-parent line
 halving; each probe judges one candidate against the fixed ``good`` with the same judge (the real
 one: pr-verdict with ``--exact-base``, as `nox -s drift` calls it). With n candidates it takes at
 most ceil(log2(n + 1)) probes: ``bad`` is judged too, so a history whose ``bad`` the judge does not
-flag is reported as inconsistent, never narrowed to an invented commit. Exit status: 0 narrowed to
-one commit, 1 not narrowed (bounds, judge error, inconsistent), 2 bad input. docs/gate.md, "Which
-commit".
+flag is reported as inconsistent, never narrowed to an invented commit. ``--steps`` takes the
+range from `changepoints --out` (its newest slowdown not accepted), on ``--within``'s first-parent
+line only. Exit status: 0 narrowed (or nothing to bisect), 1 not narrowed, 2 bad input.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import subprocess
 import sys
 import time
@@ -23,7 +24,9 @@ from pathlib import Path
 
 # pr-verdict's flags as `nox -s drift` passes them: a pinned base, benchmarks and gate only.
 DRIFT_FLAGS = ("--exact-base", "--skip-gpu-tests")
+SHA = re.compile(r"[0-9a-f]{40}")
 NARROWED, INCONSISTENT = "narrowed", "inconsistent"
+ONE_COMMIT = "one commit"  # the step's range holds one commit: named by the change point, not probed
 OUT_OF_CALLS, OUT_OF_TIME, JUDGE_ERROR = "out of calls", "out of time", "judge error"
 
 
@@ -73,6 +76,51 @@ def first_parent_range(repo: str | Path, good: str, bad: str) -> tuple[str, str,
     if not commits or git("rev-parse", f"{commits[0]}^") != shas[0]:
         raise ValueError(f"--good {good} is not on the first-parent line before --bad {bad}")
     return shas[0], shas[1], commits
+
+
+def range_from_steps(path: str | Path, rank: dict[str, int] | None = None) -> tuple[str, str] | None:
+    """(last commit before, first commit after) of the newest slowdown in a `changepoints --out`
+    file that is not accepted, or None when there is none; malformed input is a ValueError.
+    Newest: the latest first commit in ``rank`` (position on main's first-parent line, oldest 0)
+    where given (a series' own ``index`` is not comparable across series), else by ``index``."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    steps = data.get("steps") if isinstance(data, dict) else None
+    if not isinstance(steps, list):
+        raise ValueError(f"{path}: no list of steps")
+    candidates = []
+    for s in steps:
+        if not isinstance(s, dict) or s.get("direction") != "slowdown" or s.get("accepted"):
+            continue
+        good, bad = s.get("last_before"), s.get("first_commit")
+        if not all(isinstance(c, str) and SHA.fullmatch(c) for c in (good, bad)):
+            raise ValueError(f"{path}: a step's commits are not 40-hex SHAs")
+        key = rank.get(bad, -1) if rank is not None else int(s.get("index", 0))
+        candidates.append((key, good, bad))
+    return max(candidates)[1:] if candidates else None
+
+
+def first_parent_line(repo: str | Path, within: str) -> list[str]:
+    """The commits of ``within``'s first-parent line, newest first; ``within`` must name one
+    commit (an option, a range or several revisions is a ValueError, never a wider set)."""
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
+
+    sha = git("rev-parse", "--verify", "--quiet", "--end-of-options", f"{within}^{{commit}}").stdout.strip()
+    if within.startswith("-") or not SHA.fullmatch(sha):
+        raise ValueError(f"--within: {within!r} is not a commit here")
+    line = git("rev-list", "--first-parent", sha, "--")
+    if line.returncode != 0:
+        raise ValueError(f"--within: git rev-list: {line.stderr.strip()}")
+    return line.stdout.split()
+
+
+def on_first_parent_line(repo: str | Path, commits: list[str], within: str) -> bool:
+    """Every commit of ``commits`` is on ``within``'s first-parent line (main's history, not a PR's)."""
+    try:
+        return set(commits) <= set(first_parent_line(repo, within))
+    except ValueError:
+        return False
 
 
 def search(
@@ -162,8 +210,15 @@ def pr_verdict_judge(out: Path, extra: list[str], repo: str = ".") -> Callable[[
 
 
 def configure(parser: argparse.ArgumentParser, command: str) -> None:
-    parser.add_argument("--good", required=True, metavar="REV", help="a commit the gate passes (the base)")
-    parser.add_argument("--bad", required=True, metavar="REV", help="a later commit the gate flags")
+    parser.add_argument("--good", default=None, metavar="REV", help="a commit the gate passes (the base)")
+    parser.add_argument("--bad", default=None, metavar="REV", help="a later commit the gate flags")
+    parser.add_argument(
+        "--steps", default=None, metavar="JSON", help="the range of changepoints' newest slowdown"
+    )
+    parser.add_argument(
+        "--within", default="HEAD", metavar="REV", help="--steps: commits on this first-parent line"
+    )
+    parser.add_argument("--deadline-s", type=float, default=None, help="pr-verdict's --deadline-s per probe")
     parser.add_argument("--max-calls", type=int, default=None, metavar="N", help="at most N pr-verdict runs")
     parser.add_argument("--budget-s", type=float, default=None, metavar="S", help="start no run after S s")
     parser.add_argument("--out", default="outputs/bisect", metavar="DIR", help="bisect.json and each run")
@@ -175,14 +230,32 @@ def configure(parser: argparse.ArgumentParser, command: str) -> None:
 def run(args: argparse.Namespace, judge: Callable[[str, str], bool] | None = None) -> int:
     out = Path(args.out)
     try:
+        if args.steps:
+            line = first_parent_line(args.repo, args.within)
+            found = range_from_steps(args.steps, {c: len(line) - i for i, c in enumerate(line)})
+            if found is None:
+                print(f"bisect: no slowdown to bisect in {args.steps} (none, or every one accepted)")
+                return 0
+            if not set(found) <= set(line):
+                raise ValueError(f"the step's commits are not on {args.within}'s first-parent line")
+            args.good, args.bad = found
+        if not (args.good and args.bad):
+            raise ValueError("--good and --bad, or --steps, are needed")
         good, _bad, commits = first_parent_range(args.repo, args.good, args.bad)
+        if args.steps and len(commits) == 1:
+            out.mkdir(parents=True, exist_ok=True)
+            result = Result(good, commits[0], ONE_COMMIT, commits[0], good, commits)
+            (out / "bisect.json").write_text(json.dumps(result.to_json(), indent=1) + "\n", encoding="utf-8")
+            print(f"bisect: the step's range is one commit, {commits[0][:12]}: nothing to probe")
+            return 0
         extra = (["--rounds", str(args.rounds)] if args.rounds else []) + (
             ["--shapes", *args.shapes] if args.shapes else []
         )
+        extra += ["--deadline-s", f"{args.deadline_s:g}"] if args.deadline_s else []
         judge = judge or pr_verdict_judge(out.resolve(), extra, str(Path(args.repo).resolve()))
         print(f"bisect: {len(commits)} commits after {good[:12]}, at most {max_probes(len(commits))} probes")
         result = search(good, commits, judge, args.max_calls, args.budget_s)
-    except ValueError as exc:
+    except (OSError, ValueError) as exc:
         print(f"bisect: bad input: {exc}", file=sys.stderr)
         return 2
     out.mkdir(parents=True, exist_ok=True)

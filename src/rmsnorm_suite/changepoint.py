@@ -2,12 +2,13 @@
 
 Drift against the last release says that main moved; this says where. Per series (one asv
 benchmark and parameter combination, in first-parent order of main) the log values are split
-where a two-sample step is largest, kept when its permutation p-value is under ``rate / series``
-and it moves the median by ``min_step`` or more, then searched again on each side. Thresholds:
-``[drift]`` in regression.toml; method and assumptions: docs/gate.md ("Which commit"). Exit
-status: 0 no slowdown found, 1 a slowdown found (named), 2 could not judge (no data).
+where a two-sample step is largest, kept when its p-value is under ``rate / series`` and it
+moves the median by ``min_step`` or more, then searched again on each side (``[drift]`` of
+regression.toml; docs/gate.md, "Which commit"). A slowdown whose range holds an accepted
+regression of its row no larger than it (``--accepted``: history.py accepted) reads ``accepted``.
+Exit status: 0 no slowdown but accepted ones, 1 a slowdown found (named), 2 no data.
 
-    rmsnorm-kernel changepoints --results .asv/results [--machine h200] [--match REGEX] [--order date]
+    rmsnorm-kernel changepoints --results .asv/results [--machine h200] [--accepted JSON] [--out JSON]
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +41,7 @@ class Step:
     p_value: float
     level: float  # what p had to be under
     direction: str  # "slowdown" (larger is worse) or "improvement"
+    accepted: str = ""  # a slowdown an Accept-Regression of its row covers: "COMMIT xFACTOR: reason"
 
 
 @dataclass(frozen=True)
@@ -159,6 +161,85 @@ def detect_all(
 
 
 # ---------------------------------------------------------------------------------------------
+# Accepted regressions
+# ---------------------------------------------------------------------------------------------
+
+# A latency check's kind and mode (rmsnorm_suite.accept) as the asv benchmark that tracks it.
+TRACKED = {"device": "track_gpu_median_ms", "latency": "track_median_ms", "host": "track_host_median_ms"}
+SUITES = {"forward": "Forward", "forward_backward": "ForwardBackward"}
+
+
+def check_series(check: str, provider: str = "kernel") -> str:
+    """The tail of the asv series name that tracks latency check ``kind shape mode``, or ""."""
+    parts = check.split()
+    if len(parts) != 3 or parts[0] not in TRACKED or parts[2] not in SUITES:
+        return ""
+    return f".{SUITES[parts[2]]}.{TRACKED[parts[0]]}('{parts[1]}', '{provider}')"
+
+
+def mark_accepted(
+    steps: Sequence[Step], accepted: Sequence[Mapping], order: Sequence[str] = ()
+) -> list[Step]:
+    """``steps`` with each slowdown that an accepted regression covers marked: the record names its
+    row's series, the step's range (``last_before``, ``first_commit``] of main's ``order`` is that
+    one commit, and the step's ratio is no larger than its factor. A wider range stays a plain
+    slowdown (another commit in it may be the cause: the bisection names it), and so does a step
+    past the accepted factor. A trailer is not proof of approval: marking names a commit the
+    history already names, and hides nothing from the bisection."""
+    rank = {c: i for i, c in enumerate(order)}
+    out = []
+    for s in steps:
+        for a in accepted if s.direction == "slowdown" else ():
+            tail = check_series(str(a.get("check", "")))
+            commit, factor = str(a.get("commit", "")), a.get("factor")
+            if not tail or not s.series.endswith(tail) or not isinstance(factor, (int, float)):
+                continue
+            alone = s.last_before in rank and s.first_commit in rank
+            alone = alone and rank[s.first_commit] == rank[s.last_before] + 1 and commit == s.first_commit
+            if alone and s.ratio <= factor:
+                why = str(a.get("reason", ""))[:120]
+                s = replace(s, accepted=f"{commit[:12]} x{factor:g}: {why}")
+                break
+        out.append(s)
+    return out
+
+
+def load_accepted(path: str | Path, limits=None) -> list[dict]:
+    """The records of ``rmsnorm_suite.history accepted`` (a JSON list); malformed ones are dropped,
+    and so is any the gate's ``[accept]`` (``limits``, thresholds.AcceptLimits) would refuse: a kind
+    it does not list, a factor outside (1, max_factor], rows of one commit past max_rows."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    records = data.get("accepted", []) if isinstance(data, dict) else data
+    valid = [
+        r
+        for r in records
+        if isinstance(r, dict)
+        and isinstance(r.get("commit"), str)
+        and isinstance(r.get("check"), str)
+        and isinstance(r.get("factor"), (int, float))
+        and math.isfinite(r["factor"])
+    ]
+    if limits is None:
+        return valid
+    kept, rows = [], {}
+    for r in valid:
+        seen = rows.setdefault(r["commit"], set())
+        if r["check"] in seen or len(seen) >= limits.max_rows:
+            continue
+        if r["check"].split(" ", 1)[0] in limits.kinds and 1.0 < r["factor"] <= limits.max_factor:
+            seen.add(r["check"])
+            kept.append(r)
+    return kept
+
+
+def accept_limits(thresholds_path: str | Path | None = None):
+    """``[accept]`` of regression.toml (the suite's by default), as the gate reads it."""
+    from rmsnorm_suite import thresholds
+
+    return thresholds.load_thresholds(thresholds_path).accept
+
+
+# ---------------------------------------------------------------------------------------------
 # Histories
 # ---------------------------------------------------------------------------------------------
 
@@ -248,15 +329,24 @@ def configure(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument(
         "--thresholds", default=None, help="regression.toml with [drift] (default: the suite's)"
     )
+    parser.add_argument(
+        "--accepted",
+        default=None,
+        metavar="JSON",
+        help="accepted regressions (rmsnorm_suite.history accepted)",
+    )
     parser.add_argument("--out", default=None, metavar="JSON", help="write the steps found")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         rule = rule_from(args.thresholds)
+        accepted = load_accepted(args.accepted, accept_limits(args.thresholds)) if args.accepted else []
+        order: list[str] = []
         if args.series:
             raw = json.loads(Path(args.series).read_text(encoding="utf-8"))
             series = {str(k): [(str(c), float(v)) for c, v in pts] for k, pts in raw.items()}
+            order = list(dict.fromkeys(c for pts in series.values() for c, _ in pts))
         else:
             if not Path(args.results).is_dir():
                 raise ValueError(
@@ -273,8 +363,19 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if not any(len(p) >= 2 * rule.min_size for p in series.values()):
         print(f"changepoints: no series with {2 * rule.min_size} or more points", file=sys.stderr)
+        if args.out:  # nothing to bisect yet, said in the file the bisection reads
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            payload = {
+                "rule": asdict(rule),
+                "level": None,
+                "series": 0,
+                "accepted": len(accepted),
+                "steps": [],
+            }
+            Path(args.out).write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
         return 2
     steps, level = detect_all(series, rule)
+    steps = mark_accepted(steps, accepted, order)
     judged = sum(len(p) >= 2 * rule.min_size for p in series.values())
     print(
         f"changepoints: {judged} series, each tested at {level:.2g} (rate {rule.rate:g} over the series), "
@@ -282,8 +383,9 @@ def run(args: argparse.Namespace) -> int:
     )
     for s in steps:
         print(
-            f"  {s.direction}: {s.series}: x{s.ratio:.3f} ({s.before:.4g} -> {s.after:.4g}), p={s.p_value:.2g}, "
+            f"  {s.direction}{' (accepted)' if s.accepted else ''}: {s.series}: x{s.ratio:.3f} ({s.before:.4g} -> {s.after:.4g}), p={s.p_value:.2g}, "
             f"first commit after it {s.first_commit[:12]}, in {s.last_before[:12]}..{s.first_commit[:12]}"
+            + (f"; accepted by {s.accepted}" if s.accepted else "")
         )
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -291,10 +393,11 @@ def run(args: argparse.Namespace) -> int:
             "rule": asdict(rule),
             "level": level,
             "series": judged,
+            "accepted": len(accepted),
             "steps": [asdict(s) for s in steps],
         }
         Path(args.out).write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
-    return 1 if any(s.direction == "slowdown" for s in steps) else 0
+    return 1 if any(s.direction == "slowdown" and not s.accepted for s in steps) else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,6 +5,7 @@
     python -m rmsnorm_suite.history demo [--commits N] [--seed S]  # made-up figures, .asv/demo
     python -m rmsnorm_suite.history tags [--force]  # deletes non-release tags: CI clones only
     python -m rmsnorm_suite.history baseline [--rev HEAD]  # drift's release tag
+    python -m rmsnorm_suite.history accepted [--rev HEAD] [--out FILE]  # accepted regressions
 
 Each step's function says what it reads and writes; docs/gate.md, "asv history", the why.
 """
@@ -312,6 +313,34 @@ def release_baseline(root: Path, rev: str = "HEAD") -> str:
     return ""
 
 
+def accepted_regressions(root: Path, rev: str = "HEAD") -> list[dict]:
+    """The accepted regressions of ``rev``'s first-parent history, oldest first: each valid
+    ``Accept-Regression`` trailer (rmsnorm_suite.accept) as ``{commit, source, check, factor,
+    reason}``, where ``commit`` is the first-parent commit that brought it to main (a squashed
+    PR's own commit, or the merge of the PR's commits) and ``source`` the commit that carries it.
+    On main a trailer is past the gate: a row it names could regress only with approval."""
+    try:
+        from rmsnorm_suite import accept
+    except ImportError:  # run as a script (python3 src/rmsnorm_suite/history.py): its folder is on the path
+        import accept  # type: ignore[no-redef]
+
+    out = _git("log", "--first-parent", "--reverse", "--format=%H%x1f%P%x1f%B%x1e", rev, "--", cwd=root)
+    records: list[dict] = []
+    for entry in out.stdout.decode("utf-8", "replace").split("\x1e"):
+        if entry.count("\x1f") < 2:
+            continue
+        commit, parents, message = entry.split("\x1f", 2)
+        commit, parents = commit.strip(), parents.split()
+        found = accept.from_message(message, commit)
+        if len(parents) > 1:  # a merge: the trailers of the commits it brings in
+            found += accept.from_git(root, parents[0], commit)
+        for r in found:
+            if r.problem is None and 1.0 < r.factor:
+                records.append({"commit": commit, "source": r.commit, "check": r.check, "factor": r.factor,
+                                "reason": r.reason})  # fmt: skip
+    return records
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m rmsnorm_suite.history", description=__doc__.split("\n")[0]
@@ -333,6 +362,9 @@ def main(argv: list[str] | None = None) -> int:
         "baseline", help="print drift's baseline: the newest release tag on first-parent history"
     )
     base.add_argument("--rev", default="HEAD")
+    acc = sub.add_parser("accepted", help="the Accept-Regression trailers on first-parent history, as JSON")
+    acc.add_argument("--rev", default="HEAD")
+    acc.add_argument("--out", default=None, help="write here (default: print)")
     args = parser.parse_args(argv)
     root = Path.cwd()
     if args.step == "tags":
@@ -344,6 +376,16 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         dropped = drop_tags(root)
         print(f"history: dropped {len(dropped)} tags that are not releases ({RELEASE_TAG.pattern})")
+        return 0
+    if args.step == "accepted":
+        records = accepted_regressions(root, args.rev)
+        text = json.dumps({"rev": args.rev, "accepted": records}, indent=1) + "\n"
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(text, encoding="utf-8")
+            print(f"history: {len(records)} accepted regressions on the first-parent history of {args.rev}")
+        else:
+            sys.stdout.write(text)
         return 0
     if args.step == "baseline":
         tag = release_baseline(root, args.rev)

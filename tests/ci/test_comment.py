@@ -781,3 +781,30 @@ def test_the_issue_script_runs_standalone_and_refuses_bad_arguments(tmp_path):
         assert bad.returncode == 2
     with pytest.raises(SystemExit):
         drift_issue.main(["--drift", str(tmp_path), "--sha", MAIN, "--repo", "o/r/../x"], client=FakeIssues())
+
+
+def test_the_drift_issue_names_each_steps_commit_range_and_the_bisection(tmp_path):
+    """Steps (changepoints' steps.json) and a bisection: each slowdown with its range, accepted
+    ones marked, newest first; a step with a forged commit or markup is left out or made inert."""
+    a, b, c, d = ("a" * 40, "b" * 40, "c" * 40, "d" * 40)
+    step = {"series": "bench_rmsnorm.Forward.track_gpu_median_ms('32768x4096-bfloat16', 'kernel')",
+            "index": 20, "first_commit": b, "last_before": a, "ratio": 1.06, "direction": "slowdown", "accepted": ""}  # fmt: skip
+    steps = [step, {**step, "index": 30, "first_commit": d, "last_before": c, "accepted": "x1.08: two passes"},
+             {**step, "first_commit": "--all"}, {**step, "index": 5, "series": "[x](https://evil) @someone"}]  # fmt: skip
+    folder = tmp_path / "steps"
+    (folder / "changepoints").mkdir(parents=True)
+    (folder / "changepoints" / "steps.json").write_text(json.dumps({"steps": steps}))
+    (folder / "bisect-h200").mkdir()
+    (folder / "bisect-h200" / "bisect.json").write_text(
+        json.dumps({"good": a, "bad": b, "stopped": "narrowed", "first_bad": b, "probes": []})
+    )
+    gh = FakeIssues([])
+    argv = ["--drift", str(drift_artifact(tmp_path / "a" / "drift-h200")), "--steps", str(folder),
+            "--repo", "o/r", "--sha", MAIN, "--run-url", RUN_URL, "--pages-url", PAGES]  # fmt: skip
+    assert drift_issue.main(argv, client=gh) == 0
+    body = gh.issues[0]["body"]
+    rows = [line for line in body.splitlines() if "track&#95;gpu&#95;median&#95;ms" in line or "evil" in line]
+    assert len(rows) == 3 and f"`{c[:12]}`..`{d[:12]}`" in rows[0] and "accepted" in rows[0]
+    assert f"`{a[:12]}`..`{b[:12]}`" in rows[1] and "+6.0%" in rows[1] and rows[1].endswith("| slowdown |")
+    assert f"Bisection on h200 (`{a[:12]}`..`{b[:12]}`): narrowed, first bad commit `{b[:12]}`." in body
+    assert_inert(body, pages=True)

@@ -33,6 +33,7 @@ EXPECTED_SESSIONS = {
     "pr_verdict": {"gpu"},
     "drift": {"gpu"},
     "bisect": {"gpu"},
+    "changepoints": {"cpu"},
     "history": {"cpu"},
     "rehearse": {"cpu"},
     "perf_docs": {"gpu"},

@@ -410,16 +410,21 @@ def test_drift_judges_main_and_reports_in_the_summary():
 
 def test_the_drift_issue_job_holds_only_issues_write_and_runs_the_default_branch_script():
     job = WORKFLOWS["history.yml"]["jobs"]["drift-issue"]
-    assert job["needs"] == "drift" and job["runs-on"] == "ubuntu-latest"
+    assert job["needs"] == ["drift", "changepoints", "bisect"] and job["runs-on"] == "ubuntu-latest"
     assert "!cancelled()" in job["if"] and "github.ref == 'refs/heads/main'" in job["if"]
     assert job["permissions"] == {"issues": "write"}
     used = [s["uses"].split("@")[0] for s in job["steps"] if "uses" in s]
-    assert used == ["actions/checkout", "actions/download-artifact"]
+    assert used == ["actions/checkout"] + ["actions/download-artifact"] * 3
+    # one plain glob each: brace sets are not relied on in a pattern; steps/changepoints/ and
+    # steps/bisect-KIND/ are the folders drift_issue.py --steps reads
+    assert job["steps"][2]["with"] == {"name": "changepoints", "path": "steps/changepoints"}
+    assert job["steps"][3]["with"] == {"pattern": "bisect-*", "path": "steps"}
+    assert job["steps"][2]["continue-on-error"] is True and job["steps"][3]["continue-on-error"] is True
     checkout = job["steps"][0]["with"]
     assert "ref" not in checkout and checkout["sparse-checkout"] == ".github/scripts"
     assert job["steps"][1]["with"] == {"pattern": "drift-*", "path": "drift"}  # this run's artifacts only
     post = job["steps"][-1]
-    assert post["run"].startswith("python3 .github/scripts/drift_issue.py --drift drift")
+    assert post["run"].startswith("python3 .github/scripts/drift_issue.py --drift drift --steps steps")
     assert post["env"]["MAIN_SHA"] == "${{ github.sha }}" and '--sha "$MAIN_SHA"' in post["run"]
     upload = next(
         s
@@ -577,6 +582,40 @@ def test_workflow_linters_report_nothing(tool, argv):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_change_points_run_hosted_on_the_checked_results_with_read_access_only():
+    job = WORKFLOWS["history.yml"]["jobs"]["changepoints"]
+    assert job["needs"] == "publish" and job["runs-on"] == "ubuntu-latest"
+    assert job["permissions"] == {"contents": "read"}
+    download = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/download-artifact@"))
+    assert download["with"] == {"name": "asv-results-checked", "path": ".asv/results"}
+    runs = [s["run"] for s in job["steps"] if "run" in s]
+    assert [r for r in runs if "nox" in r and "pip" not in r] == [
+        "nox -s changepoints -- --machine h200 --out outputs/changepoints"
+    ]
+    assert job["steps"][-1]["with"]["name"] == "changepoints"
+
+
+def test_the_bisection_runs_main_commits_on_the_trusted_runner_bounded_and_without_a_token():
+    job = WORKFLOWS["history.yml"]["jobs"]["bisect"]
+    assert job["needs"] == ["drift", "changepoints"]  # never beside drift on the GPU node
+    assert (
+        "github.ref == 'refs/heads/main'" in job["if"]
+        and "needs.changepoints.result == 'success'" in job["if"]
+    )
+    assert all(trusted(n) for n in runners(job)) and runners(job) == runners(
+        WORKFLOWS["history.yml"]["jobs"]["drift"]
+    )
+    assert (
+        job["permissions"] == {"contents": "read"} and job["steps"][0]["with"]["persist-credentials"] is False
+    )
+    (run,) = [s["run"] for s in job["steps"] if "run" in s]
+    assert "python3 -m nox -s bisect -- --steps changepoints/steps.json" in run
+    assert '--within "$GITHUB_SHA"' in run and "--max-calls 4" in run  # main's first-parent line only
+    assert '--budget-s "$((BUDGET_MINUTES * 60))"' in run and "timeout --kill-after=2m" in run
+    assert int(job["env"]["BUDGET_MINUTES"]) + 15 + 2 < job["timeout-minutes"]
+    assert not any("secrets." in str(v) or "github.token" in str(v) for v in job.get("env", {}).values())
+
+
 def test_only_release_tags_reach_asv_and_drift_takes_the_first_parent_release():
     jobs = WORKFLOWS["history.yml"]["jobs"]
     runs = [s.get("run", "") for s in jobs["publish"]["steps"]]
@@ -640,3 +679,14 @@ def test_the_fallback_refuses_a_token_file_others_can_read(tmp_path):
     done = subprocess.run(["bash", str(DEPLOY / "single-machine" / "ephemeral-runner.sh")], env=env,
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 1 and "must be owned by root with mode 0600" in done.stderr
+
+
+def test_download_patterns_are_plain_globs():
+    """A download-artifact pattern holds no brace set or extglob: what it matches must not depend
+    on the matcher's options. Two names are two steps."""
+    for name, wf in WORKFLOWS.items():
+        for job_id, job in wf["jobs"].items():
+            for step in job.get("steps", []):
+                if step.get("uses", "").startswith("actions/download-artifact@"):
+                    pattern = str(step.get("with", {}).get("pattern", ""))
+                    assert not set(pattern) & set("{}()!+@,"), (name, job_id, pattern)

@@ -132,6 +132,7 @@ def test_bounds_are_checked():
 
 
 def _args(tmp_path, repo, good, bad, **kw):
+    kw = {"steps": None, "within": "HEAD", "deadline_s": None, **kw}
     return Namespace(good=good, bad=bad, max_calls=None, budget_s=None, out=str(tmp_path / "out"),
                      repo=str(repo), rounds=None, shapes=None, **kw)  # fmt: skip
 
@@ -177,3 +178,79 @@ def test_drift_passes_pr_verdict_the_same_flags():
     noxfile = (Path(__file__).resolve().parents[2] / "noxfile.py").read_text(encoding="utf-8")
     drift = noxfile.split("def drift(", 1)[1].split("\n@nox.session", 1)[0]
     assert ", ".join(f'"{flag}"' for flag in bisection.DRIFT_FLAGS) in drift
+
+
+def steps_file(path, *steps):
+    """A `changepoints --out` file with these (last_before, first_commit, accepted) slowdowns."""
+    rows = [{"series": "s", "index": i + 3, "first_commit": bad, "last_before": good, "direction": "slowdown",
+             "accepted": acc, "ratio": 1.05} for i, (good, bad, acc) in enumerate(steps)]  # fmt: skip
+    path.write_text(json.dumps({"steps": rows}))
+    return str(path)
+
+
+def test_steps_give_the_newest_slowdown_not_accepted_on_main_only(history, tmp_path, capsys):
+    repo, good, after = history
+    steps = steps_file(tmp_path / "s.json", (good, after[8], ""), (after[0], after[1], "x1.08: why"))
+    args = _args(tmp_path, repo, None, None, steps=steps, within="main")
+    assert bisection.run(args, planted(after, 4, [])) == 0  # the accepted one is newer: skipped
+    assert json.loads((tmp_path / "out" / "bisect.json").read_text())["first_bad"] == after[4]
+    one = steps_file(tmp_path / "one.json", (after[2], after[3], ""))
+    calls = []
+    assert (
+        bisection.run(_args(tmp_path, repo, None, None, steps=one, within="main"), planted(after, 3, calls))
+        == 0
+    )
+    saved = json.loads((tmp_path / "out" / "bisect.json").read_text())
+    assert calls == [] and saved["stopped"] == bisection.ONE_COMMIT and saved["first_bad"] == after[3]
+    none = steps_file(tmp_path / "none.json", (good, after[8], "x1.1: why"))
+    assert bisection.run(_args(tmp_path, repo, None, None, steps=none), planted(after, 4, calls)) == 0
+    assert calls == [] and "no slowdown to bisect" in capsys.readouterr().out
+    _git(repo, "checkout", "-q", "-b", "pr-branch", after[8])
+    _git(repo, "commit", "-q", "--allow-empty", "-m", "a pull request's commit")
+    foreign = _git(repo, "rev-parse", "HEAD")
+    _git(repo, "checkout", "-q", "main")
+    off_main = steps_file(tmp_path / "pr.json", (after[8], foreign, ""))
+    assert (
+        bisection.run(
+            _args(tmp_path, repo, None, None, steps=off_main, within="main"), planted(after, 0, calls)
+        )
+        == 2
+    )
+    assert calls == [] and "not on main's first-parent line" in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text(
+        json.dumps({"steps": [{"direction": "slowdown", "first_commit": "--all"}]})
+    )
+    assert bisection.run(_args(tmp_path, repo, None, None, steps=str(tmp_path / "bad.json"))) == 2
+
+
+def test_within_names_one_commit_never_an_option_or_a_set_of_refs(history):
+    """A commit reachable only through a merge's second parent is off main's line, whatever
+    --within says: an option (--all, --branches), two revisions or a range widen nothing."""
+    repo, good, after = history
+    side = _git(repo, "rev-parse", "side")
+    assert bisection.on_first_parent_line(repo, [good, after[8]], "main")
+    for within in ("main", "--all", "--branches", "main side", "side..main", "-n1", "main;side"):
+        assert not bisection.on_first_parent_line(repo, [side], within), within
+    with pytest.raises(ValueError, match="not a commit"):
+        bisection.first_parent_line(repo, "--all")
+
+
+def test_the_newest_step_is_the_newest_on_mains_line_not_the_largest_series_index(history, tmp_path):
+    """Series differ in length, so a step's index says nothing across series: a long series' old
+    step (index 40) is older than a short series' recent one (index 3)."""
+    repo, good, after = history
+    rows = [{"series": "long", "index": 40, "first_commit": after[1], "last_before": after[0],
+             "direction": "slowdown", "accepted": "", "ratio": 1.05},
+            {"series": "short", "index": 3, "first_commit": after[7], "last_before": after[6],
+             "direction": "slowdown", "accepted": "", "ratio": 1.05}]  # fmt: skip
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"steps": rows}))
+    calls = []
+    assert (
+        bisection.run(
+            _args(tmp_path, repo, None, None, steps=str(path), within="main"), planted(after, 7, calls)
+        )
+        == 0
+    )
+    saved = json.loads((tmp_path / "out" / "bisect.json").read_text())
+    assert saved["stopped"] == bisection.ONE_COMMIT and saved["first_bad"] == after[7]

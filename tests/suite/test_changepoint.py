@@ -143,3 +143,87 @@ def test_series_json_and_nothing_to_judge(tmp_path, capsys):
 
 def test_the_drift_rule_is_declared_in_regression_toml():
     assert cp.rule_from() == cp.DriftRule(rate=0.01, min_step=0.02, min_size=3, permutations=9999)
+
+
+KERNEL_FORWARD = "bench_rmsnorm.Forward.track_gpu_median_ms('32768x4096-bfloat16', 'kernel')"
+
+
+def test_an_accepted_regression_marks_its_step_and_no_other(tmp_path, capsys):
+    """A +6% step at commit 18 of 30, accepted there up to 1.08: marked accepted, exit 0; the same
+    record at another commit, for another row, or with a factor under the step leaves a slowdown."""
+    c = commits(30)
+    path = tmp_path / "s.json"
+    path.write_text(
+        json.dumps({KERNEL_FORWARD: [[x, v] for x, v in zip(c, series(30, {18: 1.06}, 0.004, 5))]})
+    )
+    record = {"commit": c[18], "source": c[18], "check": "device 32768x4096-bfloat16 forward", "factor": 1.08,
+              "reason": "two passes for accuracy"}  # fmt: skip
+    accepted, out = tmp_path / "accepted.json", tmp_path / "steps.json"
+    argv = ["changepoints", "--series", str(path), "--accepted", str(accepted), "--out", str(out)]
+    accepted.write_text(json.dumps({"accepted": [record]}))
+    assert cli.main(argv) == 0
+    assert "slowdown (accepted)" in capsys.readouterr().out
+    (step,) = json.loads(out.read_text())["steps"]
+    assert step["first_commit"] == c[18] and step["accepted"].startswith(f"{c[18][:12]} x1.08")
+    for other in ({"commit": c[10]}, {"check": "device 32768x4096-bfloat16 forward_backward"},
+                  {"check": "host 32768x4096-bfloat16 forward"}, {"factor": 1.03}):  # fmt: skip
+        accepted.write_text(json.dumps({"accepted": [{**record, **other}]}))
+        assert cli.main(argv) == 1, other
+        assert json.loads(out.read_text())["steps"][0]["accepted"] == ""
+
+
+def test_an_acceptance_marks_only_a_step_of_that_one_commit():
+    """A range of several commits (skipped runs) stays a slowdown even where one of them, or its
+    first commit, carries an acceptance: another commit may be the cause. Without main's order
+    the range's size is unknown, so nothing is marked."""
+    c = commits(12)
+    wide = cp.Step(KERNEL_FORWARD, 6, c[9], c[5], 1.0, 1.05, 1.05, 1e-4, 1e-3, "slowdown")
+    one = cp.Step(KERNEL_FORWARD, 6, c[9], c[8], 1.0, 1.05, 1.05, 1e-4, 1e-3, "slowdown")
+    for commit in (c[7], c[9]):
+        record = {"commit": commit, "check": "device 32768x4096-bfloat16 forward", "factor": 1.1}
+        assert cp.mark_accepted([wide], [record], c)[0].accepted == "", commit
+    record = {"commit": c[9], "check": "device 32768x4096-bfloat16 forward", "factor": 1.1}
+    assert cp.mark_accepted([one], [record], c)[0].accepted.startswith(c[9][:12])
+    assert cp.mark_accepted([one], [record], [])[0].accepted == ""
+    assert cp.check_series("numerics 4096x4096-bfloat16 forward") == ""
+
+
+def test_history_honours_an_acceptance_only_within_the_gates_accept_limits(tmp_path):
+    """regression.toml [accept] bounds history as it bounds the gate: a factor past max_factor, a
+    kind it does not list, or rows past max_rows of one commit mark nothing."""
+    from rmsnorm_suite.thresholds import AcceptLimits
+
+    limits = AcceptLimits(max_rows=1, max_factor=1.25, kinds=("device",))
+    c = "a" * 40
+    recs = [
+        {"commit": c, "check": "device 32768x4096-bfloat16 forward", "factor": 1000.0},
+        {"commit": c, "check": "host 32768x4096-bfloat16 forward", "factor": 1.1},
+        {"commit": c, "check": "device 8192x4096-bfloat16 forward", "factor": 1.1},
+        {"commit": c, "check": "device 4096x4096-bfloat16 forward", "factor": 1.2},
+        {"commit": "b" * 40, "check": "device 4096x4096-bfloat16 forward", "factor": 1.0},
+    ]
+    path = tmp_path / "accepted.json"
+    path.write_text(json.dumps({"accepted": recs}))
+    assert [r["check"] for r in cp.load_accepted(path, limits)] == ["device 8192x4096-bfloat16 forward"]
+    assert cp.load_accepted(path, AcceptLimits()) == []  # [accept] allows none: none is honoured
+    # end to end: a x2 step, "accepted" at x1000 by a trailer, stays a slowdown
+    c = commits(30)
+    data = tmp_path / "s.json"
+    data.write_text(
+        json.dumps({KERNEL_FORWARD: [[x, v] for x, v in zip(c, series(30, {18: 2.0}, 0.004, 5))]})
+    )
+    path.write_text(json.dumps({"accepted": [{**recs[0], "commit": c[18]}]}))
+    out = tmp_path / "steps.json"
+    assert cli.main(["changepoints", "--series", str(data), "--accepted", str(path), "--out", str(out)]) == 1
+    assert json.loads(out.read_text())["steps"][0]["accepted"] == ""
+
+
+def test_a_history_too_short_to_judge_still_writes_its_empty_steps(tmp_path):
+    """Exit 2 (too few points yet) writes steps.json with no step, so that the GPU bisection reads
+    "nothing to bisect" and ends before installing, instead of failing on a missing file."""
+    c = commits(2)
+    path, out = tmp_path / "s.json", tmp_path / "o" / "steps.json"
+    path.write_text(json.dumps({"short": [[c[0], 1.0], [c[1], 1.0]]}))
+    assert cli.main(["changepoints", "--series", str(path), "--out", str(out)]) == 2
+    saved = json.loads(out.read_text())
+    assert saved["steps"] == [] and saved["series"] == 0

@@ -171,3 +171,43 @@ def test_a_hostile_tag_never_reaches_the_page(repo, tmp_path):
     assert list(tags) == ["v0.1.0"]
     dom = sink_dom(tags, tmp_path)
     assert "<title>clean</title>" in dom and "<img" not in dom and "v0.1.0" in dom
+
+
+def test_accepted_regressions_are_read_from_first_parent_history(tmp_path):
+    """A squashed PR's trailer and a merged PR's trailer are recorded at the first-parent commit
+    that brought them; a malformed trailer and a quoted one are not."""
+    from rmsnorm_suite import history
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    g = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "init.defaultBranch=main"]
+
+    def git(*args):
+        return subprocess.run(
+            [*g, *args], cwd=repo, capture_output=True, text=True, check=True
+        ).stdout.strip()
+
+    git("init", "-q")
+    git("commit", "-q", "--allow-empty", "-m", "start")
+    trailer = "Accept-Regression: device 32768x4096-bfloat16 forward 1.08 two passes"
+    git("commit", "-q", "--allow-empty", "-m", f"squashed PR\n\n{trailer}")
+    squashed = git("rev-parse", "HEAD")
+    git("switch", "-q", "-c", "pr")
+    git(
+        "commit",
+        "-q",
+        "--allow-empty",
+        "-m",
+        "pr work\n\nAccept-Regression: host 4096x4096-bfloat16 forward 1.2 why",
+    )
+    git("commit", "-q", "--allow-empty", "-m", "bad\n\nAccept-Regression: device nonsense")
+    git("switch", "-q", "main")
+    git("commit", "-q", "--allow-empty", "-m", f"quoted, not a trailer: {trailer}")
+    git("merge", "-q", "--no-ff", "pr", "-m", "merge pr")
+    merge = git("rev-parse", "HEAD")
+    got = history.accepted_regressions(repo)
+    assert [(r["commit"], r["check"], r["factor"]) for r in got] == [
+        (squashed, "device 32768x4096-bfloat16 forward", 1.08),
+        (merge, "host 4096x4096-bfloat16 forward", 1.2),
+    ]
+    assert got[1]["source"] != merge and got[0]["reason"] == "two passes"
