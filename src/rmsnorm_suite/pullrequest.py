@@ -29,17 +29,18 @@ import scipy.stats  # noqa: F401  the gate's statistics, loaded before any commi
 
 from rmsnorm_suite import (
     accept,
-    bench,
     cases,  # noqa: F401  the gate orders its table by it
     exchange,
     gate,
     guard,
+    harness,
     results,
     rounds,
     sandbox,
     staging,
     stopwatch,
     telemetry,
+    timing,
     worker,
 )
 
@@ -108,7 +109,7 @@ def run_round(
     argv = [sys.executable, "-I", "-B", "-c", BOOTSTRAP, "/judge/suite", "/judge/op", "-"]
     spec = {**spec, "expect_suite_under": "/judge/suite", "expect_op_under": "/judge/op", "stopwatch": True}
     blocks = stopwatch.plan(
-        [bench.case_from_json(c) for c in spec["cases"]], spec["modes"], spec["timing"], worker.HOST_SHAPE
+        [harness.case_from_json(c) for c in spec["cases"]], spec["modes"], spec["timing"], worker.HOST_SHAPE
     )
     if len(seeds) != len(blocks) + 1:
         raise ValueError(f"the stopwatch needs {len(blocks) + 1} seeds, not {len(seeds)}")
@@ -181,7 +182,7 @@ def configure(parser: argparse.ArgumentParser, command: str) -> None:
         "--shapes", nargs="+", default=["all"], metavar="SHAPE",
         help='benchmark shape names, or "all", "large", "medium", "small" (default: all)',
     )  # fmt: skip
-    parser.add_argument("--modes", nargs="+", default=list(bench.MODES), choices=bench.MODES)
+    parser.add_argument("--modes", nargs="+", default=list(harness.MODES), choices=harness.MODES)
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="interleaved rounds per side")
     parser.add_argument(
         "--samples", type=int, default=DEFAULT_SAMPLES, help="samples per round, shape and mode"
@@ -237,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     if WORKER_TIMING == "cuda" and not torch.cuda.is_available():
-        return _stop(out, "cuda", bench.cuda_message())
+        return _stop(out, "cuda", timing.cuda_message())
     # The judge's own inputs first, before any code of either commit runs.
     try:
         thresholds = gate.load_thresholds(args.thresholds)
@@ -249,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
     head = staging.resolve(repo, args.head, "--head")
     shas = {"base": base_ref if args.exact_base else staging.merge_base(repo, base_ref, head), "head": head}
     commits = {"base_ref_sha": base_ref, "base_sha": shas["base"], "head_sha": head}
-    cases_ = bench.select_cases(args.shapes)
+    cases_ = harness.select_cases(args.shapes)
     if problem := sandbox.check():
         return _stop(out, "sandbox", f"the commits' code cannot be sandboxed here: {problem}", commits)
     tmp = Path(tempfile.mkdtemp(prefix="rmsnorm-pr-verdict-"))
@@ -325,7 +326,7 @@ def clock_row(runs: Mapping[str, Sequence[results.Run]], thresholds: gate.Thresh
 
 
 def stopwatch_row(
-    runs: Mapping[str, Sequence[results.Run]], cases_: Sequence[bench.Case], modes: Sequence[str],
+    runs: Mapping[str, Sequence[results.Run]], cases_: Sequence[harness.Case], modes: Sequence[str],
     thresholds: gate.Thresholds, requests: Sequence[accept.Request] = (),
 ) -> gate.Row:  # fmt: skip
     """Head's stopwatch held to base's and to head's own rows, round by round ([stopwatch]); an
@@ -358,7 +359,7 @@ def _accepted(requests, cases_, modes, thresholds) -> dict[tuple[str, str], floa
     return out
 
 
-def _stopwatch_seeds(cases_: Sequence[bench.Case], modes: Sequence[str]) -> list[int]:
+def _stopwatch_seeds(cases_: Sequence[harness.Case], modes: Sequence[str]) -> list[int]:
     """The stopwatch's inputs for a round: a prepare seed, then a go seed per block; the judge's,
     both sides' (a redo draws new ones for every side that runs on after it)."""
     blocks = stopwatch.plan(cases_, modes, WORKER_TIMING, worker.HOST_SHAPE)
@@ -400,7 +401,7 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
     runs: dict[str, list[results.Run]] = {side: [] for side in SIDES}
     failures: dict[str, list[str]] = {side: [] for side in SIDES}
     extra: list[gate.Row] = []
-    bar = bench._Progress(args.rounds * len(SIDES), "pr-verdict rounds", True)
+    bar = harness._Progress(args.rounds * len(SIDES), "pr-verdict rounds", True)
     done = redos = 0
     head_started = False  # the base's builds are shared only before head's code ever ran
     seen: dict[str, dict[str, Any] | None] = {}  # each round's telemetry
@@ -417,7 +418,7 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
         it used, the noise that ended it or None)."""
         nonlocal done, redos
         spec = {
-            "cases": [bench.case_to_json(c) for c in cases_],
+            "cases": [harness.case_to_json(c) for c in cases_],
             "providers": ["kernel"],
             "modes": list(args.modes),
             "samples": args.samples,
