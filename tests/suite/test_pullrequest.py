@@ -5,30 +5,16 @@ the thresholds, the harness and the worker of its own tree still gets REGRESSION
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import itertools
 import json
-import secrets
 import subprocess
-import types
 from pathlib import Path
 
 import pytest
 
 from rmsnorm_suite import cli, pullrequest, results, sandbox, staging
-from rmsnorm_suite.thresholds import default_thresholds
+from tests.suite._fixtures import INIT, OPS, SLOW_S, BaseRounds, commit, git, pr_verdict
 
-# A stand-in op: the defining formula, after a sleep of COST_S seconds per call.
-OPS = """import time
-COST_S = {cost}
-def rms_norm(x, weight=None, eps=1e-6):
-    if COST_S:
-        time.sleep(COST_S)
-    y = x * (x.pow(2).mean(-1, keepdim=True) + eps).rsqrt()
-    return y * weight if weight is not None else y
-"""
-INIT = "from rmsnorm_kernel.ops import rms_norm\n"
 # Any of the head's suite files, if imported, leaves a marker and would judge everything a pass.
 HOSTILE = (
     "import os, pathlib\n"
@@ -36,40 +22,6 @@ HOSTILE = (
     "def judge(*args, **kwargs):\n    raise SystemExit(0)\n"
 )
 LOOSE = "[gate]\nmin_samples = 2\n[latency.large.forward]\nfactor = 1000.0\nalpha = 0.5\n"
-SLOW_S = 0.003
-ARGS = ["--shapes", "32768x4096-bfloat16", "--rounds", "3", "--samples", "20", "--skip-gpu-tests"]
-
-
-def git(repo: Path, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args],
-        cwd=repo, capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    return done.stdout.strip()
-
-
-def commit(repo: Path, files: dict[str, str], message: str) -> str:
-    for name, text in files.items():
-        path = repo / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", message)
-    return git(repo, "rev-parse", "HEAD")
-
-
-def heads_repo(root: Path, base_files: dict[str, str], heads: dict[str, dict[str, str]]) -> tuple[str, dict]:
-    """A repository at ``root`` whose main holds ``base_files`` and one branch per head, each
-    the base commit plus its own files: (base sha, {head name: sha})."""
-    root.mkdir()
-    git(root, "init", "-q", "-b", "main")
-    base = commit(root, base_files, "base")
-    shas = {}
-    for name, files in heads.items():
-        git(root, "checkout", "-q", "-b", name, base)
-        shas[name] = commit(root, files, name)
-    git(root, "checkout", "-q", "main")
-    return base, shas
 
 
 @pytest.fixture(scope="module")
@@ -107,106 +59,6 @@ def repo(tmp_path_factory):
     )  # fmt: skip
     git(repo, "checkout", "-q", "main")
     return repo, {"old": old, "main": main, "hostile": hostile}
-
-
-@pytest.fixture
-def host_timing(monkeypatch, tmp_path):
-    """Workers time on the CPU with the host clock; the hostile files' marker path."""
-    monkeypatch.setattr(pullrequest, "WORKER_TIMING", "host")
-    marker = tmp_path / "hostile-code-ran"
-    monkeypatch.setenv("RMSNORM_TEST_MARKER", str(marker))
-    return marker
-
-
-class BaseRounds:
-    """The base's rounds of one test process, for the verdicts of many heads over one base.
-
-    A base round is a function of the base commit, the round's spec and its seeds, run by the
-    trusted suite. Every verdict of the process draws the same seeds (each drawn once, from
-    the system's source, when a verdict first asks for it; a commit's code meets a seed only in
-    its own sandboxed round, which keeps nothing for another verdict), so a base round with the
-    spec and seeds of one already run is served instead of run again. What is kept is the judge's own validated copy, in this
-    process's memory, which no sandboxed head can reach; each verdict gets a deep copy and
-    writes its own round files and log. Only the base side: every head runs all its rounds, on
-    the seeds its base's rounds had. A head whose attack aims at the base's rounds (a writer to
-    the base's staged op, a spinner that loads them) must not use it: its base runs beside it."""
-
-    def __init__(self):
-        self.seeds: dict[tuple[int, int], int] = {}  # (the verdict's k-th draw, bits) -> seed
-        self.rounds: dict[tuple, tuple] = {}  # (spec, seeds) -> (the base's run, its log)
-        self.served = 0
-
-    def seed(self, cursor, bits: int) -> int:
-        key = (next(cursor), bits)
-        if key not in self.seeds:
-            self.seeds[key] = secrets.randbits(bits)
-        return self.seeds[key]
-
-    def install(self, monkeypatch) -> None:
-        """From now on in this test, pr-verdict's judge draws the shared seeds (the stream from
-        its start, anew for each verdict) and serves the base's rounds it has already run."""
-        real_judge, real_round = pullrequest._judge_pr, pullrequest.run_round
-
-        def judge(*args, **kwargs):
-            cursor = itertools.count()
-            monkeypatch.setattr(
-                pullrequest, "secrets", types.SimpleNamespace(randbits=lambda bits: self.seed(cursor, bits))
-            )
-            return real_judge(*args, **kwargs)
-
-        def run_round(box, spec, log_path, timeout, hidden, watch=None, seeds=(0,)):
-            if spec["label"] != "base":
-                return real_round(box, spec, log_path, timeout, hidden, watch, seeds)
-            key = (json.dumps(spec, sort_keys=True), tuple(seeds))
-            if key in self.rounds:
-                run, log = self.rounds[key]
-                log_path.write_text(log, encoding="utf-8")
-                self.served += 1
-                return copy.deepcopy(run), None
-            run, problem = real_round(box, spec, log_path, timeout, hidden, watch, seeds)
-            if run is not None:
-                self.rounds[key] = (copy.deepcopy(run), log_path.read_text(encoding="utf-8"))
-            return run, problem
-
-        monkeypatch.setattr(pullrequest, "_judge_pr", judge)
-        monkeypatch.setattr(pullrequest, "run_round", run_round)
-
-
-@pytest.fixture(scope="session")
-def base_rounds():
-    return BaseRounds()
-
-
-@pytest.fixture
-def shared_base(base_rounds, monkeypatch):
-    """The base's rounds shared with the other verdicts over the same base (BaseRounds)."""
-    base_rounds.install(monkeypatch)
-    return base_rounds
-
-
-def pr_verdict(repo: Path, base: str, head: str, out: Path, *extra: str, features: bool = False) -> int:
-    """The trusted thresholds, with clock and stopwatch tolerances a loaded CPU can hold (the
-    host stand-in's calibration and stopwatch take milliseconds: noise of tens of percent).
-    Without ``features`` their [features] table is left out: the judge then asks its workers for
-    no feature figures (the tests of the features pass it)."""
-    text = default_thresholds().read_text(encoding="utf-8")
-    if not features:
-        start = text.index("\n[features]\n")
-        end = text.index("\n[", start + 1)
-        text = text[:start] + text[end:]
-    text = text.replace("tolerance = 0.05\ncheckpoint = 0.25", "tolerance = 0.5\ncheckpoint = 50.0")
-    text = text.replace(
-        "[stopwatch]\ntolerance = 0.10\nconsistency = 0.05",
-        "[stopwatch]\ntolerance = 3.0\nconsistency = 0.95",
-    )  # 4x: CPU noise
-    assert "share = 0.4" in text
-    text = text.replace("share = 0.4", "share = 0.0")  # the host stand-in judges every block
-    assert "single = 0.2\nany_round = 0.6" in text
-    text = text.replace("single = 0.2\nany_round = 0.6", "single = 0.95\nany_round = 3.0")
-    thresholds = out.parent / "thresholds-cpu.toml"
-    thresholds.write_text(text, encoding="utf-8")
-    argv = ["pr-verdict", "--repo", str(repo), "--base", base, "--head", head, "--out", str(out)]
-    return cli.main([*argv, "--thresholds", str(thresholds), *ARGS, *extra])
 
 
 def test_hostile_head_is_judged_by_the_trusted_gate(repo, host_timing, tmp_path):
