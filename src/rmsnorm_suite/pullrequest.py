@@ -47,6 +47,7 @@ from rmsnorm_suite import (
 SIDES = ("base", "head")
 DEFAULT_ROUNDS = 6
 DEFAULT_SAMPLES = 100  # per round and side
+DEFAULT_EPS = worker.EPS  # the op's eps in every round, both sides
 DEFAULT_DEADLINE_S = 80 * 60  # under the GPU job's 90-minute limit, leaving time to upload
 WORKER_TIMEOUT_S = 1200  # one round at most
 TESTS_TIMEOUT_S = 3600
@@ -188,6 +189,10 @@ def configure(parser: argparse.ArgumentParser, command: str) -> None:
         "--samples", type=int, default=DEFAULT_SAMPLES, help="samples per round, shape and mode"
     )
     parser.add_argument(
+        "--eps", type=float, default=DEFAULT_EPS,
+        help=f"the eps both sides' op is called with, and the oracle's (default {DEFAULT_EPS:g})",
+    )  # fmt: skip
+    parser.add_argument(
         "--thresholds", default=None, metavar="TOML",
         help="default: the regression.toml of the suite running this command (the trusted checkout)",
     )  # fmt: skip
@@ -231,6 +236,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--samples must be >= 1, got {args.samples}")
     if not args.deadline_s > 0:
         raise ValueError(f"--deadline-s must be > 0, got {args.deadline_s}")
+    if not 0 <= args.eps < float("inf"):
+        raise ValueError(f"--eps must be a finite number >= 0, got {args.eps}")
     deadline = Deadline(args.deadline_s)
     # Absolute: each round runs in its own folder and is handed its spec and result paths.
     out = Path(args.out).resolve()
@@ -422,6 +429,7 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
             "providers": ["kernel"],
             "modes": list(args.modes),
             "samples": args.samples,
+            "eps": args.eps,
             "errors": True,
             # the inference features' figures the judge's [features] declares (the gate's rows),
             # their sizes and data drawn by the judge's seed for the round
@@ -535,6 +543,7 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
         "compared_with": "base" if args.exact_base else "merge-base",
         "rounds": args.rounds,
         "samples_per_round": args.samples,
+        "eps": args.eps,
         "shapes": [c.name for c in cases_],
         "modes": list(args.modes),
         "gpu_tests": not args.skip_gpu_tests,

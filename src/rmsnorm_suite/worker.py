@@ -30,6 +30,7 @@ TIMINGS = ("cuda", "host")
 STOPWATCH_CLASS = tuple((k, v, getattr(v, "__code__", None)) for k, v in vars(stopwatch.Stopwatch).items())
 BLOCK = stopwatch.Stopwatch.block
 HOST_SHAPE = (4, 64)  # rows, columns (at most the case's) of the host stand-in's CPU inputs
+EPS = 1e-6  # the op's eps when the spec names none (pr-verdict's --eps default)
 # Bound at import, before any commit's code: the Run is assembled with these, not with whatever
 # dataclasses.replace is when the round ends (the guard also holds both).
 REPLACE, FEATURE = dataclasses.replace, results.Feature
@@ -49,14 +50,15 @@ def host_stand_in(spec: dict[str, Any], before_case=None) -> results.Run:
     """The results of one round, timed on the CPU with the host clock (no CUDA needed)."""
     import torch
 
-    fn = providers.get_provider("kernel").build(spec.get("eps", 1e-6))
+    eps = spec.get("eps", EPS)
+    fn = providers.get_provider("kernel").build(eps)
     rows = []
     for case in map(harness.case_from_json, spec["cases"]):
         if before_case is not None:
             before_case()
         m, n = min(case.m, HOST_SHAPE[0]), min(case.n, HOST_SHAPE[1])
         x, w, dy = numerics.make_inputs(m, n, torch.float32)
-        oracle = numerics.oracle(x, w, dy, spec.get("eps", 1e-6))
+        oracle = numerics.oracle(x, w, dy, eps)
         for mode in spec["modes"]:
             call, grads = harness.make_call(fn, x, w, dy, mode)
             times = []
@@ -90,7 +92,7 @@ def host_stand_in(spec: dict[str, Any], before_case=None) -> results.Run:
         tuple(rows),
         machine={"device": "host stand-in (CPU, host clock)"},
         git=results.Git(spec.get("commit"), False),
-        settings={"samples_per_block": spec["samples"], "blocks": 1, "timing": "host stand-in"},
+        settings={"samples_per_block": spec["samples"], "blocks": 1, "eps": eps, "timing": "host stand-in"},
         copy=results.CopyCeiling(tbs=1.0),
     )
 
@@ -121,6 +123,7 @@ def run_round(spec: dict[str, Any], before_case=None) -> results.Run:
         spec["modes"],
         samples=spec["samples"],
         blocks=1,
+        eps=spec.get("eps", EPS),
         warmup_ms=spec.get("warmup_ms", clocks.DEFAULT_WARMUP_MS),
         errors=spec.get("errors", True),
         copy_elements=spec.get("copy_elements", clocks.COPY_ELEMENTS),
@@ -200,7 +203,7 @@ def answer_stopwatch(spec: dict[str, Any], pipe, held: guard.Guard) -> int:
     if not line:
         return 0  # the judge did not start the stopwatch
     seed = int(json.loads(line)["prepare"])
-    fn = providers.get_provider("kernel").build(spec.get("eps", 1e-6))
+    fn = providers.get_provider("kernel").build(spec.get("eps", EPS))
     timing = spec.get("timing", "cuda")
     blocks = stopwatch.plan(
         [harness.case_from_json(c) for c in spec["cases"]], spec["modes"], timing, HOST_SHAPE

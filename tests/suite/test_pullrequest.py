@@ -5,6 +5,7 @@ the thresholds, the harness and the worker of its own tree still gets REGRESSION
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rmsnorm_suite import cli, pullrequest, results, sandbox, staging
+from rmsnorm_suite import cli, harness, pullrequest, results, sandbox, staging, worker
 from tests.suite._fixtures import INIT, OPS, SLOW_S, BaseRounds, commit, git, pr_verdict
 
 # Any of the head's suite files, if imported, leaves a marker and would judge everything a pass.
@@ -97,6 +98,47 @@ def test_same_commit_passes(repo, host_timing, tmp_path):
     assert [(r["verdict"], r["head"]) for r in data["rows"] if r["check"] == "batch invariance"] == [
         ("pass", 0)
     ]
+
+
+def test_eps_on_the_command_line_reaches_the_harness_and_the_verdict(
+    repo, host_timing, tmp_path, monkeypatch
+):
+    """--eps is in every round's spec; the worker builds the op and the oracle with it (both
+    sides' results record it) and hands it to the harness (here a stand-in that records the call:
+    host rounds time without the harness); verdict.json records it."""
+    repo, shas = repo
+    specs = []
+    real_round = pullrequest.run_round
+
+    def run_round(box, spec, *args, **kwargs):
+        specs.append(copy.deepcopy(spec))
+        return real_round(box, spec, *args, **kwargs)
+
+    monkeypatch.setattr(pullrequest, "run_round", run_round)
+    out = tmp_path / "verdict"
+    pr_verdict(
+        repo,
+        shas["main"],
+        shas["main"],
+        out,
+        "--eps",
+        "1e-5",
+        "--rounds",
+        "2",
+        "--modes",
+        "forward",
+        "--samples",
+        "8",
+    )
+    assert [spec["eps"] for spec in specs] == [1e-5] * 4
+    assert json.loads((out / "verdict.json").read_text())["pr"]["eps"] == 1e-5
+    for side in ("base", "head"):
+        assert results.load(out / f"{side}.json").settings["eps"] == 1e-5
+
+    handed = []
+    monkeypatch.setattr(harness, "run_benchmarks", lambda *args, **kwargs: handed.append(kwargs["eps"]))
+    worker.run_round({**specs[0], "timing": "cuda"})
+    assert handed == [1e-5]
 
 
 @pytest.mark.parametrize("approved_by", [None, "maintainer"])
@@ -272,6 +314,9 @@ def test_no_merge_base_is_named(repo, host_timing, tmp_path):
         (["--rounds", "1"], "--rounds"),
         (["--samples", "0"], "--samples"),
         (["--deadline-s", "0"], "--deadline-s"),
+        (["--eps=-1e-6"], "--eps"),
+        (["--eps", "inf"], "--eps"),
+        (["--eps", "nan"], "--eps"),
     ],
 )
 def test_pr_verdict_rejects_bad_arguments(tmp_path, argv, message):
