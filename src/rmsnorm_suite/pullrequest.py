@@ -142,6 +142,8 @@ def run_round(
         return None, f"its results were not valid: {str(exc)[:200]}"
     if run.label != spec["label"] or run.round != spec["round"] or run.git.commit != spec["commit"]:
         return None, "its results name another side, round or commit"
+    if "eps" in spec and run.settings.get("eps") != spec["eps"]:  # verdict.json records the spec's
+        return None, f"its results name eps {run.settings.get('eps')!r}, not the spec's {spec['eps']!r}"
     watch_ = {"prepare_s": got.seconds[0], "seconds": got.seconds[1:], "sums": sums, "seeds": list(seeds)}
     return dataclasses.replace(run, settings={**run.settings, "stopwatch": watch_}), None
 

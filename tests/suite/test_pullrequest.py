@@ -9,6 +9,7 @@ import copy
 import dataclasses
 import json
 import subprocess
+import types
 from pathlib import Path
 
 import pytest
@@ -139,6 +140,58 @@ def test_eps_on_the_command_line_reaches_the_harness_and_the_verdict(
     monkeypatch.setattr(harness, "run_benchmarks", lambda *args, **kwargs: handed.append(kwargs["eps"]))
     worker.run_round({**specs[0], "timing": "cuda"})
     assert handed == [1e-5]
+
+
+def _answered_round(tmp_path, monkeypatch, edit):
+    """run_round over a stand-in sandbox that answers with an honest host round's results, edited
+    by ``edit`` (the worker's word), its ready line and one well-formed answer per block."""
+    from rmsnorm_suite import exchange, providers, stopwatch
+
+    def build(eps):
+        return lambda x, w: x * (x.pow(2).mean(-1, keepdim=True) + eps).rsqrt() * w
+
+    monkeypatch.setattr(providers, "get_provider", lambda name: types.SimpleNamespace(build=build))
+    spec = {
+        "cases": [harness.case_to_json(c) for c in harness.select_cases(["128x257-float32"])],
+        "modes": ["forward"], "samples": 2, "eps": 1e-5, "timing": "host",
+        "label": "head", "round": 0, "commit": "a" * 40,
+    }  # fmt: skip
+    run = worker.host_stand_in(spec)
+    run = dataclasses.replace(
+        run, label="head", round=0, settings={**run.settings, "calibration_ms": [1.0, 1.0]}
+    )
+    data = edit(run.to_json())
+    blocks = stopwatch.plan(
+        [harness.case_from_json(c) for c in spec["cases"]], spec["modes"], "host", worker.HOST_SHAPE
+    )
+    seeds = list(range(1, len(blocks) + 2))
+    lines = [json.dumps(data), json.dumps({"ready": seeds[0]})] + [
+        json.dumps({"go": s, "sums": [1.0] * (2 * stopwatch.outputs(b))}) for b, s in zip(blocks, seeds[1:])
+    ]
+    answer = exchange.Answer(0, "", "", lines, [0.001] * len(seeds))
+    monkeypatch.setattr(exchange, "sandboxed", lambda *args, **kwargs: answer)
+    return pullrequest.run_round(None, spec, tmp_path / "log", 60.0, (), seeds=seeds)
+
+
+def test_a_round_is_taken_with_the_eps_of_its_spec(tmp_path, monkeypatch):
+    run, problem = _answered_round(tmp_path, monkeypatch, lambda data: data)
+    assert problem is None and run.settings["eps"] == 1e-5
+
+
+@pytest.mark.parametrize("eps", [1e-6, None, "1e-5"])
+def test_a_round_that_reports_another_eps_is_refused(tmp_path, monkeypatch, eps):
+    """The eps verdict.json records (pr.eps) is the spec's; results that name another one, or
+    none, are not that round's."""
+
+    def edit(data):
+        if eps is None:
+            del data["settings"]["eps"]
+        else:
+            data["settings"]["eps"] = eps
+        return data
+
+    run, problem = _answered_round(tmp_path, monkeypatch, edit)
+    assert run is None and "eps" in problem, problem
 
 
 @pytest.mark.parametrize("approved_by", [None, "maintainer"])
