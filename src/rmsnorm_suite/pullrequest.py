@@ -238,8 +238,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--samples must be >= 1, got {args.samples}")
     if not args.deadline_s > 0:
         raise ValueError(f"--deadline-s must be > 0, got {args.deadline_s}")
-    if not 0 <= args.eps < float("inf"):
-        raise ValueError(f"--eps must be a finite number >= 0, got {args.eps}")
+    # A normal float32 up to 1: smaller ones round to 0 or a subnormal in the op's fp32, larger
+    # ones overflow the oracle's comparison or flatten every row.
+    if not 1.1754943508222875e-38 <= args.eps <= 1.0:
+        raise ValueError(f"--eps must be a normal float32 in [1.18e-38, 1], got {args.eps}")
     deadline = Deadline(args.deadline_s)
     # Absolute: each round runs in its own folder and is handed its spec and result paths.
     out = Path(args.out).resolve()

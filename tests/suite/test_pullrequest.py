@@ -370,6 +370,9 @@ def test_no_merge_base_is_named(repo, host_timing, tmp_path):
         (["--eps=-1e-6"], "--eps"),
         (["--eps", "inf"], "--eps"),
         (["--eps", "nan"], "--eps"),
+        (["--eps", "0"], "--eps"),
+        (["--eps", "1e-320"], "--eps"),
+        (["--eps", "1e300"], "--eps"),
     ],
 )
 def test_pr_verdict_rejects_bad_arguments(tmp_path, argv, message):
