@@ -3,30 +3,8 @@
 Each session installs what it needs into its own virtualenv (torch and triton from the pins below,
 then the package with extras), or, under ``nox --no-venv``, installs nothing and uses the
 environment it runs in: that is how a GPU runner without network runs them. Arguments after
-``--`` go to pytest (or to the command a session runs).
-
-Environment variables:
-  RMSNORM_TORCH        torch requirement (default ``torch==2.13.0``)
-  RMSNORM_TRITON       triton requirement, installed together with torch. Unset: keep the triton
-                       that torch brings (CUDA builds pin their own), else install ``triton==3.6.0``.
-  RMSNORM_TORCH_INDEX  package index for the torch install, e.g. PyTorch's CPU-only wheel index
-                       (its address is the one pytorch.org's install selector gives for "CPU").
-                       Unset: the index pip is configured with (a machine whose index serves a
-                       CPU build keeps working offline).
-  RMSNORM_PYTEST_WORKERS
-                       pytest-xdist workers (``auto``: one per core; ``0``: one process). Default:
-                       ``auto`` for the CPU sessions, ``0`` for `gpu` (its runs share one device)
-  RMSNORM_EXTRA_PINS   more requirements installed with torch, space-separated (CI's oldest-torch
-                       job: ``numpy<2.4``, which triton 3.2's interpreter needs)
-  RMSNORM_ASV_MACHINE  asv machine name of this runner (the `asv` session)
-  RMSNORM_BENCH_RESULTS
-                       a results file of this commit for `asv` to record instead of measuring
-  RMSNORM_ASV_JS       folder with local copies of the asv page's scripts (`history`; default
-                       .asv/js when present: bash tools/fetch_asv_js.sh)
-  RMSNORM_BASE_SHA, RMSNORM_HEAD_SHA
-                       commits compared by `pr_verdict` when not given as --base/--head
-  RMSNORM_DRIFT_BASELINE
-                       what `drift` compares HEAD with (default: the last release tag, v*)
+``--`` go to pytest (or to the command a session runs). The ``RMSNORM_*`` environment variables
+the sessions read: docs/local-loop.md, "Environment variables".
 """
 
 from __future__ import annotations

@@ -7,13 +7,7 @@ Per shape and provider (native, this op on the compiled host path, this op on th
 path): the whole-call time of a forward and of a forward+backward (median over blocks of
 back-to-back calls, a synchronise per block: host or GPU, whichever is longer) and the host
 time of one call (median of calls issued to an idle GPU: the time until the call returns).
-
---pieces: where a no-grad forward's host time goes at the launch-bound shapes, per call in a
-tight loop (4000 calls a block, the median of 9 blocks, the better of two rounds that take the
-pieces in turn): rms_norm;
-the compiled path's C++ entry called directly; rms_norm on the Python predicate's route (the
-route before the entry: the predicate, then the entry, whose checks repeat it); the predicate
-alone; the operator through torch.ops; F.rms_norm; x.clone().
+``--pieces``: where a no-grad forward's host time goes (``--help`` says how it is measured).
 """
 
 from __future__ import annotations
@@ -94,8 +88,21 @@ def pieces() -> None:
         print(f"{name:<18}" + "  ".join(f"{k} {v:.2f}" for k, v in best.items()))
 
 
+PIECES_HELP = """\
+--pieces: where a no-grad forward's host time goes at the launch-bound shapes, per call in a
+tight loop (4000 calls a block, the median of 9 blocks, the better of two rounds that take the
+pieces in turn): rms_norm; the compiled path's C++ entry called directly; rms_norm on the
+Python predicate's route (the route before the entry: the predicate, then the entry, whose
+checks repeat it); the predicate alone; the operator through torch.ops; F.rms_norm; x.clone().
+"""
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog=PIECES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--reps", type=int, default=100)
     parser.add_argument("--blocks", type=int, default=7)
     parser.add_argument(

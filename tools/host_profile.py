@@ -1,20 +1,14 @@
 """Host-side cost per call at launch-bound shapes (kernel development tool): per-call wall time
 of this op beside torch's fused rms_norm, launches that missed the compiled-kernel cache, where a
-forward+backward call's host time goes (before, inside and after this op's backward node, which
-the autograd engine runs on its device thread; with that thread and without it), and a cProfile
-of the op's forward+backward host path.
+forward+backward call's host time goes (before, inside and after this op's backward node, with
+the autograd device thread and without it), and a cProfile of the op's forward+backward host path.
 
-``python tools/host_profile.py parts`` times the pieces of the launch-bound backward's host
-path (allocations, launch plan, the launcher's hot-path key, the C launcher, the dw reduction) in
-a loop and inside a backward node, with the autograd device thread on and off; it mirrors
-``launch.backward``'s tile path with a weight, no dh and dw wanted (keep it in step).
+    python tools/host_profile.py          the above
+    python tools/host_profile.py parts    the launch-bound backward's host path, piece by piece
+    python tools/host_profile.py floor    whole calls beside the cheapest Python autograd node
 
-``python tools/host_profile.py floor`` instead times whole forward+backward calls with the
-benchmark's harness (CUDA events, L2 flushed before each call) for torch's fused rms_norm, this
-op, and the cheapest Python autograd node (``_Empty``: forward and backward only allocate their
-outputs), with the autograd device thread and without it, and the host time of the same calls:
-the floor of any op whose backward node is Python, against which the host work of this op's
-calls is measured."""
+What ``parts`` and ``floor`` time: the docstrings of the functions of those names.
+"""
 
 import cProfile
 import pstats
@@ -96,7 +90,12 @@ def host_spans_us(call, grads, flush, samples=100):
 def floor(rounds=6, samples=100):
     """Median whole-call forward+backward of native, this op and the empty Python node, each
     timed in ``rounds`` interleaved blocks of ``samples`` calls, and the median host time of the
-    same calls (``host_spans_us``)."""
+    same calls (``host_spans_us``).
+
+    Timed with the benchmark's harness (CUDA events, L2 flushed before each call), with the
+    autograd device thread and without it. The empty node (``_Empty``: forward and backward only
+    allocate their outputs) is the floor of any op whose backward node is Python, against which
+    the host work of this op's calls is measured."""
     fns = {
         "native": lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6),
         "kernel": lambda x, w: rmsnorm_kernel.rms_norm(x, weight=w),
@@ -223,7 +222,11 @@ def _stamped_backward(dy2, xh2, weight, rstd, stamps):
 
 def parts(reps=500):
     """Median microseconds of each piece of _stamped_backward: in a loop, then as the backward of
-    a Python autograd node (forward: launch.forward) with the device thread on and off."""
+    a Python autograd node (forward: launch.forward) with the device thread on and off.
+
+    The pieces: allocations, launch plan, the launcher's hot-path key, the C launcher, the dw
+    reduction. _stamped_backward mirrors ``launch.backward``'s tile path with a weight, no dh and
+    dw wanted: keep it in step."""
     stamps = []
 
     class Node(torch.autograd.Function):

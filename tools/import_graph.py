@@ -55,16 +55,6 @@ ORDER = ("op", *LAYERS)
 
 # (importer, imported): edges against the rule that are kept for now, each with its reason
 ALLOWED: dict[tuple[str, str], str] = {
-    ("rmsnorm_suite.worker", "rmsnorm_suite.bench"): (
-        "worker.py reaches the harness as bench.NAME (names bench.py re-exports) until its call "
-        "sites name harness, timing and providers"
-    ),
-    ("rmsnorm_suite.pullrequest", "rmsnorm_suite.bench"): (
-        "pullrequest.py reaches the harness as bench.NAME, as worker.py does"
-    ),
-    ("rmsnorm_suite.guard", "rmsnorm_suite.bench"): (
-        "guard.TRUSTED holds bench.py by name because the worker imports it"
-    ),
     **{
         ("rmsnorm_suite.verdict", f"rmsnorm_suite.walkthrough.{name}"): (
             "verdict runs the walkthrough's checks, which live in its command modules"

@@ -1,31 +1,13 @@
 """Kernel lab: production's kernels at other launches, timed beside production and its peers.
 
 Development only. Each variant is first checked against the reference, then timed in the same run
-as the production launch path and its peers. The rounds are the ones a maintainer reruns to
-re-tune the launch constants of launch.py (the speed-only ones are launch.Tuning's fields: the lab
-reads production's values from launch.TUNING and launches its variants itself).
+as the production launch path and its peers, to re-tune launch.py's constants (the speed-only ones
+are launch.Tuning's fields: the lab reads production's values from launch.TUNING and launches its
+variants itself). ``--help`` lists the rounds and what each tunes; what each decided, with its
+figures: docs/performance-notes.md, "Why the launch constants are what they are".
 
     python tools/kernel_lab.py ROUND [ROUND ...] [--out lab.json]     on a CUDA machine
     TRITON_INTERPRET=1 python tools/kernel_lab.py ROUND --smoke        tiny CPU check, no timing
-
-Rounds and the constants they tune (what each decided, with its figures: docs/performance-notes.md,
-"Why the launch constants are what they are"):
-  two-walk   forward_looped's chunk, warps and L2 hints at N = 4096-16384, backward_chunked's
-             chunk, warps and programs per SM (FORWARD_WALK_*, TWO_WALK_BACKWARD*)
-  small      the tile backward with fewer programs than rows at small M (FEW_ROW_BLOCKS)
-  prefetch   the tile backward over rows, warps, programs per SM and PREFETCH (BACKWARD_TILE)
-  reorder2   the tile forward at N = 4096 with 2 and 4 warps (FORWARD_TILE)
-  launch     the tile forward at launch-bound shapes over rows and warps (FORWARD_TILE's
-             few_warps: a program alone on its SM wants more warps)
-  narrow     the tile forward at N = 128-1024 over rows and warps, from 128 to 262144 rows
-             (FORWARD_TILE's entries below 2048)
-  even       forward_tile with and without masks, 1 to 32768 rows of 4096 (EVEN_MAX_ROWS)
-  reduce     reduce_columns alone over production's scratch and the wide backward's (_reduce_plan)
-Timing: medians with the L2 flushed before each call until a round switches to CUDA-graph replays
-(small, prefetch, reorder2, launch, reduce; even times both). The wide backward's constants are
-swept by tools/tune_sweep.py. Every other round the lab has run, with the kernel variants it
-timed, is kept at the git tags lab-history-2026-12 and lab-history-2026-12b (tools/kernel_lab.py
-there); docs/performance-notes.md, "Rejected variants", lists them with their figures.
 """
 
 from __future__ import annotations
@@ -496,8 +478,34 @@ ROUNDS = {
 }
 
 
+ROUNDS_HELP = """\
+Rounds and the constants they tune (what each decided, with its figures: docs/performance-notes.md,
+"Why the launch constants are what they are"):
+  two-walk   forward_looped's chunk, warps and L2 hints at N = 4096-16384, backward_chunked's
+             chunk, warps and programs per SM (FORWARD_WALK_*, TWO_WALK_BACKWARD*)
+  small      the tile backward with fewer programs than rows at small M (FEW_ROW_BLOCKS)
+  prefetch   the tile backward over rows, warps, programs per SM and PREFETCH (BACKWARD_TILE)
+  reorder2   the tile forward at N = 4096 with 2 and 4 warps (FORWARD_TILE)
+  launch     the tile forward at launch-bound shapes over rows and warps (FORWARD_TILE's
+             few_warps: a program alone on its SM wants more warps)
+  narrow     the tile forward at N = 128-1024 over rows and warps, from 128 to 262144 rows
+             (FORWARD_TILE's entries below 2048)
+  even       forward_tile with and without masks, 1 to 32768 rows of 4096 (EVEN_MAX_ROWS)
+  reduce     reduce_columns alone over production's scratch and the wide backward's (_reduce_plan)
+Timing: medians with the L2 flushed before each call until a round switches to CUDA-graph replays
+(small, prefetch, reorder2, launch, reduce; even times both). The wide backward's constants are
+swept by tools/tune_sweep.py. Every other round the lab has run, with the kernel variants it
+timed, is in tools/kernel_lab.py at commit 031e3fe8fb18; docs/performance-notes.md, "Rejected
+variants", lists them with their figures.
+"""
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog=ROUNDS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("rounds", nargs="+", choices=sorted(ROUNDS))
     parser.add_argument("--out", default=None, help="write the timed rows as JSON here")
     parser.add_argument(

@@ -1,19 +1,14 @@
 #!/usr/bin/env python3
 """Check asv results from the GPU jobs before they reach the results branch and ``asv publish``.
 
-asv's page builds its HTML from these files (benchmark names, parameters and machine facts go
-in unescaped), so what a GPU job uploads is checked before it is kept: only the layout asv
-writes (``benchmarks.json``, ``MACHINE/machine.json``, ``MACHINE/HASH8-ENV.json``), bounded
-sizes, JSON, names and keys against a pattern, and no markup or control characters in any
-string (the benchmark source under ``code``, which comes from the reviewed main branch and
-is shown as code, excepted). DEST, the checkout of the results branch, is re-checked the same way
-on every run (its ``.git`` aside): the branch is only as safe as its worst file, whoever pushed it.
-Then the new files are copied into DEST.
+Only the layout asv writes, bounded sizes, JSON, names and keys against a pattern, and no markup
+or control characters in any string (asv's page puts them in unescaped). DEST, the checkout of
+the results branch, is re-checked the same way on every run; then the new files are copied into
+it. What is checked and why: docs/ci.md, "History and drift".
 
     python3 .github/scripts/check_asv_results.py INCOMING DEST
 
-Exit 0 when everything was copied, 1 (copying nothing) when anything, new or kept, failed a check.
-Standard library only.
+Exit 0 when everything was copied, 1 (copying nothing) when anything failed a check. Stdlib only.
 """
 
 from __future__ import annotations

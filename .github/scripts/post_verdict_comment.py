@@ -1,13 +1,10 @@
 #!/usr/bin/env python3
 """Post the GPU verdict of a pull request as one comment and one check run, or update them.
 
-Input: the downloaded ``verdict-KIND/`` artifacts (``verdict.json``, ``verdict.md``, ``pr.json``)
-of a job that ran the pull request's code, so untrusted data: every file is size-checked before it
-is parsed, every field validated, the summary rebuilt from the rows and their notes neutralised.
-The pull request, head commit and conclusion come from ``--trigger``, the run as
-``verify_trigger.py`` verified it from the API, never from the artifacts. The comment is found
-again by its marker AND its author; a cancelled, timed-out or failed run and an outdated head
-each retire an old pass (docs/ci.md, "The comment"). Locally, ``--dry-run`` posts nothing:
+Input: the downloaded ``verdict-KIND/`` artifacts of a job that ran the pull request's code, so
+untrusted: size-checked before parsing, every field validated, the summary rebuilt from the rows.
+The pull request, head commit and conclusion come from ``--trigger`` (verify_trigger.py), never
+from the artifacts. What is shown and how the comment is found again: docs/ci.md, "The comment".
 
     python3 .github/scripts/post_verdict_comment.py --verdicts outputs/pr-verdict --dry-run
 

@@ -1,14 +1,10 @@
 #!/usr/bin/env python3
 """Verify the workflow run that triggered the comment job, from the API, before any token is minted.
 
-A ``workflow_run`` event fires for any completed run whose workflow is *named* "GPU verdict", and
-any writer can add a workflow of that name. So the run is looked up by its id and believed only
-when the API says that it is a run of ``.github/workflows/gpu.yml`` in this repository, on
-``pull_request_target``, completed, from a definition on the default branch (its commit is the
-default branch's tip or an ancestor of it), for an open pull request into the default branch. The
-pull request and its head commit come from the run's title, which that definition sets from the
-event, and must agree with the run's own ``pull_requests`` where the API lists them. What is
-believed is written as JSON for ``post_verdict_comment.py --trigger``:
+The run is looked up by its id and believed only when the API says it ran ``.github/workflows/
+gpu.yml`` of the default branch's history in this repository, on ``pull_request_target``, for an
+open pull request into the default branch (the checks and why: docs/ci.md). What is believed is
+written as JSON for ``post_verdict_comment.py --trigger``:
 
     python3 .github/scripts/verify_trigger.py --repo OWNER/NAME --run-id ID --out trigger.json
 

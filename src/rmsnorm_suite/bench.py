@@ -12,25 +12,13 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from statistics import median as median
 
 import torch
 
-# Names imported `as` themselves are re-exported: worker.py and pullrequest.py still reach them as
-# ``bench.NAME``; new code imports each from its own module (docs/architecture.md).
 from rmsnorm_suite import results
 from rmsnorm_suite.harness import DEFAULT_BLOCKS, DEFAULT_SAMPLES, MODES, run_benchmarks, select_cases
-from rmsnorm_suite.harness import _Progress as _Progress
-from rmsnorm_suite.harness import case_from_json as case_from_json
-from rmsnorm_suite.harness import case_to_json as case_to_json
-from rmsnorm_suite.harness import make_call as make_call
-from rmsnorm_suite.harness import provider_errors as provider_errors
 from rmsnorm_suite.providers import PROVIDERS, available_providers, get_provider, provider_available
-from rmsnorm_suite.timing import COPY_ELEMENTS as COPY_ELEMENTS
 from rmsnorm_suite.timing import DEFAULT_WARMUP_MS, MAX_LEAD_US, cuda_message
-from rmsnorm_suite.timing import DEVICE as DEVICE
-from rmsnorm_suite.timing import BenchUnavailable as BenchUnavailable
-from rmsnorm_suite.timing import prepare_sample as prepare_sample
 
 
 def configure(parser: argparse.ArgumentParser, command: str) -> None:

@@ -29,23 +29,25 @@ import scipy.stats  # noqa: F401  the gate's statistics, loaded before any commi
 
 from rmsnorm_suite import (
     accept,
-    bench,
     cases,  # noqa: F401  the gate orders its table by it
     exchange,
     gate,
     guard,
+    harness,
     results,
     rounds,
     sandbox,
     staging,
     stopwatch,
     telemetry,
+    timing,
     worker,
 )
 
 SIDES = ("base", "head")
 DEFAULT_ROUNDS = 6
 DEFAULT_SAMPLES = 100  # per round and side
+DEFAULT_EPS = worker.EPS  # the op's eps in every round, both sides
 DEFAULT_DEADLINE_S = 80 * 60  # under the GPU job's 90-minute limit, leaving time to upload
 WORKER_TIMEOUT_S = 1200  # one round at most
 TESTS_TIMEOUT_S = 3600
@@ -108,7 +110,7 @@ def run_round(
     argv = [sys.executable, "-I", "-B", "-c", BOOTSTRAP, "/judge/suite", "/judge/op", "-"]
     spec = {**spec, "expect_suite_under": "/judge/suite", "expect_op_under": "/judge/op", "stopwatch": True}
     blocks = stopwatch.plan(
-        [bench.case_from_json(c) for c in spec["cases"]], spec["modes"], spec["timing"], worker.HOST_SHAPE
+        [harness.case_from_json(c) for c in spec["cases"]], spec["modes"], spec["timing"], worker.HOST_SHAPE
     )
     if len(seeds) != len(blocks) + 1:
         raise ValueError(f"the stopwatch needs {len(blocks) + 1} seeds, not {len(seeds)}")
@@ -140,6 +142,8 @@ def run_round(
         return None, f"its results were not valid: {str(exc)[:200]}"
     if run.label != spec["label"] or run.round != spec["round"] or run.git.commit != spec["commit"]:
         return None, "its results name another side, round or commit"
+    if "eps" in spec and run.settings.get("eps") != spec["eps"]:  # verdict.json records the spec's
+        return None, f"its results name eps {run.settings.get('eps')!r}, not the spec's {spec['eps']!r}"
     watch_ = {"prepare_s": got.seconds[0], "seconds": got.seconds[1:], "sums": sums, "seeds": list(seeds)}
     return dataclasses.replace(run, settings={**run.settings, "stopwatch": watch_}), None
 
@@ -181,11 +185,15 @@ def configure(parser: argparse.ArgumentParser, command: str) -> None:
         "--shapes", nargs="+", default=["all"], metavar="SHAPE",
         help='benchmark shape names, or "all", "large", "medium", "small" (default: all)',
     )  # fmt: skip
-    parser.add_argument("--modes", nargs="+", default=list(bench.MODES), choices=bench.MODES)
+    parser.add_argument("--modes", nargs="+", default=list(harness.MODES), choices=harness.MODES)
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="interleaved rounds per side")
     parser.add_argument(
         "--samples", type=int, default=DEFAULT_SAMPLES, help="samples per round, shape and mode"
     )
+    parser.add_argument(
+        "--eps", type=float, default=DEFAULT_EPS,
+        help=f"the eps both sides' op is called with, and the oracle's (default {DEFAULT_EPS:g})",
+    )  # fmt: skip
     parser.add_argument(
         "--thresholds", default=None, metavar="TOML",
         help="default: the regression.toml of the suite running this command (the trusted checkout)",
@@ -230,6 +238,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--samples must be >= 1, got {args.samples}")
     if not args.deadline_s > 0:
         raise ValueError(f"--deadline-s must be > 0, got {args.deadline_s}")
+    # A normal float32 up to 1: smaller ones round to 0 or a subnormal in the op's fp32, larger
+    # ones overflow the oracle's comparison or flatten every row.
+    if not 1.1754943508222875e-38 <= args.eps <= 1.0:
+        raise ValueError(f"--eps must be a normal float32 in [1.18e-38, 1], got {args.eps}")
     deadline = Deadline(args.deadline_s)
     # Absolute: each round runs in its own folder and is handed its spec and result paths.
     out = Path(args.out).resolve()
@@ -237,7 +249,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     if WORKER_TIMING == "cuda" and not torch.cuda.is_available():
-        return _stop(out, "cuda", bench.cuda_message())
+        return _stop(out, "cuda", timing.cuda_message())
     # The judge's own inputs first, before any code of either commit runs.
     try:
         thresholds = gate.load_thresholds(args.thresholds)
@@ -249,7 +261,7 @@ def run(args: argparse.Namespace) -> int:
     head = staging.resolve(repo, args.head, "--head")
     shas = {"base": base_ref if args.exact_base else staging.merge_base(repo, base_ref, head), "head": head}
     commits = {"base_ref_sha": base_ref, "base_sha": shas["base"], "head_sha": head}
-    cases_ = bench.select_cases(args.shapes)
+    cases_ = harness.select_cases(args.shapes)
     if problem := sandbox.check():
         return _stop(out, "sandbox", f"the commits' code cannot be sandboxed here: {problem}", commits)
     tmp = Path(tempfile.mkdtemp(prefix="rmsnorm-pr-verdict-"))
@@ -325,7 +337,7 @@ def clock_row(runs: Mapping[str, Sequence[results.Run]], thresholds: gate.Thresh
 
 
 def stopwatch_row(
-    runs: Mapping[str, Sequence[results.Run]], cases_: Sequence[bench.Case], modes: Sequence[str],
+    runs: Mapping[str, Sequence[results.Run]], cases_: Sequence[harness.Case], modes: Sequence[str],
     thresholds: gate.Thresholds, requests: Sequence[accept.Request] = (),
 ) -> gate.Row:  # fmt: skip
     """Head's stopwatch held to base's and to head's own rows, round by round ([stopwatch]); an
@@ -358,7 +370,7 @@ def _accepted(requests, cases_, modes, thresholds) -> dict[tuple[str, str], floa
     return out
 
 
-def _stopwatch_seeds(cases_: Sequence[bench.Case], modes: Sequence[str]) -> list[int]:
+def _stopwatch_seeds(cases_: Sequence[harness.Case], modes: Sequence[str]) -> list[int]:
     """The stopwatch's inputs for a round: a prepare seed, then a go seed per block; the judge's,
     both sides' (a redo draws new ones for every side that runs on after it)."""
     blocks = stopwatch.plan(cases_, modes, WORKER_TIMING, worker.HOST_SHAPE)
@@ -400,7 +412,7 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
     runs: dict[str, list[results.Run]] = {side: [] for side in SIDES}
     failures: dict[str, list[str]] = {side: [] for side in SIDES}
     extra: list[gate.Row] = []
-    bar = bench._Progress(args.rounds * len(SIDES), "pr-verdict rounds", True)
+    bar = harness._Progress(args.rounds * len(SIDES), "pr-verdict rounds", True)
     done = redos = 0
     head_started = False  # the base's builds are shared only before head's code ever ran
     seen: dict[str, dict[str, Any] | None] = {}  # each round's telemetry
@@ -417,10 +429,11 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
         it used, the noise that ended it or None)."""
         nonlocal done, redos
         spec = {
-            "cases": [bench.case_to_json(c) for c in cases_],
+            "cases": [harness.case_to_json(c) for c in cases_],
             "providers": ["kernel"],
             "modes": list(args.modes),
             "samples": args.samples,
+            "eps": args.eps,
             "errors": True,
             # the inference features' figures the judge's [features] declares (the gate's rows),
             # their sizes and data drawn by the judge's seed for the round
@@ -534,6 +547,7 @@ def _judge_pr(args, out: Path, context, boxes, cases_, deadline: Deadline) -> in
         "compared_with": "base" if args.exact_base else "merge-base",
         "rounds": args.rounds,
         "samples_per_round": args.samples,
+        "eps": args.eps,
         "shapes": [c.name for c in cases_],
         "modes": list(args.modes),
         "gpu_tests": not args.skip_gpu_tests,

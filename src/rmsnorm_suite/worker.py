@@ -21,7 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rmsnorm_suite import bench, guard, inference, numerics, results, stopwatch
+from rmsnorm_suite import guard, harness, inference, numerics, providers, results, stopwatch
+from rmsnorm_suite import timing as clocks  # `timing` names the spec's choice here
 
 TIMINGS = ("cuda", "host")
 # The stopwatch's class as the trusted suite defines it, bound before any commit's code runs
@@ -29,6 +30,7 @@ TIMINGS = ("cuda", "host")
 STOPWATCH_CLASS = tuple((k, v, getattr(v, "__code__", None)) for k, v in vars(stopwatch.Stopwatch).items())
 BLOCK = stopwatch.Stopwatch.block
 HOST_SHAPE = (4, 64)  # rows, columns (at most the case's) of the host stand-in's CPU inputs
+EPS = 1e-6  # the op's eps when the spec names none (pr-verdict's --eps default)
 # Bound at import, before any commit's code: the Run is assembled with these, not with whatever
 # dataclasses.replace is when the round ends (the guard also holds both).
 REPLACE, FEATURE = dataclasses.replace, results.Feature
@@ -48,25 +50,26 @@ def host_stand_in(spec: dict[str, Any], before_case=None) -> results.Run:
     """The results of one round, timed on the CPU with the host clock (no CUDA needed)."""
     import torch
 
-    fn = bench.get_provider("kernel").build(spec.get("eps", 1e-6))
+    eps = spec.get("eps", EPS)
+    fn = providers.get_provider("kernel").build(eps)
     rows = []
-    for case in map(bench.case_from_json, spec["cases"]):
+    for case in map(harness.case_from_json, spec["cases"]):
         if before_case is not None:
             before_case()
         m, n = min(case.m, HOST_SHAPE[0]), min(case.n, HOST_SHAPE[1])
         x, w, dy = numerics.make_inputs(m, n, torch.float32)
-        oracle = numerics.oracle(x, w, dy, spec.get("eps", 1e-6))
+        oracle = numerics.oracle(x, w, dy, eps)
         for mode in spec["modes"]:
-            call, grads = bench.make_call(fn, x, w, dy, mode)
+            call, grads = harness.make_call(fn, x, w, dy, mode)
             times = []
             for _ in range(spec["samples"]):
-                bench.prepare_sample(grads, None)
+                clocks.prepare_sample(grads, None)
                 start = time.perf_counter()
                 call()
                 times.append((time.perf_counter() - start) * 1e3)
-            errors = bench.provider_errors(fn, x, w, dy, oracle, [mode])[mode]
+            errors = harness.provider_errors(fn, x, w, dy, oracle, [mode])[mode]
             # the host clock stands in for every timing; the copy ceiling is 1 TB/s
-            timing = results.timing(times, [bench.median(times)], case.nbytes[mode], 1.0)
+            timing = results.timing(times, [clocks.median(times)], case.nbytes[mode], 1.0)
             rows.append(
                 results.Row(
                     "kernel",
@@ -89,7 +92,7 @@ def host_stand_in(spec: dict[str, Any], before_case=None) -> results.Run:
         tuple(rows),
         machine={"device": "host stand-in (CPU, host clock)"},
         git=results.Git(spec.get("commit"), False),
-        settings={"samples_per_block": spec["samples"], "blocks": 1, "timing": "host stand-in"},
+        settings={"samples_per_block": spec["samples"], "blocks": 1, "eps": eps, "timing": "host stand-in"},
         copy=results.CopyCeiling(tbs=1.0),
     )
 
@@ -101,7 +104,7 @@ def feature_figures(timing: str, seed: int = 0, wanted=None) -> dict[str, result
     if timing == "host":
         found = inference.gate_figures("cpu", table=inference.HOST_CASES, seed=seed, wanted=wanted)
     else:
-        found = inference.gate_figures(bench.DEVICE, seed=seed, wanted=wanted)
+        found = inference.gate_figures(clocks.DEVICE, seed=seed, wanted=wanted)
     return {k: FEATURE(f["status"], f["value"], f["note"], tuple(f["cases"])) for k, f in found.items()}
 
 
@@ -114,15 +117,16 @@ def _wanted(spec: dict[str, Any]):
 def run_round(spec: dict[str, Any], before_case=None) -> results.Run:
     if spec.get("timing", "cuda") == "host":
         return host_stand_in(spec, before_case)
-    return bench.run_benchmarks(
-        [bench.case_from_json(c) for c in spec["cases"]],
+    return harness.run_benchmarks(
+        [harness.case_from_json(c) for c in spec["cases"]],
         spec.get("providers", ["kernel"]),
         spec["modes"],
         samples=spec["samples"],
         blocks=1,
-        warmup_ms=spec.get("warmup_ms", bench.DEFAULT_WARMUP_MS),
+        eps=spec.get("eps", EPS),
+        warmup_ms=spec.get("warmup_ms", clocks.DEFAULT_WARMUP_MS),
         errors=spec.get("errors", True),
-        copy_elements=spec.get("copy_elements", bench.COPY_ELEMENTS),
+        copy_elements=spec.get("copy_elements", clocks.COPY_ELEMENTS),
         progress=False,
         git=results.Git(spec.get("commit"), False),
         device_time=spec.get("device_time", True),
@@ -145,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The judge's clocks, bound before any code of the commit runs.
     held = guard.Guard()
     try:
-        calibration = guard.Calibration(timing, bench.DEVICE)
+        calibration = guard.Calibration(timing, clocks.DEVICE)
     except Exception as exc:
         print(f"calibration: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
@@ -168,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     calibrations = [calibration.measure()]
     try:
         result = run_round(spec, before_case=lambda: calibrations.append(calibration.measure()))
-    except bench.BenchUnavailable as exc:
+    except clocks.BenchUnavailable as exc:
         print(exc, file=sys.stderr)
         return 2
     calibrations.append(calibration.measure())
@@ -199,12 +203,12 @@ def answer_stopwatch(spec: dict[str, Any], pipe, held: guard.Guard) -> int:
     if not line:
         return 0  # the judge did not start the stopwatch
     seed = int(json.loads(line)["prepare"])
-    fn = bench.get_provider("kernel").build(spec.get("eps", 1e-6))
+    fn = providers.get_provider("kernel").build(spec.get("eps", EPS))
     timing = spec.get("timing", "cuda")
     blocks = stopwatch.plan(
-        [bench.case_from_json(c) for c in spec["cases"]], spec["modes"], timing, HOST_SHAPE
+        [harness.case_from_json(c) for c in spec["cases"]], spec["modes"], timing, HOST_SHAPE
     )
-    device = "cpu" if timing == "host" else bench.DEVICE
+    device = "cpu" if timing == "host" else clocks.DEVICE
     watch = stopwatch.Stopwatch(fn, blocks, seed, device)
     inputs = dict(watch.inputs)
     # no full collection of this heap inside a timed block (tens of milliseconds): what exists

@@ -15,8 +15,21 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / ".github" / "scripts" / "post_verdict_comment.py"
+from tests.ci._fixtures import (
+    BASE,
+    EVIL,
+    HEAD,
+    OLD,
+    ROWS,
+    RUN_URL,
+    SCRIPT,
+    TITLE,
+    dry,
+    row,
+    verdict,
+    write,
+)
+
 if not SCRIPT.is_file():  # a checkout without it (the judge stages the tests alone for `-m gpu`)
     pytest.skip(".github/scripts/post_verdict_comment.py is not in this checkout", allow_module_level=True)
 if str(SCRIPT.parent) not in sys.path:
@@ -26,58 +39,7 @@ pvc = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = pvc  # dataclasses look their module up by name
 _spec.loader.exec_module(pvc)
 
-HEAD, OLD, BASE, REF = "a" * 40, "c" * 40, "b" * 40, "d" * 40
-RUN_URL = "https://github.com/o/r/actions/runs/42"
-TITLE = f"GPU verdict #7 at {HEAD}"
-EVIL = (
-    "see [click](https://evil.example/x) ![pixel](https://evil.example/p.png) "
-    '<img src=x onerror="alert(1)"> <a href="https://evil.example">a</a> @octocat #123 GH-5 '
-    "www.evil.example `code` | pipe **bold** $x^2$ javascript:alert(1) [ref]: https://evil.example"
-)
-
-
-def row(check, verdict="pass", ratio=1.0, **extra):
-    return {"check": check, "base": 0.040, "head": 0.040 * ratio, "ratio": ratio, "threshold": 1.05,
-            "verdict": verdict, "kind": "latency", "p_value": 0.5, "alpha": 0.01, "note": "", **extra}  # fmt: skip
-
-
-ROWS = [
-    row("latency 4096x4096-bfloat16 forward"),
-    row("device 4096x4096-bfloat16 forward", "regression", 1.081, p_value=1e-4),
-    row("device 32768x4096-bfloat16 forward", "regression", 1.32, p_value=1e-6),
-    {"check": "gpu tests (head)", "verdict": "error", "kind": "run", "note": "timed out"},
-    row("latency 1x4096-bfloat16 forward", "pass", 0.97),
-    {"check": "error dx 4096x4096-float32", "base": 1e-7, "head": 1.1e-7, "ratio": 1.1,
-     "threshold": 2e-6, "verdict": "pass", "kind": "numerics", "note": "ceiling"},
-]  # fmt: skip
-
-
 REGRESSED = [r for r in ROWS if r["verdict"] != "error"]
-
-
-def write(folder: Path, verdict: dict | None = None, pr: dict | None = None, raw: bytes | None = None):
-    folder.mkdir(parents=True)
-    if raw is not None:
-        (folder / "verdict.json").write_bytes(raw)
-    elif verdict is not None:
-        (folder / "verdict.json").write_text(json.dumps(verdict), encoding="utf-8")
-    if pr is not None:
-        (folder / "pr.json").write_text(json.dumps(pr), encoding="utf-8")
-    return folder.parent
-
-
-def verdict(status="regression", rows=ROWS, **extra):
-    return {"status": status, "summary": "IGNORED SUMMARY @octocat", "rows": rows,
-            "base_sha": BASE, "base_ref_sha": REF, "head_sha": HEAD, **extra}  # fmt: skip
-
-
-def dry(verdicts: Path, *args: str) -> str:
-    out = subprocess.run(
-        [sys.executable, str(SCRIPT), "--verdicts", str(verdicts), "--dry-run", *args],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    return out.stdout
 
 
 def html(body: str) -> str:

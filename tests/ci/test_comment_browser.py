@@ -16,7 +16,10 @@ import subprocess
 
 import pytest
 
-from tests.ci.test_comment import EVIL, HEAD, RUN_URL, TITLE, dry, row, verdict, write
+from tests.ci._fixtures import EVIL, HEAD, RUN_URL, SCRIPT, TITLE, dry, row, verdict, write
+
+if not SCRIPT.is_file():  # a checkout without it (the judge stages the tests alone for `-m gpu`)
+    pytest.skip(".github/scripts/post_verdict_comment.py is not in this checkout", allow_module_level=True)
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

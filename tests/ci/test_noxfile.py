@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.ci._fixtures import NOXFILE, noxfile_sessions
+
 ROOT = Path(__file__).resolve().parents[2]
-NOXFILE = ROOT / "noxfile.py"
 README = ROOT / "README.md"
 CI_RUN = ROOT / ".ci" / "run"
 
@@ -41,31 +42,6 @@ EXPECTED_SESSIONS = {
 }
 GPU_SESSIONS = sorted(name for name, tags in EXPECTED_SESSIONS.items() if tags == {"gpu"})
 HAS_NOX = importlib.util.find_spec("nox") is not None
-
-
-def _literal_kw(call: ast.Call, name: str, default=None):
-    for kw in call.keywords:
-        if kw.arg == name:
-            return ast.literal_eval(kw.value)
-    return default
-
-
-def noxfile_sessions(path: Path = NOXFILE) -> dict[str, dict]:
-    """Sessions declared in a noxfile, read with ast (nox need not be importable):
-    name -> {"tags": set, "doc": str}."""
-    sessions = {}
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
-        if not isinstance(node, ast.FunctionDef):
-            continue
-        for deco in node.decorator_list:
-            call = deco if isinstance(deco, ast.Call) else None
-            target = call.func if call else deco
-            if ast.unparse(target) not in ("nox.session", "session"):
-                continue
-            name = _literal_kw(call, "name", node.name) if call else node.name
-            tags = set(_literal_kw(call, "tags", []) if call else [])
-            sessions[name] = {"tags": tags, "doc": ast.get_docstring(node) or ""}
-    return sessions
 
 
 def noxfile_default_sessions(path: Path = NOXFILE) -> list[str]:

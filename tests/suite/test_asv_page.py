@@ -28,7 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from rmsnorm_suite.history import blank_graphs, localise
+from rmsnorm_suite.history import localise
+from tests.suite._fixtures import assert_every_graph_has_data
 
 ROOT = Path(__file__).resolve().parents[2]
 # the published page: .asv/html, or the folder `nox -s history` names (.asv/demo/html for --demo)
@@ -161,7 +162,4 @@ def test_every_graph_has_data_points():
     passes the rendering tests: this check fails it (tests/suite/test_history.py feeds it such a page)."""
     if not (HTML / "index.html").is_file():
         cannot_run("no published asv page (.asv/html/index.html): run `nox -s history` (asv publish) first")
-    graphs = list((HTML / "graphs").rglob("*.json"))
-    assert graphs, "the published page has no graphs"
-    blank = blank_graphs(HTML)
-    assert not blank, f"{len(blank)} of {len(graphs)} graphs have no data point: {blank[:5]}"
+    assert_every_graph_has_data(HTML)

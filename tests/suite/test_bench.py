@@ -175,7 +175,6 @@ class FakeEvent:
 @pytest.fixture
 def fake_cuda(monkeypatch):
     monkeypatch.setattr(timing, "DEVICE", "cpu")
-    monkeypatch.setattr(bench, "DEVICE", "cpu")  # the worker reads it as bench.DEVICE (re-exported)
     monkeypatch.setattr(timing, "require_cuda", lambda: None)
     monkeypatch.setattr(
         harness, "environment_info", lambda: {"device": "cpu stand-in", "torch": torch.__version__}

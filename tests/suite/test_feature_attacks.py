@@ -11,28 +11,10 @@ mean square in float64, a few last bits apart from the float32 plan of smaller b
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from rmsnorm_suite import guard
-
-from .test_pullrequest import INIT, OPS, base_rounds, heads_repo, host_timing, pr_verdict, shared_base  # noqa: F401
-
-OPS_RESIDUAL = """import torch
-def rms_norm(x, weight=None, eps=1e-6, residual=None):
-    h = x if residual is None else (x.float() + residual.float()).to(x.dtype)
-    y = h * (h.pow(2).mean(-1, keepdim=True) + eps).rsqrt()
-    y = y * weight if weight is not None else y
-    return y if residual is None else (y, h)
-"""
-# batch dependent: 257 rows or more accumulate in float64
-MANY_ROW_PLAN = OPS_RESIDUAL.replace(
-    "h.pow(2).mean(-1, keepdim=True)",
-    "(h.double().pow(2).mean(-1, keepdim=True).to(h.dtype) if h.shape[0] >= 257 "
-    "else h.pow(2).mean(-1, keepdim=True))",
-)
-assert MANY_ROW_PLAN != OPS_RESIDUAL
+from tests.suite._fixtures import INIT, MANY_ROW_PLAN, OPS, OPS_RESIDUAL, attack_heads_repo, feature_rows
 
 ATTACKS = {
     # the check's function swapped in inference.CHECKS (a dict the guard does not hold)
@@ -113,31 +95,13 @@ ATTACKS = {
 }
 
 
-def attack_heads_repo(repo, init: str, base_ops: str, control_ops: str, attacks: dict):
-    """A repository whose base holds the op (``init``, ``base_ops``) and one head per attack,
-    its ops.py the attack's ops text plus its extra lines, and a "control" head of
-    ``control_ops``: (repo, base sha, {head: sha})."""
-    op = "src/rmsnorm_kernel/"
-    every = {"control": (control_ops, ""), **attacks}
-    heads = {name: {op + "ops.py": ops + extra} for name, (ops, extra) in every.items()}
-    base, shas = heads_repo(repo, {op + "__init__.py": init, op + "ops.py": base_ops}, heads)
-    return repo, base, shas
-
-
-def feature_rows(repo, base, head, out):
-    """pr-verdict with the feature rows: (verdict data, rows by check)."""
-    pr_verdict(repo, base, head, out, features=True)
-    data = json.loads((out / "verdict.json").read_text())
-    return data, {r["check"]: r for r in data["rows"]}
-
-
 @pytest.fixture(scope="module")
 def attack_repo(tmp_path_factory):
     repo = tmp_path_factory.mktemp("prv-feature-attacks") / "repo"
     return attack_heads_repo(repo, INIT, OPS_RESIDUAL, MANY_ROW_PLAN, ATTACKS)
 
 
-def test_control_many_row_plan_is_flagged(attack_repo, host_timing, shared_base, tmp_path):  # noqa: F811
+def test_control_many_row_plan_is_flagged(attack_repo, host_timing, shared_base, tmp_path):
     repo, base, heads = attack_repo
     data, rows = feature_rows(repo, base, heads["control"], tmp_path / "verdict")
     assert rows["batch invariance"]["verdict"] == "regression", rows["batch invariance"]
@@ -151,7 +115,7 @@ def test_control_many_row_plan_is_flagged(attack_repo, host_timing, shared_base,
 
 
 @pytest.mark.parametrize("attack", list(ATTACKS))
-def test_feature_attack_does_not_pass(attack_repo, host_timing, shared_base, tmp_path, attack):  # noqa: F811
+def test_feature_attack_does_not_pass(attack_repo, host_timing, shared_base, tmp_path, attack):
     repo, base, heads = attack_repo
     data, rows = feature_rows(repo, base, heads[attack], tmp_path / "verdict")
     row = rows.get("batch invariance")

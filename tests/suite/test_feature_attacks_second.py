@@ -21,9 +21,7 @@ import pytest
 import torch
 
 from rmsnorm_suite import guard, inference, results, rounds
-
-from .test_feature_attacks import MANY_ROW_PLAN, OPS_RESIDUAL, attack_heads_repo, feature_rows
-from .test_pullrequest import base_rounds, host_timing, shared_base  # noqa: F401
+from tests.suite._fixtures import MANY_ROW_PLAN, OPS_RESIDUAL, attack_heads_repo, feature_rows
 
 
 # The residual op with out_dtype (fp32 y, or fp8/int8 codes with per-row scales by torch's own
@@ -103,7 +101,7 @@ def second_repo(tmp_path_factory):
 
 
 @pytest.mark.parametrize("attack", list(ATTACKS))
-def test_second_feature_attack_does_not_pass(second_repo, host_timing, shared_base, tmp_path, attack):  # noqa: F811
+def test_second_feature_attack_does_not_pass(second_repo, host_timing, shared_base, tmp_path, attack):
     repo, base, heads = second_repo
     data, rows = feature_rows(repo, base, heads[attack], tmp_path / "verdict")
     row = rows.get("batch invariance")
@@ -111,7 +109,7 @@ def test_second_feature_attack_does_not_pass(second_repo, host_timing, shared_ba
     assert row is None or row["verdict"] != "pass", (data["status"], row)
 
 
-def test_quant_and_qk_rows_run_end_to_end(second_repo, host_timing, shared_base, tmp_path):  # noqa: F811
+def test_quant_and_qk_rows_run_end_to_end(second_repo, host_timing, shared_base, tmp_path):
     """The control head (the batch-dependent plan, no attack) on an op with out_dtype and qk_norm:
     the quant and QK-norm rows are measured on both sides and pass; the batch row regresses."""
     repo, base, heads = second_repo

@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import random
 from pathlib import Path
 
 import pytest
@@ -15,14 +14,7 @@ import torch
 
 from rmsnorm_suite import cases, cli, gate, gatereport, pullrequest, results, thresholds
 from rmsnorm_suite.rounds import merge_rounds
-
-ROOT = Path(__file__).resolve().parents[2]
-THRESHOLDS_FILE = ROOT / thresholds.THRESHOLDS_IN_TREE[0]
-THRESHOLDS = thresholds.load_thresholds(THRESHOLDS_FILE)
-# Typical errors against the float64 oracle for the benchmark inputs (fp32-compute paths, H200).
-TYPICAL_ERROR = {"float32": 6e-8, "float16": 2.1e-4, "bfloat16": 1.65e-3}
-ROUNDS = 6
-SAMPLES = 50  # per round
+from tests.suite._fixtures import LARGE, ROUNDS, SMALL, THRESHOLDS, THRESHOLDS_FILE, TYPICAL_ERROR, make_run
 
 # ---------------------------------------------------------------------------------------------
 # Statistics on rounds
@@ -115,99 +107,7 @@ def test_judgements_on_their_boundaries():
 # ---------------------------------------------------------------------------------------------
 
 
-def base_ms(shape: cases.BenchShape, mode: str) -> float:
-    """A plausible median: bytes at 3.5 TB/s, plus 10 us of launch."""
-    return cases.bytes_moved(shape, mode) / 3.5e12 * 1e3 + 0.010
-
-
-def device_ms(shape: cases.BenchShape, mode: str) -> float:
-    """A plausible GPU-only median: bytes at 3.8 TB/s plus 2 us."""
-    return cases.bytes_moved(shape, mode) / 3.8e12 * 1e3 + 0.002
-
-
-def host_ms(shape: cases.BenchShape, mode: str) -> float:
-    """A plausible host time: 8 us a forward, 60 us a forward+backward."""
-    return 0.008 if mode == "forward" else 0.060
-
-
-def make_run(
-    seed: int,
-    *,
-    slower: dict | None = None,
-    noise: float = 0.01,
-    n: int = SAMPLES,
-    errors=None,
-    device_slower: dict | None = None,
-    host_slower: dict | None = None,
-    rounds: int = ROUNDS,
-):
-    """A results file as pr-verdict's merge writes it, kernel provider only: every benchmark
-    shape and mode, ``rounds`` rounds of ``n`` samples ~ median x (1 + noise N(0, 1)) and their
-    per-round medians; ``slower`` maps (shape, mode) or "*" to a factor (every timing
-    alike), ``device_slower`` likewise for the device samples alone (applied on
-    top of ``slower``) and ``host_slower`` for the host-clock samples alone."""
-    rng = random.Random(seed)
-    slower = slower or {}
-    device_slower, host_slower = device_slower or {}, host_slower or {}
-    rows = []
-    for shape in cases.BENCH_SHAPES:
-        dtype = cases.dtype_name(shape.dtype)
-        for mode in cases.BENCH_MODES:
-            factor = slower.get((shape.name, mode), slower.get("*", 1.0))
-            center = base_ms(shape, mode) * factor
-            gpu = (
-                device_ms(shape, mode)
-                * factor
-                * device_slower.get((shape.name, mode), device_slower.get("*", 1.0))
-            )
-            host_rounds = [[center * (1 + noise * rng.gauss(0, 1)) for _ in range(n)] for _ in range(rounds)]
-            gpu_rounds = [[gpu * (1 + noise / 2 * rng.gauss(0, 1)) for _ in range(n)] for _ in range(rounds)]
-            host = (
-                host_ms(shape, mode) * factor * host_slower.get((shape.name, mode), host_slower.get("*", 1.0))
-            )
-            clock_rounds = [[host * (1 + noise * rng.gauss(0, 1)) for _ in range(n)] for _ in range(rounds)]
-            samples = [v for r in host_rounds for v in r]
-            device_samples = [v for r in gpu_rounds for v in r]
-            errs = {q: TYPICAL_ERROR[dtype] for q in thresholds.QUANTITIES[mode]}
-            if errors:
-                errs.update(errors.get((shape.name, mode), {}))
-            rows.append(
-                {
-                    "provider": "kernel",
-                    "shape": shape.name,
-                    "m": shape.m,
-                    "n": shape.n,
-                    "dtype": dtype,
-                    "group": shape.group,
-                    "mode": mode,
-                    "bytes": cases.bytes_moved(shape, mode),
-                    "status": "ok",
-                    "error": None,
-                    "samples_ms": samples,
-                    "block_medians_ms": [gate.median(r) for r in host_rounds],
-                    "median_ms": gate.median(samples),
-                    "device_samples_ms": device_samples,
-                    "device_block_medians_ms": [gate.median(r) for r in gpu_rounds],
-                    "device_reps": 1,
-                    "device_error": None,
-                    "host_samples_ms": [v for r in clock_rounds for v in r],
-                    "host_block_medians_ms": [gate.median(r) for r in clock_rounds],
-                    "errors": errs,
-                }
-            )
-    return {
-        "schema": 1,
-        "machine": {"device": "synthetic"},
-        "git": {"commit": f"{seed:040x}"},
-        "settings": {"rounds": rounds, "round_indices": list(range(rounds))},
-        "copy": {"tbs": 4.25},
-        "results": rows,
-    }
-
-
-LARGE = "32768x4096-bfloat16"
 FP32 = "4096x4096-float32"
-SMALL = "128x257-float32"
 
 
 def drop(run, shape, mode):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from rmsnorm_suite import accept, cli, gate, gatereport, power, results, thresholds
-from tests.suite.test_gate import LARGE, SMALL, THRESHOLDS, make_run
+from tests.suite._fixtures import LARGE, SMALL, THRESHOLDS, make_run
 
 RATE = THRESHOLDS.family.rate  # declared in regression.toml before any of this was measured
 

@@ -11,8 +11,7 @@ import pytest
 
 from rmsnorm_suite import gate, results, rounds
 from rmsnorm_suite.thresholds import load_thresholds
-
-from .test_pullrequest import INIT, OPS, commit, git, host_timing, pr_verdict  # noqa: F401
+from tests.suite._fixtures import INIT, OPS, commit, git, pr_verdict
 
 TH = load_thresholds()
 
@@ -101,7 +100,7 @@ def feature_repo(tmp_path_factory):
     return repo, base, head
 
 
-def test_pr_verdict_flags_a_batch_dependent_head(feature_repo, host_timing, tmp_path):  # noqa: F811
+def test_pr_verdict_flags_a_batch_dependent_head(feature_repo, host_timing, tmp_path):
     repo, base, head = feature_repo
     out = tmp_path / "verdict"
     assert pr_verdict(repo, base, head, out, features=True) == 1

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rmsnorm_suite import power, results
-from tests.suite.test_gate import LARGE, THRESHOLDS, make_run
+from tests.suite._fixtures import LARGE, THRESHOLDS, make_run
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("gate_power", ROOT / "tools" / "gate_power.py")

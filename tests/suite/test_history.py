@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from rmsnorm_suite import history
+from tests.suite._fixtures import assert_every_graph_has_data
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -127,23 +128,19 @@ def _publish_demo(tmp_path: Path, blank: bool) -> Path:
     return tmp_path / "demo" / "html"
 
 
-def test_the_demo_page_has_data_in_every_graph_and_a_blank_one_fails_the_check(tmp_path, monkeypatch):
+def test_the_demo_page_has_data_in_every_graph_and_a_blank_one_fails_the_check(tmp_path):
     """`--demo`'s seeded figures fill every graph of the real benchmarks; the same page with every
     value None is what the page check (tests/suite/test_asv_page.py) must fail."""
-    from tests.suite import test_asv_page
-
     site = _publish_demo(tmp_path / "filled", blank=False)
     graphs = list((site / "graphs").rglob("*.json"))
     assert len(graphs) > 17, graphs  # one per benchmark at least, and the per-parameter ones
     assert history.blank_graphs(site) == []
-    monkeypatch.setattr(test_asv_page, "HTML", site)
-    test_asv_page.test_every_graph_has_data_points()  # passes on the demo page
+    assert_every_graph_has_data(site)  # the page check passes on the demo page
 
     blank = _publish_demo(tmp_path / "blank", blank=True)
     assert sorted(history.blank_graphs(blank)), "a page of None values has blank graphs"
-    monkeypatch.setattr(test_asv_page, "HTML", blank)
     with pytest.raises(AssertionError, match="have no data point"):
-        test_asv_page.test_every_graph_has_data_points()
+        assert_every_graph_has_data(blank)
 
 
 def test_the_demo_figures_are_seeded_and_plausible():

@@ -17,8 +17,8 @@ import pytest
 
 from rmsnorm_suite import cli, exchange, pullrequest, sandbox, staging
 from tests.suite import hostile_catalogue as catalogue
-from tests.suite.test_pullrequest import INIT, OPS, SLOW_S, BaseRounds, base_rounds, git  # noqa: F401
-from tests.suite.test_pullrequest import commit as pullrequest_commit
+from tests.suite._fixtures import INIT, OPS, SLOW_S, BaseRounds, git
+from tests.suite._fixtures import commit as plain_commit
 
 TRUSTED_CONFTEST = "import pytest\n"
 TRUSTED_PYPROJECT = '[tool.pytest.ini_options]\nmarkers = ["gpu: needs CUDA"]\n'
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.skipif(bool(sandbox.check()), reason=f"no sandbox here:
 
 
 def commit(repo: Path, files: dict[str, str], message: str, links: dict[str, str] | None = None) -> str:
-    """test_pullrequest's commit, with ``links``: paths committed as symbolic links to a target."""
+    """The shared commit helper (tests/suite/_fixtures.py), with ``links``: paths committed as symbolic links to a target."""
     for name, target in (links or {}).items():
         path = repo / name
         if path.is_dir() and not path.is_symlink():
@@ -44,7 +44,7 @@ def commit(repo: Path, files: dict[str, str], message: str, links: dict[str, str
             path.unlink()
         path.parent.mkdir(parents=True, exist_ok=True)
         path.symlink_to(target)
-    return pullrequest_commit(repo, files, message)
+    return plain_commit(repo, files, message)
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +146,7 @@ def survivors(token: str) -> list[str]:
         ("symlinked-module", "error", "src/rmsnorm_kernel/ops.py (a link)"),
     ],
 )
-def test_hostile_head_never_passes(world, monkeypatch, base_rounds, name, status, why):  # noqa: F811
+def test_hostile_head_never_passes(world, monkeypatch, base_rounds, name, status, why):
     data = run_verdict(world, name, monkeypatch, base_rounds)
     assert data["status"] in status.split(), data["summary"]
     assert why in json.dumps(data), data["summary"]
@@ -157,7 +157,7 @@ def test_hostile_head_never_passes(world, monkeypatch, base_rounds, name, status
 
 
 @pytest.mark.parametrize("name", catalogue.STOPWATCH_ONLY)
-def test_only_the_stopwatch_sees_a_head_that_fools_its_process(world, monkeypatch, base_rounds, name):  # noqa: F811
+def test_only_the_stopwatch_sees_a_head_that_fools_its_process(world, monkeypatch, base_rounds, name):
     """These heads make the harness inside their process report them fast (the latency rows
     pass); the judge's own clock, outside the sandbox, sees them slow, and slower than their own
     rows say: the verdict is `error` (the judge's clock disagrees), not a pass."""
@@ -170,7 +170,7 @@ def test_only_the_stopwatch_sees_a_head_that_fools_its_process(world, monkeypatc
     assert watch["ratio"] > 4, watch
 
 
-def test_head_conftest_never_runs(world, monkeypatch, base_rounds):  # noqa: F811
+def test_head_conftest_never_runs(world, monkeypatch, base_rounds):
     """Head's GPU tests run with the trusted conftest: head's own, which would turn a failure
     into success and leave a marker, is left out, and the verdict says so."""
     data = run_verdict(world, "head-conftest", monkeypatch, base_rounds, gpu_tests=True)
@@ -181,7 +181,7 @@ def test_head_conftest_never_runs(world, monkeypatch, base_rounds):  # noqa: F81
     assert not (world["markers"] / "head-conftest").exists()
 
 
-def test_an_honest_head_passes_with_its_clock_checked(world, monkeypatch, base_rounds):  # noqa: F811
+def test_an_honest_head_passes_with_its_clock_checked(world, monkeypatch, base_rounds):
     """The same commit on both sides: PASS, with a clock row that held head's calibration to base's."""
     world["heads"]["same"] = world["base"]
     data = run_verdict(world, "same", monkeypatch, base_rounds)

@@ -3,6 +3,7 @@ round's check of its variants under the interpreter (timing a round needs a GPU)
 
 import importlib.util
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -10,8 +11,8 @@ import pytest
 from ..conftest import requires_interpret
 
 ROOT = Path(__file__).resolve().parents[2]
-# `tools/kernel_lab.py ROUND`, and "(tag NAME)" after it for a round kept at a git tag.
-CITATION = re.compile(r"tools/kernel_lab\.py ([\w-]+)`? ?(\(tag [\w-]+\))?")
+# `tools/kernel_lab.py ROUND`, and "(commit SHA)" after it for a round kept in main's history.
+CITATION = re.compile(r"tools/kernel_lab\.py ([\w-]+)`? ?(?:\(commit ([0-9a-f]{7,40})\))?")
 
 
 @pytest.fixture(scope="module")
@@ -30,15 +31,38 @@ def test_help_lists_every_round(lab, capsys):
     assert [name for name in lab.ROUNDS if name not in out] == []
 
 
-def test_the_notes_cite_the_rounds_on_main_and_tag_the_others(lab):
-    """Every round the notes cite as a command without a tag is a round of the lab on main (a
-    round moved to a git tag is cited with "(tag NAME)"), and every round on main is cited."""
+def _citations() -> list[tuple[str, str]]:
     notes = " ".join((ROOT / "docs" / "performance-notes.md").read_text(encoding="utf-8").split())
-    untagged = {name for name, tag in CITATION.findall(notes) if not tag}
+    return CITATION.findall(notes)
+
+
+def test_the_notes_cite_the_rounds_on_main_and_the_commit_of_the_others(lab):
+    """Every round the notes cite as a command without a commit is a round of the lab on main (a
+    round removed since is cited with "(commit SHA)"), and every round on main is cited."""
+    untagged = {name for name, commit in _citations() if not commit}
     missing = sorted(untagged - set(lab.ROUNDS))
-    assert missing == [], f"cited as lab commands but not rounds on main (cite their tag): {missing}"
+    assert missing == [], f"cited as lab commands but not rounds on main (cite their commit): {missing}"
     uncited = sorted(set(lab.ROUNDS) - untagged)
     assert uncited == [], f"rounds on main that docs/performance-notes.md never cites as a command: {uncited}"
+
+
+def test_a_round_cited_at_a_commit_is_a_round_of_the_lab_there():
+    """The commit is in the repository (a clone has it), and its tools/kernel_lab.py has the round."""
+    cited = sorted({(commit, name) for name, commit in _citations() if commit})
+    assert cited, "the notes cite no removed round"
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: the cited commits cannot be read")
+    sources = {}
+    for commit, name in cited:
+        if commit not in sources:
+            done = subprocess.run(
+                ["git", "show", f"{commit}:tools/kernel_lab.py"], cwd=ROOT, capture_output=True, text=True
+            )
+            assert done.returncode == 0, f"commit {commit} (cited in the notes): {done.stderr.strip()}"
+            sources[commit] = done.stdout
+        assert f'    "{name}": round_' in sources[commit], (
+            f"no round {name} in tools/kernel_lab.py at {commit}"
+        )
 
 
 def test_smoke_needs_the_interpreter(lab, monkeypatch, capsys):

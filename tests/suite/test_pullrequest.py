@@ -7,28 +7,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import itertools
 import json
-import secrets
 import subprocess
 import types
 from pathlib import Path
 
 import pytest
 
-from rmsnorm_suite import cli, pullrequest, results, sandbox, staging
-from rmsnorm_suite.thresholds import default_thresholds
+from rmsnorm_suite import cli, harness, pullrequest, results, sandbox, staging, worker
+from tests.suite._fixtures import INIT, OPS, SLOW_S, BaseRounds, commit, git, pr_verdict
 
-# A stand-in op: the defining formula, after a sleep of COST_S seconds per call.
-OPS = """import time
-COST_S = {cost}
-def rms_norm(x, weight=None, eps=1e-6):
-    if COST_S:
-        time.sleep(COST_S)
-    y = x * (x.pow(2).mean(-1, keepdim=True) + eps).rsqrt()
-    return y * weight if weight is not None else y
-"""
-INIT = "from rmsnorm_kernel.ops import rms_norm\n"
 # Any of the head's suite files, if imported, leaves a marker and would judge everything a pass.
 HOSTILE = (
     "import os, pathlib\n"
@@ -36,40 +24,6 @@ HOSTILE = (
     "def judge(*args, **kwargs):\n    raise SystemExit(0)\n"
 )
 LOOSE = "[gate]\nmin_samples = 2\n[latency.large.forward]\nfactor = 1000.0\nalpha = 0.5\n"
-SLOW_S = 0.003
-ARGS = ["--shapes", "32768x4096-bfloat16", "--rounds", "3", "--samples", "20", "--skip-gpu-tests"]
-
-
-def git(repo: Path, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args],
-        cwd=repo, capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    return done.stdout.strip()
-
-
-def commit(repo: Path, files: dict[str, str], message: str) -> str:
-    for name, text in files.items():
-        path = repo / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", message)
-    return git(repo, "rev-parse", "HEAD")
-
-
-def heads_repo(root: Path, base_files: dict[str, str], heads: dict[str, dict[str, str]]) -> tuple[str, dict]:
-    """A repository at ``root`` whose main holds ``base_files`` and one branch per head, each
-    the base commit plus its own files: (base sha, {head name: sha})."""
-    root.mkdir()
-    git(root, "init", "-q", "-b", "main")
-    base = commit(root, base_files, "base")
-    shas = {}
-    for name, files in heads.items():
-        git(root, "checkout", "-q", "-b", name, base)
-        shas[name] = commit(root, files, name)
-    git(root, "checkout", "-q", "main")
-    return base, shas
 
 
 @pytest.fixture(scope="module")
@@ -109,106 +63,6 @@ def repo(tmp_path_factory):
     return repo, {"old": old, "main": main, "hostile": hostile}
 
 
-@pytest.fixture
-def host_timing(monkeypatch, tmp_path):
-    """Workers time on the CPU with the host clock; the hostile files' marker path."""
-    monkeypatch.setattr(pullrequest, "WORKER_TIMING", "host")
-    marker = tmp_path / "hostile-code-ran"
-    monkeypatch.setenv("RMSNORM_TEST_MARKER", str(marker))
-    return marker
-
-
-class BaseRounds:
-    """The base's rounds of one test process, for the verdicts of many heads over one base.
-
-    A base round is a function of the base commit, the round's spec and its seeds, run by the
-    trusted suite. Every verdict of the process draws the same seeds (each drawn once, from
-    the system's source, when a verdict first asks for it; a commit's code meets a seed only in
-    its own sandboxed round, which keeps nothing for another verdict), so a base round with the
-    spec and seeds of one already run is served instead of run again. What is kept is the judge's own validated copy, in this
-    process's memory, which no sandboxed head can reach; each verdict gets a deep copy and
-    writes its own round files and log. Only the base side: every head runs all its rounds, on
-    the seeds its base's rounds had. A head whose attack aims at the base's rounds (a writer to
-    the base's staged op, a spinner that loads them) must not use it: its base runs beside it."""
-
-    def __init__(self):
-        self.seeds: dict[tuple[int, int], int] = {}  # (the verdict's k-th draw, bits) -> seed
-        self.rounds: dict[tuple, tuple] = {}  # (spec, seeds) -> (the base's run, its log)
-        self.served = 0
-
-    def seed(self, cursor, bits: int) -> int:
-        key = (next(cursor), bits)
-        if key not in self.seeds:
-            self.seeds[key] = secrets.randbits(bits)
-        return self.seeds[key]
-
-    def install(self, monkeypatch) -> None:
-        """From now on in this test, pr-verdict's judge draws the shared seeds (the stream from
-        its start, anew for each verdict) and serves the base's rounds it has already run."""
-        real_judge, real_round = pullrequest._judge_pr, pullrequest.run_round
-
-        def judge(*args, **kwargs):
-            cursor = itertools.count()
-            monkeypatch.setattr(
-                pullrequest, "secrets", types.SimpleNamespace(randbits=lambda bits: self.seed(cursor, bits))
-            )
-            return real_judge(*args, **kwargs)
-
-        def run_round(box, spec, log_path, timeout, hidden, watch=None, seeds=(0,)):
-            if spec["label"] != "base":
-                return real_round(box, spec, log_path, timeout, hidden, watch, seeds)
-            key = (json.dumps(spec, sort_keys=True), tuple(seeds))
-            if key in self.rounds:
-                run, log = self.rounds[key]
-                log_path.write_text(log, encoding="utf-8")
-                self.served += 1
-                return copy.deepcopy(run), None
-            run, problem = real_round(box, spec, log_path, timeout, hidden, watch, seeds)
-            if run is not None:
-                self.rounds[key] = (copy.deepcopy(run), log_path.read_text(encoding="utf-8"))
-            return run, problem
-
-        monkeypatch.setattr(pullrequest, "_judge_pr", judge)
-        monkeypatch.setattr(pullrequest, "run_round", run_round)
-
-
-@pytest.fixture(scope="session")
-def base_rounds():
-    return BaseRounds()
-
-
-@pytest.fixture
-def shared_base(base_rounds, monkeypatch):
-    """The base's rounds shared with the other verdicts over the same base (BaseRounds)."""
-    base_rounds.install(monkeypatch)
-    return base_rounds
-
-
-def pr_verdict(repo: Path, base: str, head: str, out: Path, *extra: str, features: bool = False) -> int:
-    """The trusted thresholds, with clock and stopwatch tolerances a loaded CPU can hold (the
-    host stand-in's calibration and stopwatch take milliseconds: noise of tens of percent).
-    Without ``features`` their [features] table is left out: the judge then asks its workers for
-    no feature figures (the tests of the features pass it)."""
-    text = default_thresholds().read_text(encoding="utf-8")
-    if not features:
-        start = text.index("\n[features]\n")
-        end = text.index("\n[", start + 1)
-        text = text[:start] + text[end:]
-    text = text.replace("tolerance = 0.05\ncheckpoint = 0.25", "tolerance = 0.5\ncheckpoint = 50.0")
-    text = text.replace(
-        "[stopwatch]\ntolerance = 0.10\nconsistency = 0.05",
-        "[stopwatch]\ntolerance = 3.0\nconsistency = 0.95",
-    )  # 4x: CPU noise
-    assert "share = 0.4" in text
-    text = text.replace("share = 0.4", "share = 0.0")  # the host stand-in judges every block
-    assert "single = 0.2\nany_round = 0.6" in text
-    text = text.replace("single = 0.2\nany_round = 0.6", "single = 0.95\nany_round = 3.0")
-    thresholds = out.parent / "thresholds-cpu.toml"
-    thresholds.write_text(text, encoding="utf-8")
-    argv = ["pr-verdict", "--repo", str(repo), "--base", base, "--head", head, "--out", str(out)]
-    return cli.main([*argv, "--thresholds", str(thresholds), *ARGS, *extra])
-
-
 def test_hostile_head_is_judged_by_the_trusted_gate(repo, host_timing, tmp_path):
     repo, shas = repo
     out = tmp_path / "verdict"
@@ -245,6 +99,99 @@ def test_same_commit_passes(repo, host_timing, tmp_path):
     assert [(r["verdict"], r["head"]) for r in data["rows"] if r["check"] == "batch invariance"] == [
         ("pass", 0)
     ]
+
+
+def test_eps_on_the_command_line_reaches_the_harness_and_the_verdict(
+    repo, host_timing, tmp_path, monkeypatch
+):
+    """--eps is in every round's spec; the worker builds the op and the oracle with it (both
+    sides' results record it) and hands it to the harness (here a stand-in that records the call:
+    host rounds time without the harness); verdict.json records it."""
+    repo, shas = repo
+    specs = []
+    real_round = pullrequest.run_round
+
+    def run_round(box, spec, *args, **kwargs):
+        specs.append(copy.deepcopy(spec))
+        return real_round(box, spec, *args, **kwargs)
+
+    monkeypatch.setattr(pullrequest, "run_round", run_round)
+    out = tmp_path / "verdict"
+    pr_verdict(
+        repo,
+        shas["main"],
+        shas["main"],
+        out,
+        "--eps",
+        "1e-5",
+        "--rounds",
+        "2",
+        "--modes",
+        "forward",
+        "--samples",
+        "8",
+    )
+    assert [spec["eps"] for spec in specs] == [1e-5] * 4
+    assert json.loads((out / "verdict.json").read_text())["pr"]["eps"] == 1e-5
+    for side in ("base", "head"):
+        assert results.load(out / f"{side}.json").settings["eps"] == 1e-5
+
+    handed = []
+    monkeypatch.setattr(harness, "run_benchmarks", lambda *args, **kwargs: handed.append(kwargs["eps"]))
+    worker.run_round({**specs[0], "timing": "cuda"})
+    assert handed == [1e-5]
+
+
+def _answered_round(tmp_path, monkeypatch, edit):
+    """run_round over a stand-in sandbox that answers with an honest host round's results, edited
+    by ``edit`` (the worker's word), its ready line and one well-formed answer per block."""
+    from rmsnorm_suite import exchange, providers, stopwatch
+
+    def build(eps):
+        return lambda x, w: x * (x.pow(2).mean(-1, keepdim=True) + eps).rsqrt() * w
+
+    monkeypatch.setattr(providers, "get_provider", lambda name: types.SimpleNamespace(build=build))
+    spec = {
+        "cases": [harness.case_to_json(c) for c in harness.select_cases(["128x257-float32"])],
+        "modes": ["forward"], "samples": 2, "eps": 1e-5, "timing": "host",
+        "label": "head", "round": 0, "commit": "a" * 40,
+    }  # fmt: skip
+    run = worker.host_stand_in(spec)
+    run = dataclasses.replace(
+        run, label="head", round=0, settings={**run.settings, "calibration_ms": [1.0, 1.0]}
+    )
+    data = edit(run.to_json())
+    blocks = stopwatch.plan(
+        [harness.case_from_json(c) for c in spec["cases"]], spec["modes"], "host", worker.HOST_SHAPE
+    )
+    seeds = list(range(1, len(blocks) + 2))
+    lines = [json.dumps(data), json.dumps({"ready": seeds[0]})] + [
+        json.dumps({"go": s, "sums": [1.0] * (2 * stopwatch.outputs(b))}) for b, s in zip(blocks, seeds[1:])
+    ]
+    answer = exchange.Answer(0, "", "", lines, [0.001] * len(seeds))
+    monkeypatch.setattr(exchange, "sandboxed", lambda *args, **kwargs: answer)
+    return pullrequest.run_round(None, spec, tmp_path / "log", 60.0, (), seeds=seeds)
+
+
+def test_a_round_is_taken_with_the_eps_of_its_spec(tmp_path, monkeypatch):
+    run, problem = _answered_round(tmp_path, monkeypatch, lambda data: data)
+    assert problem is None and run.settings["eps"] == 1e-5
+
+
+@pytest.mark.parametrize("eps", [1e-6, None, "1e-5"])
+def test_a_round_that_reports_another_eps_is_refused(tmp_path, monkeypatch, eps):
+    """The eps verdict.json records (pr.eps) is the spec's; results that name another one, or
+    none, are not that round's."""
+
+    def edit(data):
+        if eps is None:
+            del data["settings"]["eps"]
+        else:
+            data["settings"]["eps"] = eps
+        return data
+
+    run, problem = _answered_round(tmp_path, monkeypatch, edit)
+    assert run is None and "eps" in problem, problem
 
 
 @pytest.mark.parametrize("approved_by", [None, "maintainer"])
@@ -420,6 +367,12 @@ def test_no_merge_base_is_named(repo, host_timing, tmp_path):
         (["--rounds", "1"], "--rounds"),
         (["--samples", "0"], "--samples"),
         (["--deadline-s", "0"], "--deadline-s"),
+        (["--eps=-1e-6"], "--eps"),
+        (["--eps", "inf"], "--eps"),
+        (["--eps", "nan"], "--eps"),
+        (["--eps", "0"], "--eps"),
+        (["--eps", "1e-320"], "--eps"),
+        (["--eps", "1e300"], "--eps"),
     ],
 )
 def test_pr_verdict_rejects_bad_arguments(tmp_path, argv, message):

@@ -13,6 +13,7 @@ import pytest
 
 from rmsnorm_suite import pullrequest, sandbox, telemetry
 from rmsnorm_suite.thresholds import load_thresholds
+from tests.suite._fixtures import git
 
 
 class FakeNVML:
@@ -107,8 +108,6 @@ class NoisyFirst:
 def test_noisy_rounds_are_redone_within_the_bound(tmp_path, monkeypatch, noisy, at, status, redone):
     """Noisy rounds are redone with new stopwatch seeds, within the bound; a noisy second side redoes
     its whole round, in order, so both sides of every round run on the same seeds."""
-    from tests.suite.test_hostile_heads import git
-
     repo = tmp_path / "repo"
     (repo / "src" / "rmsnorm_kernel").mkdir(parents=True)
     (repo / "src" / "rmsnorm_suite").mkdir()
