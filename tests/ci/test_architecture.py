@@ -148,10 +148,6 @@ def test_module_docstrings_are_short():
     assert long == {}
 
 
-# scripts whose long docstrings other work is rewriting; each leaves when its docstring is cut
-LONG_SCRIPT_DOCSTRINGS = {".github/scripts/drift_issue.py", "tools/gate_power.py", "tools/gate_rehearsal.py"}
-
-
 def _scripts() -> list[Path]:
     return sorted(
         [*(ROOT / "tools").glob("*.py"), *(ROOT / ".github" / "scripts").glob("*.py"), ROOT / "noxfile.py"]
@@ -165,18 +161,9 @@ def test_script_docstrings_are_short():
     for path in _scripts():
         doc = ast.get_docstring(ast.parse(path.read_text()), clean=False)
         name = str(path.relative_to(ROOT))
-        if doc and len(doc.splitlines()) > 11 and name not in LONG_SCRIPT_DOCSTRINGS:
+        if doc and len(doc.splitlines()) > 11:
             long[name] = len(doc.splitlines())
     assert long == {}
-
-
-def test_every_long_script_docstring_is_still_long():
-    still = {
-        str(p.relative_to(ROOT))
-        for p in _scripts()
-        if len((ast.get_docstring(ast.parse(p.read_text()), clean=False) or "").splitlines()) > 11
-    }
-    assert LONG_SCRIPT_DOCSTRINGS - still == set(), "shortened: remove from LONG_SCRIPT_DOCSTRINGS"
 
 
 def test_maintainer_modules_open_with_a_short_docstring():
