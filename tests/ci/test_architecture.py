@@ -174,15 +174,6 @@ def test_maintainer_modules_open_with_a_short_docstring():
     assert found and {p: doc for p, doc in found.items() if not doc or len(doc.splitlines()) > 11} == {}
 
 
-# test modules in tests/op that still import another test module; the op's tests are being
-# reorganised by other work, which moves these helpers out (each leaves when its import does)
-TEST_IMPORTS_PENDING = {
-    ("tests/op/test_kill_gaps.py", "tests.op.test_kill_paths"),
-    ("tests/op/test_qk_swap.py", "tests.op.test_models"),
-    ("tests/op/test_swap.py", "tests.op.test_features"),
-}
-
-
 def _test_module_imports(path: Path, root: Path) -> set[str]:
     """The test modules (test_*.py) that ``path`` imports, by dotted name, wherever the import
     stands (top, inside a function, relative or absolute, as a module or from a package)."""
@@ -212,11 +203,7 @@ def _test_imports(root: Path = ROOT) -> set[tuple[str, str]]:
 def test_no_test_module_imports_another():
     """Shared helpers live in a _fixtures.py module or a conftest.py, never in a test module:
     importing one runs its tests' module code and ties two test files together."""
-    assert _test_imports() - TEST_IMPORTS_PENDING == set()
-
-
-def test_every_pending_test_import_is_still_there():
-    assert TEST_IMPORTS_PENDING - _test_imports() == set()
+    assert _test_imports() == set()
 
 
 def test_a_test_module_import_is_found(tmp_path):

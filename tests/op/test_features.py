@@ -26,6 +26,7 @@ from rmsnorm_suite import featurechecks, numerics
 from rmsnorm_suite.cases import EPS, TOLERANCES
 
 from ..conftest import INTERPRET, KERNEL_DEVICES
+from ._fixtures import HF_MODULES, GemmaRMSNorm, LlamaRMSNorm, hf_module
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 
@@ -56,51 +57,6 @@ def grads_of(fn, loss, *tensors):
     leaves = [t.detach().clone().requires_grad_() if t is not None else None for t in tensors]
     loss(fn(*leaves)).backward()
     return [t.grad if t is not None else None for t in leaves]
-
-
-# ---------------------------------------------------------------------------------------------
-# Hugging Face's RMSNorm modules, written here as they are there
-# ---------------------------------------------------------------------------------------------
-
-
-class LlamaRMSNorm(nn.Module):
-    def __init__(self, hidden_size, eps=1e-6):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.variance_epsilon = eps
-
-    def forward(self, hidden_states):
-        input_dtype = hidden_states.dtype
-        hidden_states = hidden_states.to(torch.float32)
-        variance = hidden_states.pow(2).mean(-1, keepdim=True)
-        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
-        return self.weight * hidden_states.to(input_dtype)
-
-
-class GemmaRMSNorm(nn.Module):
-    def __init__(self, dim, eps=1e-6):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.zeros(dim))
-
-    def forward(self, x):
-        output = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
-        output = output * (1.0 + self.weight.float())
-        return output.type_as(x)
-
-
-# style: (class, weight center, offset). Gemma stores its weight as an offset from 1.
-HF_MODULES = {
-    "llama": (LlamaRMSNorm, 1.0, 0.0),
-    "gemma": (GemmaRMSNorm, 0.0, 1.0),
-}
-
-
-def hf_module(style, n, weight, device):
-    cls, _, _ = HF_MODULES[style]
-    module = cls(n, eps=EPS).to(device)
-    module.weight = nn.Parameter(weight.detach().clone())
-    return module
 
 
 # ---------------------------------------------------------------------------------------------

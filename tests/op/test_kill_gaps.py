@@ -18,7 +18,7 @@ from rmsnorm_kernel import host, launch, ops
 from rmsnorm_kernel.reference import rms_norm_backward_reference, rms_norm_reference
 
 from ..conftest import KERNEL_DEVICES
-from .test_kill_paths import EPS, F32, check_residual_call, close, inputs
+from ._fixtures import EPS, F32, check_residual_call, close, inputs
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
@@ -450,8 +450,8 @@ def test_a_batched_gradient_at_h_alone(device, host_path, monkeypatch):
     (`dh is not None and ...` -> `dh is None` left it to the kernels). Each batch entry equals
     the unbatched backward with that entry's dh. Both host paths: on CUDA the compiled one
     decides where it is built; the Python one serves where it is not."""
-    if host_path == "python":
-        host.extension()  # loaded (or refused) first: the call must not load it over the patch
+    if host_path == "python":  # as host.python_path does, undone after the test: nothing loaded
+        monkeypatch.setattr(host, "_extension", None)
         monkeypatch.setattr(host, "entry", None)
     x, w, _, r = inputs(3, 64, F32, device)
     dhs = inputs(3, 64, F32, device, seed=1)[2] * torch.arange(1.0, 3.0, device=device).view(2, 1, 1)

@@ -18,13 +18,11 @@ import torch
 import rmsnorm_kernel
 from rmsnorm_kernel import launch
 from rmsnorm_kernel.reference import rms_norm_backward_reference, rms_norm_reference
-from rmsnorm_suite.cases import TOLERANCES
 
 from ..conftest import KERNEL_DEVICES, requires_cuda
+from ._fixtures import EPS, check_residual_call, close, inputs
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
-EPS = 1e-2  # of the order of mean(x^2) below, so where eps is added matters
-SCALE = 0.1  # x ~ N(0, 0.01): mean(x^2) ~ eps
 
 # Path -> (M, N), the smallest shape that takes it (kernels.py and launch.py describe the paths).
 PATHS = {
@@ -40,26 +38,6 @@ PATHS = {
     "wide-rolled": (1, 65537),  # forward: 5 chunks, rolled walks
 }
 PATH_PARAMS = [pytest.param(*shape, id=name) for name, shape in PATHS.items()]
-
-
-def inputs(m, n, dtype, device, seed=0, scale=SCALE):
-    g = torch.Generator().manual_seed(seed * 7919 + n)
-    x = (scale * torch.randn(m, n, generator=g)).to(dtype)
-    w = (0.5 + torch.rand(n, generator=g)).to(dtype)  # no weight near zero: dw and y both see w
-    dy = torch.randn(m, n, generator=g).to(dtype)
-    res = (scale * torch.randn(m, n, generator=g)).to(dtype)
-    return x.to(device), w.to(device), dy.to(device), res.to(device)
-
-
-def close(actual, expected, dtype, what):
-    tol = TOLERANCES[dtype]
-    torch.testing.assert_close(
-        actual.double().cpu(),
-        expected.double().cpu(),
-        atol=tol.atol,
-        rtol=tol.rtol,
-        msg=lambda m: f"{what}: {m}",
-    )
 
 
 def grads(x, w, dy, **kwargs):
@@ -191,21 +169,6 @@ def test_every_tensor_with_its_own_row_stride(device, m, n):
     )
     assert len({t.stride(0) for t in (x, res, dy, dh)}) == 4
     check_residual_call(x, res, w, dy, dh)
-
-
-def check_residual_call(x, res, w, dy, dh):
-    """rms_norm(x, weight=w, residual=res) with gradients dy at y and dh at h, as they are laid
-    out: h, y, dx, dresidual and dw against float64, within fp32's tolerance."""
-    xg, rg, wg = (t.detach().requires_grad_() for t in (x, res, w))
-    y, h = rmsnorm_kernel.rms_norm(xg, weight=wg, eps=EPS, residual=rg)
-    torch.autograd.backward([y, h], [dy, dh])
-    hd = x.double() + res.double()
-    close(h, hd, F32, "h")
-    close(y, rms_norm_reference(hd, w.double(), EPS), F32, "y")
-    dx_ref, dw_ref = rms_norm_backward_reference(hd, w.double(), dy.double(), EPS)
-    close(xg.grad, dx_ref + dh.double(), F32, "dx")
-    close(rg.grad, dx_ref + dh.double(), F32, "dresidual")
-    close(wg.grad, dw_ref, F32, "dw")
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 import rmsnorm_kernel
-from rmsnorm_suite.cases import TOLERANCES
 
 from ..conftest import HAS_CUDA, KERNEL_DEVICES
+from ._fixtures import assert_close_scaled
 
 transformers = pytest.importorskip(
     "transformers", reason="needs transformers (the optional `models` extra: pip install -e .[models])"
@@ -79,21 +79,6 @@ def swapped_copy(family: str, model: torch.nn.Module) -> torch.nn.Module:
         assert isinstance(module, rmsnorm_kernel.RMSNorm)
         assert (module.casting, module.offset, module.eps) == (casting, offset, 1e-6)
     return swapped
-
-
-def assert_close_scaled(actual, expected, dtype, what):
-    """The declared tolerance of ``dtype`` with each tensor in units of its own largest element:
-    parameter gradients of a randomly initialised model are far below 1, where the absolute
-    tolerance alone would accept anything."""
-    tol = TOLERANCES[dtype]
-    scale = expected.detach().abs().max().double().clamp_min(torch.finfo(torch.float32).tiny)
-    torch.testing.assert_close(
-        actual.detach().double() / scale,
-        expected.detach().double() / scale,
-        atol=tol.atol,
-        rtol=tol.rtol,
-        msg=lambda m: f"{what}: {m}",
-    )
 
 
 def check_swapped_model_matches(family: str, device, dtype):

@@ -26,7 +26,7 @@ transformers = pytest.importorskip(
     "transformers", reason="needs transformers (the optional `models` extra: pip install -e .[models])"
 )
 
-from .test_models import assert_close_scaled  # noqa: E402 - after the skip: that module needs transformers
+from ._fixtures import assert_close_scaled  # noqa: E402
 
 LAYERS, HEAD_DIM, Q_HEADS, KV_HEADS = 2, 16, 4, 2
 # Each layer's norms in the model's module order, then the final one.

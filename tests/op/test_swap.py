@@ -31,7 +31,7 @@ from rmsnorm_kernel.module import LastDimRMSNorm, RMSNorm, SwapReport, swap_rms_
 from rmsnorm_suite.cases import TOLERANCES
 
 from ..conftest import KERNEL_DEVICES
-from .test_features import LlamaRMSNorm
+from ._fixtures import LlamaRMSNorm
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 HIDDEN = 64
