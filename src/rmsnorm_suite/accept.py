@@ -103,6 +103,19 @@ def approve(requests: Iterable[Request], by: str | None) -> list[Request]:
     return [replace(r, approved_by=who) for r in requests]
 
 
+def limit_refusal(check: str, factor: float, limits: Any) -> str | None:
+    """Why ``[accept]`` (``limits``, thresholds.AcceptLimits) refuses one row on its own: no row
+    allowed, a kind it does not list, a factor outside (1, max_factor]; None where it allows it."""
+    kind = check.split(" ", 1)[0]
+    if limits.max_rows == 0:
+        return "regression.toml [accept] allows no accepted row"
+    if kind not in limits.kinds:
+        return f"[accept] kinds {list(limits.kinds)} do not include {kind!r}"
+    if not 1.0 < factor <= limits.max_factor:
+        return f"factor {factor:g} not in (1, {limits.max_factor:g}] ([accept] max_factor)"
+    return None
+
+
 def grant(
     requests: Sequence[Request], limits: Any, checks: Iterable[str]
 ) -> tuple[dict[str, Request], dict[str, Any]]:
@@ -122,12 +135,8 @@ def grant(
             why = r.problem
         elif not r.approved_by:
             why = "no maintainer approval"
-        elif limits.max_rows == 0:
-            why = "regression.toml [accept] allows no accepted row"
-        elif r.check.split(" ", 1)[0] not in limits.kinds:
-            why = f"[accept] kinds {list(limits.kinds)} do not include {r.check.split(' ', 1)[0]!r}"
-        elif not 1.0 < r.factor <= limits.max_factor:
-            why = f"factor {r.factor:g} not in (1, {limits.max_factor:g}] ([accept] max_factor)"
+        elif why := limit_refusal(r.check, r.factor, limits):
+            pass
         elif r.check not in known:
             why = "names no latency row of this verdict"
         elif r.check in granted:

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from rmsnorm_suite import accept
+
 
 @dataclass(frozen=True)
 class Step:
@@ -226,7 +228,7 @@ def load_accepted(path: str | Path, limits=None) -> list[dict]:
         seen = rows.setdefault(r["commit"], set())
         if r["check"] in seen or len(seen) >= limits.max_rows:
             continue
-        if r["check"].split(" ", 1)[0] in limits.kinds and 1.0 < r["factor"] <= limits.max_factor:
+        if accept.limit_refusal(r["check"], r["factor"], limits) is None:
             seen.add(r["check"])
             kept.append(r)
     return kept
