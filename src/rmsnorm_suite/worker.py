@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rmsnorm_suite import guard, harness, inference, numerics, providers, results, stopwatch
+from rmsnorm_suite import cases, guard, harness, inference, numerics, providers, results, stopwatch
 from rmsnorm_suite import timing as clocks  # `timing` names the spec's choice here
 
 TIMINGS = ("cuda", "host")
@@ -30,7 +30,7 @@ TIMINGS = ("cuda", "host")
 STOPWATCH_CLASS = tuple((k, v, getattr(v, "__code__", None)) for k, v in vars(stopwatch.Stopwatch).items())
 BLOCK = stopwatch.Stopwatch.block
 HOST_SHAPE = (4, 64)  # rows, columns (at most the case's) of the host stand-in's CPU inputs
-EPS = 1e-6  # the op's eps when the spec names none (pr-verdict's --eps default)
+EPS = cases.EPS  # the op's eps when the spec names none (pr-verdict's --eps default)
 # Bound at import, before any commit's code: the Run is assembled with these, not with whatever
 # dataclasses.replace is when the round ends (the guard also holds both).
 REPLACE, FEATURE = dataclasses.replace, results.Feature
