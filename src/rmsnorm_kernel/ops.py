@@ -84,7 +84,7 @@ def rms_norm(
     residual_dtype: torch.dtype | None = None,
     offset: float = 0.0,
     casting: str = "default",
-    out_dtype: torch.dtype | None = None,
+    out_dtype: torch.dtype | str | None = None,
     allow_fallback: bool = False,
     scale: Tensor | float | None = None,
     scale_ub: float | None = None,
@@ -92,7 +92,8 @@ def rms_norm(
     """RMSNorm over the trailing ``normalized_shape`` dims of ``input`` (x), torch's arguments first:
     ``y = x * rsqrt(mean(x^2) + eps) * (offset + weight)``, squares and sums in fp32. With
     ``residual``, normalises ``h = x + residual`` (stored in ``residual_dtype``) and returns
-    ``(y, h)``. ``casting`` is "default", "gemma" or "llama"; ``out_dtype`` overrides y's dtype.
+    ``(y, h)``. ``casting`` is "default", "gemma" or "llama"; ``out_dtype`` overrides y's dtype
+    (a dtype, or the rule "input" or "promoted", contract.rule_dtype).
     Input the kernels do not run raises ``UnsupportedInput`` unless ``allow_fallback=True``.
     ``out_dtype`` torch.float8_e4m3fn or torch.int8 quantises y (forward only): with ``scale``
     static, without it per row, returning ``(y_q, scales)`` (``scale_ub`` bounds the scales);
@@ -153,6 +154,8 @@ def rms_norm(
         eps = float(eps)  # as torch's argument parser reads a 0-dim tensor given for a float
     if eps is None:
         eps = default_eps(x.dtype) if isinstance(x, torch.Tensor) else _DEFAULT_EPS
+    if type(out_dtype) is str and out_dtype in contract.OUT_DTYPE_RULES and isinstance(x, Tensor):
+        out_dtype = contract.rule_dtype(out_dtype, x.dtype, weight)  # RMSNorm's rule, as a trace records it
     transformed = _composite_needed(x, weight, residual)
     try:
         validate(x, weight, residual, eps, offset, casting, out_dtype, residual_dtype, n)
