@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rmsnorm_kernel import kernels
+from rmsnorm_kernel import composite, kernels
 from rmsnorm_kernel.contract import (
     CASTING_CODES,
     KERNEL_DTYPES,
@@ -27,7 +27,7 @@ from rmsnorm_kernel.contract import (
     rule_dtype,
 )
 from rmsnorm_kernel.contract import dtype_name as _dtype_name
-from rmsnorm_kernel.ops import _autocast_float32, _composite, rms_norm
+from rmsnorm_kernel.ops import _autocast_float32, rms_norm
 
 logger = logging.getLogger(__name__)
 
@@ -394,7 +394,9 @@ def _reference(x: torch.Tensor, weight, normalized_shape, candidate: _Candidate)
         out_dtype = default_out_dtype(x.dtype, w, candidate.casting)
     else:
         out_dtype = rule_dtype(candidate.out_dtype, x.dtype, w)
-    return _composite(x, shape, weight, eps, None, None, candidate.offset, candidate.casting, out_dtype)
+    return composite.rms_norm(
+        x, shape, weight, eps, None, None, candidate.offset, candidate.casting, out_dtype
+    )
 
 
 def _replacement(module: nn.Module, weight, normalized_shape, candidate: _Candidate) -> nn.Module:

@@ -1,5 +1,5 @@
 """The op as PyTorch sees it, in the order a call meets it: ``rms_norm`` and its one decision
-(the kernels, or the composite in torch ops, which every transform knows), the kernels' runs,
+(the kernels, or composite.py's torch ops, which every transform knows), the kernels' runs,
 one autograd path, and the ``torch.library`` ops ``rmsnorm_kernel::forward`` and ``::backward``
 with their fakes, which ``torch.compile`` traces (no graph break, no recompilation per batch
 size) and CUDA graphs capture. What the op accepts and returns is contract.py's.
@@ -15,10 +15,10 @@ import torch
 from torch.autograd import forward_ad
 from torch.overrides import handle_torch_function, has_torch_function
 
-from rmsnorm_kernel import contract, host, kernels, launch, quant
+from rmsnorm_kernel import composite, contract, host, kernels, launch, quant
+from rmsnorm_kernel.composite import keep_format as _keep_format
 from rmsnorm_kernel.contract import default_eps, default_out_dtype, validate
 from rmsnorm_kernel.contract import normalized_size as _normalized_size
-from rmsnorm_kernel.reference import rms_norm_reference
 
 Tensor = torch.Tensor
 
@@ -61,17 +61,6 @@ def reset_counters() -> None:
 
 _DEFAULT_EPS = contract.FLOAT32_EPS  # torch's eps=None for every kernel dtype
 _QUANT_DTYPES = contract.QUANT_DTYPES  # out_dtypes quant.py serves
-# Memory formats torch's rms_norm keeps for its output (any other layout gives a contiguous one).
-_KEPT_FORMATS = {4: torch.channels_last, 5: torch.channels_last_3d}
-
-
-def _keep_format(out: Tensor, x: Tensor) -> Tensor:
-    """``out`` (contiguous) in the memory format torch's rms_norm gives for input ``x``:
-    channels_last (channels_last_3d) input keeps its format, anything else is contiguous."""
-    fmt = _KEPT_FORMATS.get(x.dim())
-    if fmt is None or x.is_contiguous() or not x.is_contiguous(memory_format=fmt):
-        return out
-    return out.contiguous(memory_format=fmt)
 
 
 def rms_norm(
@@ -100,7 +89,11 @@ def rms_norm(
     quant.py says how. docs/features.md gives torch's semantics on every input, and what is refused.
     """
     x = input
-    if (out_dtype is not None and out_dtype in _QUANT_DTYPES) or scale is not None or scale_ub is not None:
+    quantised = (
+        (out_dtype is not None and out_dtype in _QUANT_DTYPES) or scale is not None or scale_ub is not None
+    )
+    # (a quantised call a __torch_function__ subclass or Proxy sees, which no fast path takes, goes below)
+    if quantised and (torch.compiler.is_compiling() or not has_torch_function((x, weight, residual))):
         return quant.rms_norm_quant(
             x, normalized_shape, weight, eps, residual=residual, residual_dtype=residual_dtype, offset=offset,
             casting=casting, out_dtype=out_dtype, scale=scale, scale_ub=scale_ub, allow_fallback=allow_fallback,
@@ -147,7 +140,7 @@ def rms_norm(
         return handle_torch_function(
             rms_norm, (x, weight, residual), x, normalized_shape, weight, eps, residual=residual,
             residual_dtype=residual_dtype, offset=offset, casting=casting, out_dtype=out_dtype,
-            allow_fallback=allow_fallback,
+            allow_fallback=allow_fallback, scale=scale, scale_ub=scale_ub,
         )  # fmt: skip
     n, shape = _normalized_size(x, normalized_shape, weight)
     if isinstance(eps, Tensor) and eps.dim() == 0 and not eps.requires_grad and not eps.is_complex():
@@ -156,7 +149,7 @@ def rms_norm(
         eps = default_eps(x.dtype) if isinstance(x, torch.Tensor) else _DEFAULT_EPS
     if type(out_dtype) is str and out_dtype in contract.OUT_DTYPE_RULES and isinstance(x, Tensor):
         out_dtype = contract.rule_dtype(out_dtype, x.dtype, weight)  # RMSNorm's rule, as a trace records it
-    transformed = _composite_needed(x, weight, residual)
+    transformed = composite.needed(x, weight, residual)
     try:
         validate(x, weight, residual, eps, offset, casting, out_dtype, residual_dtype, n)
         unsupported = False
@@ -171,7 +164,7 @@ def rms_norm(
         out_dtype = contract.output_dtype(x.dtype, weight, casting, residual_dtype, _autocast_float32(x))
     # Rows of no elements (N = 0, which torch takes: an empty y) launch nothing either.
     if transformed or (n == 0 and not unsupported):
-        return _composite(x, shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype)
+        return composite.rms_norm(x, shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype)
     if unsupported:
         return _fallback(x, shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype)
     k = len(shape)
@@ -184,7 +177,7 @@ def rms_norm(
         # A negative view's memory holds -x: resolved (differentiably) before any pointer is read.
         x_in, weight, res_in = _resolve_neg(x_in), _resolve_neg(weight), _resolve_neg(res_in)
     options = (eps, offset, launch.CASTING_MODES[casting], out_dtype, residual_dtype or x.dtype)
-    if torch.compiler.is_compiling() or _seen_by_python_dispatch(x, weight, residual):
+    if torch.compiler.is_compiling() or composite.seen_by_python_dispatch(x, weight, residual):
         y, _rstd, h = forward_op(x_in, weight, res_in, *options)
     elif torch.is_grad_enabled() and (
         x.requires_grad
@@ -209,10 +202,8 @@ def rms_norm(
 # ---------------------------------------------------------------------------------------------
 
 _SUPPORTED = frozenset(launch.SUPPORTED_DTYPES)  # for the fast path's membership tests
-# The dispatch key of Python dispatch modes and __torch_dispatch__ subclasses (_seen_by_python_dispatch),
-# and the types that never carry it (a Parameter made from a subclass instance has that type).
-_PYTHON_KEY = torch._C.DispatchKey.Python
-_PLAIN = (Tensor, torch.nn.Parameter)
+# composite.py's dispatch key of Python modes and subclasses, and the types that never carry it
+_PYTHON_KEY, _PLAIN = composite.PYTHON_KEY, composite.PLAIN
 
 
 def _takes_fast_path(
@@ -272,7 +263,7 @@ def _takes_fast_path(
             )
             # Route: contiguous x, no negative view (resolved first), no functorch transform, no
             # forward-mode AD level and no TorchScript tracer (those take torch ops), no autocast (which may change the output dtype: _autocast_float32), no
-            # Python dispatch mode (the custom op: _seen_by_python_dispatch).
+            # Python dispatch mode (the custom op: composite.seen_by_python_dispatch).
             and x.is_contiguous()
             and not x.is_neg()
             and not torch._C._are_functorch_transforms_active()
@@ -300,64 +291,9 @@ def _resolve_neg(t: Tensor | None) -> Tensor | None:
     return t.resolve_neg() if t is not None and t.is_neg() else t
 
 
-def _composite_needed(*tensors) -> bool:
-    """The forward's one decision: calls that cannot take the raw-pointer launches run the
-    composite (torch ops, which every transform knows): functorch transforms (vmap, grad, jvp),
-    forward-mode AD tangents, and the TorchScript tracer, which records torch ops. (Subclasses
-    reach the op by __torch_function__ or the custom op, negative views are resolved.)"""
-    return (
-        torch._C._are_functorch_transforms_active()
-        or _has_tangent(*tensors)
-        or (not torch.compiler.is_compiling() and torch._C._is_tracing())
-    )
-
-
-def _has_tangent(*tensors) -> bool:
-    """Whether forward-mode AD is on (inside ``forward_ad.dual_level()``) and one of ``tensors``
-    carries a tangent there: the kernels compute none, so such calls take torch ops."""
-    if forward_ad._current_level < 0:
-        return False
-    return any(isinstance(t, Tensor) and forward_ad.unpack_dual(t).tangent is not None for t in tensors)
-
-
-def _seen_by_python_dispatch(*tensors) -> bool:
-    """Whether a Python dispatch mode is active (FakeTensorMode, FlopCounterMode, a logging mode)
-    or one of ``tensors`` is a tensor subclass with __torch_dispatch__ (FakeTensor, DTensor):
-    such calls go through the custom op, which the mode or subclass sees and handles (a fake
-    tensor gets the op's fake kernel), as ``F.rms_norm``'s ops are seen there. The kernels'
-    own launches are invisible to them."""
-    if torch._C._dispatch_tls_is_dispatch_key_included(_PYTHON_KEY):
-        return True
-    return any(
-        isinstance(t, Tensor) and type(t) not in _PLAIN and torch._C._dispatch_keys(t).has(_PYTHON_KEY)
-        for t in tensors
-    )
-
-
 # ---------------------------------------------------------------------------------------------
-# The composite: torch ops (transforms, tracing, the fallback)
+# The fallback: composite.py's torch ops, for input the kernels do not run
 # ---------------------------------------------------------------------------------------------
-
-
-def _composite(x, shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype):
-    """The op in plain torch ops (reference.py's formula), in torch's output layout."""
-    k = len(shape)
-    h = None
-    if residual is not None:
-        h = (x.to(torch.float64 if x.dtype == torch.float64 else torch.float32) + residual).to(
-            residual_dtype or x.dtype
-        )
-        inp = h
-    else:
-        inp = x
-    lead = inp.shape[: inp.dim() - k]
-    flat = inp.reshape(*lead, math.prod(shape))
-    w = weight.reshape(-1) if weight is not None else None
-    y = rms_norm_reference(flat, w, eps, offset=offset, casting=casting, out_dtype=out_dtype).view(inp.shape)
-    y = _keep_format(y.contiguous(), x)  # torch's layout: contiguous, channels_last kept
-    if residual is not None:
-        return y, _keep_format(h.contiguous(), x)
-    return y
 
 
 def _fallback(x, shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype):
@@ -374,7 +310,7 @@ def _fallback(x, shape, weight, eps, residual, residual_dtype, offset, casting, 
                 RuntimeWarning,
                 stacklevel=3,
             )
-    return _composite(x, shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype)
+    return composite.rms_norm(x, shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -784,7 +720,7 @@ def qk_norm(
         eps = float(eps)
     if eps is None:
         eps = default_eps(q.dtype) if isinstance(q, Tensor) else _DEFAULT_EPS
-    transformed = _composite_needed(q, k, q_weight, k_weight)
+    transformed = composite.needed(q, k, q_weight, k_weight)
     try:
         contract.validate_qk(q, k, q_weight, k_weight, eps, offset, casting)
         unsupported = False
@@ -802,7 +738,7 @@ def qk_norm(
     q_out = contract.output_dtype(q.dtype, q_weight, casting, None, _autocast_float32(q))
     k_out = contract.output_dtype(k.dtype, k_weight, casting, None, _autocast_float32(k))
     options = (eps, offset, launch.CASTING_MODES[casting], q_out, k_out)
-    if torch.compiler.is_compiling() or _seen_by_python_dispatch(q, k, q_weight, k_weight):
+    if torch.compiler.is_compiling() or composite.seen_by_python_dispatch(q, k, q_weight, k_weight):
         yq, _rq, yk, _rk = qk_forward_op(q, k, q_weight, k_weight, *options)
     elif torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, q_weight, k_weight)
