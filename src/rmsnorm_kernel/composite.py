@@ -30,12 +30,15 @@ _KEPT_FORMATS = {4: torch.channels_last, 5: torch.channels_last_3d}
 def needed(x, *tensors) -> bool:
     """The forward's one decision: calls that cannot take the raw-pointer launches run the
     composite (torch ops, which every transform knows): functorch transforms (vmap, grad, jvp),
-    forward-mode AD tangents, and the TorchScript tracer, which records torch ops. (Subclasses
-    reach the op by __torch_function__ or the custom op, negative views are resolved.)"""
+    forward-mode AD tangents, the TorchScript tracer, which records torch ops, and a meta x
+    (the other tensors share its device), which has no memory to launch on: torch ops give
+    torch's meta result. (Subclasses reach the op by __torch_function__ or the custom op,
+    negative views are resolved.)"""
     return (
         torch._C._are_functorch_transforms_active()
         or has_tangent(x, *tensors)
         or (not torch.compiler.is_compiling() and torch._C._is_tracing())
+        or (isinstance(x, Tensor) and x.is_meta)
     )
 
 
@@ -62,7 +65,7 @@ def seen_by_python_dispatch(*tensors) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# The composite: torch ops (transforms, tracing, the fallback)
+# The composite: torch ops (transforms, tracing, meta tensors, the fallback)
 # ---------------------------------------------------------------------------------------------
 
 

@@ -249,7 +249,7 @@ def validate(
                 f"{name} has dtype {dtype_name(t.dtype)}; the kernels run float32, float16 and bfloat16 "
                 "(pass allow_fallback=True to run the reference instead)"
             )
-    if not (x.is_cuda or kernels.INTERPRET):
+    if not (x.is_cuda or (kernels.INTERPRET and x.device.type == "cpu")):
         raise UnsupportedInput(
             f"x is on {x.device}; the kernels run on CUDA, or on CPU under TRITON_INTERPRET=1 "
             "(pass allow_fallback=True to run the reference instead)"

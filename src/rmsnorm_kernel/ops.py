@@ -249,7 +249,7 @@ def _takes_fast_path(
             and -math.inf < offset < math.inf
             and type(casting) is str
             and casting in launch.CASTING_MODES
-            and (x.is_cuda or kernels.INTERPRET)
+            and (x.is_cuda or (kernels.INTERPRET and x.is_cpu))
             and (
                 (weight is None and offset == 0.0)
                 or (

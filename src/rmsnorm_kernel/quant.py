@@ -20,7 +20,7 @@ h = x + residual is returned after them, as rms_norm returns it: ``(y_q, h)`` or
 
 Forward only: a call that autograd would record (an input requiring grad, grad mode on) raises
 contract.ForwardOnly. Where rms_norm's own call takes torch ops (composite.needed: functorch
-transforms, forward-mode AD tangents, the TorchScript tracer) or its custom op
+transforms, forward-mode AD tangents, the TorchScript tracer, meta tensors) or its custom op
 (torch.compile, Python dispatch modes and subclasses), and with ``allow_fallback`` for input the
 kernels do not run, the same sequence runs in torch ops (``_composite``); a ``__torch_function__``
 subclass or an fx Proxy sees the call first, as rms_norm's.

@@ -248,7 +248,8 @@ class _Tagged(torch.Tensor):
 def test_routed_as_rms_norm_routes(device):
     """rms_norm's decision on a quantised call: a __torch_function__ subclass sees the call and
     gets its type back (it came back a plain Tensor); a forward-mode AD tangent takes torch ops,
-    giving fp8 y_q and the scales torch's tangents (the launch dropped them)."""
+    giving fp8 y_q and the scales torch's tangents (the launch dropped them); a meta x gives
+    meta outputs of torch's sequence's shapes and dtypes."""
     x, _, w = _make(3, 64, torch.float32, device)
     with torch.no_grad():
         want, want_s = rmsnorm_kernel.rms_norm(x, (64,), w, 1e-6, out_dtype=FP8)
@@ -269,3 +270,6 @@ def test_routed_as_rms_norm_routes(device):
                 assert g.tangent is not None, f"{name}, scale {scale}: no tangent"
                 torch.testing.assert_close(g.primal.float(), r.primal.float(), rtol=0, atol=0)
                 torch.testing.assert_close(g.tangent.float(), r.tangent.float(), rtol=0, atol=0)
+    y_q, scales = rmsnorm_kernel.rms_norm(x.to("meta"), (64,), w.to("meta"), 1e-6, out_dtype=I8)
+    assert (y_q.device.type, y_q.dtype, y_q.shape) == ("meta", I8, x.shape)
+    assert (scales.device.type, scales.dtype, scales.shape) == ("meta", torch.float32, (3, 1))
