@@ -501,13 +501,17 @@ def _composite_backward_needed(dy: Tensor | None) -> bool:
 
 def _grads(ctx, dy, dh, backward) -> tuple:
     """(dx, dw, dresidual) from the state saved by the forward, each None where not needed:
-    ``backward`` where the kernels run it, else _backward_composite."""
+    ``backward`` where the kernels run it, else _backward_composite. ``ctx.state`` is
+    ``(eps, offset, casting, out_dtype, x's dtype)``, then the residual's dtype where there is
+    one: without one, the options of the call as they are (their last is x's dtype there), one
+    attribute set in the least host time."""
     xh, weight, rstd = ctx.saved_tensors
     need_x, need_w, need_res = ctx.needs_input_grad[:3]
     need_dw = weight is not None and need_w
-    x_dtype = ctx.x_dtype
-    if ctx.has_residual:
-        res_dtype = ctx.residual_in_dtype
+    state = ctx.state
+    eps, offset, casting, x_dtype = state[0], state[1], state[2], state[4]
+    res_dtype = state[5] if len(state) > 5 else None
+    if res_dtype is not None:
         dx_dtype = torch.promote_types(x_dtype, res_dtype)
         dh = dh if dh is not None and dh.numel() else None
     else:
@@ -517,21 +521,21 @@ def _grads(ctx, dy, dh, backward) -> tuple:
     if dy is None:  # only h was used downstream: its gradient passes straight to x and residual
         dxh, dw, need_dw = dh.to(dx_dtype), None, False
     elif _composite_backward_needed(dy) or (dh is not None and _composite_backward_needed(dh)):
-        dxh, dw = _backward_composite(dy, dh, xh, weight, ctx.eps, ctx.offset, ctx.casting, need_dw, dx_dtype)
+        dxh, dw = _backward_composite(dy, dh, xh, weight, eps, offset, casting, need_dw, dx_dtype)
     else:
-        dxh, dw = backward(dy, dh, xh, weight, rstd, ctx.offset, ctx.casting, need_dw, dx_dtype)
+        dxh, dw = backward(dy, dh, xh, weight, rstd, offset, casting, need_dw, dx_dtype)
     # dxh has dx_dtype: a cast only where the dtype differs (a same-dtype .to() returns dxh too).
     dx = (dxh if dx_dtype == x_dtype else dxh.to(x_dtype)) if need_x else None
     dres = None
-    if ctx.has_residual and need_res:
+    if res_dtype is not None and need_res:
         dres = dxh if dx_dtype == res_dtype else dxh.to(res_dtype)
     return dx, dw if need_dw else None, dres
 
 
 class _EagerFunction(torch.autograd.Function):
     """The same forward, backward and saved state as the custom op's autograd, without the
-    dispatcher round trip: eager calls take this path (except the common call, which takes
-    ``_PlainFunction``), traced ones (torch.compile) the op.
+    dispatcher round trip: eager calls take this path (the common call through ``_apply_plain``),
+    traced ones (torch.compile) the op.
 
     Leaner than the op where autograd's per-call cost shows: the arguments other than the
     tensors come as one tuple, ``options = (eps, offset, casting, out_dtype, residual_dtype)``
@@ -542,13 +546,12 @@ class _EagerFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, residual, options):
         y, rstd, h = _run_forward(x, weight, residual, *options)
-        ctx.eps, ctx.offset, ctx.casting, ctx.x_dtype = options[0], options[1], options[2], x.dtype
-        ctx.set_materialize_grads(False)  # no zero-filled gradient for an unused h
         if residual is None:
-            ctx.has_residual, ctx.residual_in_dtype = False, None
+            ctx.state = options
             ctx.save_for_backward(x, weight, rstd)
             return y
-        ctx.has_residual, ctx.residual_in_dtype = True, residual.dtype
+        ctx.state = (*options[:4], x.dtype, residual.dtype)
+        ctx.set_materialize_grads(False)  # no zero-filled gradient for an unused h
         ctx.save_for_backward(h, weight, rstd)
         return y, h
 
@@ -557,40 +560,15 @@ class _EagerFunction(torch.autograd.Function):
         return *_grads(ctx, dy, dh, _run_backward), None
 
 
-class _PlainFunction(torch.autograd.Function):
-    """The eager path of the common call, the one ``rms_norm``'s fast path accepts (no residual,
-    a 1-D weight or none): ``_EagerFunction`` less what only a residual needs. One output, so
-    its gradient always arrives; the options are one saved attribute."""
-
-    @staticmethod
-    def forward(ctx, x, weight, options):
-        y, rstd, _ = _run_forward(x, weight, None, *options)
-        ctx.save_for_backward(x, weight, rstd)
-        ctx.options = options
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight, rstd = ctx.saved_tensors
-        need_x, need_w = ctx.needs_input_grad[:2]
-        eps, offset, casting = ctx.options[:3]
-        need_dw = need_w and weight is not None
-        if _composite_backward_needed(dy):
-            dx, dw = _backward_composite(dy, None, x, weight, eps, offset, casting, need_dw, x.dtype)
-        else:
-            dx, dw = _run_backward(dy, None, x, weight, rstd, offset, casting, need_dw, x.dtype)
-        return dx if need_x else None, dw, None
-
-
-# ``_PlainFunction.apply`` is a Python classmethod around the C one (``_FunctionBase.apply``):
+# ``_EagerFunction.apply`` is a Python classmethod around the C one (``_FunctionBase.apply``):
 # it binds default arguments where a Function defines setup_context (this one does not), routes
 # calls under functorch transforms elsewhere, and otherwise unwraps dead functorch wrappers and
-# calls the C one. ``_apply_plain`` does the last two itself, in less host time per call
-# (measured: docs/performance-notes.md, ops._apply_plain); under functorch transforms it calls
-# ``_PlainFunction.apply``.
-# A torch without these internals gets ``_PlainFunction.apply`` throughout.
+# calls the C one. ``_apply_plain``, the common call's (no residual), does the last two itself, in
+# less host time per call (measured: docs/performance-notes.md, ops._apply_plain); under
+# functorch transforms it calls ``_EagerFunction.apply``.
+# A torch without these internals gets ``_EagerFunction.apply`` throughout.
 try:
-    _c_apply_plain = torch._C._FunctionBase.__dict__["apply"].__get__(None, _PlainFunction)
+    _c_apply_plain = torch._C._FunctionBase.__dict__["apply"].__get__(None, _EagerFunction)
     _unwrap_if_dead = torch._C._functorch.unwrap_if_dead
 except (AttributeError, KeyError):
     _c_apply_plain = None
@@ -598,10 +576,10 @@ except (AttributeError, KeyError):
 
 def _apply_plain(x: Tensor, weight: Tensor | None, options: tuple) -> Tensor:
     if _c_apply_plain is None or torch._C._are_functorch_transforms_active():
-        return _PlainFunction.apply(x, weight, options)
+        return _EagerFunction.apply(x, weight, None, options)
     if weight is not None:
         weight = _unwrap_if_dead(weight)
-    return _c_apply_plain(_unwrap_if_dead(x), weight, options)
+    return _c_apply_plain(_unwrap_if_dead(x), weight, None, options)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -672,9 +650,7 @@ def _setup_context(ctx, inputs, output):
     y, rstd, h = output
     has_residual = residual is not None
     ctx.save_for_backward(h if has_residual else x, weight, rstd)
-    ctx.eps, ctx.offset, ctx.casting, ctx.has_residual = eps, offset, casting, has_residual
-    ctx.x_dtype = x.dtype
-    ctx.residual_in_dtype = residual.dtype if has_residual else None
+    ctx.state = (eps, offset, casting, out_dtype, x.dtype) + ((residual.dtype,) if has_residual else ())
 
 
 def _backward(ctx, dy, _drstd, dh):
