@@ -126,10 +126,10 @@ def floor(rounds=6, samples=100):
 def attribute(label, forward, dy, reps=300):
     """Median microseconds of a forward+backward call split at this op's backward node: engine
     to node entry, node body, node exit to .backward() returning (the node's body is timed by a
-    wrapper around the backward of both eager Functions: ``_PlainFunction``, which the common
-    call takes, and ``_EagerFunction``)."""
+    wrapper around the backward of the eager Function, ``_EagerFunction``, which the common call
+    takes too)."""
     stamps = {}
-    functions = (ops._PlainFunction, ops._EagerFunction)
+    functions = (ops._EagerFunction,)
     originals = [f.backward for f in functions]
 
     def timing(original):

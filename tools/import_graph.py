@@ -61,10 +61,6 @@ ALLOWED: dict[tuple[str, str], str] = {
         )
         for name in ("environment", "grids", "oraclecheck")
     },
-    ("rmsnorm_kernel.quant", "rmsnorm_kernel.ops"): (
-        "a cycle inside the op, broken at run time by two lazy imports (quant.composite, "
-        "quant._needs_composite); the op's one-road work owns these files"
-    ),
 }
 
 

@@ -58,6 +58,19 @@ def default_out_dtype(x_dtype: torch.dtype, weight, casting: str) -> torch.dtype
     return x_dtype
 
 
+# out_dtype rules, resolved at each call (RMSNorm's out_dtype, and rms_norm's, where a trace or a
+# subclass records the call before x's dtype is known): "input" is x's dtype, "promoted" the
+# promoted dtype of x and the weight (Llama's output).
+OUT_DTYPE_RULES = ("input", "promoted")
+
+
+def rule_dtype(rule: str, x_dtype: torch.dtype, weight) -> torch.dtype:
+    """The dtype an OUT_DTYPE_RULES rule names for x's dtype and the weight (x's without one)."""
+    if rule == "input" or not isinstance(weight, Tensor):
+        return x_dtype
+    return torch.promote_types(x_dtype, weight.dtype)
+
+
 def output_dtype(x_dtype, weight, casting: str, h_dtype=None, autocast_float32: bool = False) -> torch.dtype:
     """y's dtype where out_dtype is None: default_out_dtype of the normalised input (h's dtype
     with a residual, under a promoting casting); under CUDA autocast where torch runs rms_norm in
@@ -213,7 +226,8 @@ def validate(
         raise ValueError("residual_dtype is only meaningful with a residual")
     for name, value in (("out_dtype", out_dtype), ("residual_dtype", residual_dtype)):
         if value is not None and value not in KERNEL_DTYPES:
-            raise TypeError(f"{name} must be float32, float16, bfloat16 or None, got {value}")
+            rules = " or the rule 'input' or 'promoted'" if name == "out_dtype" else ""
+            raise TypeError(f"{name} must be float32, float16, bfloat16{rules} or None, got {value!r}")
     # Any real eps, as torch takes it (0 and negative values, bools and NumPy scalars included).
     if not (real_number(eps) or isinstance(eps, (torch.SymFloat, torch.SymInt))):
         raise TypeError(f"eps must be a real number or None, got {type(eps).__name__}")
@@ -235,7 +249,7 @@ def validate(
                 f"{name} has dtype {dtype_name(t.dtype)}; the kernels run float32, float16 and bfloat16 "
                 "(pass allow_fallback=True to run the reference instead)"
             )
-    if not (x.is_cuda or kernels.INTERPRET):
+    if not (x.is_cuda or (kernels.INTERPRET and x.device.type == "cpu")):
         raise UnsupportedInput(
             f"x is on {x.device}; the kernels run on CUDA, or on CPU under TRITON_INTERPRET=1 "
             "(pass allow_fallback=True to run the reference instead)"

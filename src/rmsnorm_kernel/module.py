@@ -14,24 +14,22 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rmsnorm_kernel import kernels
+from rmsnorm_kernel import composite, kernels
 from rmsnorm_kernel.contract import (
     CASTING_CODES,
     KERNEL_DTYPES,
+    OUT_DTYPE_RULES,
     Refused,
     UnsupportedInput,
     default_eps,
     default_out_dtype,
     real_number,
+    rule_dtype,
 )
 from rmsnorm_kernel.contract import dtype_name as _dtype_name
-from rmsnorm_kernel.ops import _autocast_float32, _composite, rms_norm
+from rmsnorm_kernel.ops import _autocast_float32, rms_norm
 
 logger = logging.getLogger(__name__)
-
-# RMSNorm's out_dtype rules, resolved at each call: "input" is x's dtype, "promoted" the promoted
-# dtype of x and the weight (Llama's output). None is the casting mode's own rule.
-OUT_DTYPE_RULES = ("input", "promoted")
 
 
 def _check_eps(eps) -> float | None:
@@ -93,12 +91,11 @@ class RMSNorm(nn.RMSNorm):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         out_dtype = self.out_dtype
-        if type(out_dtype) is str:
+        # A rule (contract.rule_dtype) resolved here for a tensor x; anything else (an fx Proxy,
+        # whose dtype is not known) hands rms_norm the rule, which a trace records as given.
+        if type(out_dtype) is str and isinstance(x, torch.Tensor):
             weight = self.weight
-            if out_dtype == "input" or weight is None:
-                out_dtype = x.dtype
-            else:
-                out_dtype = torch.promote_types(x.dtype, weight.dtype)
+            out_dtype = rule_dtype(out_dtype, x.dtype, weight)
             # The casting mode's own dtype: pass None, which keeps rms_norm's fast path (with a
             # residual too: h then has x's dtype). Not under CUDA autocast, where None would give
             # F.rms_norm's dtype there (float32 in torch releases that list rms_norm).
@@ -361,16 +358,11 @@ def _error_ratio(got: torch.Tensor, expected: torch.Tensor, x_dtype: torch.dtype
 
 def _out_dtype_rules(probes, outputs, weight) -> list[str]:
     """The OUT_DTYPE_RULES that give the dtype the module returned on every probe."""
-    w_dtype = weight.dtype if weight is not None else None
-    rules = []
-    for rule in OUT_DTYPE_RULES:
-        if all(
-            y.dtype
-            == (x.dtype if rule == "input" or w_dtype is None else torch.promote_types(x.dtype, w_dtype))
-            for x, y in zip(probes, outputs)
-        ):
-            rules.append(rule)
-    return rules
+    return [
+        rule
+        for rule in OUT_DTYPE_RULES
+        if all(y.dtype == rule_dtype(rule, x.dtype, weight) for x, y in zip(probes, outputs))
+    ]
 
 
 def _candidates(weight, eps_values, rules, follows_torch: bool) -> list[_Candidate]:
@@ -400,11 +392,11 @@ def _reference(x: torch.Tensor, weight, normalized_shape, candidate: _Candidate)
     eps = default_eps(x.dtype) if candidate.eps is None else candidate.eps
     if candidate.out_dtype is None:
         out_dtype = default_out_dtype(x.dtype, w, candidate.casting)
-    elif candidate.out_dtype == "input" or w is None:
-        out_dtype = x.dtype
     else:
-        out_dtype = torch.promote_types(x.dtype, w.dtype)
-    return _composite(x, shape, weight, eps, None, None, candidate.offset, candidate.casting, out_dtype)
+        out_dtype = rule_dtype(candidate.out_dtype, x.dtype, w)
+    return composite.rms_norm(
+        x, shape, weight, eps, None, None, candidate.offset, candidate.casting, out_dtype
+    )
 
 
 def _replacement(module: nn.Module, weight, normalized_shape, candidate: _Candidate) -> nn.Module:

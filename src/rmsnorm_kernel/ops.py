@@ -1,5 +1,5 @@
 """The op as PyTorch sees it, in the order a call meets it: ``rms_norm`` and its one decision
-(the kernels, or the composite in torch ops, which every transform knows), the kernels' runs,
+(the kernels, or composite.py's torch ops, which every transform knows), the kernels' runs,
 one autograd path, and the ``torch.library`` ops ``rmsnorm_kernel::forward`` and ``::backward``
 with their fakes, which ``torch.compile`` traces (no graph break, no recompilation per batch
 size) and CUDA graphs capture. What the op accepts and returns is contract.py's.
@@ -15,10 +15,10 @@ import torch
 from torch.autograd import forward_ad
 from torch.overrides import handle_torch_function, has_torch_function
 
-from rmsnorm_kernel import contract, host, kernels, launch, quant
+from rmsnorm_kernel import composite, contract, host, kernels, launch, quant
+from rmsnorm_kernel.composite import keep_format as _keep_format
 from rmsnorm_kernel.contract import default_eps, default_out_dtype, validate
 from rmsnorm_kernel.contract import normalized_size as _normalized_size
-from rmsnorm_kernel.reference import rms_norm_reference
 
 Tensor = torch.Tensor
 
@@ -61,17 +61,6 @@ def reset_counters() -> None:
 
 _DEFAULT_EPS = contract.FLOAT32_EPS  # torch's eps=None for every kernel dtype
 _QUANT_DTYPES = contract.QUANT_DTYPES  # out_dtypes quant.py serves
-# Memory formats torch's rms_norm keeps for its output (any other layout gives a contiguous one).
-_KEPT_FORMATS = {4: torch.channels_last, 5: torch.channels_last_3d}
-
-
-def _keep_format(out: Tensor, x: Tensor) -> Tensor:
-    """``out`` (contiguous) in the memory format torch's rms_norm gives for input ``x``:
-    channels_last (channels_last_3d) input keeps its format, anything else is contiguous."""
-    fmt = _KEPT_FORMATS.get(x.dim())
-    if fmt is None or x.is_contiguous() or not x.is_contiguous(memory_format=fmt):
-        return out
-    return out.contiguous(memory_format=fmt)
 
 
 def rms_norm(
@@ -84,7 +73,7 @@ def rms_norm(
     residual_dtype: torch.dtype | None = None,
     offset: float = 0.0,
     casting: str = "default",
-    out_dtype: torch.dtype | None = None,
+    out_dtype: torch.dtype | str | None = None,
     allow_fallback: bool = False,
     scale: Tensor | float | None = None,
     scale_ub: float | None = None,
@@ -92,14 +81,19 @@ def rms_norm(
     """RMSNorm over the trailing ``normalized_shape`` dims of ``input`` (x), torch's arguments first:
     ``y = x * rsqrt(mean(x^2) + eps) * (offset + weight)``, squares and sums in fp32. With
     ``residual``, normalises ``h = x + residual`` (stored in ``residual_dtype``) and returns
-    ``(y, h)``. ``casting`` is "default", "gemma" or "llama"; ``out_dtype`` overrides y's dtype.
+    ``(y, h)``. ``casting`` is "default", "gemma" or "llama"; ``out_dtype`` overrides y's dtype
+    (a dtype, or the rule "input" or "promoted", contract.rule_dtype).
     Input the kernels do not run raises ``UnsupportedInput`` unless ``allow_fallback=True``.
     ``out_dtype`` torch.float8_e4m3fn or torch.int8 quantises y (forward only): with ``scale``
     static, without it per row, returning ``(y_q, scales)`` (``scale_ub`` bounds the scales);
     quant.py says how. docs/features.md gives torch's semantics on every input, and what is refused.
     """
     x = input
-    if (out_dtype is not None and out_dtype in _QUANT_DTYPES) or scale is not None or scale_ub is not None:
+    quantised = (
+        (out_dtype is not None and out_dtype in _QUANT_DTYPES) or scale is not None or scale_ub is not None
+    )
+    # (a quantised call a __torch_function__ subclass or Proxy sees, which no fast path takes, goes below)
+    if quantised and (torch.compiler.is_compiling() or not has_torch_function((x, weight, residual))):
         return quant.rms_norm_quant(
             x, normalized_shape, weight, eps, residual=residual, residual_dtype=residual_dtype, offset=offset,
             casting=casting, out_dtype=out_dtype, scale=scale, scale_ub=scale_ub, allow_fallback=allow_fallback,
@@ -146,14 +140,16 @@ def rms_norm(
         return handle_torch_function(
             rms_norm, (x, weight, residual), x, normalized_shape, weight, eps, residual=residual,
             residual_dtype=residual_dtype, offset=offset, casting=casting, out_dtype=out_dtype,
-            allow_fallback=allow_fallback,
+            allow_fallback=allow_fallback, scale=scale, scale_ub=scale_ub,
         )  # fmt: skip
     n, shape = _normalized_size(x, normalized_shape, weight)
     if isinstance(eps, Tensor) and eps.dim() == 0 and not eps.requires_grad and not eps.is_complex():
         eps = float(eps)  # as torch's argument parser reads a 0-dim tensor given for a float
     if eps is None:
         eps = default_eps(x.dtype) if isinstance(x, torch.Tensor) else _DEFAULT_EPS
-    transformed = _composite_needed(x, weight, residual)
+    if type(out_dtype) is str and out_dtype in contract.OUT_DTYPE_RULES and isinstance(x, Tensor):
+        out_dtype = contract.rule_dtype(out_dtype, x.dtype, weight)  # RMSNorm's rule, as a trace records it
+    transformed = composite.needed(x, weight, residual)
     try:
         validate(x, weight, residual, eps, offset, casting, out_dtype, residual_dtype, n)
         unsupported = False
@@ -168,7 +164,7 @@ def rms_norm(
         out_dtype = contract.output_dtype(x.dtype, weight, casting, residual_dtype, _autocast_float32(x))
     # Rows of no elements (N = 0, which torch takes: an empty y) launch nothing either.
     if transformed or (n == 0 and not unsupported):
-        return _composite(x, shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype)
+        return composite.rms_norm(x, shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype)
     if unsupported:
         return _fallback(x, shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype)
     k = len(shape)
@@ -181,7 +177,7 @@ def rms_norm(
         # A negative view's memory holds -x: resolved (differentiably) before any pointer is read.
         x_in, weight, res_in = _resolve_neg(x_in), _resolve_neg(weight), _resolve_neg(res_in)
     options = (eps, offset, launch.CASTING_MODES[casting], out_dtype, residual_dtype or x.dtype)
-    if torch.compiler.is_compiling() or _seen_by_python_dispatch(x, weight, residual):
+    if torch.compiler.is_compiling() or composite.seen_by_python_dispatch(x, weight, residual):
         y, _rstd, h = forward_op(x_in, weight, res_in, *options)
     elif torch.is_grad_enabled() and (
         x.requires_grad
@@ -206,10 +202,8 @@ def rms_norm(
 # ---------------------------------------------------------------------------------------------
 
 _SUPPORTED = frozenset(launch.SUPPORTED_DTYPES)  # for the fast path's membership tests
-# The dispatch key of Python dispatch modes and __torch_dispatch__ subclasses (_seen_by_python_dispatch),
-# and the types that never carry it (a Parameter made from a subclass instance has that type).
-_PYTHON_KEY = torch._C.DispatchKey.Python
-_PLAIN = (Tensor, torch.nn.Parameter)
+# composite.py's dispatch key of Python modes and subclasses, and the types that never carry it
+_PYTHON_KEY, _PLAIN = composite.PYTHON_KEY, composite.PLAIN
 
 
 def _takes_fast_path(
@@ -255,7 +249,7 @@ def _takes_fast_path(
             and -math.inf < offset < math.inf
             and type(casting) is str
             and casting in launch.CASTING_MODES
-            and (x.is_cuda or kernels.INTERPRET)
+            and (x.is_cuda or (kernels.INTERPRET and x.is_cpu))
             and (
                 (weight is None and offset == 0.0)
                 or (
@@ -269,7 +263,7 @@ def _takes_fast_path(
             )
             # Route: contiguous x, no negative view (resolved first), no functorch transform, no
             # forward-mode AD level and no TorchScript tracer (those take torch ops), no autocast (which may change the output dtype: _autocast_float32), no
-            # Python dispatch mode (the custom op: _seen_by_python_dispatch).
+            # Python dispatch mode (the custom op: composite.seen_by_python_dispatch).
             and x.is_contiguous()
             and not x.is_neg()
             and not torch._C._are_functorch_transforms_active()
@@ -297,64 +291,9 @@ def _resolve_neg(t: Tensor | None) -> Tensor | None:
     return t.resolve_neg() if t is not None and t.is_neg() else t
 
 
-def _composite_needed(*tensors) -> bool:
-    """The forward's one decision: calls that cannot take the raw-pointer launches run the
-    composite (torch ops, which every transform knows): functorch transforms (vmap, grad, jvp),
-    forward-mode AD tangents, and the TorchScript tracer, which records torch ops. (Subclasses
-    reach the op by __torch_function__ or the custom op, negative views are resolved.)"""
-    return (
-        torch._C._are_functorch_transforms_active()
-        or _has_tangent(*tensors)
-        or (not torch.compiler.is_compiling() and torch._C._is_tracing())
-    )
-
-
-def _has_tangent(*tensors) -> bool:
-    """Whether forward-mode AD is on (inside ``forward_ad.dual_level()``) and one of ``tensors``
-    carries a tangent there: the kernels compute none, so such calls take torch ops."""
-    if forward_ad._current_level < 0:
-        return False
-    return any(isinstance(t, Tensor) and forward_ad.unpack_dual(t).tangent is not None for t in tensors)
-
-
-def _seen_by_python_dispatch(*tensors) -> bool:
-    """Whether a Python dispatch mode is active (FakeTensorMode, FlopCounterMode, a logging mode)
-    or one of ``tensors`` is a tensor subclass with __torch_dispatch__ (FakeTensor, DTensor):
-    such calls go through the custom op, which the mode or subclass sees and handles (a fake
-    tensor gets the op's fake kernel), as ``F.rms_norm``'s ops are seen there. The kernels'
-    own launches are invisible to them."""
-    if torch._C._dispatch_tls_is_dispatch_key_included(_PYTHON_KEY):
-        return True
-    return any(
-        isinstance(t, Tensor) and type(t) not in _PLAIN and torch._C._dispatch_keys(t).has(_PYTHON_KEY)
-        for t in tensors
-    )
-
-
 # ---------------------------------------------------------------------------------------------
-# The composite: torch ops (transforms, tracing, the fallback)
+# The fallback: composite.py's torch ops, for input the kernels do not run
 # ---------------------------------------------------------------------------------------------
-
-
-def _composite(x, shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype):
-    """The op in plain torch ops (reference.py's formula), in torch's output layout."""
-    k = len(shape)
-    h = None
-    if residual is not None:
-        h = (x.to(torch.float64 if x.dtype == torch.float64 else torch.float32) + residual).to(
-            residual_dtype or x.dtype
-        )
-        inp = h
-    else:
-        inp = x
-    lead = inp.shape[: inp.dim() - k]
-    flat = inp.reshape(*lead, math.prod(shape))
-    w = weight.reshape(-1) if weight is not None else None
-    y = rms_norm_reference(flat, w, eps, offset=offset, casting=casting, out_dtype=out_dtype).view(inp.shape)
-    y = _keep_format(y.contiguous(), x)  # torch's layout: contiguous, channels_last kept
-    if residual is not None:
-        return y, _keep_format(h.contiguous(), x)
-    return y
 
 
 def _fallback(x, shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype):
@@ -371,7 +310,7 @@ def _fallback(x, shape, weight, eps, residual, residual_dtype, offset, casting, 
                 RuntimeWarning,
                 stacklevel=3,
             )
-    return _composite(x, shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype)
+    return composite.rms_norm(x, shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -562,13 +501,17 @@ def _composite_backward_needed(dy: Tensor | None) -> bool:
 
 def _grads(ctx, dy, dh, backward) -> tuple:
     """(dx, dw, dresidual) from the state saved by the forward, each None where not needed:
-    ``backward`` where the kernels run it, else _backward_composite."""
+    ``backward`` where the kernels run it, else _backward_composite. ``ctx.state`` is
+    ``(eps, offset, casting, out_dtype, x's dtype)``, then the residual's dtype where there is
+    one: without one, the options of the call as they are (their last is x's dtype there), one
+    attribute set in the least host time."""
     xh, weight, rstd = ctx.saved_tensors
     need_x, need_w, need_res = ctx.needs_input_grad[:3]
     need_dw = weight is not None and need_w
-    x_dtype = ctx.x_dtype
-    if ctx.has_residual:
-        res_dtype = ctx.residual_in_dtype
+    state = ctx.state
+    eps, offset, casting, x_dtype = state[0], state[1], state[2], state[4]
+    res_dtype = state[5] if len(state) > 5 else None
+    if res_dtype is not None:
         dx_dtype = torch.promote_types(x_dtype, res_dtype)
         dh = dh if dh is not None and dh.numel() else None
     else:
@@ -578,21 +521,21 @@ def _grads(ctx, dy, dh, backward) -> tuple:
     if dy is None:  # only h was used downstream: its gradient passes straight to x and residual
         dxh, dw, need_dw = dh.to(dx_dtype), None, False
     elif _composite_backward_needed(dy) or (dh is not None and _composite_backward_needed(dh)):
-        dxh, dw = _backward_composite(dy, dh, xh, weight, ctx.eps, ctx.offset, ctx.casting, need_dw, dx_dtype)
+        dxh, dw = _backward_composite(dy, dh, xh, weight, eps, offset, casting, need_dw, dx_dtype)
     else:
-        dxh, dw = backward(dy, dh, xh, weight, rstd, ctx.offset, ctx.casting, need_dw, dx_dtype)
+        dxh, dw = backward(dy, dh, xh, weight, rstd, offset, casting, need_dw, dx_dtype)
     # dxh has dx_dtype: a cast only where the dtype differs (a same-dtype .to() returns dxh too).
     dx = (dxh if dx_dtype == x_dtype else dxh.to(x_dtype)) if need_x else None
     dres = None
-    if ctx.has_residual and need_res:
+    if res_dtype is not None and need_res:
         dres = dxh if dx_dtype == res_dtype else dxh.to(res_dtype)
     return dx, dw if need_dw else None, dres
 
 
 class _EagerFunction(torch.autograd.Function):
     """The same forward, backward and saved state as the custom op's autograd, without the
-    dispatcher round trip: eager calls take this path (except the common call, which takes
-    ``_PlainFunction``), traced ones (torch.compile) the op.
+    dispatcher round trip: eager calls take this path (the common call through ``_apply_plain``),
+    traced ones (torch.compile) the op.
 
     Leaner than the op where autograd's per-call cost shows: the arguments other than the
     tensors come as one tuple, ``options = (eps, offset, casting, out_dtype, residual_dtype)``
@@ -603,13 +546,12 @@ class _EagerFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, residual, options):
         y, rstd, h = _run_forward(x, weight, residual, *options)
-        ctx.eps, ctx.offset, ctx.casting, ctx.x_dtype = options[0], options[1], options[2], x.dtype
-        ctx.set_materialize_grads(False)  # no zero-filled gradient for an unused h
         if residual is None:
-            ctx.has_residual, ctx.residual_in_dtype = False, None
+            ctx.state = options
             ctx.save_for_backward(x, weight, rstd)
             return y
-        ctx.has_residual, ctx.residual_in_dtype = True, residual.dtype
+        ctx.state = (*options[:4], x.dtype, residual.dtype)
+        ctx.set_materialize_grads(False)  # no zero-filled gradient for an unused h
         ctx.save_for_backward(h, weight, rstd)
         return y, h
 
@@ -618,40 +560,15 @@ class _EagerFunction(torch.autograd.Function):
         return *_grads(ctx, dy, dh, _run_backward), None
 
 
-class _PlainFunction(torch.autograd.Function):
-    """The eager path of the common call, the one ``rms_norm``'s fast path accepts (no residual,
-    a 1-D weight or none): ``_EagerFunction`` less what only a residual needs. One output, so
-    its gradient always arrives; the options are one saved attribute."""
-
-    @staticmethod
-    def forward(ctx, x, weight, options):
-        y, rstd, _ = _run_forward(x, weight, None, *options)
-        ctx.save_for_backward(x, weight, rstd)
-        ctx.options = options
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight, rstd = ctx.saved_tensors
-        need_x, need_w = ctx.needs_input_grad[:2]
-        eps, offset, casting = ctx.options[:3]
-        need_dw = need_w and weight is not None
-        if _composite_backward_needed(dy):
-            dx, dw = _backward_composite(dy, None, x, weight, eps, offset, casting, need_dw, x.dtype)
-        else:
-            dx, dw = _run_backward(dy, None, x, weight, rstd, offset, casting, need_dw, x.dtype)
-        return dx if need_x else None, dw, None
-
-
-# ``_PlainFunction.apply`` is a Python classmethod around the C one (``_FunctionBase.apply``):
+# ``_EagerFunction.apply`` is a Python classmethod around the C one (``_FunctionBase.apply``):
 # it binds default arguments where a Function defines setup_context (this one does not), routes
 # calls under functorch transforms elsewhere, and otherwise unwraps dead functorch wrappers and
-# calls the C one. ``_apply_plain`` does the last two itself, in less host time per call
-# (measured: docs/performance-notes.md, ops._apply_plain); under functorch transforms it calls
-# ``_PlainFunction.apply``.
-# A torch without these internals gets ``_PlainFunction.apply`` throughout.
+# calls the C one. ``_apply_plain``, the common call's (no residual), does the last two itself, in
+# less host time per call (measured: docs/performance-notes.md, ops._apply_plain); under
+# functorch transforms it calls ``_EagerFunction.apply``.
+# A torch without these internals gets ``_EagerFunction.apply`` throughout.
 try:
-    _c_apply_plain = torch._C._FunctionBase.__dict__["apply"].__get__(None, _PlainFunction)
+    _c_apply_plain = torch._C._FunctionBase.__dict__["apply"].__get__(None, _EagerFunction)
     _unwrap_if_dead = torch._C._functorch.unwrap_if_dead
 except (AttributeError, KeyError):
     _c_apply_plain = None
@@ -659,10 +576,10 @@ except (AttributeError, KeyError):
 
 def _apply_plain(x: Tensor, weight: Tensor | None, options: tuple) -> Tensor:
     if _c_apply_plain is None or torch._C._are_functorch_transforms_active():
-        return _PlainFunction.apply(x, weight, options)
+        return _EagerFunction.apply(x, weight, None, options)
     if weight is not None:
         weight = _unwrap_if_dead(weight)
-    return _c_apply_plain(_unwrap_if_dead(x), weight, options)
+    return _c_apply_plain(_unwrap_if_dead(x), weight, None, options)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -733,9 +650,7 @@ def _setup_context(ctx, inputs, output):
     y, rstd, h = output
     has_residual = residual is not None
     ctx.save_for_backward(h if has_residual else x, weight, rstd)
-    ctx.eps, ctx.offset, ctx.casting, ctx.has_residual = eps, offset, casting, has_residual
-    ctx.x_dtype = x.dtype
-    ctx.residual_in_dtype = residual.dtype if has_residual else None
+    ctx.state = (eps, offset, casting, out_dtype, x.dtype) + ((residual.dtype,) if has_residual else ())
 
 
 def _backward(ctx, dy, _drstd, dh):
@@ -781,7 +696,7 @@ def qk_norm(
         eps = float(eps)
     if eps is None:
         eps = default_eps(q.dtype) if isinstance(q, Tensor) else _DEFAULT_EPS
-    transformed = _composite_needed(q, k, q_weight, k_weight)
+    transformed = composite.needed(q, k, q_weight, k_weight)
     try:
         contract.validate_qk(q, k, q_weight, k_weight, eps, offset, casting)
         unsupported = False
@@ -799,7 +714,7 @@ def qk_norm(
     q_out = contract.output_dtype(q.dtype, q_weight, casting, None, _autocast_float32(q))
     k_out = contract.output_dtype(k.dtype, k_weight, casting, None, _autocast_float32(k))
     options = (eps, offset, launch.CASTING_MODES[casting], q_out, k_out)
-    if torch.compiler.is_compiling() or _seen_by_python_dispatch(q, k, q_weight, k_weight):
+    if torch.compiler.is_compiling() or composite.seen_by_python_dispatch(q, k, q_weight, k_weight):
         yq, _rq, yk, _rk = qk_forward_op(q, k, q_weight, k_weight, *options)
     elif torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, q_weight, k_weight)

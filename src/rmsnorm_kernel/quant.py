@@ -19,9 +19,11 @@ h = x + residual is returned after them, as rms_norm returns it: ``(y_q, h)`` or
 ``(y_q, scales, h)``. contract.py declares the dtypes, QMAX, MIN_SCALE and the errors.
 
 Forward only: a call that autograd would record (an input requiring grad, grad mode on) raises
-contract.ForwardOnly. Under torch.compile, functorch transforms and ``__torch_function__``
-subclasses, and with ``allow_fallback`` for input the kernels do not run, the same sequence runs
-in torch ops (``composite``).
+contract.ForwardOnly. Where rms_norm's own call takes torch ops (composite.needed: functorch
+transforms, forward-mode AD tangents, the TorchScript tracer, meta tensors) or its custom op
+(torch.compile, Python dispatch modes and subclasses), and with ``allow_fallback`` for input the
+kernels do not run, the same sequence runs in torch ops (``_composite``); a ``__torch_function__``
+subclass or an fx Proxy sees the call first, as rms_norm's.
 
 The kernels repeat forward_tile's and forward_looped's arithmetic and launch plans (rows per
 program, warps, chunks), and on the GPU the order of each row's sum of squares too (quant_tile
@@ -41,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rmsnorm_kernel import contract, kernels, launch
+from rmsnorm_kernel import composite, contract, kernels, launch
 
 Tensor = torch.Tensor
 
@@ -374,14 +376,9 @@ def quantise(y: Tensor, out_dtype: torch.dtype, scale, scale_ub, k: int) -> tupl
     return v.clamp(lo, hi).to(out_dtype), scales
 
 
-def composite(
-    x, normalized_shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype, scale, scale_ub
-):
+def _composite(x, shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype, scale, scale_ub):
     """The quantised call in torch ops (rms_norm's composite for y, then ``quantise``)."""
-    from rmsnorm_kernel import ops
-
-    n, shape = contract.normalized_size(x, normalized_shape, weight)
-    out = ops._composite(x, shape, weight, eps, residual, residual_dtype, offset, casting, torch.float32)
+    out = composite.rms_norm(x, shape, weight, eps, residual, residual_dtype, offset, casting, torch.float32)
     y, h = out if residual is not None else (out, None)
     y_q, scales = quantise(y, out_dtype, scale, scale_ub, len(shape))
     return _result(y_q, scales, h)
@@ -422,11 +419,12 @@ def rms_norm_quant(
         eps = float(eps)
     if eps is None:
         eps = contract.default_eps(x.dtype) if isinstance(x, Tensor) else contract.FLOAT32_EPS
+    transformed = composite.needed(x, weight, residual, scale)
     try:
         contract.validate(x, weight, residual, eps, offset, casting, None, residual_dtype, n)
         unsupported = False
     except contract.UnsupportedInput:
-        if not allow_fallback:
+        if not (allow_fallback or transformed):
             raise
         unsupported = True
     if torch.is_grad_enabled() and any(
@@ -441,8 +439,16 @@ def rms_norm_quant(
     if residual is not None and residual_dtype is None:
         residual_dtype = x.dtype
     args = (x, shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype, scale, scale_ub)
-    if unsupported or n == 0 or _needs_composite(x, weight, residual, scale):
-        return composite(*args)
+    # rms_norm's decision (composite.needed); a trace or a Python dispatch mode, where rms_norm
+    # calls its custom op, sees torch ops here
+    if (
+        unsupported
+        or n == 0
+        or transformed
+        or torch.compiler.is_compiling()
+        or composite.seen_by_python_dispatch(x, weight, residual, scale)
+    ):
+        return _composite(*args)
     k = len(shape)
     lead = x.shape[: x.dim() - k]
     x2 = launch.as_rows(x.reshape(*lead, n).resolve_neg(), n)
@@ -459,16 +465,3 @@ def rms_norm_quant(
     if scales is not None:
         scales = scales.view(*lead, *([1] * k))
     return _result(y, scales, h)
-
-
-def _needs_composite(*tensors) -> bool:
-    """Calls the raw launches cannot serve: a torch.compile trace, functorch transforms, the
-    TorchScript tracer, and tensor subclasses or modes that expect to see torch ops."""
-    from rmsnorm_kernel import ops
-
-    return (
-        torch.compiler.is_compiling()
-        or torch._C._are_functorch_transforms_active()
-        or torch._C._is_tracing()
-        or ops._seen_by_python_dispatch(*tensors)
-    )

@@ -22,7 +22,7 @@ from torch.autograd import forward_ad as fwAD
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import rmsnorm_kernel
-from rmsnorm_kernel import contract, host, ops
+from rmsnorm_kernel import contract, host, kernels, ops
 from rmsnorm_kernel.launch import UnsupportedInput
 from rmsnorm_kernel.module import LastDimRMSNorm
 
@@ -755,6 +755,50 @@ def test_module_on_float64(device):
     assert "allow_fallback=False" in repr(strict) and "allow_fallback" not in repr(ours)
     with pytest.raises(UnsupportedInput):
         strict(x)
+
+
+@pytest.mark.parametrize("interpret", [False, True])
+def test_meta_tensors_give_torchs_meta_result(monkeypatch, interpret):
+    """Meta tensors (no memory to launch on) give torch's meta result, shape, dtype and layout,
+    with or without allow_fallback, for the function, the module, the residual, qk_norm and a
+    backward: under the interpreter they reached the launches ("Cannot copy out of meta
+    tensor"), outside it rms_norm refused them (UnsupportedInput)."""
+    monkeypatch.setattr(kernels, "INTERPRET", interpret)
+    x = torch.empty(2, 3, 16, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    w = torch.empty(16, device="meta", requires_grad=True)
+    r = torch.empty(2, 3, 16, dtype=torch.bfloat16, device="meta")
+    want = F.rms_norm(x, (16,), w, 1e-6)
+    before = dict(ops.CALLS)
+    for kw in ({}, {"allow_fallback": True}, {"casting": "llama"}):
+        got = rmsnorm_kernel.rms_norm(x, (16,), w, 1e-6, **kw)
+        dtype = torch.float32 if kw.get("casting") == "llama" else want.dtype
+        assert (got.device, got.dtype, got.shape, got.stride()) == (
+            want.device,
+            dtype,
+            want.shape,
+            want.stride(),
+        )
+    y, h = rmsnorm_kernel.rms_norm(x, (16,), w, 1e-6, residual=r)
+    assert (y.device.type, y.dtype, h.device.type, h.dtype, h.shape) == (
+        "meta",
+        x.dtype,
+        "meta",
+        x.dtype,
+        x.shape,
+    )
+    got = rmsnorm_kernel.RMSNorm(16, device="meta")(x)
+    assert (got.device, got.dtype, got.shape) == (want.device, want.dtype, want.shape)
+    dx, dw = torch.autograd.grad(rmsnorm_kernel.rms_norm(x, (16,), w, 1e-6).sum(), (x, w))
+    assert (dx.device.type, dx.dtype, dx.shape, dw.device.type, dw.shape) == (
+        "meta",
+        x.dtype,
+        x.shape,
+        "meta",
+        w.shape,
+    )
+    q, k = rmsnorm_kernel.qk_norm(x.view(2, 3, 2, 8), x.view(2, 3, 2, 8)[:, :, :1], None, None, 1e-6)
+    assert (q.device.type, q.shape, k.device.type, k.shape) == ("meta", (2, 3, 2, 8), "meta", (2, 3, 1, 8))
+    assert ops.CALLS == before  # nothing launched, no fallback counted
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)

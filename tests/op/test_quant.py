@@ -17,6 +17,7 @@ so, and fails once Triton's own cast is right (then the replacement can go)."""
 import numpy as np
 import pytest
 import torch
+from torch.autograd import forward_ad as fwAD
 
 import rmsnorm_kernel
 from rmsnorm_kernel import contract, quant
@@ -237,3 +238,38 @@ def test_interpreter_fp8_cast_is_replaced():
     y = torch.empty(x.shape, dtype=FP8)
     cast[(1,)](x, y, x.numel(), B=triton.next_power_of_2(x.numel()))
     assert _same_bits(y, x.clamp(-448, 448).to(FP8))
+
+
+class _Tagged(torch.Tensor):
+    """A __torch_function__ subclass with torch's default handler."""
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_routed_as_rms_norm_routes(device):
+    """rms_norm's decision on a quantised call: a __torch_function__ subclass sees the call and
+    gets its type back (it came back a plain Tensor); a forward-mode AD tangent takes torch ops,
+    giving fp8 y_q and the scales torch's tangents (the launch dropped them); a meta x gives
+    meta outputs of torch's sequence's shapes and dtypes."""
+    x, _, w = _make(3, 64, torch.float32, device)
+    with torch.no_grad():
+        want, want_s = rmsnorm_kernel.rms_norm(x, (64,), w, 1e-6, out_dtype=FP8)
+        got, got_s = rmsnorm_kernel.rms_norm(x.as_subclass(_Tagged), (64,), w, 1e-6, out_dtype=FP8)
+    assert type(got) is type(got_s) is _Tagged
+    assert _same_bits(got.as_subclass(torch.Tensor), want) and torch.equal(
+        got_s.as_subclass(torch.Tensor), want_s
+    )
+    dx = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(device)
+    with fwAD.dual_level():
+        xd = fwAD.make_dual(x, dx)
+        y32 = rmsnorm_kernel.rms_norm(xd, (64,), w, 1e-6, out_dtype=torch.float32)
+        for scale in (None, 0.02):
+            got = rmsnorm_kernel.rms_norm(xd, (64,), w, 1e-6, out_dtype=FP8, scale=scale)
+            ref = torch_sequence(y32, FP8, scale, None)
+            for name, g, r in zip(("y_q", "scales"), got if scale is None else (got,), ref):
+                g, r = fwAD.unpack_dual(g), fwAD.unpack_dual(r)
+                assert g.tangent is not None, f"{name}, scale {scale}: no tangent"
+                torch.testing.assert_close(g.primal.float(), r.primal.float(), rtol=0, atol=0)
+                torch.testing.assert_close(g.tangent.float(), r.tangent.float(), rtol=0, atol=0)
+    y_q, scales = rmsnorm_kernel.rms_norm(x.to("meta"), (64,), w.to("meta"), 1e-6, out_dtype=I8)
+    assert (y_q.device.type, y_q.dtype, y_q.shape) == ("meta", I8, x.shape)
+    assert (scales.device.type, scales.dtype, scales.shape) == ("meta", torch.float32, (3, 1))

@@ -460,6 +460,26 @@ def test_rmsnorm_out_dtype_rules(device):
     assert "out_dtype='promoted'" in repr(RMSNorm(8, out_dtype="promoted"))
 
 
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_a_swapped_look_alike_traces_with_fx(device):
+    """torch.fx.symbolic_trace of a model whose Llama-style norm was swapped (RMSNorm with the
+    out_dtype rule "promoted") records one rms_norm call holding the rule, which is resolved when
+    the graph runs: the output the original gives, fp32 weight with bf16 x included. It raised
+    TraceError (the rule was resolved against a Proxy's dtype), where the original traces."""
+    original = perturbed(LlamaLikeRMSNorm(HIDDEN, eps=EPS)).to(device)
+    model = nn.Sequential(perturbed(LlamaLikeRMSNorm(HIDDEN, eps=EPS))).to(device)
+    model[0].load_state_dict(original.state_dict())
+    assert swap_rms_norm(model) == ["0"] and model[0].out_dtype == "promoted"
+    traced = torch.fx.symbolic_trace(model)
+    calls = [n for n in traced.graph.nodes if n.op == "call_function"]
+    assert [n.target for n in calls] == [rmsnorm_kernel.rms_norm]
+    assert calls[0].kwargs["out_dtype"] == "promoted"
+    for dtype in (F32, BF16):
+        x = inputs((3, HIDDEN), dtype, device)
+        with torch.no_grad():
+            assert_matches(traced(x), original(x), dtype, f"traced, x {dtype}")
+
+
 # ---------------------------------------------------------------------------------------------
 # Every *RMSNorm class of the installed transformers
 # ---------------------------------------------------------------------------------------------

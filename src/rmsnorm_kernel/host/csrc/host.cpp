@@ -747,7 +747,8 @@ bool dense(const Tensor& t) { return t.layout() == at::kStrided && !t.is_nested(
 // Python-only "not tracing" (the caller's). Forward-mode AD differs in one way: a dual level
 // with no tangent on x or the weight is taken here (the kernels' y is then torch's, which has
 // no tangent either), where the Python predicate leaves every call inside a level.
-// tests/op/test_validation.py checks that both take the same calls. Returns the mode, or nullptr.
+// tests/op/test_validation.py checks that both take the same calls (any_device: CPU tensors too,
+// the interpreter's rule). Returns the mode, or nullptr.
 const CastingMode* fast_path_mode(PyObject* x, PyObject* ns, PyObject* weight, PyObject* eps, PyObject* residual,
                                   PyObject* residual_dtype, PyObject* offset, PyObject* casting,
                                   PyObject* out_dtype, bool any_device) {
@@ -778,7 +779,7 @@ const CastingMode* fast_path_mode(PyObject* x, PyObject* ns, PyObject* weight, P
   for (const auto& m : casting_modes) {
     if (static_cast<Py_ssize_t>(m.name.size()) == size && std::memcmp(m.name.data(), name, size) == 0) mode = &m;
   }
-  if (mode == nullptr || !(xt.is_cuda() || any_device)) return nullptr;
+  if (mode == nullptr || !(xt.is_cuda() || (any_device && xt.is_cpu()))) return nullptr;
   const Tensor* w = nullptr;
   if (weight == Py_None) {
     if (off != 0.0) return nullptr;
@@ -875,7 +876,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return fast_path_mode(x.ptr(), ns.ptr(), weight.ptr(), eps.ptr(), residual.ptr(), residual_dtype.ptr(),
                               offset.ptr(), casting.ptr(), out_dtype.ptr(), true) != nullptr;
       },
-      "common_call's predicate on any device (the tests compare it with ops._takes_fast_path)");
+      "common_call's predicate on CPU tensors too (the tests compare it with ops._takes_fast_path)");
   m.def(
       "takes_residual_path",
       [](py::handle x, py::handle ns, py::handle weight, py::handle eps, py::handle residual,
@@ -884,7 +885,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return residual_path_mode(x.ptr(), ns.ptr(), weight.ptr(), eps.ptr(), residual.ptr(), residual_dtype.ptr(),
                                   offset.ptr(), casting.ptr(), out_dtype.ptr(), true, &h_dtype) != nullptr;
       },
-      "common_call's predicate for a call with a residual, on any device (the tests check it against "
+      "common_call's predicate for a call with a residual, on CPU tensors too (the tests check it against "
       "contract.validate)");
   m.def("set_contract", [](const std::vector<int64_t>& dtypes,
                            const std::vector<std::tuple<std::string, int64_t, bool>>& modes, double eps) {
