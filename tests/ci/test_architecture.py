@@ -221,3 +221,38 @@ def test_a_test_module_import_is_found(tmp_path):
         ("tests/suite/test_a.py", "tests.suite.test_d"),
         ("tests/suite/test_e.py", "tests.ci.test_f"),
     }
+
+
+def _op_patches(paths) -> list[str]:
+    """``module.name = ...`` (or augmented) where ``module`` was imported from rmsnorm_kernel."""
+    found = []
+    for path in paths:
+        tree = ast.parse(path.read_text())
+        op_names = {
+            (alias.asname or alias.name).split(".")[0]
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+            and (getattr(node, "module", None) or "").startswith("rmsnorm_kernel")
+            or isinstance(node, ast.Import)
+            and any(a.name.startswith("rmsnorm_kernel") for a in node.names)
+            for alias in node.names
+        }
+        for node in ast.walk(tree):
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            for t in targets if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) else []:
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id in op_names:
+                    found.append(f"{path.name}:{node.lineno} {t.value.id}.{t.attr}")
+    return found
+
+
+def test_tools_pass_a_tuning_instead_of_patching_the_op():
+    """Sweeps and labs pass a launch.Tuning (or other argument); none assigns into the op's modules."""
+    paths = sorted((ROOT / "tools").glob("*.py")) + sorted((ROOT / "maintainer").rglob("*.py"))
+    assert _op_patches(paths) == []
+
+
+def test_a_patch_of_the_op_is_found(tmp_path):
+    bad = tmp_path / "sweep.py"
+    bad.write_text("from rmsnorm_kernel import launch\nimport rmsnorm_kernel.ops\nlaunch._wide_fused = 1\n"
+                   "rmsnorm_kernel.ops.X += 1\nother = 2\n")  # fmt: skip
+    assert _op_patches([bad]) == ["sweep.py:3 launch._wide_fused"]

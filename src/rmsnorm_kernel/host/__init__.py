@@ -107,11 +107,12 @@ def _load():
 
 
 @contextlib.contextmanager
-def python_path():
-    """Calls inside take the Python host path (the tests and tools/host_paths.py compare them)."""
+def python_path(keep_extension: bool = False):
+    """Calls inside take the Python host path (the tests and tools/host_paths.py compare them).
+    ``keep_extension``: the loaded extension's operators stay, only its C++ entry is off."""
     global _extension, entry
     saved = _extension, entry
-    _extension, entry = None, None
+    _extension, entry = (_extension if keep_extension else None), None
     try:
         yield
     finally:
