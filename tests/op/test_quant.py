@@ -269,7 +269,9 @@ def test_routed_as_rms_norm_routes(device):
                 g, r = fwAD.unpack_dual(g), fwAD.unpack_dual(r)
                 assert g.tangent is not None, f"{name}, scale {scale}: no tangent"
                 torch.testing.assert_close(g.primal.float(), r.primal.float(), rtol=0, atol=0)
-                torch.testing.assert_close(g.tangent.float(), r.tangent.float(), rtol=0, atol=0)
+                # bits, not values: a tangent past 448 casts to NaN on some torch versions (the
+                # same NaN on both sides) and saturates on others
+                assert _same_bits(g.tangent, r.tangent), f"{name}, scale {scale}: tangents differ"
     y_q, scales = rmsnorm_kernel.rms_norm(x.to("meta"), (64,), w.to("meta"), 1e-6, out_dtype=I8)
     assert (y_q.device.type, y_q.dtype, y_q.shape) == ("meta", I8, x.shape)
     assert (scales.device.type, scales.dtype, scales.shape) == ("meta", torch.float32, (3, 1))
