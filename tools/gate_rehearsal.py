@@ -6,7 +6,9 @@ WHAT: hostile (a slowed head that rewrites gate, thresholds and harness: REGRESS
 (``--aa-runs`` A/A runs: pass), ab (a slower head: every large device row of the slowed pass
 flagged; ``--slow forward|backward --percent P``, see SLOW_*), host (no compiled host path: host
 rows flagged, device rows not), catalogue (tests/suite/hostile_catalogue.py's heads: REGRESSION
-or error, nothing left behind), overhead (seconds a sandbox adds). Commits are built in a
+or error, nothing left behind), features (tests/suite/hostile_catalogue.py's FEATURE_ATTACKS on
+the stand-in op of tests/suite/test_feature_attacks.py: the batch invariance row never passes),
+overhead (seconds a sandbox adds). Commits are built in a
 temporary repository from this tree's ``src``; verdicts go under ``outputs/rehearsal/``; exit 0
 only when every verdict is as expected. docs/gate.md gives each rehearsal's purpose and results.
 """
@@ -302,6 +304,32 @@ def catalogue(args, repo: Path, base: str) -> list[str]:
     return problems
 
 
+def features(args, repo: Path, base: str) -> list[str]:
+    """The feature rows' attacks through pr-verdict on this machine's device: the control head
+    (batch dependent, nothing else) regresses on batch invariance; every attack ends REGRESSION
+    or error, its batch invariance row never `pass`. Base: the stand-in op (not this tree's)."""
+    sys.path.insert(0, str(ROOT))
+    from tests.suite import _fixtures as fx
+    from tests.suite import hostile_catalogue as cat
+
+    repo, base, heads = fx.attack_heads_repo(
+        repo.parent / "features", fx.INIT, fx.OPS_RESIDUAL, fx.MANY_ROW_PLAN, cat.FEATURE_ATTACKS
+    )
+    problems = []
+    for name, head in heads.items():
+        if args.only and name not in args.only:
+            continue
+        data = pr_verdict(args, repo, base, head, f"features-{name}")
+        row = next((r for r in data.get("rows", []) if r["check"] == "batch invariance"), None)
+        print(f"   batch invariance: {row and row['verdict']}: {(row or {}).get('note', '')[:160]}")
+        if name == "control":
+            if (row or {}).get("verdict") != "regression":
+                problems.append(f"control: batch invariance not flagged: {row}")
+        elif data.get("status") not in ("regression", "error") or (row or {}).get("verdict") == "pass":
+            problems.append(f"{name}: {data.get('summary')}; batch invariance {row and row['verdict']}")
+    return problems
+
+
 def overhead(args, repo: Path, base: str) -> list[str]:
     """Seconds a sandbox adds to a process that starts CUDA: the same command plain and
     sandboxed, alternated, ``--aa-runs`` times each; prints the medians."""
@@ -330,6 +358,7 @@ REHEARSALS = {
     "ab": ab,
     "host": host,
     "catalogue": catalogue,
+    "features": features,
     "overhead": overhead,
 }
 
@@ -339,7 +368,7 @@ def main() -> int:
     parser.add_argument("what", choices=list(REHEARSALS))
     parser.add_argument("--aa-runs", type=int, default=2, help="A/A runs (aa)")
     parser.add_argument(
-        "--only", nargs="+", default=None, metavar="HEAD", help="catalogue: these heads alone"
+        "--only", nargs="+", default=None, metavar="HEAD", help="catalogue, features: these heads alone"
     )
     parser.add_argument("--extra-rows", type=int, default=20, help="A/B head: extra forward over 1/K rows")
     parser.add_argument(

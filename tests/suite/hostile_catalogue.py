@@ -4,6 +4,8 @@ tests/suite/test_hostile_heads.py runs them on CPU; tools/gate_rehearsal.py cata
 ``{verdict}``: the verdict file the judge will write; ``{marker}``: a file a surviving process
 would write; ``{token}``: a word in the command line of every process an attack starts."""
 
+from tests.suite._fixtures import MANY_ROW_PLAN, OPS, OPS_RESIDUAL
+
 # A daemon outside the worker's process group: for a minute it rewrites the base's staged op
 # (slow), the trusted suite's gate and the verdict file, and leaves a marker.
 _WRITER = (
@@ -159,3 +161,84 @@ def attack(name: str, verdict: str, marker: str, token: str, staging: str = STAG
     a run outside a sandbox aims it at a folder of its own, never at a judge running beside it)."""
     text = ATTACKS[name].replace("{verdict}", verdict).replace("{marker}", marker)
     return text.replace("{token}", token).replace("{staging}", staging)
+
+
+# Attacks on the inference features' rows, each (the head's stand-in ops.py, text appended to it):
+# tests/suite/test_feature_attacks.py runs them on CPU, tools/gate_rehearsal.py features on a GPU.
+FEATURE_ATTACKS = {
+    # the check's function swapped in inference.CHECKS (a dict the guard does not hold)
+    "check-table-swapped": (
+        MANY_ROW_PLAN,
+        "from rmsnorm_suite import inference as _inf\n"
+        "_inf.CHECKS['batch'] = lambda impl, device, cases: "
+        "_inf.Finding('batch invariance', {'batch_invariance': 0.0})\n",
+    ),
+    # the check's cases swapped for a batch of one row (plain dicts the guard does not hold)
+    "case-table-swapped": (
+        MANY_ROW_PLAN,
+        "import torch as _torch\nfrom rmsnorm_suite import inference as _inf\n"
+        "for _t in (_inf.HOST_CASES, *_inf.CASES.values()):\n"
+        "    _t['batch'] = (_inf.BatchCase(1, 64, _torch.float32, False),)\n",
+    ),
+    # the figures rewritten on their way to the results: dataclasses.replace is not held
+    "dataclasses-replace-forges-figures": (
+        MANY_ROW_PLAN,
+        "import dataclasses as _dc\n_real_replace = _dc.replace\n"
+        "def _replace(obj, /, **kw):\n"
+        "    if 'features' in kw:\n"
+        "        kw['features'] = {k: type(v)('ok', 0.0, v.note) if v.status == 'ok' else v\n"
+        "                          for k, v in kw['features'].items()}\n"
+        "    return _real_replace(obj, **kw)\n"
+        "_dc.replace = _replace\n",
+    ),
+    # the check's Finding reached through the caller's frames: its figures dict made to store 0
+    "finding-rewritten-through-frames": (
+        MANY_ROW_PLAN,
+        "import sys as _sys\n"
+        "class _Zero(dict):\n"
+        "    def __setitem__(self, k, v):\n        dict.__setitem__(self, k, 0.0)\n"
+        "def _forge():\n    f = _sys._getframe(1)\n    while f is not None:\n"
+        "        fd = f.f_locals.get('finding')\n"
+        "        if hasattr(fd, 'figures') and not isinstance(fd.figures, _Zero):\n"
+        "            fd.figures = _Zero(fd.figures)\n"
+        "        f = f.f_back\n"
+        "_plan = rms_norm\n"
+        "def rms_norm(x, *a, **k):\n    if x.shape[0] >= 257:\n        _forge()\n"
+        "    return _plan(x, *a, **k)\n",
+    ),
+    # outputs returned as a Tensor subclass whose != says "equal": nothing patched at all. The
+    # no-grad (inference) path is batch dependent; the autograd path is not.
+    "tensor-subclass-hides-bits": (
+        OPS_RESIDUAL,
+        "class _Same(torch.Tensor):\n"
+        "    @classmethod\n"
+        "    def __torch_function__(cls, func, types, args=(), kwargs=None):\n"
+        "        if func in (torch.Tensor.__ne__, torch.Tensor.ne, torch.ne):\n"
+        "            with torch._C.DisableTorchFunctionSubclass():\n"
+        "                return torch.zeros(args[0].shape, dtype=torch.bool)\n"
+        "        return super().__torch_function__(func, types, args, kwargs or {})\n"
+        "_plain = rms_norm\n"
+        "def rms_norm(x, weight=None, eps=1e-6, residual=None):\n"
+        "    if torch.is_grad_enabled() or x.shape[0] < 257:\n"
+        "        return _plain(x, weight, eps, residual)\n"
+        "    with torch.no_grad():\n"
+        "        h = x if residual is None else (x.float() + residual.float()).to(x.dtype)\n"
+        "        y = h * (h.double().pow(2).mean(-1, keepdim=True).to(h.dtype) + eps).rsqrt()\n"
+        "        y = (y * weight if weight is not None else y).as_subclass(_Same)\n"
+        "    return y if residual is None else (y, h.as_subclass(_Same))\n",
+    ),
+    # head drops the residual that base has: the residual case is "unsupported", the plain one
+    # measured, and the figure is "ok" (docs/gate.md: a feature base has and head lacks is a
+    # regression)
+    "residual-dropped": (OPS.format(cost=0.0), ""),
+    # an AttributeError in the op (the commonest Python bug) on a batch of 7 rows: counted as
+    # "not supported", the 1-row pick measured, the row passes
+    "crash-on-seven-rows-as-unsupported": (
+        OPS_RESIDUAL,
+        "_plain = rms_norm\n"
+        "def rms_norm(x, *a, **k):\n"
+        "    if x.shape[0] == 7:\n"
+        "        raise AttributeError(\"'NoneType' object has no attribute 'stride'\")\n"
+        "    return _plain(x, *a, **k)\n",
+    ),
+}
