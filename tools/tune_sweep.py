@@ -45,7 +45,7 @@ def tuning(**knobs) -> launch.Tuning:
 
 def kernels_run(call) -> set[str]:
     """The names of the GPU kernels one ``call`` launches, as the profiler records them."""
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CUDA], acc_events=True) as prof:
         call()
         torch.cuda.synchronize()
     return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
