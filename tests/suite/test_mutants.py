@@ -103,7 +103,7 @@ def test_feature_mutant_is_caught(name):
 
 
 # Why the feature cases are what they are: each bug below hides from one case or judgement.
-H_SAME_DTYPE = featurechecks.FeatureCase(
+H_SAME_DTYPE = cases.Case.feature(
     "x bf16 + r bf16 -> h bf16", torch.bfloat16, torch.bfloat16, r_dtype=torch.bfloat16
 )
 FEATURE_HIDE_AND_SHOW = [
