@@ -7,7 +7,8 @@ before any comparison is made; they are never widened to fit an observed error.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import KW_ONLY, dataclass
 
 import torch
 
@@ -22,6 +23,9 @@ EPS = 1e-6
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+_SHORT_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
 @dataclass(frozen=True)
@@ -87,28 +91,135 @@ def interpret_grid() -> list[tuple[int, int, torch.dtype]]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Benchmark matrix (shared by asv, pytest-benchmark, the CLI benchmark and the gate)
+# The suite's one case type
 # ---------------------------------------------------------------------------------------------
+
+# Shapes of the probes and the feature checks. 257 is the tutorial's: next_power_of_2(257) = 512,
+# so a BLOCK-for-N confusion shows; at 256 it hides (the control).
+PROBE_N = 257
+PROBE_ROWS = 5
+
+# Which part of the suite reads a case, and so how it is named (Case.name).
+ROLES: tuple[str, ...] = ("check", "bench", "graph", "feature")
 
 
 @dataclass(frozen=True)
-class BenchShape:
-    """A benchmark shape: its rows, columns, dtype and group; the one case type of the harness,
-    the gate and pr-verdict's specs (harness.Case)."""
+class Case:
+    """M rows of N values of ``dtype``, the weight in ``weight_dtype`` (None: x's), with a
+    residual of ``r_dtype`` where that is set. ``role`` names who reads it: "check" (the numeric
+    checks and probes: the plain constructor), "bench" (the benchmark matrix, in ``group``),
+    "graph" (CUDA graph captures) or "feature" (the feature checks: ``label``, ``options`` for
+    the implementation, ``with_dh``, ``weight_center``); :meth:`bench`, :meth:`graph` and
+    :meth:`feature` build the last three."""
 
     m: int
     n: int
     dtype: torch.dtype
-    group: str  # see GROUPS
+    device: str | torch.device = "cpu"
+    seed: int = 0
+    weight_dtype: torch.dtype | None = None
+    eps: float = EPS
+    _: KW_ONLY
+    role: str = "check"
+    group: str = ""  # role "bench": see GROUPS
+    r_dtype: torch.dtype | None = None
+    label: str = ""
+    options: tuple[tuple[str, object], ...] = ()
+    with_dh: bool = False  # role "feature": h is used downstream (its gradient dh flows back)
+    weight_center: float = 1.0  # role "feature": 1.0 a Llama-like weight, 0.0 a Gemma-like one
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.m, int) or isinstance(self.m, bool) or self.m < 0:
+            raise ValueError(f"Case.m must be an int >= 0, got {self.m!r}")
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
+            raise ValueError(f"Case.n must be an int >= 1, got {self.n!r}")
+        dtypes = (
+            ("dtype", self.dtype),
+            ("weight_dtype", self.wdtype),
+            ("r_dtype", self.r_dtype or self.dtype),
+        )
+        for label, value in dtypes:
+            if value not in TOLERANCES:
+                raise TypeError(f"Case.{label} must be one of {[dtype_name(d) for d in DTYPES]}, got {value}")
+        if not (isinstance(self.eps, float | int) and math.isfinite(self.eps) and self.eps > 0):
+            raise ValueError(f"Case.eps must be a finite number > 0, got {self.eps!r}")
+        if self.role not in ROLES:
+            raise ValueError(f"Case.role must be one of {list(ROLES)}, got {self.role!r}")
+
+    @classmethod
+    def bench(cls, m: int, n: int, dtype: torch.dtype, group: str) -> Case:
+        """A shape of the benchmark matrix (the harness, the gate, pr-verdict's specs)."""
+        return cls(m, n, dtype, role="bench", group=group)
+
+    @classmethod
+    def graph(cls, m: int, n: int, *, residual: bool = False) -> Case:
+        """A CUDA graph capture: bf16, optionally through the fused residual add."""
+        return cls(m, n, torch.bfloat16, role="graph", r_dtype=torch.bfloat16 if residual else None)
+
+    @classmethod
+    def feature(
+        cls,
+        label: str,
+        x_dtype: torch.dtype,
+        w_dtype: torch.dtype,
+        *,
+        m: int = PROBE_ROWS,
+        n: int = PROBE_N,
+        seed: int = 0,
+        r_dtype: torch.dtype | None = None,
+        options: tuple[tuple[str, object], ...] = (),
+        with_dh: bool = False,
+        weight_center: float = 1.0,
+    ) -> Case:
+        """One input of a feature check, named by its label."""
+        return cls(
+            m,
+            n,
+            x_dtype,
+            seed=seed,
+            weight_dtype=w_dtype,
+            role="feature",
+            r_dtype=r_dtype,
+            label=label,
+            options=options,
+            with_dh=with_dh,
+            weight_center=weight_center,
+        )
+
+    @property
+    def wdtype(self) -> torch.dtype:
+        return self.weight_dtype or self.dtype
+
+    @property
+    def residual(self) -> bool:
+        return self.r_dtype is not None
+
+    @property
+    def opts(self) -> dict:
+        """The options a feature check passes to the implementation, eps first."""
+        return {"eps": self.eps, **dict(self.options)}
 
     @property
     def name(self) -> str:
-        return f"{self.m}x{self.n}-{dtype_name(self.dtype)}"
+        shape = f"{self.m}x{self.n}"
+        if self.role == "feature":
+            return self.label
+        if self.role == "bench":
+            return f"{shape}-{dtype_name(self.dtype)}"
+        if self.role == "graph":
+            return f"{shape} {_SHORT_NAMES[self.dtype]}{' with residual' if self.residual else ''}"
+        w = "" if self.weight_dtype in (None, self.dtype) else f" w={dtype_name(self.weight_dtype)}"
+        return f"{shape} {dtype_name(self.dtype)}{w}"
 
     @property
     def nbytes(self) -> dict[str, int]:
         """Mode -> the fewest bytes a pass moves (:func:`bytes_moved`)."""
         return {mode: bytes_moved(self, mode) for mode in BENCH_MODES}
+
+
+# ---------------------------------------------------------------------------------------------
+# Benchmark matrix (shared by asv, pytest-benchmark, the CLI benchmark and the gate)
+# ---------------------------------------------------------------------------------------------
 
 
 # Groups, by what bounds the time of a call on the H200 (measured, docs/gate.md): "large" is
@@ -117,32 +228,32 @@ class BenchShape:
 # The gate's latency factors (regression.toml) are declared per group and mode.
 GROUPS: tuple[str, ...] = ("large", "medium", "small")
 
-BENCH_SHAPES: tuple[BenchShape, ...] = (
-    BenchShape(32768, 4096, torch.bfloat16, "large"),
-    BenchShape(16384, 8192, torch.bfloat16, "large"),
-    BenchShape(8192, 16384, torch.bfloat16, "large"),
-    BenchShape(2048, 65536, torch.bfloat16, "large"),
-    BenchShape(65536, 1024, torch.bfloat16, "medium"),
-    BenchShape(4096, 4096, torch.float32, "medium"),
-    BenchShape(4096, 4096, torch.float16, "medium"),
-    BenchShape(4096, 4096, torch.bfloat16, "medium"),
-    BenchShape(1, 4096, torch.bfloat16, "small"),
-    BenchShape(256, 4096, torch.bfloat16, "small"),
-    BenchShape(128, 257, torch.float32, "small"),
-    BenchShape(128, 257, torch.float16, "small"),
+BENCH_SHAPES: tuple[Case, ...] = (
+    Case.bench(32768, 4096, torch.bfloat16, "large"),
+    Case.bench(16384, 8192, torch.bfloat16, "large"),
+    Case.bench(8192, 16384, torch.bfloat16, "large"),
+    Case.bench(2048, 65536, torch.bfloat16, "large"),
+    Case.bench(65536, 1024, torch.bfloat16, "medium"),
+    Case.bench(4096, 4096, torch.float32, "medium"),
+    Case.bench(4096, 4096, torch.float16, "medium"),
+    Case.bench(4096, 4096, torch.bfloat16, "medium"),
+    Case.bench(1, 4096, torch.bfloat16, "small"),
+    Case.bench(256, 4096, torch.bfloat16, "small"),
+    Case.bench(128, 257, torch.float32, "small"),
+    Case.bench(128, 257, torch.float16, "small"),
 )
 
 BENCH_MODES: tuple[str, ...] = ("forward", "forward_backward")
 
 
-def bench_shape(name: str) -> BenchShape:
+def bench_shape(name: str) -> Case:
     for shape in BENCH_SHAPES:
         if shape.name == name:
             return shape
     raise ValueError(f"unknown benchmark shape {name!r}; expected one of {[s.name for s in BENCH_SHAPES]}")
 
 
-def residual_bytes_moved(shape: BenchShape, mode: str) -> int:
+def residual_bytes_moved(shape: Case, mode: str) -> int:
     """Fewest bytes of the fused residual add + RMSNorm (h = x + r, y = norm(h)): the forward reads
     x and r and writes y and h (4 M N elements); forward+backward adds reading h and dy and writing
     dx (7 M N elements in all; dx serves as the residual's gradient too)."""
@@ -150,7 +261,7 @@ def residual_bytes_moved(shape: BenchShape, mode: str) -> int:
     return per * shape.m * shape.n * torch.empty((), dtype=shape.dtype).element_size()
 
 
-def bytes_moved(shape: BenchShape, mode: str) -> int:
+def bytes_moved(shape: Case, mode: str) -> int:
     """Fewest bytes a pass must move: forward reads x and writes y (2 M N elements);
     forward+backward adds reading x and dy and writing dx (5 M N elements in all)."""
     per = {"forward": 2, "forward_backward": 5}[mode]

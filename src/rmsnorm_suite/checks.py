@@ -5,9 +5,10 @@ and ``backward(x, weight, dy, eps) -> (dx, dw)``. Every check draws seeded input
 implementation and holds the result both element-wise to the fp32-compute reference
 (``cases.TOLERANCES``) and to the float64 oracle (relative L2 error at most
 ``cases.ORACLE_ERROR_FACTOR`` times the reference's own), with dtype, shape, device and untouched
-inputs checked too. Here: the implementations, the cases, that judgement and the grid checks;
-the probes aimed at single failure modes are :mod:`rmsnorm_suite.probes`, the summaries
-:mod:`rmsnorm_suite.checkreport`. docs/walkthrough.md ("How a check compares") gives the details.
+inputs checked too. Here: the implementations, a case's inputs (:class:`cases.Case`), that
+judgement and the grid checks; the probes aimed at single failure modes are
+:mod:`rmsnorm_suite.probes`, the summaries :mod:`rmsnorm_suite.checkreport`.
+docs/walkthrough.md ("How a check compares") gives the details.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from rmsnorm_suite import cases, console, numerics
-from rmsnorm_suite.cases import Tolerance, dtype_name
+from rmsnorm_suite.cases import Case, Tolerance, dtype_name
 from rmsnorm_suite.numerics import relative_l2
 
 KINDS: tuple[str, ...] = ("forward", "backward", "gamma")
@@ -98,46 +99,11 @@ def backward_fn(impl: Impl | BackwardFn) -> BackwardFn:
 
 
 # ---------------------------------------------------------------------------------------------
-# Cases and inputs
+# A case's inputs
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class CheckCase:
-    """One input: M rows of N values of ``dtype``; the weight in ``weight_dtype`` (None: x's)."""
-
-    m: int
-    n: int
-    dtype: torch.dtype
-    device: str | torch.device = "cpu"
-    seed: int = 0
-    weight_dtype: torch.dtype | None = None
-    eps: float = cases.EPS
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.m, int) or isinstance(self.m, bool) or self.m < 0:
-            raise ValueError(f"CheckCase.m must be an int >= 0, got {self.m!r}")
-        if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
-            raise ValueError(f"CheckCase.n must be an int >= 1, got {self.n!r}")
-        for label, value in (("dtype", self.dtype), ("weight_dtype", self.weight_dtype or self.dtype)):
-            if value not in cases.TOLERANCES:
-                raise TypeError(
-                    f"CheckCase.{label} must be one of {[dtype_name(d) for d in cases.DTYPES]}, got {value}"
-                )
-        if not (isinstance(self.eps, float | int) and math.isfinite(self.eps) and self.eps > 0):
-            raise ValueError(f"CheckCase.eps must be a finite number > 0, got {self.eps!r}")
-
-    @property
-    def wdtype(self) -> torch.dtype:
-        return self.weight_dtype or self.dtype
-
-    @property
-    def name(self) -> str:
-        w = "" if self.weight_dtype in (None, self.dtype) else f" w={dtype_name(self.weight_dtype)}"
-        return f"{self.m}x{self.n} {dtype_name(self.dtype)}{w}"
-
-
-def make_inputs(case: CheckCase) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def make_inputs(case: Case) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x, weight, dy for a case (:func:`numerics.make_inputs`, drawn on the CPU from case.seed):
     the same case gives the same numbers on every device."""
     return numerics.make_inputs(
@@ -285,7 +251,7 @@ def _compare(
     name: str,
     kind: str,
     check: str,
-    case: CheckCase,
+    case: Case,
     tolerances: Mapping[torch.dtype, Tolerance] | None = None,
 ) -> CaseResult:
     """Judge one result tensor against the fp32-compute reference (already in the expected dtype)
@@ -347,7 +313,7 @@ def _compare(
     return result
 
 
-def _unjudged(case: CheckCase, *, name: str, kind: str, check: str, tol: Tolerance, **fields) -> CaseResult:
+def _unjudged(case: Case, *, name: str, kind: str, check: str, tol: Tolerance, **fields) -> CaseResult:
     """A failing result with no figures yet: ``_compare`` fills it in, ``_failed`` keeps it."""
     return CaseResult(
         name=name,
@@ -368,7 +334,7 @@ def _unjudged(case: CheckCase, *, name: str, kind: str, check: str, tol: Toleran
     )
 
 
-def _failed(case: CheckCase, *, name: str, kind: str, check: str, reason: str) -> CaseResult:
+def _failed(case: Case, *, name: str, kind: str, check: str, reason: str) -> CaseResult:
     """A result for a check that could not compare (the implementation raised, inputs changed)."""
     tol = cases.TOLERANCES[case.wdtype if kind == "gamma" else case.dtype]
     return _unjudged(case, name=name, kind=kind, check=check, tol=tol, baseline_error=math.nan, reason=reason)
@@ -376,7 +342,7 @@ def _failed(case: CheckCase, *, name: str, kind: str, check: str, reason: str) -
 
 def run_and_judge(
     impl,
-    case: CheckCase,
+    case: Case,
     kind: str,
     x: torch.Tensor,
     w: torch.Tensor,
@@ -425,19 +391,19 @@ def run_and_judge(
 # ---------------------------------------------------------------------------------------------
 
 
-def check_forward(impl: Impl | ForwardFn, case: CheckCase, *, tolerances=None) -> CaseResult:
+def check_forward(impl: Impl | ForwardFn, case: Case, *, tolerances=None) -> CaseResult:
     """y = impl(x, weight, eps) against the reference and the oracle."""
     x, w, dy = make_inputs(case)
     return run_and_judge(impl, case, "forward", x, w, dy, check="grid", tolerances=tolerances)
 
 
-def check_backward(impl: Impl | BackwardFn, case: CheckCase, *, tolerances=None) -> CaseResult:
+def check_backward(impl: Impl | BackwardFn, case: Case, *, tolerances=None) -> CaseResult:
     """dx from impl(x, weight, dy, eps) against the reference and the oracle."""
     x, w, dy = make_inputs(case)
     return run_and_judge(impl, case, "backward", x, w, dy, check="grid", tolerances=tolerances)
 
 
-def check_gamma(impl: Impl | BackwardFn, case: CheckCase, *, tolerances=None) -> CaseResult:
+def check_gamma(impl: Impl | BackwardFn, case: Case, *, tolerances=None) -> CaseResult:
     """dw from impl(x, weight, dy, eps) against the reference and the oracle."""
     x, w, dy = make_inputs(case)
     return run_and_judge(impl, case, "gamma", x, w, dy, check="grid", tolerances=tolerances)
@@ -453,7 +419,7 @@ GRID_CHECKS: dict[str, Callable[..., CaseResult]] = {
 def run_grid(
     kind: str,
     impl: Impl | ForwardFn | BackwardFn,
-    grid: Iterable[CheckCase | tuple[int, int, torch.dtype]],
+    grid: Iterable[Case | tuple[int, int, torch.dtype]],
     device: str | torch.device = "cpu",
     *,
     seed: int = 0,
@@ -466,9 +432,7 @@ def run_grid(
     if kind not in GRID_CHECKS:
         raise ValueError(f"kind must be one of {tuple(GRID_CHECKS)}, got {kind!r}")
     items = [
-        item
-        if isinstance(item, CheckCase)
-        else CheckCase(item[0], item[1], item[2], device, seed, weight_dtype)
+        item if isinstance(item, Case) else Case(item[0], item[1], item[2], device, seed, weight_dtype)
         for item in grid
     ]
     if progress:

@@ -2,10 +2,10 @@
 
 A ``FeatureImpl`` is a forward and a backward with the op's feature options (residual, offset,
 casting, residual_dtype, out_dtype). ``FEATURE_CHECKS`` runs one per feature over its table of
-``FeatureCase``s and judges each result (inputs unmodified, h bitwise, y, dx, dw and dresidual
-within tolerance, Llama's rounding against Hugging Face's formula). tests/op/test_features.py
-runs them on the op (``op_feature_impl``); the feature mutants of :mod:`rmsnorm_suite.mutants`
-must each fail one.
+cases (``cases.Case.feature``) and judges each result (inputs unmodified, h bitwise, y, dx, dw
+and dresidual within tolerance, Llama's rounding against Hugging Face's formula).
+tests/op/test_features.py runs them on the op (``op_feature_impl``); the feature mutants of
+:mod:`rmsnorm_suite.mutants` must each fail one.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rmsnorm_suite import cases, checks, numerics, probes
+from rmsnorm_suite import cases, checks, numerics
+from rmsnorm_suite.cases import Case
 
 
 @dataclass(frozen=True)
@@ -106,52 +107,31 @@ op_feature_impl = FeatureImpl("op", _op_forward, _autograd_backward(_op_differen
 reference_feature_impl = FeatureImpl("reference", feature_reference, _autograd_backward(feature_reference))
 
 
-@dataclass(frozen=True)
-class FeatureCase:
-    """One input of a feature check. ``weight_center`` 1.0 gives a Llama-like weight near 1, 0.0
-    a Gemma-like one near 0 (used with offset=1.0). ``options`` go to the implementation."""
-
-    label: str
-    x_dtype: torch.dtype
-    w_dtype: torch.dtype
-    r_dtype: torch.dtype | None = None
-    options: tuple[tuple[str, object], ...] = ()
-    with_dh: bool = False
-    weight_center: float = 1.0
-    m: int = probes.PROBE_ROWS
-    n: int = probes.PROBE_N
-    seed: int = 0
-
-    @property
-    def opts(self) -> dict:
-        return {"eps": cases.EPS, **dict(self.options)}
-
-    def inputs(self, device):
-        """x, weight, residual (None without one), dy and dh as float32 (cast per result later)."""
-        g = torch.Generator(device="cpu").manual_seed(self.seed)
-        x = torch.randn(self.m, self.n, generator=g)
-        w = self.weight_center + 0.1 * torch.randn(self.n, generator=g)
-        r = torch.randn(self.m, self.n, generator=g)
-        dy = torch.randn(self.m, self.n, generator=g)
-        dh = torch.randn(self.m, self.n, generator=g)
-        res = r.to(self.r_dtype).to(device) if self.r_dtype is not None else None
-        return x.to(self.x_dtype).to(device), w.to(self.w_dtype).to(device), res, dy.to(device), dh.to(device)
+def feature_inputs(case: Case, device):
+    """x, weight, residual (None without one), dy and dh as float32 (cast per result later),
+    drawn on the CPU from case.seed; the weight near case.weight_center."""
+    g = torch.Generator(device="cpu").manual_seed(case.seed)
+    x = torch.randn(case.m, case.n, generator=g)
+    w = case.weight_center + 0.1 * torch.randn(case.n, generator=g)
+    r = torch.randn(case.m, case.n, generator=g)
+    dy = torch.randn(case.m, case.n, generator=g)
+    dh = torch.randn(case.m, case.n, generator=g)
+    res = r.to(case.r_dtype).to(device) if case.r_dtype is not None else None
+    return x.to(case.dtype).to(device), w.to(case.wdtype).to(device), res, dy.to(device), dh.to(device)
 
 
 def _coarser(*dtypes: torch.dtype) -> torch.dtype:
     return max(dtypes, key=lambda d: torch.finfo(d).eps)
 
 
-def _result(
-    check, kind, case: FeatureCase, tol_dtype, *, passed, reason="", max_abs=math.nan, max_rel=math.nan
-):
+def _result(check, kind, case: Case, tol_dtype, *, passed, reason="", max_abs=math.nan, max_rel=math.nan):
     tol = cases.TOLERANCES[tol_dtype]
     return checks.CaseResult(
-        name=case.label,
+        name=case.name,
         kind=kind,
         m=case.m,
         n=case.n,
-        dtype=cases.dtype_name(case.x_dtype),
+        dtype=cases.dtype_name(case.dtype),
         max_abs=max_abs,
         max_rel=max_rel,
         atol=tol.atol,
@@ -161,7 +141,7 @@ def _result(
         passed=passed,
         reason=reason,
         check=check,
-        weight_dtype=cases.dtype_name(case.w_dtype),
+        weight_dtype=cases.dtype_name(case.wdtype),
         seed=case.seed,
     )
 
@@ -235,10 +215,10 @@ def _unchanged(check, case, before, after) -> list[checks.CaseResult]:
     if not changed:
         return []
     reason = f"modified its input(s) {changed} in place"
-    return [_result(check, "inputs", case, case.x_dtype, passed=False, reason=reason)]
+    return [_result(check, "inputs", case, case.dtype, passed=False, reason=reason)]
 
 
-def _tolerance_dtype(case: FeatureCase, kind: str, dtype: torch.dtype) -> torch.dtype:
+def _tolerance_dtype(case: Case, kind: str, dtype: torch.dtype) -> torch.dtype:
     """The TOLERANCES row for one result of a case.
 
     * default/gemma casting round nothing before the result (h is rounded identically by the
@@ -248,23 +228,21 @@ def _tolerance_dtype(case: FeatureCase, kind: str, dtype: torch.dtype) -> torch.
     * with a residual, dx and dresidual of the unfused pair pass through h, whose gradient is a
       tensor of h's dtype there: the coarser of h's dtype and the result's.
     """
-    h_dtype = case.opts.get("residual_dtype") or case.x_dtype
+    h_dtype = case.opts.get("residual_dtype") or case.dtype
     if case.opts.get("casting") == "llama":
-        return _coarser(h_dtype if case.r_dtype is not None else case.x_dtype, dtype)
+        return _coarser(h_dtype if case.r_dtype is not None else case.dtype, dtype)
     if case.r_dtype is not None and kind in ("dx", "dresidual"):
         return _coarser(h_dtype, dtype)
     return dtype
 
 
-def run_feature_case(
-    impl: FeatureImpl, case: FeatureCase, device="cpu", check="case"
-) -> list[checks.CaseResult]:
+def run_feature_case(impl: FeatureImpl, case: Case, device="cpu", check="case") -> list[checks.CaseResult]:
     """Forward and backward of ``impl`` on one case against the reference (the unfused pair):
     inputs left unmodified; y, dx and dw (and h bitwise and dresidual with a residual) with the
     tolerance of :func:`_tolerance_dtype`. With "llama" casting also y against the Hugging Face
     formula, and y and dw nearer the llama reference than the fp32-throughout one (the rounding
     differences sit inside the tolerance, so closeness alone would not tell the modes apart)."""
-    x, w, r, dy32, dh32 = case.inputs(device)
+    x, w, r, dy32, dh32 = feature_inputs(case, device)
     opts = case.opts
     ref_y, ref_h = reference_feature_impl.forward(x, w, r, **opts)
     dy = dy32.to(ref_y.dtype)
@@ -276,7 +254,7 @@ def run_feature_case(
         dx, dres, dw = impl.backward(x, w, r, dy, dh, **opts)
     except Exception as exc:  # a crash fails the check, reported as such
         reason = f"raised {type(exc).__name__}: {exc}"
-        return [_result(check, "run", case, case.x_dtype, passed=False, reason=reason)]
+        return [_result(check, "run", case, case.dtype, passed=False, reason=reason)]
     ref_dx, ref_dres, ref_dw = reference_feature_impl.backward(x, w, r, dy, dh, **opts)
     expected = {"y": ref_y, "dx": ref_dx, "dw": ref_dw}
     got = {"y": y, "dx": dx, "dw": dw}
@@ -307,7 +285,7 @@ _F32, _F16, _BF16 = torch.float32, torch.float16, torch.bfloat16
 
 RESIDUAL_CASES = (
     # the residual stream kept in fp32 beside bf16 activations, h used downstream
-    FeatureCase(
+    Case.feature(
         "x bf16 + r bf16 -> h fp32, h used",
         _BF16,
         _F32,
@@ -316,14 +294,14 @@ RESIDUAL_CASES = (
         with_dh=True,
     ),
     # an fp32 residual stream rounded to the activations' dtype
-    FeatureCase(
+    Case.feature(
         "x bf16 + r fp32 -> h bf16",
         _BF16,
         _BF16,
         r_dtype=_F32,
         options=(("residual_dtype", _BF16), ("out_dtype", _F32)),
     ),
-    FeatureCase(
+    Case.feature(
         "x fp16 + r fp16 -> h fp16, h used",
         _F16,
         _F16,
@@ -331,7 +309,7 @@ RESIDUAL_CASES = (
         options=(("out_dtype", _F32),),
         with_dh=True,
     ),
-    FeatureCase(
+    Case.feature(
         "x fp32 + r fp32 -> h fp32, h used",
         _F32,
         _F32,
@@ -342,8 +320,8 @@ RESIDUAL_CASES = (
 )
 
 OFFSET_CASES = (
-    FeatureCase("offset 1, fp32", _F32, _F32, options=(("offset", 1.0),), weight_center=0.0),
-    FeatureCase(
+    Case.feature("offset 1, fp32", _F32, _F32, options=(("offset", 1.0),), weight_center=0.0),
+    Case.feature(
         "offset 1, gemma, bf16, bf16 weight, fp32 out",
         _BF16,
         _BF16,
@@ -353,16 +331,16 @@ OFFSET_CASES = (
 )
 
 OUT_DTYPE_CASES = (
-    FeatureCase("bf16 in, fp32 out", _BF16, _F32, options=(("out_dtype", _F32),)),
-    FeatureCase("fp32 in, bf16 out", _F32, _F32, options=(("out_dtype", _BF16),)),
+    Case.feature("bf16 in, fp32 out", _BF16, _F32, options=(("out_dtype", _F32),)),
+    Case.feature("fp32 in, bf16 out", _F32, _F32, options=(("out_dtype", _BF16),)),
 )
 
 LLAMA_CASES = (
-    FeatureCase("llama, bf16, fp32 weight", _BF16, _F32, options=(("casting", "llama"),)),
-    FeatureCase("llama, fp16, bf16 weight", _F16, _BF16, options=(("casting", "llama"),)),
-    FeatureCase("llama, bf16, bf16 weight", _BF16, _BF16, options=(("casting", "llama"),)),
+    Case.feature("llama, bf16, fp32 weight", _BF16, _F32, options=(("casting", "llama"),)),
+    Case.feature("llama, fp16, bf16 weight", _F16, _BF16, options=(("casting", "llama"),)),
+    Case.feature("llama, bf16, bf16 weight", _BF16, _BF16, options=(("casting", "llama"),)),
     # a decoder layer's `hidden = residual + hidden; norm(hidden)`, fused
-    FeatureCase(
+    Case.feature(
         "llama, x bf16 + r bf16 -> h bf16, h used, fp32 weight",
         _BF16,
         _F32,

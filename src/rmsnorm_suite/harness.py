@@ -3,7 +3,7 @@
 :func:`run_benchmarks` draws each shape's inputs, checks each provider against the float64
 oracle (:mod:`rmsnorm_suite.numerics`), times it in blocks with the providers rotated between
 blocks (:mod:`rmsnorm_suite.timing`) and returns the records of :mod:`rmsnorm_suite.results`.
-:data:`Case` is a shape (cases.BenchShape). asv, pytest-benchmark, the ``benchmark``
+:class:`cases.Case` is a shape (``Case.bench``). asv, pytest-benchmark, the ``benchmark``
 command, pr-verdict's worker and the performance page all measure through here.
 """
 
@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from rmsnorm_suite import cases, numerics, results, timing
+from rmsnorm_suite.cases import Case
 from rmsnorm_suite.numerics import relative_l2
 from rmsnorm_suite.providers import Fn, ResidualFn, get_provider
 from rmsnorm_suite.results import bandwidth_tbs
@@ -36,10 +37,6 @@ DEFAULT_BLOCKS = 3
 # ---------------------------------------------------------------------------------------------
 # One shape: inputs, oracle, errors, timing
 # ---------------------------------------------------------------------------------------------
-
-
-# The harness's case is the benchmark shape itself (cases.BenchShape): one type for every room.
-Case = cases.BenchShape
 
 
 def select_cases(names: Sequence[str] | None) -> list[Case]:
@@ -73,7 +70,7 @@ def case_to_json(case: Case) -> dict[str, Any]:
 
 def case_from_json(d: dict[str, Any]) -> Case:
     """The case a spec names; ValueError when its name or bytes are not its shape's."""
-    case = Case(d["m"], d["n"], getattr(torch, d["dtype"]), d["group"])
+    case = Case.bench(d["m"], d["n"], getattr(torch, d["dtype"]), d["group"])
     if d.get("name", case.name) != case.name or dict(d.get("bytes", case.nbytes)) != case.nbytes:
         raise ValueError(f"a case's name or bytes are not those of {case.name}")
     return case

@@ -16,9 +16,9 @@ from collections.abc import Callable
 import torch
 
 from rmsnorm_suite import console
+from rmsnorm_suite.cases import PROBE_N, PROBE_ROWS, Case
 from rmsnorm_suite.checks import (
     CaseResult,
-    CheckCase,
     Impl,
     backward_fn,
     forward_fn,
@@ -33,21 +33,11 @@ from rmsnorm_suite.checks import (
 CANARY = -4096.0
 
 
-# Shapes of the probes. 257 is the tutorial's: next_power_of_2(257) = 512, so a BLOCK-for-N
-# confusion shows; at 256 it hides (the control).
-PROBE_N = 257
-PROBE_ROWS = 5
+def _probe_case(device, *, m=PROBE_ROWS, n=PROBE_N, dtype=torch.float32, seed=0, weight_dtype=None) -> Case:
+    return Case(m, n, dtype, device, seed, weight_dtype)
 
 
-def _probe_case(
-    device, *, m=PROBE_ROWS, n=PROBE_N, dtype=torch.float32, seed=0, weight_dtype=None
-) -> CheckCase:
-    return CheckCase(m, n, dtype, device, seed, weight_dtype)
-
-
-def _probe(
-    impl, case: CheckCase, kind: str, x, w, dy, *, check: str, label: str, tolerances=None
-) -> CaseResult:
+def _probe(impl, case: Case, kind: str, x, w, dy, *, check: str, label: str, tolerances=None) -> CaseResult:
     return run_and_judge(
         impl, case, kind, x, w, dy, check=check, name=f"{label} {case.name}", tolerances=tolerances
     )

@@ -337,7 +337,7 @@ def clock_row(runs: Mapping[str, Sequence[results.Run]], thresholds: gate.Thresh
 
 
 def stopwatch_row(
-    runs: Mapping[str, Sequence[results.Run]], cases_: Sequence[harness.Case], modes: Sequence[str],
+    runs: Mapping[str, Sequence[results.Run]], cases_: Sequence[cases.Case], modes: Sequence[str],
     thresholds: gate.Thresholds, requests: Sequence[accept.Request] = (),
 ) -> gate.Row:  # fmt: skip
     """Head's stopwatch held to base's and to head's own rows, round by round ([stopwatch]); an
@@ -370,7 +370,7 @@ def _accepted(requests, cases_, modes, thresholds) -> dict[tuple[str, str], floa
     return out
 
 
-def _stopwatch_seeds(cases_: Sequence[harness.Case], modes: Sequence[str]) -> list[int]:
+def _stopwatch_seeds(cases_: Sequence[cases.Case], modes: Sequence[str]) -> list[int]:
     """The stopwatch's inputs for a round: a prepare seed, then a go seed per block; the judge's,
     both sides' (a redo draws new ones for every side that runs on after it)."""
     blocks = stopwatch.plan(cases_, modes, WORKER_TIMING, worker.HOST_SHAPE)

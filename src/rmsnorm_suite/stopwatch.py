@@ -51,7 +51,7 @@ class Block:
 def plan(
     cases_: Sequence[Any], modes: Sequence[str], timing: str, host_shape: tuple[int, int]
 ) -> list[Block]:
-    """The stopwatch's blocks: every case (harness.Case) in every mode, REPEATS times over."""
+    """The stopwatch's blocks: every case (cases.Case) in every mode, REPEATS times over."""
     blocks: list[Block] = []
     for case in cases_:
         for mode in modes:

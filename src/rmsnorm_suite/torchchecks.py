@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from rmsnorm_suite import cases, numerics
+from rmsnorm_suite.cases import Case
 
 F32, BF16 = torch.float32, torch.bfloat16
 
@@ -207,35 +208,22 @@ def _model_forward_backward(fn, x, model) -> dict[str, torch.Tensor]:
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class GraphCase:
-    """M rows of N bf16 values, optionally through the fused residual add."""
-
-    m: int
-    n: int
-    residual: bool = False
-
-    @property
-    def name(self) -> str:
-        return f"{self.m}x{self.n} bf16{' with residual' if self.residual else ''}"
-
-
 # N = 4096: the tile backward; 4097: the two-walk paths; 65536: the one-launch wide backward;
 # 65537 and 131073: the segmented backward. The fused residual path at 64 and 4096 rows (a
 # `benchmark --residual` run with graph timing once hit an illegal memory access).
-CUDA_GRAPH_CASES: tuple[GraphCase, ...] = (
-    GraphCase(64, 4096),
-    GraphCase(64, 4097),
-    GraphCase(64, 65536),
-    GraphCase(64, 65537),
-    GraphCase(64, 131073),
-    GraphCase(64, 4096, residual=True),
-    GraphCase(4096, 4096, residual=True),
+CUDA_GRAPH_CASES: tuple[Case, ...] = (
+    Case.graph(64, 4096),
+    Case.graph(64, 4097),
+    Case.graph(64, 65536),
+    Case.graph(64, 65537),
+    Case.graph(64, 131073),
+    Case.graph(64, 4096, residual=True),
+    Case.graph(4096, 4096, residual=True),
 )
 FRESH_REPLAYS = 3  # replays on new inputs written into the captured tensors, as a training loop does
 
 
-def cuda_graph_capture(case: GraphCase, *, seed: int = 0) -> Result:
+def cuda_graph_capture(case: Case, *, seed: int = 0) -> Result:
     """Forward and backward captured in one CUDA graph after a warm-up on a side stream. A replay
     on the captured inputs gives eager mode's outputs and gradients bit for bit; each replay on
     fresh inputs stays within the declared tolerance of the reference: y, dx, dw (with a residual:
@@ -301,10 +289,10 @@ def cuda_graph_capture(case: GraphCase, *, seed: int = 0) -> Result:
     return Result(f"{case.name}: replay bitwise equal to eager, {FRESH_REPLAYS} fresh replays", failures)
 
 
-def cuda_graphs(graph_cases: Sequence[GraphCase] = CUDA_GRAPH_CASES, *, seed: int = 0) -> Result:
+def cuda_graphs(graph_cases: Sequence[Case] = CUDA_GRAPH_CASES, *, seed: int = 0) -> Result:
     """:func:`cuda_graph_capture` of every case."""
     if not graph_cases:
-        raise ValueError("graph_cases must hold at least one GraphCase")
+        raise ValueError("graph_cases must hold at least one case")
     results = {c.name: cuda_graph_capture(c, seed=seed) for c in graph_cases}
     good = sum(r.passed for r in results.values())
     figure = (

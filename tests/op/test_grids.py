@@ -38,7 +38,7 @@ GRID = (
 
 @pytest.mark.parametrize(("device", "m", "n", "dtype", "kind"), GRID)
 def test_grid_case(device, m, n, dtype, kind):
-    result = CHECKS[kind](checks.kernel_impl, checks.CheckCase(m, n, dtype, device=device, seed=m * 7919 + n))
+    result = CHECKS[kind](checks.kernel_impl, cases.Case(m, n, dtype, device=device, seed=m * 7919 + n))
     assert result.passed, result.reason
 
 

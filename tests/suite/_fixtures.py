@@ -195,17 +195,17 @@ ROUNDS = 6
 SAMPLES = 50  # per round
 
 
-def base_ms(shape: cases.BenchShape, mode: str) -> float:
+def base_ms(shape: cases.Case, mode: str) -> float:
     """A plausible median: bytes at 3.5 TB/s, plus 10 us of launch."""
     return cases.bytes_moved(shape, mode) / 3.5e12 * 1e3 + 0.010
 
 
-def device_ms(shape: cases.BenchShape, mode: str) -> float:
+def device_ms(shape: cases.Case, mode: str) -> float:
     """A plausible GPU-only median: bytes at 3.8 TB/s plus 2 us."""
     return cases.bytes_moved(shape, mode) / 3.8e12 * 1e3 + 0.002
 
 
-def host_ms(shape: cases.BenchShape, mode: str) -> float:
+def host_ms(shape: cases.Case, mode: str) -> float:
     """A plausible host time: 8 us a forward, 60 us a forward+backward."""
     return 0.008 if mode == "forward" else 0.060
 

@@ -197,8 +197,8 @@ class FakeGraph:
             self.call()
 
 
-def tiny(m: int, n: int, dtype: torch.dtype, group: str) -> harness.Case:
-    return harness.Case(m, n, dtype, group)
+def tiny(m: int, n: int, dtype: torch.dtype, group: str) -> cases.Case:
+    return cases.Case.bench(m, n, dtype, group)
 
 
 TINY = [tiny(8, 64, torch.float32, "small"), tiny(4, 33, torch.bfloat16, "large")]

@@ -46,7 +46,7 @@ def test_reference_passes_every_probe():
 
 
 def test_reference_passes_with_a_mixed_weight_dtype():
-    case = checks.CheckCase(17, 257, torch.bfloat16, weight_dtype=torch.float32)
+    case = cases.Case(17, 257, torch.bfloat16, weight_dtype=torch.float32)
     for check in checks.GRID_CHECKS.values():
         result = check(checks.reference_impl, case)
         assert result.passed, result.reason
@@ -101,8 +101,8 @@ def _dx_times(factor):
     return backward
 
 
-CASE_32 = checks.CheckCase(17, 257, torch.float32)
-CASE_16 = checks.CheckCase(17, 257, torch.float16)
+CASE_32 = cases.Case(17, 257, torch.float32)
+CASE_16 = cases.Case(17, 257, torch.float16)
 
 WRONG = [
     # (label, grid check, impl, case, expected words in the reason)
@@ -247,7 +247,7 @@ def test_probe_catches_its_failure_mode(label, probe, kind, impl, kwargs, passes
 
 @pytest.mark.parametrize("dtype", cases.DTYPES, ids=cases.dtype_name)
 def test_tolerance_is_the_declared_one(dtype):
-    result = checks.check_forward(ref_fwd, checks.CheckCase(3, 64, dtype))
+    result = checks.check_forward(ref_fwd, cases.Case(3, 64, dtype))
     declared = cases.TOLERANCES[dtype]
     assert (result.atol, result.rtol) == (declared.atol, declared.rtol)
     assert result.oracle_limit >= cases.ORACLE_ERROR_FACTOR[dtype] * result.baseline_error
@@ -295,7 +295,7 @@ def test_oracle_limit_floors():
 
 
 def test_inputs_are_deterministic_random_and_not_degenerate():
-    case = checks.CheckCase(17, 257, torch.bfloat16, seed=3)
+    case = cases.Case(17, 257, torch.bfloat16, seed=3)
     a, b = checks.make_inputs(case), checks.make_inputs(case)
     for t, u in zip(a, b):
         assert torch.equal(t, u)
@@ -303,24 +303,24 @@ def test_inputs_are_deterministic_random_and_not_degenerate():
     assert (x != 0).all() and (dy != 0).all()
     assert not torch.equal(w, torch.ones_like(w)) and (w - 1).abs().max() < 1
     assert x.dtype == dy.dtype == w.dtype == torch.bfloat16
-    other = checks.make_inputs(checks.CheckCase(17, 257, torch.bfloat16, seed=4))[0]
+    other = checks.make_inputs(cases.Case(17, 257, torch.bfloat16, seed=4))[0]
     assert not torch.equal(x, other)
 
 
 BAD_CASES = [
-    (dict(m=-1, n=8, dtype=torch.float32), ValueError, "CheckCase.m"),
-    (dict(m=1, n=0, dtype=torch.float32), ValueError, "CheckCase.n"),
-    (dict(m=1, n=8, dtype=torch.int32), TypeError, "CheckCase.dtype"),
-    (dict(m=1, n=8, dtype=torch.float32, weight_dtype=torch.float64), TypeError, "CheckCase.weight_dtype"),
-    (dict(m=1, n=8, dtype=torch.float32, eps=0.0), ValueError, "CheckCase.eps"),
-    (dict(m=1, n=8, dtype=torch.float32, eps=math.nan), ValueError, "CheckCase.eps"),
+    (dict(m=-1, n=8, dtype=torch.float32), ValueError, "Case.m"),
+    (dict(m=1, n=0, dtype=torch.float32), ValueError, "Case.n"),
+    (dict(m=1, n=8, dtype=torch.int32), TypeError, "Case.dtype"),
+    (dict(m=1, n=8, dtype=torch.float32, weight_dtype=torch.float64), TypeError, "Case.weight_dtype"),
+    (dict(m=1, n=8, dtype=torch.float32, eps=0.0), ValueError, "Case.eps"),
+    (dict(m=1, n=8, dtype=torch.float32, eps=math.nan), ValueError, "Case.eps"),
 ]
 
 
 @pytest.mark.parametrize(("kwargs", "error", "words"), BAD_CASES, ids=[c[2] for c in BAD_CASES])
 def test_bad_case_is_refused(kwargs, error, words):
     with pytest.raises(error, match=words):
-        checks.CheckCase(**kwargs)
+        cases.Case(**kwargs)
 
 
 def test_bad_kind_is_refused():

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rmsnorm_suite import checkreport, checks, featurechecks, mutanthunt, mutants, probes
+from rmsnorm_suite import cases, checkreport, checks, featurechecks, mutanthunt, mutants, probes
 
 from ..conftest import TERMINAL_REPORTS
 
@@ -56,16 +56,16 @@ HIDE_AND_SHOW = [
     ("denominator_block", probes.check_denominator, "forward", {"n": 257}, False),
     ("dx_denominator_block", probes.check_denominator, "backward", {"n": 256}, True),
     ("dx_denominator_block", probes.check_denominator, "backward", {"n": 257}, False),
-    ("dw_mean_over_rows", checks.check_gamma, "gamma", checks.CheckCase(1, 257, torch.float32), True),
-    ("dw_mean_over_rows", checks.check_gamma, "gamma", checks.CheckCase(17, 257, torch.float32), False),
-    ("eps_outside_sqrt", checks.check_forward, "forward", checks.CheckCase(5, 257, torch.float16), True),
+    ("dw_mean_over_rows", checks.check_gamma, "gamma", cases.Case(1, 257, torch.float32), True),
+    ("dw_mean_over_rows", checks.check_gamma, "gamma", cases.Case(17, 257, torch.float32), False),
+    ("eps_outside_sqrt", checks.check_forward, "forward", cases.Case(5, 257, torch.float16), True),
     ("eps_outside_sqrt", probes.check_small_magnitude, "forward", {}, False),
     ("squares_in_fp16", probes.check_large_magnitude, "forward", {}, False),
     ("dx_r2_instead_of_r3", probes.check_denominator, "backward", {"n": 257}, True),
     ("dx_r2_instead_of_r3", probes.check_rstd_precision, "backward", {}, False),
-    ("store_without_mask", checks.check_forward, "forward", checks.CheckCase(3, 257, torch.float32), True),
+    ("store_without_mask", checks.check_forward, "forward", cases.Case(3, 257, torch.float32), True),
     ("store_without_mask", probes.check_output_bounds, "forward", {}, False),
-    ("dw_order_varies", checks.check_gamma, "gamma", checks.CheckCase(17, 257, torch.float32), True),
+    ("dw_order_varies", checks.check_gamma, "gamma", cases.Case(17, 257, torch.float32), True),
     ("dw_order_varies", probes.check_determinism, "gamma", {}, False),
 ]
 
@@ -77,7 +77,7 @@ HIDE_AND_SHOW = [
 )
 def test_where_a_mutant_hides_and_shows(name, check, kind, where, passes):
     impl = mutants.as_impl(name)
-    if isinstance(where, checks.CheckCase):
+    if isinstance(where, cases.Case):
         result = check(impl, where)
     else:
         result = check(impl, "cpu", kind=kind, **where)
@@ -103,7 +103,7 @@ def test_feature_mutant_is_caught(name):
 
 
 # Why the feature cases are what they are: each bug below hides from one case or judgement.
-H_SAME_DTYPE = featurechecks.FeatureCase(
+H_SAME_DTYPE = cases.Case.feature(
     "x bf16 + r bf16 -> h bf16", torch.bfloat16, torch.bfloat16, r_dtype=torch.bfloat16
 )
 FEATURE_HIDE_AND_SHOW = [
