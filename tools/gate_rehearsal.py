@@ -4,13 +4,11 @@
 
 WHAT: hostile (a slowed head that rewrites gate, thresholds and harness: REGRESSION), aa
 (``--aa-runs`` A/A runs: pass), ab (a slower head: every large device row of the slowed pass
-flagged; ``--slow forward|backward --percent P``, see SLOW_*), host (no compiled host path: host
-rows flagged, device rows not), catalogue (tests/suite/hostile_catalogue.py's heads: REGRESSION
-or error, nothing left behind), features (tests/suite/hostile_catalogue.py's FEATURE_ATTACKS on
-the stand-in op of tests/suite/test_feature_attacks.py: the batch invariance row never passes),
-overhead (seconds a sandbox adds). Commits are built in a
-temporary repository from this tree's ``src``; verdicts go under ``outputs/rehearsal/``; exit 0
-only when every verdict is as expected. docs/gate.md gives each rehearsal's purpose and results.
+flagged; ``--slow forward|backward --percent P``), host (no compiled host path: host rows flagged,
+device rows not), catalogue and features (tests/suite/hostile_catalogue.py's heads: REGRESSION or
+error, nothing left behind), overhead (seconds a sandbox adds). Commits are built in a temporary
+repository; verdicts go under ``outputs/rehearsal/``; exit 0 only when every verdict is as
+expected. docs/gate.md gives each rehearsal's purpose and results.
 """
 
 from __future__ import annotations
