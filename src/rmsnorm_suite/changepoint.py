@@ -14,6 +14,7 @@ Exit status: 0 no slowdown but accepted ones, 1 a slowdown found (named), 2 no d
 from __future__ import annotations
 
 import argparse
+import graphlib
 import itertools
 import json
 import math
@@ -44,6 +45,7 @@ class Step:
     level: float  # what p had to be under
     direction: str  # "slowdown" (larger is worse) or "improvement"
     accepted: str = ""  # a slowdown an Accept-Regression of its row covers: "COMMIT xFACTOR: reason"
+    commit_index: int = -1  # ``first_commit``'s place in the history judged (0: oldest), across series
 
 
 @dataclass(frozen=True)
@@ -246,6 +248,25 @@ def accept_limits(thresholds_path: str | Path | None = None):
 # ---------------------------------------------------------------------------------------------
 
 
+def merged_order(series: Mapping[str, Sequence[tuple[str, float]]]) -> list[str]:
+    """One order of every commit of ``series`` that keeps each series' own order (each is a
+    subsequence of the history), where no first-parent order is given; ties by first appearance."""
+    graph: graphlib.TopologicalSorter = graphlib.TopologicalSorter()
+    seen = {}
+    for points in series.values():
+        names = [c for c, _ in points]
+        for i, c in enumerate(names):
+            seen.setdefault(c, len(seen))
+            graph.add(c, *names[i - 1 : i])
+    graph.prepare()
+    order: list[str] = []
+    while graph.is_active():
+        ready = sorted(graph.get_ready(), key=seen.__getitem__)
+        order += ready
+        graph.done(*ready)
+    return order
+
+
 def first_parent_order(repo: str | Path, rev: str = "HEAD") -> list[str]:
     out = subprocess.run(
         ["git", "rev-list", "--first-parent", "--reverse", rev, "--"],
@@ -377,7 +398,14 @@ def run(args: argparse.Namespace) -> int:
             Path(args.out).write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
         return 2
     steps, level = detect_all(series, rule)
-    steps = mark_accepted(steps, accepted, order)
+    try:  # the history's order: main's first-parent line, else one the series agree on
+        rank = {c: i for i, c in enumerate(order if not args.series and order else merged_order(series))}
+    except graphlib.CycleError:  # series that disagree on the order of two commits (by date)
+        rank = {}
+    steps = [
+        replace(s, commit_index=rank.get(s.first_commit, -1)) for s in mark_accepted(steps, accepted, order)
+    ]
+    steps.sort(key=lambda s: (s.commit_index, s.series))  # oldest first, across the series
     judged = sum(len(p) >= 2 * rule.min_size for p in series.values())
     print(
         f"changepoints: {judged} series, each tested at {level:.2g} (rate {rule.rate:g} over the series), "

@@ -227,3 +227,20 @@ def test_a_history_too_short_to_judge_still_writes_its_empty_steps(tmp_path):
     assert cli.main(["changepoints", "--series", str(path), "--out", str(out)]) == 2
     saved = json.loads(out.read_text())
     assert saved["steps"] == [] and saved["series"] == 0
+
+
+def test_steps_carry_their_commits_place_in_the_history_oldest_first_across_series(tmp_path):
+    """Two series, one missing the first commits: each step's ``commit_index`` is its first commit's
+    place in the whole history (not in its own series), and steps.json lists them oldest first."""
+    c = commits(36)
+    late = series(30, {20: 1.08}, 0.004, 2)  # from commit 6 on: its step is at commit 26
+    early = series(36, {12: 1.08}, 0.004, 3, level=0.3)
+    data = {"a.late": [[x, v] for x, v in zip(c[6:], late)], "b.early": [[x, v] for x, v in zip(c, early)]}
+    path, out = tmp_path / "s.json", tmp_path / "steps.json"
+    path.write_text(json.dumps(dict(reversed(data.items()))))
+    assert cp.merged_order({"x": [(c[2], 1.0), (c[5], 1.0)], "y": [(c[1], 1.0), (c[2], 1.0)]}) == [
+        c[1], c[2], c[5]
+    ]  # fmt: skip
+    assert cli.main(["changepoints", "--series", str(path), "--out", str(out)]) == 1
+    got = [(s["series"], s["index"], s["commit_index"]) for s in json.loads(out.read_text())["steps"]]
+    assert got == [("b.early", 12, 12), ("a.late", 20, 26)]
