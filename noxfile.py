@@ -479,6 +479,10 @@ def changepoints(session: nox.Session) -> None:
     session.install("numpy>=1.26")
     env = {"PYTHONPATH": str(ROOT / "src")}  # the search needs numpy alone, not torch
     command = ["python", "-m", "rmsnorm_suite.changepoint", "--accepted", str(out / "accepted.json")]
+    # and the rows merged pull requests' verdicts accepted, kept on the results branch (record-accepted)
+    results = rest[rest.index("--results") + 1] if "--results" in rest[:-1] else ".asv/results"
+    if (Path(results) / "accepted.json").is_file():
+        command += ["--accepted", str(Path(results) / "accepted.json")]
     # 1: a slowdown found, 2: nothing to judge yet; both are written up, neither fails the job
     run(session, *command, "--out", str(out / "steps.json"), *rest, env=env, success_codes=[0, 1, 2])
 

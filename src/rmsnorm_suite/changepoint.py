@@ -4,8 +4,8 @@ Drift against the last release says that main moved; this says where. Per series
 benchmark and parameter combination, in first-parent order of main) the log values are split
 where a two-sample step is largest, kept when its p-value is under ``rate / series`` and it
 moves the median by ``min_step`` or more, then searched again on each side (``[drift]`` of
-regression.toml; docs/gate.md, "Which commit"). A slowdown whose range holds an accepted
-regression of its row no larger than it (``--accepted``: history.py accepted) reads ``accepted``.
+regression.toml; docs/gate.md, "Which commit"). A slowdown of one commit that an accepted
+regression of its row covers (``--accepted``: history.py accepted, record-accepted) reads ``accepted``.
 Exit status: 0 no slowdown but accepted ones, 1 a slowdown found (named), 2 no data.
 
     rmsnorm-kernel changepoints --results .asv/results [--machine h200] [--accepted JSON] [--out JSON]
@@ -202,7 +202,8 @@ def mark_accepted(
             alone = alone and rank[s.first_commit] == rank[s.last_before] + 1 and commit == s.first_commit
             if alone and s.ratio <= factor:
                 why = str(a.get("reason", ""))[:120]
-                s = replace(s, accepted=f"{commit[:12]} x{factor:g}: {why}")
+                who = f" (approved by {str(a['approved_by'])[:60]})" if a.get("approved_by") else ""
+                s = replace(s, accepted=f"{commit[:12]} x{factor:g}: {why}{who}")
                 break
         out.append(s)
     return out
@@ -354,9 +355,11 @@ def configure(parser: argparse.ArgumentParser, command: str) -> None:
     )
     parser.add_argument(
         "--accepted",
-        default=None,
+        action="append",
+        default=[],
         metavar="JSON",
-        help="accepted regressions (rmsnorm_suite.history accepted)",
+        help="accepted regressions: `rmsnorm_suite.history accepted`, or the results branch's "
+        "accepted.json (`record-accepted`); repeat for both",
     )
     parser.add_argument("--out", default=None, metavar="JSON", help="write the steps found")
 
@@ -364,7 +367,8 @@ def configure(parser: argparse.ArgumentParser, command: str) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         rule = rule_from(args.thresholds)
-        accepted = load_accepted(args.accepted, accept_limits(args.thresholds)) if args.accepted else []
+        limits = accept_limits(args.thresholds) if args.accepted else None
+        accepted = [r for path in args.accepted for r in load_accepted(path, limits)]
         order: list[str] = []
         if args.series:
             raw = json.loads(Path(args.series).read_text(encoding="utf-8"))

@@ -244,3 +244,76 @@ def test_steps_carry_their_commits_place_in_the_history_oldest_first_across_seri
     assert cli.main(["changepoints", "--series", str(path), "--out", str(out)]) == 1
     got = [(s["series"], s["index"], s["commit_index"]) for s in json.loads(out.read_text())["steps"]]
     assert got == [("b.early", 12, 12), ("a.late", 20, 26)]
+
+
+def test_a_merged_verdicts_accepted_row_is_kept_in_the_history_and_its_step_reads_accepted(tmp_path, capsys):
+    """A pull request's verdict accepts a +8% device row (approved, within 1.12); the publish job
+    records it under main's merge commit in the results branch's accepted.json (which passes the
+    branch's check); change points over that history then read the step at that commit
+    ``accepted``, with the approver, and exit 0. The same verdict without approval records
+    nothing, and the step stays a slowdown."""
+    import importlib.util
+
+    from rmsnorm_suite import accept, gate, history
+    from tests.suite._fixtures import LARGE, ROOT, THRESHOLDS, make_run
+
+    spec = importlib.util.spec_from_file_location("check_asv", ROOT / ".github/scripts/check_asv_results.py")
+    check_asv = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check_asv)
+    check = f"device {LARGE} forward"
+    base, head = make_run(30), make_run(31, device_slower={(LARGE, "forward"): 1.08})
+    c = commits(30)
+    kernel = series(30, {18: 1.08}, 0.004, 5)
+    write_asv(tmp_path / "results", "h200", list(zip(c, kernel, series(30, {}, 0.004, 6, level=0.3))))
+    points = cp.asv_series(tmp_path / "results", "h200", r"track_gpu_median_ms\(.*kernel")
+    (tmp_path / "series.json").write_text(json.dumps(points))
+    for who, expected in (("maintainer", "accepted"), (None, "regression")):
+        request = accept.approve([accept.parse(f"{check} 1.12 two passes <b>for</b> accuracy")], who)
+        verdict = gate.judge(base, head, THRESHOLDS, acceptances=request)
+        assert [r.verdict for r in verdict.rows if r.check == check] == [expected]
+        folder = tmp_path / who_folder(who) / "verdict-h200"
+        folder.mkdir(parents=True)
+        (folder / "verdict.json").write_text(json.dumps({**verdict.to_json(), "head_sha": "e" * 40}))
+        ledger = tmp_path / who_folder(who) / "results" / "accepted.json"
+        argv = ["record-accepted", "--verdicts", str(folder.parent), "--commit", c[18], "--pull", "7"]
+        assert history.main([*argv, "--into", str(ledger)]) == 0
+        assert history.main([*argv, "--into", str(ledger)]) == 0  # a second run adds nothing
+        records = json.loads(ledger.read_text())["accepted"]
+        assert check_asv.check_tree(ledger.parent, skip_git=True)[1] == []  # the branch keeps it
+        assert check_asv.check_tree(ledger.parent)[1] != []  # a GPU job's artifact may not bring it
+        out = tmp_path / who_folder(who) / "steps.json"
+        code = cli.main(["changepoints", "--series", str(tmp_path / "series.json"), "--accepted", str(ledger),
+                         "--out", str(out)])  # fmt: skip
+        (step,) = json.loads(out.read_text())["steps"]
+        assert step["first_commit"] == c[18]
+        if who:
+            assert [(r["commit"], r["check"], r["factor"], r["approved_by"], r["pull"]) for r in records] == [
+                (c[18], check, 1.12, "maintainer", 7)
+            ]  # fmt: skip
+            assert code == 0 and step["accepted"].startswith(f"{c[18][:12]} x1.12: two passes")
+            assert step["accepted"].endswith("(approved by maintainer)") and "<" not in step["accepted"]
+            assert "slowdown (accepted)" in capsys.readouterr().out
+        else:
+            assert records == [] and code == 1 and step["accepted"] == ""
+
+
+def who_folder(who: str | None) -> str:
+    return f"approved-by-{who}" if who else "not-approved"
+
+
+def test_only_rows_the_verdict_accepted_with_a_granted_approved_request_are_recorded():
+    """A row reads ``accepted`` only with its granted, approved request beside it in the verdict;
+    one without, or whose request lacks the approver or a finite factor over 1, is left out."""
+    from rmsnorm_suite import history
+
+    rows = [
+        {"check": f"device {shape} forward", "verdict": "accepted"} for shape in ("1x1-a", "2x2-a", "3x3-a")
+    ]
+    granted = [{"check": "device 1x1-a forward", "factor": 1.1, "reason": "r", "approved_by": "m"},
+               {"check": "device 2x2-a forward", "factor": 1.1, "reason": "r"},
+               {"check": "device 3x3-a forward", "factor": float("nan"), "approved_by": "m"}]  # fmt: skip
+    verdict = {"rows": [*rows, {"check": "device 4x4-a forward", "verdict": "pass"}],
+               "acceptance": {"granted": granted + [{**granted[0], "check": "device 4x4-a forward"}]}}  # fmt: skip
+    got = history.verdict_acceptances(verdict)
+    assert got == [{"check": "device 1x1-a forward", "factor": 1.1, "reason": "r", "approved_by": "m"}]
+    assert history.verdict_acceptances({"rows": rows}) == [] and history.verdict_acceptances([]) == []
