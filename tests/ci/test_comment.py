@@ -781,7 +781,8 @@ def test_the_drift_issue_lists_steps_oldest_first_by_their_commit_in_the_history
     rng = __import__("random").Random(7)
     names = ["Forward.track_gpu_median_ms('4096x4096-bfloat16', 'kernel')",
              "ForwardBackward.track_gpu_median_ms('32768x4096-bfloat16', 'kernel')"]  # fmt: skip
-    steps = [{"series": names[i % 2], "index": i // 2 + 3, "commit_index": 3 * i + 4,
+    # a series' own ``index`` says nothing of the order across series: here it runs against it
+    steps = [{"series": names[i % 2], "index": (5 * i) % 7 + 3, "commit_index": 3 * i + 4,
               "first_commit": f"{i:02x}" * 20, "last_before": f"{i + 100:02x}" * 20, "ratio": 1.05,
               "direction": "slowdown", "accepted": ""} for i in range(14)]  # fmt: skip
     shuffled = steps[:]
