@@ -44,7 +44,11 @@ class Step:
     p_value: float
     level: float  # what p had to be under
     direction: str  # "slowdown" (larger is worse) or "improvement"
-    accepted: str = ""  # a slowdown an Accept-Regression of its row covers: "COMMIT xFACTOR: reason"
+    # a slowdown an Accept-Regression of its row covers: 'COMMIT xFACTOR approved by WHO: "reason"'
+    # (a merged verdict's record) or 'COMMIT xFACTOR trailer only: "reason"'; before the first
+    # ": " only what this module wrote, after it the author's reason
+    accepted: str = ""
+    approved_by: str = ""  # the approver a merged verdict recorded (a login), or ""
     commit_index: int = -1  # ``first_commit``'s place in the history judged (0: oldest), across series
 
 
@@ -191,6 +195,8 @@ def mark_accepted(
     past the accepted factor. A trailer is not proof of approval: marking names a commit the
     history already names, and hides nothing from the bisection."""
     rank = {c: i for i, c in enumerate(order)}
+    # a merged verdict's record (with its approver) before a trailer naming the same row
+    accepted = sorted(accepted, key=lambda a: not approver(a))
     out = []
     for s in steps:
         for a in accepted if s.direction == "slowdown" else ():
@@ -201,12 +207,22 @@ def mark_accepted(
             alone = s.last_before in rank and s.first_commit in rank
             alone = alone and rank[s.first_commit] == rank[s.last_before] + 1 and commit == s.first_commit
             if alone and s.ratio <= factor:
-                why = str(a.get("reason", ""))[:120]
-                who = f" (approved by {str(a['approved_by'])[:60]})" if a.get("approved_by") else ""
-                s = replace(s, accepted=f"{commit[:12]} x{factor:g}: {why}{who}")
+                why = " ".join(str(a.get("reason", "")).replace('"', "'").split())[:120]
+                who = approver(a)
+                how = f"approved by {who}" if who else "trailer only"
+                s = replace(s, accepted=f'{commit[:12]} x{factor:g} {how}: "{why}"', approved_by=who)
                 break
         out.append(s)
     return out
+
+
+LOGIN = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})(?:\[bot\])?")  # a GitHub login
+
+
+def approver(record: Mapping) -> str:
+    """The approver a record names when it is a login (a merged verdict's record), else ""."""
+    who = record.get("approved_by")
+    return who if isinstance(who, str) and LOGIN.fullmatch(who) else ""
 
 
 def load_accepted(path: str | Path, limits=None) -> list[dict]:

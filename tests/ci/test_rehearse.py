@@ -163,7 +163,8 @@ def test_history_marks_the_approved_step_accepted_and_bisects_the_other(history_
         (shas[ACCEPTED_STEP], shas[ACCEPTED_STEP - 1], ACCEPTED_STEP + 1, "slowdown"),
         (shas[BISECTED_STEP], shas[before], BISECTED_STEP + 1, "slowdown"),
     ]  # fmt: skip
-    assert steps[0]["accepted"].endswith("x1.12: two passes for accuracy (approved by maintainer)")
+    assert steps[0]["accepted"].endswith('x1.12 approved by maintainer: "two passes for accuracy"')
+    assert steps[0]["approved_by"] == "maintainer"
     assert steps[1]["accepted"] == ""
     history_stage.artifact(run_id, "bisect-h200", tmp_path / "steps" / "bisect-h200")
     bisect = json.loads((tmp_path / "steps" / "bisect-h200" / "bisect.json").read_text())

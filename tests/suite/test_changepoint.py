@@ -290,8 +290,10 @@ def test_a_merged_verdicts_accepted_row_is_kept_in_the_history_and_its_step_read
             assert [(r["commit"], r["check"], r["factor"], r["approved_by"], r["pull"]) for r in records] == [
                 (c[18], check, 1.12, "maintainer", 7)
             ]  # fmt: skip
-            assert code == 0 and step["accepted"].startswith(f"{c[18][:12]} x1.12: two passes")
-            assert step["accepted"].endswith("(approved by maintainer)") and "<" not in step["accepted"]
+            assert code == 0 and step["accepted"].startswith(
+                f'{c[18][:12]} x1.12 approved by maintainer: "two passes'
+            )
+            assert step["approved_by"] == "maintainer" and "<" not in step["accepted"]
             assert "slowdown (accepted)" in capsys.readouterr().out
         else:
             assert records == [] and code == 1 and step["accepted"] == ""
@@ -317,3 +319,26 @@ def test_only_rows_the_verdict_accepted_with_a_granted_approved_request_are_reco
     got = history.verdict_acceptances(verdict)
     assert got == [{"check": "device 1x1-a forward", "factor": 1.1, "reason": "r", "approved_by": "m"}]
     assert history.verdict_acceptances({"rows": rows}) == [] and history.verdict_acceptances([]) == []
+
+
+def test_only_a_recorded_approval_reads_approved_and_it_wins_over_the_trailer():
+    """The reason is the pull request author's trailer text: one that says "(approved by alice)"
+    does not make a step read approved, and nothing after the approver's place can pose as it.
+    Where the commit carries both the trailer (``history accepted``, listed first) and the merged
+    verdict's record of it (accepted.json, with the approver), the step names the approver."""
+    c = commits(12)
+    one = cp.Step(KERNEL_FORWARD, 6, c[9], c[8], 1.0, 1.05, 1.05, 1e-4, 1e-3, "slowdown")
+    check = "device 32768x4096-bfloat16 forward"
+    forged = {"commit": c[9], "check": check, "factor": 1.1, "reason": "fused (approved by alice)"}
+    (step,) = cp.mark_accepted([one], [forged], c)
+    assert (
+        step.accepted and step.approved_by == "" and "approved by alice" not in step.accepted.split(": ")[0]
+    )
+    assert step.accepted.startswith(f"{c[9][:12]} x1.1 trailer only: ")
+    ledger = {**forged, "reason": "fused", "approved_by": "maintainer"}
+    (step,) = cp.mark_accepted([one], [forged, ledger], c)
+    assert step.approved_by == "maintainer"
+    assert step.accepted == f'{c[9][:12]} x1.1 approved by maintainer: "fused"'
+    # an approver that is not a login is not believed as one
+    (step,) = cp.mark_accepted([one], [{**ledger, "approved_by": "bob: ok (approved by alice)"}], c)
+    assert step.approved_by == "" and step.accepted.startswith(f"{c[9][:12]} x1.1 trailer only: ")
