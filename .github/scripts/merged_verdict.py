@@ -4,7 +4,7 @@
 The pull request is the one the API says was merged as ``--sha`` into the default branch; its
 verdict run is the newest successful run of gpu.yml titled ``GPU verdict #N at HEAD`` for that
 pull request's last head, believed only as verify_trigger.py believes the comment job's run.
-Writes ``run-id`` and ``pull`` to ``$GITHUB_OUTPUT`` (nothing when there is none: a direct push,
+Writes ``run-id``, ``pull`` and ``head`` to ``$GITHUB_OUTPUT`` (nothing when there is none: a direct push,
 a pull request without a passing verdict at its head). Standard library only.
 
     python3 .github/scripts/merged_verdict.py --repo OWNER/NAME --sha SHA
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None, client: vt.Client | None = None) -> int:
     output = os.environ.get("GITHUB_OUTPUT")
     if output:
         with open(output, "a", encoding="utf-8") as out:
-            out.write(f"run-id={run}\npull={pull['number']}\n")
+            out.write(f"run-id={run}\npull={pull['number']}\nhead={pull['head']['sha']}\n")
     return 0
 
 

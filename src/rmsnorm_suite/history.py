@@ -348,6 +348,9 @@ def accepted_regressions(root: Path, rev: str = "HEAD") -> list[dict]:
     return records
 
 
+MAX_VERDICT_BYTES = 5_000_000  # a verdict.json is a few kB; a larger one is not read
+
+
 def _text(value, limit: int) -> str:
     return UNSAFE.sub(" ", str(value or ""))[:limit].strip()
 
@@ -359,10 +362,20 @@ def verdict_acceptances(verdict) -> list[dict]:
     if not isinstance(verdict, dict):
         return []
     acceptance = verdict.get("acceptance") if isinstance(verdict.get("acceptance"), dict) else {}
-    granted = {g.get("check"): g for g in acceptance.get("granted") or [] if isinstance(g, dict)}
+    listed = acceptance.get("granted")
+    granted = {
+        g["check"]: g
+        for g in (listed if isinstance(listed, list) else [])
+        if isinstance(g, dict) and isinstance(g.get("check"), str)
+    }
+    rows = verdict.get("rows")
     out = []
-    for row in verdict.get("rows") or []:
-        if not isinstance(row, dict) or row.get("verdict") != "accepted":
+    for row in rows if isinstance(rows, list) else []:
+        if (
+            not isinstance(row, dict)
+            or row.get("verdict") != "accepted"
+            or not isinstance(row.get("check"), str)
+        ):
             continue
         g = granted.get(row.get("check"))
         if not g or not isinstance(g.get("approved_by"), str) or not g["approved_by"].strip():
@@ -379,19 +392,54 @@ def verdict_acceptances(verdict) -> list[dict]:
     return out
 
 
-def record_accepted(ledger: Path, verdicts: list[Path], commit: str, pull: int | None = None) -> list[dict]:
+def _read_verdict(path: Path, pull: int | None, head: str | None) -> dict | None:
+    """``path`` (verdict.json) as a dict, or None with why on stderr: a link, too large, not JSON,
+    not of ``head`` (the merged pull request's last head) or, by the pr.json beside it, of
+    another pull request than ``pull``."""
+    try:
+        if path.is_symlink() or path.stat().st_size > MAX_VERDICT_BYTES:
+            raise ValueError("a link, or over the size limit")
+        verdict = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(verdict, dict):
+            raise ValueError("not a JSON object")
+        if head is not None and verdict.get("head_sha") != head:
+            raise ValueError("of another head than the merged pull request's")
+        pr = path.parent / "pr.json"
+        if pull is not None and pr.is_file() and not pr.is_symlink() and pr.stat().st_size < 10_000:
+            number = json.loads(pr.read_text(encoding="utf-8"))
+            if not isinstance(number, dict) or number.get("number") != pull:
+                raise ValueError("of another pull request (pr.json)")
+    except (OSError, ValueError, RecursionError) as exc:
+        print(f"history: record-accepted: {path}: passed over: {str(exc)[:200]}", file=sys.stderr)
+        return None
+    return verdict
+
+
+def record_accepted(
+    ledger: Path, verdicts: list[Path], commit: str, pull: int | None = None, head: str | None = None
+) -> list[dict]:
     """Add the rows each verdict file accepted to ``ledger`` (``{"accepted": [...]}``, the results
     branch's accepted.json; created where missing) under ``commit``, main's commit that merged
-    them; a row already there for that commit is kept as it is. Returns the records added."""
+    them; a row already there for that commit is kept as it is. A verdict file that does not read
+    (_read_verdict), or is not of ``head`` where given, is passed over: the publish job goes on.
+    Returns the records added; a ledger that is not JSON is a ValueError, and is left as it is."""
     if not SHA.fullmatch(commit):
         raise ValueError(f"not a 40-hex commit: {commit[:60]!r}")
+    if head is not None and not SHA.fullmatch(head):
+        raise ValueError(f"not a 40-hex head: {head[:60]!r}")
     data = json.loads(ledger.read_text(encoding="utf-8")) if ledger.is_file() else {}
     kept = data.get("accepted") if isinstance(data, dict) and isinstance(data.get("accepted"), list) else []
-    have = {(r.get("commit"), r.get("check")) for r in kept if isinstance(r, dict)}
+    have = {
+        (r["commit"], r["check"])
+        for r in kept
+        if isinstance(r, dict) and isinstance(r.get("commit"), str) and isinstance(r.get("check"), str)
+    }
     added = []
     for path in verdicts:
-        verdict = json.loads(path.read_text(encoding="utf-8"))
-        head = verdict.get("head_sha") if isinstance(verdict, dict) else None
+        verdict = _read_verdict(path, pull, head)
+        if verdict is None:
+            continue
+        judged = verdict.get("head_sha") if head is None else head
         for row in verdict_acceptances(verdict):
             if (commit, row["check"]) in have:
                 continue
@@ -399,8 +447,8 @@ def record_accepted(ledger: Path, verdicts: list[Path], commit: str, pull: int |
             record = {"commit": commit, **row}
             if isinstance(pull, int):
                 record["pull"] = pull
-            if isinstance(head, str) and SHA.fullmatch(head):
-                record["head"] = head
+            if isinstance(judged, str) and SHA.fullmatch(judged):
+                record["head"] = judged
             added.append(record)
     if added or not ledger.is_file():
         ledger.parent.mkdir(parents=True, exist_ok=True)
@@ -438,6 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("--verdicts", required=True, help="verdict.json, or a folder of verdict-KIND/ folders")
     rec.add_argument("--commit", required=True, help="main's commit that merged the pull request")
     rec.add_argument("--pull", type=int, default=None, help="the pull request's number")
+    rec.add_argument("--head", default=None, help="its last head: a verdict of another is passed over")
     rec.add_argument("--into", default=str(ACCEPTED), help=f"the ledger (default {ACCEPTED})")
     args = parser.parse_args(argv)
     root = Path.cwd()
@@ -445,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
         given = Path(args.verdicts)
         files = [given] if given.is_file() else sorted(given.glob("verdict-*/verdict.json"))
         try:
-            added = record_accepted(Path(args.into), files, args.commit, args.pull)
+            added = record_accepted(Path(args.into), files, args.commit, args.pull, args.head)
         except (OSError, ValueError) as exc:
             print(f"history: record-accepted: {exc}", file=sys.stderr)
             return 2

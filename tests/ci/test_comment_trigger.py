@@ -155,7 +155,7 @@ def test_the_merged_pull_requests_verdict_run_is_found_and_verified(tmp_path, mo
             {"id": 50, "display_title": title}]  # fmt: skip
     api = MergedAPI(runs)
     assert mv.main(["--repo", "o/r", "--sha", MERGE], client=api) == 0
-    assert out.read_text() == "run-id=42\npull=7\n"
+    assert out.read_text() == f"run-id=42\npull=7\nhead={HEAD}\n"
     assert "/repos/o/r/actions/runs/50" in api.calls and "/repos/o/r/actions/runs/40" not in api.calls
     out.unlink()
     for api in (

@@ -411,6 +411,11 @@ def test_publish_records_the_merged_verdicts_accepted_rows_before_the_check():
     assert download["if"] == record["if"] == "steps.merged.outputs.run-id != ''"
     assert "history.py record-accepted --verdicts merged-verdicts" in record["run"]
     assert '--commit "$GITHUB_SHA"' in record["run"] and "--into .asv/results/accepted.json" in record["run"]
+    # only the verdicts of the merged pull request's last head (merged_verdict.py's output)
+    assert (
+        '--head "$MERGED_HEAD"' in record["run"]
+        and record["env"]["MERGED_HEAD"] == "${{ steps.merged.outputs.head }}"
+    )
     check = next(i for i, s in enumerate(steps) if "check_asv_results.py" in s.get("run", ""))
     assert find < check and steps[check - 1] is record
 

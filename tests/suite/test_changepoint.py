@@ -342,3 +342,48 @@ def test_only_a_recorded_approval_reads_approved_and_it_wins_over_the_trailer():
     # an approver that is not a login is not believed as one
     (step,) = cp.mark_accepted([one], [{**ledger, "approved_by": "bob: ok (approved by alice)"}], c)
     assert step.approved_by == "" and step.accepted.startswith(f"{c[9][:12]} x1.1 trailer only: ")
+
+
+def test_record_accepted_takes_only_the_merged_heads_verdicts_and_survives_malformed_ones(tmp_path):
+    """The publish job's record step must not stop main's history: a verdict that is not JSON, is
+    too large, has rows or grants of the wrong types, or a ledger row with odd types is passed
+    over, and the good verdict is recorded. A verdict of another head than the merged pull
+    request's, or of another pull request (its pr.json), records nothing."""
+    from rmsnorm_suite import history
+
+    head, other, commit = "a" * 40, "b" * 40, "c" * 40
+    good = {"head_sha": head, "rows": [{"check": "device 1x1-a forward", "verdict": "accepted"}],
+            "acceptance": {"granted": [{"check": "device 1x1-a forward", "factor": 1.1, "reason": "r",
+                                        "approved_by": "m"}]}}  # fmt: skip
+    bad = {
+        "not-json": "{",
+        "rows-int": json.dumps({**good, "rows": 5}),
+        "granted-int": json.dumps({**good, "acceptance": {"granted": 3}}),
+        "check-list": json.dumps({**good, "acceptance": {"granted": [{"check": ["x"], "approved_by": "m"}]}}),
+        "row-check-list": json.dumps({**good, "rows": [{"check": ["x"], "verdict": "accepted"}]}),
+        "acceptance-list": json.dumps({**good, "acceptance": [1]}),
+        "another-head": json.dumps({**good, "head_sha": other}),
+        "no-head": json.dumps({k: v for k, v in good.items() if k != "head_sha"}),
+        "huge": json.dumps({**good, "pad": "x" * (history.MAX_VERDICT_BYTES + 1)}),
+    }
+    for name, text in bad.items():
+        (tmp_path / f"verdict-{name}").mkdir()
+        (tmp_path / f"verdict-{name}" / "verdict.json").write_text(text)
+    (tmp_path / "verdict-another-pull").mkdir()
+    (tmp_path / "verdict-another-pull" / "verdict.json").write_text(json.dumps(good))
+    (tmp_path / "verdict-another-pull" / "pr.json").write_text(json.dumps({"number": 8, "head_sha": head}))
+    ledger = tmp_path / "accepted.json"
+    ledger.write_text(json.dumps({"accepted": [{"commit": ["odd"], "check": {}}, 3]}))
+    argv = ["record-accepted", "--verdicts", str(tmp_path), "--commit", commit, "--pull", "7", "--head", head]
+    assert history.main([*argv, "--into", str(ledger)]) == 0
+    assert json.loads(ledger.read_text())["accepted"][2:] == []  # nothing but the odd rows kept
+    (tmp_path / "verdict-good").mkdir()
+    (tmp_path / "verdict-good" / "verdict.json").write_text(json.dumps(good))
+    (tmp_path / "verdict-good" / "pr.json").write_text(json.dumps({"number": 7, "head_sha": head}))
+    assert history.main([*argv, "--into", str(ledger)]) == 0
+    added = json.loads(ledger.read_text())["accepted"][2:]
+    assert [(r["commit"], r["check"], r["head"], r["pull"]) for r in added] == [
+        (commit, "device 1x1-a forward", head, 7)
+    ]
+    ledger.write_text("{")  # a ledger that is not JSON is not overwritten, and fails loudly
+    assert history.main([*argv, "--into", str(ledger)]) == 2 and ledger.read_text() == "{"
