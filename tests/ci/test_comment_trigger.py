@@ -124,15 +124,16 @@ class MergedAPI(FakeAPI):
     """FakeAPI, and: commit MERGE merged PR #7 (head HEAD) into ``merged_into``; gpu.yml's successful
     runs are ``runs`` (run 42 among them, as FakeAPI describes it)."""
 
-    def __init__(self, runs, merged_into="main", **run):
+    def __init__(self, runs, merged_into="main", pull=None, **run):
         super().__init__(**run)
-        self.runs, self.merged_into = runs, merged_into
+        self.runs, self.merged_into, self.pull = runs, merged_into, pull or {}
 
     def request(self, method, path, payload=None):
         if path == f"/repos/o/r/commits/{MERGE}/pulls":
             self.calls.append(path)
             return [{"number": 7, "merged_at": "2026-12-04T00:00:00Z", "merge_commit_sha": MERGE,
-                     "base": {"ref": self.merged_into, "repo": {"full_name": "o/r"}}, "head": {"sha": HEAD}}]  # fmt: skip
+                     "base": {"ref": self.merged_into, "repo": {"full_name": "o/r"}}, "head": {"sha": HEAD},
+                     **self.pull}]  # fmt: skip
         if path.startswith(
             "/repos/o/r/actions/workflows/gpu.yml/runs?event=pull_request_target&status=success"
         ):
@@ -162,6 +163,12 @@ def test_the_merged_pull_requests_verdict_run_is_found_and_verified(tmp_path, mo
         MergedAPI(runs[:1]),
         MergedAPI(runs, merged_into="release"),
         MergedAPI(runs[1:], conclusion="failure"),
+        # the push's commit is in a pull request that was not merged, or merged as another commit
+        # (an open pull request built on it), or into another repository's branch of that name
+        MergedAPI(runs, pull={"merged_at": None}),
+        MergedAPI(runs, pull={"merge_commit_sha": "f" * 40}),
+        MergedAPI(runs, pull={"base": {"ref": "main", "repo": {"full_name": "fork/r"}}}),
+        MergedAPI(runs, pull={"head": {"sha": "--all"}}),
     ):
         assert mv.main(["--repo", "o/r", "--sha", MERGE], client=api) == 0
         assert not out.exists()
