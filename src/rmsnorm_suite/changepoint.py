@@ -4,8 +4,8 @@ Drift against the last release says that main moved; this says where. Per series
 benchmark and parameter combination, in first-parent order of main) the log values are split
 where a two-sample step is largest, kept when its p-value is under ``rate / series`` and it
 moves the median by ``min_step`` or more, then searched again on each side (``[drift]`` of
-regression.toml; docs/gate.md, "Which commit"). A slowdown whose range holds an accepted
-regression of its row no larger than it (``--accepted``: history.py accepted) reads ``accepted``.
+regression.toml; docs/gate.md, "Which commit"). A slowdown of one commit that an accepted
+regression of its row covers (``--accepted``: history.py accepted, record-accepted) reads ``accepted``.
 Exit status: 0 no slowdown but accepted ones, 1 a slowdown found (named), 2 no data.
 
     rmsnorm-kernel changepoints --results .asv/results [--machine h200] [--accepted JSON] [--out JSON]
@@ -14,6 +14,7 @@ Exit status: 0 no slowdown but accepted ones, 1 a slowdown found (named), 2 no d
 from __future__ import annotations
 
 import argparse
+import graphlib
 import itertools
 import json
 import math
@@ -43,7 +44,12 @@ class Step:
     p_value: float
     level: float  # what p had to be under
     direction: str  # "slowdown" (larger is worse) or "improvement"
-    accepted: str = ""  # a slowdown an Accept-Regression of its row covers: "COMMIT xFACTOR: reason"
+    # a slowdown an Accept-Regression of its row covers: 'COMMIT xFACTOR approved by WHO: "reason"'
+    # (a merged verdict's record) or 'COMMIT xFACTOR trailer only: "reason"'; before the first
+    # ": " only what this module wrote, after it the author's reason
+    accepted: str = ""
+    approved_by: str = ""  # the approver a merged verdict recorded (a login), or ""
+    commit_index: int = -1  # ``first_commit``'s place in the history judged (0: oldest), across series
 
 
 @dataclass(frozen=True)
@@ -189,6 +195,8 @@ def mark_accepted(
     past the accepted factor. A trailer is not proof of approval: marking names a commit the
     history already names, and hides nothing from the bisection."""
     rank = {c: i for i, c in enumerate(order)}
+    # a merged verdict's record (with its approver) before a trailer naming the same row
+    accepted = sorted(accepted, key=lambda a: not approver(a))
     out = []
     for s in steps:
         for a in accepted if s.direction == "slowdown" else ():
@@ -199,11 +207,22 @@ def mark_accepted(
             alone = s.last_before in rank and s.first_commit in rank
             alone = alone and rank[s.first_commit] == rank[s.last_before] + 1 and commit == s.first_commit
             if alone and s.ratio <= factor:
-                why = str(a.get("reason", ""))[:120]
-                s = replace(s, accepted=f"{commit[:12]} x{factor:g}: {why}")
+                why = " ".join(str(a.get("reason", "")).replace('"', "'").split())[:120]
+                who = approver(a)
+                how = f"approved by {who}" if who else "trailer only"
+                s = replace(s, accepted=f'{commit[:12]} x{factor:g} {how}: "{why}"', approved_by=who)
                 break
         out.append(s)
     return out
+
+
+LOGIN = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})(?:\[bot\])?")  # a GitHub login
+
+
+def approver(record: Mapping) -> str:
+    """The approver a record names when it is a login (a merged verdict's record), else ""."""
+    who = record.get("approved_by")
+    return who if isinstance(who, str) and LOGIN.fullmatch(who) else ""
 
 
 def load_accepted(path: str | Path, limits=None) -> list[dict]:
@@ -244,6 +263,25 @@ def accept_limits(thresholds_path: str | Path | None = None):
 # ---------------------------------------------------------------------------------------------
 # Histories
 # ---------------------------------------------------------------------------------------------
+
+
+def merged_order(series: Mapping[str, Sequence[tuple[str, float]]]) -> list[str]:
+    """One order of every commit of ``series`` that keeps each series' own order (each is a
+    subsequence of the history), where no first-parent order is given; ties by first appearance."""
+    graph: graphlib.TopologicalSorter = graphlib.TopologicalSorter()
+    seen = {}
+    for points in series.values():
+        names = [c for c, _ in points]
+        for i, c in enumerate(names):
+            seen.setdefault(c, len(seen))
+            graph.add(c, *names[i - 1 : i])
+    graph.prepare()
+    order: list[str] = []
+    while graph.is_active():
+        ready = sorted(graph.get_ready(), key=seen.__getitem__)
+        order += ready
+        graph.done(*ready)
+    return order
 
 
 def first_parent_order(repo: str | Path, rev: str = "HEAD") -> list[str]:
@@ -333,9 +371,11 @@ def configure(parser: argparse.ArgumentParser, command: str) -> None:
     )
     parser.add_argument(
         "--accepted",
-        default=None,
+        action="append",
+        default=[],
         metavar="JSON",
-        help="accepted regressions (rmsnorm_suite.history accepted)",
+        help="accepted regressions: `rmsnorm_suite.history accepted`, or the results branch's "
+        "accepted.json (`record-accepted`); repeat for both",
     )
     parser.add_argument("--out", default=None, metavar="JSON", help="write the steps found")
 
@@ -343,7 +383,8 @@ def configure(parser: argparse.ArgumentParser, command: str) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         rule = rule_from(args.thresholds)
-        accepted = load_accepted(args.accepted, accept_limits(args.thresholds)) if args.accepted else []
+        limits = accept_limits(args.thresholds) if args.accepted else None
+        accepted = [r for path in args.accepted for r in load_accepted(path, limits)]
         order: list[str] = []
         if args.series:
             raw = json.loads(Path(args.series).read_text(encoding="utf-8"))
@@ -377,7 +418,14 @@ def run(args: argparse.Namespace) -> int:
             Path(args.out).write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
         return 2
     steps, level = detect_all(series, rule)
-    steps = mark_accepted(steps, accepted, order)
+    try:  # the history's order: main's first-parent line, else one the series agree on
+        rank = {c: i for i, c in enumerate(order if not args.series and order else merged_order(series))}
+    except graphlib.CycleError:  # series that disagree on the order of two commits (by date)
+        rank = {}
+    steps = [
+        replace(s, commit_index=rank.get(s.first_commit, -1)) for s in mark_accepted(steps, accepted, order)
+    ]
+    steps.sort(key=lambda s: (s.commit_index, s.series))  # oldest first, across the series
     judged = sum(len(p) >= 2 * rule.min_size for p in series.values())
     print(
         f"changepoints: {judged} series, each tested at {level:.2g} (rate {rule.rate:g} over the series), "

@@ -6,6 +6,7 @@
     python -m rmsnorm_suite.history tags [--force]  # deletes non-release tags: CI clones only
     python -m rmsnorm_suite.history baseline [--rev HEAD]  # drift's release tag
     python -m rmsnorm_suite.history accepted [--rev HEAD] [--out FILE]  # accepted regressions
+    python -m rmsnorm_suite.history record-accepted --verdicts DIR --commit SHA  # into accepted.json
 
 Each step's function says what it reads and writes; docs/gate.md, "asv history", the why.
 """
@@ -17,6 +18,7 @@ import datetime
 import io
 import itertools
 import json
+import math
 import os
 import random
 import re
@@ -28,6 +30,11 @@ from pathlib import Path
 
 RESULTS_BRANCH = "asv-results"
 RESULTS = Path(".asv/results")  # asv.conf.json's results_dir and html_dir, from the repository root
+# On the results branch, beside the machines' folders: the rows merged pull requests' verdicts
+# accepted, each with its commit of main, factor, reason and approver (record_accepted).
+ACCEPTED = RESULTS / "accepted.json"
+SHA = re.compile(r"[0-9a-f]{40}")
+UNSAFE = re.compile(r"[<>&\"`\x00-\x1f\x7f]")  # what check_asv_results.py refuses in a string
 HTML = Path(".asv/html")
 JS = Path(".asv/js")  # where tools/fetch_asv_js.sh writes the local copies
 RELEASE_TAG = re.compile(r"v\d+(\.\d+)*")  # the only tags asv may see and drift may judge against
@@ -341,6 +348,114 @@ def accepted_regressions(root: Path, rev: str = "HEAD") -> list[dict]:
     return records
 
 
+MAX_VERDICT_BYTES = 5_000_000  # a verdict.json is a few kB; a larger one is not read
+
+
+def _text(value, limit: int) -> str:
+    return UNSAFE.sub(" ", str(value or ""))[:limit].strip()
+
+
+def verdict_acceptances(verdict) -> list[dict]:
+    """The rows ``verdict`` (verdict.json) accepted: each row whose verdict is ``accepted`` and whose
+    request the gate granted with a maintainer's approval, as ``{check, factor, reason, approved_by}``;
+    anything else, or malformed, is left out."""
+    if not isinstance(verdict, dict):
+        return []
+    acceptance = verdict.get("acceptance") if isinstance(verdict.get("acceptance"), dict) else {}
+    listed = acceptance.get("granted")
+    granted = {
+        g["check"]: g
+        for g in (listed if isinstance(listed, list) else [])
+        if isinstance(g, dict) and isinstance(g.get("check"), str)
+    }
+    rows = verdict.get("rows")
+    out = []
+    for row in rows if isinstance(rows, list) else []:
+        if (
+            not isinstance(row, dict)
+            or row.get("verdict") != "accepted"
+            or not isinstance(row.get("check"), str)
+        ):
+            continue
+        g = granted.get(row.get("check"))
+        if not g or not isinstance(g.get("approved_by"), str) or not g["approved_by"].strip():
+            continue
+        factor = g.get("factor")
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor):
+            continue
+        check = str(row["check"])
+        parts = check.split()
+        if len(parts) != 3 or UNSAFE.search(check) or not 1.0 < factor:
+            continue
+        out.append({"check": check, "factor": float(factor), "reason": _text(g.get("reason"), 200),
+                    "approved_by": _text(g["approved_by"], 100)})  # fmt: skip
+    return out
+
+
+def _read_verdict(path: Path, pull: int | None, head: str | None) -> dict | None:
+    """``path`` (verdict.json) as a dict, or None with why on stderr: a link, too large, not JSON,
+    not of ``head`` (the merged pull request's last head) or, by the pr.json beside it, of
+    another pull request than ``pull``."""
+    try:
+        if path.is_symlink() or path.stat().st_size > MAX_VERDICT_BYTES:
+            raise ValueError("a link, or over the size limit")
+        verdict = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(verdict, dict):
+            raise ValueError("not a JSON object")
+        if head is not None and verdict.get("head_sha") != head:
+            raise ValueError("of another head than the merged pull request's")
+        pr = path.parent / "pr.json"
+        if pull is not None and pr.is_file() and not pr.is_symlink() and pr.stat().st_size < 10_000:
+            number = json.loads(pr.read_text(encoding="utf-8"))
+            if not isinstance(number, dict) or number.get("number") != pull:
+                raise ValueError("of another pull request (pr.json)")
+    except (OSError, ValueError, RecursionError) as exc:
+        print(f"history: record-accepted: {path}: passed over: {str(exc)[:200]}", file=sys.stderr)
+        return None
+    return verdict
+
+
+def record_accepted(
+    ledger: Path, verdicts: list[Path], commit: str, pull: int | None = None, head: str | None = None
+) -> list[dict]:
+    """Add the rows each verdict file accepted to ``ledger`` (``{"accepted": [...]}``, the results
+    branch's accepted.json; created where missing) under ``commit``, main's commit that merged
+    them; a row already there for that commit is kept as it is. A verdict file that does not read
+    (_read_verdict), or is not of ``head`` where given, is passed over: the publish job goes on.
+    Returns the records added; a ledger that is not JSON is a ValueError, and is left as it is."""
+    if not SHA.fullmatch(commit):
+        raise ValueError(f"not a 40-hex commit: {commit[:60]!r}")
+    if head is not None and not SHA.fullmatch(head):
+        raise ValueError(f"not a 40-hex head: {head[:60]!r}")
+    data = json.loads(ledger.read_text(encoding="utf-8")) if ledger.is_file() else {}
+    kept = data.get("accepted") if isinstance(data, dict) and isinstance(data.get("accepted"), list) else []
+    have = {
+        (r["commit"], r["check"])
+        for r in kept
+        if isinstance(r, dict) and isinstance(r.get("commit"), str) and isinstance(r.get("check"), str)
+    }
+    added = []
+    for path in verdicts:
+        verdict = _read_verdict(path, pull, head)
+        if verdict is None:
+            continue
+        judged = verdict.get("head_sha") if head is None else head
+        for row in verdict_acceptances(verdict):
+            if (commit, row["check"]) in have:
+                continue
+            have.add((commit, row["check"]))
+            record = {"commit": commit, **row}
+            if isinstance(pull, int):
+                record["pull"] = pull
+            if isinstance(judged, str) and SHA.fullmatch(judged):
+                record["head"] = judged
+            added.append(record)
+    if added or not ledger.is_file():
+        ledger.parent.mkdir(parents=True, exist_ok=True)
+        ledger.write_text(json.dumps({"accepted": kept + added}, indent=1) + "\n", encoding="utf-8")
+    return added
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m rmsnorm_suite.history", description=__doc__.split("\n")[0]
@@ -365,8 +480,28 @@ def main(argv: list[str] | None = None) -> int:
     acc = sub.add_parser("accepted", help="the Accept-Regression trailers on first-parent history, as JSON")
     acc.add_argument("--rev", default="HEAD")
     acc.add_argument("--out", default=None, help="write here (default: print)")
+    rec = sub.add_parser(
+        "record-accepted", help=f"add the rows a merged pull request's verdicts accepted to {ACCEPTED}"
+    )
+    rec.add_argument("--verdicts", required=True, help="verdict.json, or a folder of verdict-KIND/ folders")
+    rec.add_argument("--commit", required=True, help="main's commit that merged the pull request")
+    rec.add_argument("--pull", type=int, default=None, help="the pull request's number")
+    rec.add_argument("--head", default=None, help="its last head: a verdict of another is passed over")
+    rec.add_argument("--into", default=str(ACCEPTED), help=f"the ledger (default {ACCEPTED})")
     args = parser.parse_args(argv)
     root = Path.cwd()
+    if args.step == "record-accepted":
+        given = Path(args.verdicts)
+        files = [given] if given.is_file() else sorted(given.glob("verdict-*/verdict.json"))
+        try:
+            added = record_accepted(Path(args.into), files, args.commit, args.pull, args.head)
+        except (OSError, ValueError) as exc:
+            print(f"history: record-accepted: {exc}", file=sys.stderr)
+            return 2
+        print(f"history: {len(added)} accepted rows of {len(files)} verdicts recorded in {args.into}"
+              + "".join(f"\n  {r['check']} x{r['factor']:g} at {r['commit'][:12]} (approved by {r['approved_by']})"
+                        for r in added))  # fmt: skip
+        return 0
     if args.step == "tags":
         if os.environ.get("GITHUB_ACTIONS") != "true" and not args.force:
             print(

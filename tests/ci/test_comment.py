@@ -747,11 +747,13 @@ def test_the_issue_script_runs_standalone_and_refuses_bad_arguments(tmp_path):
 
 def test_the_drift_issue_names_each_steps_commit_range_and_the_bisection(tmp_path):
     """Steps (changepoints' steps.json) and a bisection: each slowdown with its range, accepted
-    ones marked, newest first; a step with a forged commit or markup is left out or made inert."""
+    ones marked, oldest first; a step with a forged commit or markup is left out or made inert."""
     a, b, c, d = ("a" * 40, "b" * 40, "c" * 40, "d" * 40)
     step = {"series": "bench_rmsnorm.Forward.track_gpu_median_ms('32768x4096-bfloat16', 'kernel')",
-            "index": 20, "first_commit": b, "last_before": a, "ratio": 1.06, "direction": "slowdown", "accepted": ""}  # fmt: skip
-    steps = [step, {**step, "index": 30, "first_commit": d, "last_before": c, "accepted": "x1.08: two passes"},
+            "index": 20, "commit_index": 20, "first_commit": b, "last_before": a, "ratio": 1.06,
+            "direction": "slowdown", "accepted": ""}  # fmt: skip
+    steps = [{**step, "index": 30, "commit_index": 30, "first_commit": d, "last_before": c,
+              "accepted": "x1.08: two passes"}, step,
              {**step, "first_commit": "--all"}, {**step, "index": 5, "series": "[x](https://evil) @someone"}]  # fmt: skip
     folder = tmp_path / "steps"
     (folder / "changepoints").mkdir(parents=True)
@@ -766,7 +768,33 @@ def test_the_drift_issue_names_each_steps_commit_range_and_the_bisection(tmp_pat
     assert drift_issue.main(argv, client=gh) == 0
     body = gh.issues[0]["body"]
     rows = [line for line in body.splitlines() if "track&#95;gpu&#95;median&#95;ms" in line or "evil" in line]
-    assert len(rows) == 3 and f"`{c[:12]}`..`{d[:12]}`" in rows[0] and "accepted" in rows[0]
-    assert f"`{a[:12]}`..`{b[:12]}`" in rows[1] and "+6.0%" in rows[1] and rows[1].endswith("| slowdown |")
+    assert len(rows) == 3 and f"`{c[:12]}`..`{d[:12]}`" in rows[2] and "accepted" in rows[2]
+    assert f"`{a[:12]}`..`{b[:12]}`" in rows[0] and "+6.0%" in rows[0] and rows[0].endswith("| slowdown |")
     assert f"Bisection on h200 (`{a[:12]}`..`{b[:12]}`): narrowed, first bad commit `{b[:12]}`." in body
     assert_inert(body, pages=True)
+
+
+def test_the_drift_issue_lists_steps_oldest_first_by_their_commit_in_the_history(tmp_path):
+    """Steps arrive in any order (series by series, newest first, shuffled): the issue lists them by
+    their commit's place in main's history (``commit_index``), oldest first, across series; where
+    there are more than it shows, it keeps the newest and says how many older ones it left out."""
+    rng = __import__("random").Random(7)
+    names = ["Forward.track_gpu_median_ms('4096x4096-bfloat16', 'kernel')",
+             "ForwardBackward.track_gpu_median_ms('32768x4096-bfloat16', 'kernel')"]  # fmt: skip
+    # a series' own ``index`` says nothing of the order across series: here it runs against it
+    steps = [{"series": names[i % 2], "index": (5 * i) % 7 + 3, "commit_index": 3 * i + 4,
+              "first_commit": f"{i:02x}" * 20, "last_before": f"{i + 100:02x}" * 20, "ratio": 1.05,
+              "direction": "slowdown", "accepted": ""} for i in range(14)]  # fmt: skip
+    shuffled = steps[:]
+    rng.shuffle(shuffled)
+    assert shuffled != steps
+    folder = tmp_path / "steps"
+    (folder / "changepoints").mkdir(parents=True)
+    (folder / "changepoints" / "steps.json").write_text(json.dumps({"steps": shuffled}))
+    loaded, _ = drift_issue.load_steps(folder)
+    assert [s["first"] for s in loaded] == [s["first_commit"] for s in steps]
+    lines = drift_issue.steps_section(loaded, [])
+    rows = [line for line in lines if "track&#95;gpu" in line]
+    shown = steps[-drift_issue.MAX_STEPS_SHOWN :]
+    assert [f"`{s['first_commit'][:12]}` |" in row for s, row in zip(shown, rows)] == [True] * len(shown)
+    assert len(rows) == len(shown) and "| 4 older in the `changepoints` artifact | | | |" in lines

@@ -112,3 +112,65 @@ def test_bad_arguments_are_refused():
     for argv in (["--repo", "o/r/x", "--run-id", "42"], ["--repo", "o/r", "--run-id", "4 2"]):
         with pytest.raises(SystemExit):
             vt.main([*argv, "--out", "x.json"], client=FakeAPI())
+
+
+_mspec = importlib.util.spec_from_file_location("merged_verdict", SCRIPTS / "merged_verdict.py")
+mv = importlib.util.module_from_spec(_mspec)
+_mspec.loader.exec_module(mv)  # imports verify_trigger: the module loaded above
+MERGE = "e" * 40
+
+
+class MergedAPI(FakeAPI):
+    """FakeAPI, and: commit MERGE merged PR #7 (head HEAD) into ``merged_into``; gpu.yml's successful
+    runs are ``runs`` (run 42 among them, as FakeAPI describes it)."""
+
+    def __init__(self, runs, merged_into="main", pull=None, **run):
+        super().__init__(**run)
+        self.runs, self.merged_into, self.pull = runs, merged_into, pull or {}
+
+    def request(self, method, path, payload=None):
+        if path == f"/repos/o/r/commits/{MERGE}/pulls":
+            self.calls.append(path)
+            return [{"number": 7, "merged_at": "2026-12-04T00:00:00Z", "merge_commit_sha": MERGE,
+                     "base": {"ref": self.merged_into, "repo": {"full_name": "o/r"}}, "head": {"sha": HEAD},
+                     **self.pull}]  # fmt: skip
+        if path.startswith(
+            "/repos/o/r/actions/workflows/gpu.yml/runs?event=pull_request_target&status=success"
+        ):
+            self.calls.append(path)
+            return {"workflow_runs": self.runs}
+        if path.startswith("/repos/o/r/actions/runs/") and path != "/repos/o/r/actions/runs/42":
+            self.calls.append(path)
+            return {**self.run, "id": int(path.rsplit("/", 1)[1]), "path": ".github/workflows/evil.yml"}
+        return super().request(method, path, payload)
+
+
+def test_the_merged_pull_requests_verdict_run_is_found_and_verified(tmp_path, monkeypatch):
+    """Push MERGE merged PR #7: its verdict is run 42, the newest successful gpu.yml run titled for
+    #7 at its last head that verifies; a newer run of another file with that title, a run for an
+    older head, or a push that merged nothing into main gives none."""
+    out = tmp_path / "output"
+    monkeypatch.setenv("GITHUB_OUTPUT", str(out))
+    title = f"GPU verdict #7 at {HEAD}"
+    runs = [{"id": 40, "display_title": f"GPU verdict #7 at {'b' * 40}"}, {"id": 42, "display_title": title},
+            {"id": 50, "display_title": title}]  # fmt: skip
+    api = MergedAPI(runs)
+    assert mv.main(["--repo", "o/r", "--sha", MERGE], client=api) == 0
+    assert out.read_text() == f"run-id=42\npull=7\nhead={HEAD}\n"
+    assert "/repos/o/r/actions/runs/50" in api.calls and "/repos/o/r/actions/runs/40" not in api.calls
+    out.unlink()
+    for api in (
+        MergedAPI(runs[:1]),
+        MergedAPI(runs, merged_into="release"),
+        MergedAPI(runs[1:], conclusion="failure"),
+        # the push's commit is in a pull request that was not merged, or merged as another commit
+        # (an open pull request built on it), or into another repository's branch of that name
+        MergedAPI(runs, pull={"merged_at": None}),
+        MergedAPI(runs, pull={"merge_commit_sha": "f" * 40}),
+        MergedAPI(runs, pull={"base": {"ref": "main", "repo": {"full_name": "fork/r"}}}),
+        MergedAPI(runs, pull={"head": {"sha": "--all"}}),
+    ):
+        assert mv.main(["--repo", "o/r", "--sha", MERGE], client=api) == 0
+        assert not out.exists()
+    with pytest.raises(SystemExit):
+        mv.main(["--repo", "o/r", "--sha", "main"], client=MergedAPI(runs))

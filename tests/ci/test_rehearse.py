@@ -1,16 +1,20 @@
-"""The PR flow rehearsed with act, offline (``nox -s rehearse``; tools/rehearse/ builds the stage).
+"""The PR flow, and history.yml's changepoints and bisect jobs, rehearsed with act, offline
+(``nox -s rehearse``; tools/rehearse/ builds the stage).
 
 Each scenario opens a pull request in a local copy of GitHub (a bare repository and a fake API),
 runs this tree's gpu.yml on it as ``pull_request_target`` in act's host mode, then pr-comment.yml
 on that run's ``workflow_run`` event, and checks what the fake API received: the comment, the
 check run, and whether the ruleset the project ships (.github/rulesets/main.json) lets the head
-merge. The nox session a GPU job calls is stubbed (tools/rehearse/stubs/nox): this checks the
+merge. The history scenario pushes a synthetic, seeded history onto main and runs the two jobs
+on it. The nox session a GPU job calls is stubbed (tools/rehearse/stubs/nox): this checks the
 wiring, not the judge. Skipped where act is not installed, except under ``nox -s rehearse``
 (``RMSNORM_REHEARSE=1``), where that fails.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import shutil
 import sys
@@ -24,7 +28,18 @@ if not (ROOT / "tools" / "rehearse" / "rehearse.py").is_file() and not REQUIRED:
     pytest.skip("tools/rehearse is not in this checkout", allow_module_level=True)
 sys.path.insert(0, str(ROOT / "tools" / "rehearse"))
 from fake_github import ACTIONS_APP_ID  # noqa: E402
-from rehearse import APP_ID, APP_SLUG, JOB_TOKEN, WRITER_TOKEN, Rehearsal, act_binary  # noqa: E402
+from rehearse import (  # noqa: E402
+    ACCEPTED_STEP,
+    APP_ID,
+    APP_SLUG,
+    BISECTED_STEP,
+    FIRST_BAD,
+    JOB_TOKEN,
+    NO_RESULTS,
+    WRITER_TOKEN,
+    Rehearsal,
+    act_binary,
+)
 from standins import api  # noqa: E402  (the client the stand-ins use)
 
 BOT = f"{APP_SLUG}[bot]"
@@ -122,3 +137,50 @@ def test_a_spoofed_status_or_check_does_not_satisfy_the_ruleset(stage):
         for check in rule.get("parameters", {}).get("required_status_checks", []):
             check.pop("integration_id", None)
     assert stage.state.merge_allowed(head, loose)[0]
+
+
+@pytest.fixture(scope="module")
+def history_stage(tmp_path_factory):
+    rehearsal = Rehearsal(tmp_path_factory.mktemp("rehearse-history"))
+    yield rehearsal
+    rehearsal.close()
+
+
+def test_history_marks_the_approved_step_accepted_and_bisects_the_other(history_stage, tmp_path):
+    """A push to main with 24 synthetic commits after this tree: the checked results hold two +8%
+    steps and accepted.json approves the first. changepoints (the real `nox -s changepoints`) marks that one
+    accepted and names the other's four-commit range; bisect (the real search, each probe the stub
+    pr_verdict on CPU) narrows it to the first commit whose stub verdict regresses. The drift issue
+    then lists both, oldest first, and the bisection's commit."""
+    shas = history_stage.history()
+    run_id = history_stage.runs
+    status, log = history_stage.history_run()
+    assert status == 0, log[-5000:]
+    found = history_stage.artifact(run_id, "changepoints", tmp_path / "steps" / "changepoints")
+    steps = json.loads((found / "steps.json").read_text())["steps"]
+    before = BISECTED_STEP - len(NO_RESULTS) - 1  # the last commit with results before the second step
+    assert [(s["first_commit"], s["last_before"], s["commit_index"], s["direction"]) for s in steps] == [
+        (shas[ACCEPTED_STEP], shas[ACCEPTED_STEP - 1], ACCEPTED_STEP + 1, "slowdown"),
+        (shas[BISECTED_STEP], shas[before], BISECTED_STEP + 1, "slowdown"),
+    ]  # fmt: skip
+    assert steps[0]["accepted"].endswith('x1.12 approved by maintainer: "two passes for accuracy"')
+    assert steps[0]["approved_by"] == "maintainer"
+    assert steps[1]["accepted"] == ""
+    history_stage.artifact(run_id, "bisect-h200", tmp_path / "steps" / "bisect-h200")
+    bisect = json.loads((tmp_path / "steps" / "bisect-h200" / "bisect.json").read_text())
+    assert (bisect["good"], bisect["bad"], bisect["stopped"]) == (
+        shas[before],
+        shas[BISECTED_STEP],
+        "narrowed",
+    )
+    assert bisect["first_bad"] == shas[FIRST_BAD] and len(bisect["probes"]) <= 3
+
+    scripts = ROOT / ".github" / "scripts"
+    sys.path.insert(0, str(scripts))
+    spec = importlib.util.spec_from_file_location("drift_issue_rehearsed", scripts / "drift_issue.py")
+    drift_issue = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(drift_issue)
+    lines = drift_issue.steps_section(*drift_issue.load_steps(tmp_path / "steps"))
+    rows = [line for line in lines if line.startswith("| ") and "kernel" in line]
+    assert len(rows) == 2 and "accepted: " in rows[0] and rows[1].endswith("| slowdown |")
+    assert f"first bad commit `{shas[FIRST_BAD][:12]}`" in "\n".join(lines)

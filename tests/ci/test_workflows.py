@@ -395,6 +395,31 @@ def test_history_keeps_every_commit_and_only_a_push_job_writes():
     assert check < next(i for i, r in enumerate(publish) if "nox -s history" in r)
 
 
+def test_publish_records_the_merged_verdicts_accepted_rows_before_the_check():
+    """The merged pull request's verdict run (found and verified by merged_verdict.py), its verdict
+    artifacts from that run, and record-accepted into the results branch's accepted.json, which
+    check_asv_results.py then re-checks with the rest; read-only tokens, nothing written elsewhere."""
+    job = WORKFLOWS["history.yml"]["jobs"]["publish"]
+    assert job["permissions"] == {"contents": "read", "actions": "read", "pull-requests": "read"}
+    steps = job["steps"]
+    find = next(i for i, s in enumerate(steps) if "merged_verdict.py" in s.get("run", ""))
+    assert steps[find]["id"] == "merged" and '--sha "$GITHUB_SHA"' in steps[find]["run"]
+    download, record = steps[find + 1], steps[find + 2]
+    assert download["uses"].startswith("actions/download-artifact@") and download["with"] == {
+        "pattern": "verdict-*", "path": "merged-verdicts", "run-id": "${{ steps.merged.outputs.run-id }}",
+        "github-token": "${{ github.token }}"}  # fmt: skip
+    assert download["if"] == record["if"] == "steps.merged.outputs.run-id != ''"
+    assert "history.py record-accepted --verdicts merged-verdicts" in record["run"]
+    assert '--commit "$GITHUB_SHA"' in record["run"] and "--into .asv/results/accepted.json" in record["run"]
+    # only the verdicts of the merged pull request's last head (merged_verdict.py's output)
+    assert (
+        '--head "$MERGED_HEAD"' in record["run"]
+        and record["env"]["MERGED_HEAD"] == "${{ steps.merged.outputs.head }}"
+    )
+    check = next(i for i, s in enumerate(steps) if "check_asv_results.py" in s.get("run", ""))
+    assert find < check and steps[check - 1] is record
+
+
 def test_drift_judges_main_and_reports_in_the_summary():
     job = WORKFLOWS["history.yml"]["jobs"]["drift"]
     runs = "\n".join(s.get("run", "") for s in job["steps"])

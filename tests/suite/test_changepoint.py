@@ -227,3 +227,163 @@ def test_a_history_too_short_to_judge_still_writes_its_empty_steps(tmp_path):
     assert cli.main(["changepoints", "--series", str(path), "--out", str(out)]) == 2
     saved = json.loads(out.read_text())
     assert saved["steps"] == [] and saved["series"] == 0
+
+
+def test_steps_carry_their_commits_place_in_the_history_oldest_first_across_series(tmp_path):
+    """Two series, one missing the first commits: each step's ``commit_index`` is its first commit's
+    place in the whole history (not in its own series), and steps.json lists them oldest first."""
+    c = commits(36)
+    late = series(30, {20: 1.08}, 0.004, 2)  # from commit 6 on: its step is at commit 26
+    early = series(36, {12: 1.08}, 0.004, 3, level=0.3)
+    data = {"a.late": [[x, v] for x, v in zip(c[6:], late)], "b.early": [[x, v] for x, v in zip(c, early)]}
+    path, out = tmp_path / "s.json", tmp_path / "steps.json"
+    path.write_text(json.dumps(dict(reversed(data.items()))))
+    assert cp.merged_order({"x": [(c[2], 1.0), (c[5], 1.0)], "y": [(c[1], 1.0), (c[2], 1.0)]}) == [
+        c[1], c[2], c[5]
+    ]  # fmt: skip
+    assert cli.main(["changepoints", "--series", str(path), "--out", str(out)]) == 1
+    got = [(s["series"], s["index"], s["commit_index"]) for s in json.loads(out.read_text())["steps"]]
+    assert got == [("b.early", 12, 12), ("a.late", 20, 26)]
+
+
+def test_a_merged_verdicts_accepted_row_is_kept_in_the_history_and_its_step_reads_accepted(tmp_path, capsys):
+    """A pull request's verdict accepts a +8% device row (approved, within 1.12); the publish job
+    records it under main's merge commit in the results branch's accepted.json (which passes the
+    branch's check); change points over that history then read the step at that commit
+    ``accepted``, with the approver, and exit 0. The same verdict without approval records
+    nothing, and the step stays a slowdown."""
+    import importlib.util
+
+    from rmsnorm_suite import accept, gate, history
+    from tests.suite._fixtures import LARGE, ROOT, THRESHOLDS, make_run
+
+    spec = importlib.util.spec_from_file_location("check_asv", ROOT / ".github/scripts/check_asv_results.py")
+    check_asv = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check_asv)
+    check = f"device {LARGE} forward"
+    base, head = make_run(30), make_run(31, device_slower={(LARGE, "forward"): 1.08})
+    c = commits(30)
+    kernel = series(30, {18: 1.08}, 0.004, 5)
+    write_asv(tmp_path / "results", "h200", list(zip(c, kernel, series(30, {}, 0.004, 6, level=0.3))))
+    points = cp.asv_series(tmp_path / "results", "h200", r"track_gpu_median_ms\(.*kernel")
+    (tmp_path / "series.json").write_text(json.dumps(points))
+    for who, expected in (("maintainer", "accepted"), (None, "regression")):
+        request = accept.approve([accept.parse(f"{check} 1.12 two passes <b>for</b> accuracy")], who)
+        verdict = gate.judge(base, head, THRESHOLDS, acceptances=request)
+        assert [r.verdict for r in verdict.rows if r.check == check] == [expected]
+        folder = tmp_path / who_folder(who) / "verdict-h200"
+        folder.mkdir(parents=True)
+        (folder / "verdict.json").write_text(json.dumps({**verdict.to_json(), "head_sha": "e" * 40}))
+        ledger = tmp_path / who_folder(who) / "results" / "accepted.json"
+        argv = ["record-accepted", "--verdicts", str(folder.parent), "--commit", c[18], "--pull", "7"]
+        assert history.main([*argv, "--into", str(ledger)]) == 0
+        assert history.main([*argv, "--into", str(ledger)]) == 0  # a second run adds nothing
+        records = json.loads(ledger.read_text())["accepted"]
+        assert check_asv.check_tree(ledger.parent, skip_git=True)[1] == []  # the branch keeps it
+        assert check_asv.check_tree(ledger.parent)[1] != []  # a GPU job's artifact may not bring it
+        out = tmp_path / who_folder(who) / "steps.json"
+        code = cli.main(["changepoints", "--series", str(tmp_path / "series.json"), "--accepted", str(ledger),
+                         "--out", str(out)])  # fmt: skip
+        (step,) = json.loads(out.read_text())["steps"]
+        assert step["first_commit"] == c[18]
+        if who:
+            assert [(r["commit"], r["check"], r["factor"], r["approved_by"], r["pull"]) for r in records] == [
+                (c[18], check, 1.12, "maintainer", 7)
+            ]  # fmt: skip
+            assert code == 0 and step["accepted"].startswith(
+                f'{c[18][:12]} x1.12 approved by maintainer: "two passes'
+            )
+            assert step["approved_by"] == "maintainer" and "<" not in step["accepted"]
+            assert "slowdown (accepted)" in capsys.readouterr().out
+        else:
+            assert records == [] and code == 1 and step["accepted"] == ""
+
+
+def who_folder(who: str | None) -> str:
+    return f"approved-by-{who}" if who else "not-approved"
+
+
+def test_only_rows_the_verdict_accepted_with_a_granted_approved_request_are_recorded():
+    """A row reads ``accepted`` only with its granted, approved request beside it in the verdict;
+    one without, or whose request lacks the approver or a finite factor over 1, is left out."""
+    from rmsnorm_suite import history
+
+    rows = [
+        {"check": f"device {shape} forward", "verdict": "accepted"} for shape in ("1x1-a", "2x2-a", "3x3-a")
+    ]
+    granted = [{"check": "device 1x1-a forward", "factor": 1.1, "reason": "r", "approved_by": "m"},
+               {"check": "device 2x2-a forward", "factor": 1.1, "reason": "r"},
+               {"check": "device 3x3-a forward", "factor": float("nan"), "approved_by": "m"}]  # fmt: skip
+    verdict = {"rows": [*rows, {"check": "device 4x4-a forward", "verdict": "pass"}],
+               "acceptance": {"granted": granted + [{**granted[0], "check": "device 4x4-a forward"}]}}  # fmt: skip
+    got = history.verdict_acceptances(verdict)
+    assert got == [{"check": "device 1x1-a forward", "factor": 1.1, "reason": "r", "approved_by": "m"}]
+    assert history.verdict_acceptances({"rows": rows}) == [] and history.verdict_acceptances([]) == []
+
+
+def test_only_a_recorded_approval_reads_approved_and_it_wins_over_the_trailer():
+    """The reason is the pull request author's trailer text: one that says "(approved by alice)"
+    does not make a step read approved, and nothing after the approver's place can pose as it.
+    Where the commit carries both the trailer (``history accepted``, listed first) and the merged
+    verdict's record of it (accepted.json, with the approver), the step names the approver."""
+    c = commits(12)
+    one = cp.Step(KERNEL_FORWARD, 6, c[9], c[8], 1.0, 1.05, 1.05, 1e-4, 1e-3, "slowdown")
+    check = "device 32768x4096-bfloat16 forward"
+    forged = {"commit": c[9], "check": check, "factor": 1.1, "reason": "fused (approved by alice)"}
+    (step,) = cp.mark_accepted([one], [forged], c)
+    assert (
+        step.accepted and step.approved_by == "" and "approved by alice" not in step.accepted.split(": ")[0]
+    )
+    assert step.accepted.startswith(f"{c[9][:12]} x1.1 trailer only: ")
+    ledger = {**forged, "reason": "fused", "approved_by": "maintainer"}
+    (step,) = cp.mark_accepted([one], [forged, ledger], c)
+    assert step.approved_by == "maintainer"
+    assert step.accepted == f'{c[9][:12]} x1.1 approved by maintainer: "fused"'
+    # an approver that is not a login is not believed as one
+    (step,) = cp.mark_accepted([one], [{**ledger, "approved_by": "bob: ok (approved by alice)"}], c)
+    assert step.approved_by == "" and step.accepted.startswith(f"{c[9][:12]} x1.1 trailer only: ")
+
+
+def test_record_accepted_takes_only_the_merged_heads_verdicts_and_survives_malformed_ones(tmp_path):
+    """The publish job's record step must not stop main's history: a verdict that is not JSON, is
+    too large, has rows or grants of the wrong types, or a ledger row with odd types is passed
+    over, and the good verdict is recorded. A verdict of another head than the merged pull
+    request's, or of another pull request (its pr.json), records nothing."""
+    from rmsnorm_suite import history
+
+    head, other, commit = "a" * 40, "b" * 40, "c" * 40
+    good = {"head_sha": head, "rows": [{"check": "device 1x1-a forward", "verdict": "accepted"}],
+            "acceptance": {"granted": [{"check": "device 1x1-a forward", "factor": 1.1, "reason": "r",
+                                        "approved_by": "m"}]}}  # fmt: skip
+    bad = {
+        "not-json": "{",
+        "rows-int": json.dumps({**good, "rows": 5}),
+        "granted-int": json.dumps({**good, "acceptance": {"granted": 3}}),
+        "check-list": json.dumps({**good, "acceptance": {"granted": [{"check": ["x"], "approved_by": "m"}]}}),
+        "row-check-list": json.dumps({**good, "rows": [{"check": ["x"], "verdict": "accepted"}]}),
+        "acceptance-list": json.dumps({**good, "acceptance": [1]}),
+        "another-head": json.dumps({**good, "head_sha": other}),
+        "no-head": json.dumps({k: v for k, v in good.items() if k != "head_sha"}),
+        "huge": json.dumps({**good, "pad": "x" * (history.MAX_VERDICT_BYTES + 1)}),
+    }
+    for name, text in bad.items():
+        (tmp_path / f"verdict-{name}").mkdir()
+        (tmp_path / f"verdict-{name}" / "verdict.json").write_text(text)
+    (tmp_path / "verdict-another-pull").mkdir()
+    (tmp_path / "verdict-another-pull" / "verdict.json").write_text(json.dumps(good))
+    (tmp_path / "verdict-another-pull" / "pr.json").write_text(json.dumps({"number": 8, "head_sha": head}))
+    ledger = tmp_path / "accepted.json"
+    ledger.write_text(json.dumps({"accepted": [{"commit": ["odd"], "check": {}}, 3]}))
+    argv = ["record-accepted", "--verdicts", str(tmp_path), "--commit", commit, "--pull", "7", "--head", head]
+    assert history.main([*argv, "--into", str(ledger)]) == 0
+    assert json.loads(ledger.read_text())["accepted"][2:] == []  # nothing but the odd rows kept
+    (tmp_path / "verdict-good").mkdir()
+    (tmp_path / "verdict-good" / "verdict.json").write_text(json.dumps(good))
+    (tmp_path / "verdict-good" / "pr.json").write_text(json.dumps({"number": 7, "head_sha": head}))
+    assert history.main([*argv, "--into", str(ledger)]) == 0
+    added = json.loads(ledger.read_text())["accepted"][2:]
+    assert [(r["commit"], r["check"], r["head"], r["pull"]) for r in added] == [
+        (commit, "device 1x1-a forward", head, 7)
+    ]
+    ledger.write_text("{")  # a ledger that is not JSON is not overwritten, and fails loudly
+    assert history.main([*argv, "--into", str(ledger)]) == 2 and ledger.read_text() == "{"

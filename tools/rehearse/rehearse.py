@@ -1,4 +1,5 @@
-"""The PR flow rehearsed offline with act: gpu.yml on a pull request, then pr-comment.yml on its run.
+"""The PR flow rehearsed offline with act: gpu.yml on a pull request, then pr-comment.yml on its run;
+and history.yml's changepoints and bisect jobs on a push to main with a synthetic, seeded history.
 
 ``Rehearsal`` builds GitHub's side locally: a bare repository holding this tree as ``main`` and
 the pull requests' heads as ``refs/pull/N/head``; the fake API (fake_github.py); and, for act,
@@ -7,17 +8,21 @@ removed). Each ``uses:`` is mapped to its stand-in (standins.py) with ``--local-
 every job runs in act's host mode (``-P LABEL=-self-hosted``), and ``python3 -m nox`` is the stub
 under stubs/. act does not chain runs, so the rehearsal does what GitHub does between them:
 it records the GPU run (its workflow path, event, commit, evaluated title and conclusion) in the
-fake API and sends pr-comment.yml the ``workflow_run`` event.
+fake API and sends pr-comment.yml the ``workflow_run`` event. For history.yml it keeps the two
+rehearsed jobs (``needs`` on the others dropped) and gives the run the checked results artifact.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import random
 import re
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +36,13 @@ from fake_github import ACTIONS_APP_ID, Actor, State, serve  # noqa: E402
 REPO = "rehearse/rmsnorm-kernel"
 APP_ID, APP_SLUG, APP_KEY = 4242, "rmsnorm-verdict", "rehearsal-private-key"
 JOB_TOKEN, WRITER_TOKEN = "ghs_job_token", "ghp_writer_token"
-LABELS = {"h200-untrusted", "ubuntu-latest"}  # every runs-on of the rehearsed workflows
+LABELS = {"h200-untrusted", "h200-trusted", "ubuntu-latest"}  # every runs-on of the rehearsed workflows
+HISTORY_JOBS = {"changepoints": None, "bisect": ["changepoints"]}  # history.yml's rehearsed jobs: needs
+# The synthetic history's two series (asv's names), the commit of each one's +8% step, and, for
+# the second, the commits with no results (its step's range then holds four commits to bisect).
+SERIES = ("bench_rmsnorm.Forward.track_gpu_median_ms", "bench_rmsnorm.ForwardBackward.track_gpu_median_ms")
+PARAMS = [["'32768x4096-bfloat16'"], ["'kernel'"]]
+ACCEPTED_STEP, BISECTED_STEP, NO_RESULTS, FIRST_BAD = 8, 18, (15, 16, 17), 16
 IDENT = [
     "-c",
     "user.name=rehearsal",
@@ -153,6 +164,7 @@ class Rehearsal:
                 *[f"-P{label}=-self-hosted" for label in sorted(LABELS)], *self.stand_ins(path),
                 "--env", f"GITHUB_API_URL={self.api}", "--env", f"REHEARSE_ORIGIN=file://{self.origin}",
                 "--env", f"REHEARSE_TOOLS={HERE}", "--env", f"PYTHONPATH={HERE / 'stubs'}",
+                "--env", f"REHEARSE_PYTHON={sys.executable}",
                 "--env", f"GITHUB_RUN_ID={run_id}", "-s", f"GITHUB_TOKEN={JOB_TOKEN}"]  # fmt: skip
         for name, value in (secrets or {}).items():
             argv += ["-s", f"{name}={value}"]
@@ -223,6 +235,87 @@ class Rehearsal:
         )
         self.runs += 1
         return run, log
+
+    # history.yml -------------------------------------------------------------------------
+
+    def history(self, commits: int = 24, seed: int = 49) -> list[str]:
+        """Push ``commits`` commits onto main (each the nox stub's ``REHEARSE``: ``regression`` from
+        FIRST_BAD on) and give the next run its ``asv-results-checked`` artifact: per commit, both
+        series (0.3% noise, seeded), each with a +8% step (SERIES), and the results branch's
+        accepted.json approving the first series' step; main's new commits, oldest first."""
+        shas = []
+        for i in range(commits):
+            (self.work / "REHEARSE").write_text("regression\n" if i >= FIRST_BAD else "pass\n")
+            git("add", "-A", cwd=self.work)
+            git(
+                "commit",
+                "-q",
+                "--allow-empty",
+                "-m",
+                f"main, commit {i} of the synthetic history",
+                cwd=self.work,
+            )
+            shas.append(git("rev-parse", "HEAD", cwd=self.work))
+        git("push", "-q", str(self.origin), "HEAD:refs/heads/main", cwd=self.work)
+        rng, files = random.Random(seed), {}
+        files["h200/machine.json"] = {"machine": "h200", "version": 1}
+        for i, sha in enumerate(shas):
+            values = [
+                0.5 * (1.08 if i >= ACCEPTED_STEP else 1.0),
+                1.5 * (1.08 if i >= BISECTED_STEP else 1.0),
+            ]
+            results = {
+                name: [[v * (1 + rng.gauss(0, 0.003))], PARAMS]
+                for name, v in zip(SERIES, values)
+                if not (name == SERIES[1] and i in NO_RESULTS)
+            }
+            files[f"h200/{sha[:8]}-existing.json"] = {"commit_hash": sha, "date": 1_700_000_000 + i,
+                                                      "result_columns": ["result", "params"],
+                                                      "results": results, "version": 2}  # fmt: skip
+        files["accepted.json"] = {"accepted": [{"commit": shas[ACCEPTED_STEP], "check":
+                                               "device 32768x4096-bfloat16 forward", "factor": 1.12,
+                                               "reason": "two passes for accuracy", "approved_by": "maintainer",
+                                               "pull": 7}]}  # fmt: skip
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w") as archive:
+            for name, data in files.items():
+                archive.writestr(name, json.dumps(data))
+        self.state.artifacts.append({"id": 1000 + len(self.state.artifacts), "run_id": self.runs,
+                                     "name": "asv-results-checked", "zip": buffer.getvalue()})  # fmt: skip
+        return shas
+
+    def history_run(self) -> tuple[int, str]:
+        """history.yml's changepoints and bisect jobs on a push of main's tip: (exit status, log).
+        The other jobs are left out of act's copy, with the ``needs`` on them (the checked results
+        that ``publish`` uploads are given to the run by ``history``)."""
+        data = yaml.safe_load((self.actdir / ".github/workflows/history.yml").read_text())
+        data["on"] = data.pop(True)  # YAML 1.1 reads the key `on` as true
+        data["jobs"] = {name: data["jobs"][name] for name in HISTORY_JOBS}
+        for name, needs in HISTORY_JOBS.items():
+            data["jobs"][name].pop("needs")
+            if needs:
+                data["jobs"][name]["needs"] = needs
+        (self.actdir / ".github/workflows/history-rehearsed.yml").write_text(
+            yaml.safe_dump(data, sort_keys=False)
+        )
+        tip = git("rev-parse", "HEAD", cwd=self.work)
+        payload = {"ref": "refs/heads/main", "before": self.main, "after": tip,
+                   "repository": {"full_name": REPO, "name": REPO.split("/")[1], "default_branch": "main"}}  # fmt: skip
+        self.runs += 1
+        # act takes GITHUB_SHA from its folder's HEAD, not from the push event: point HEAD at the tip
+        before = git("rev-parse", "HEAD", cwd=self.actdir)
+        git("fetch", "-q", str(self.origin), "main", cwd=self.actdir)
+        git("reset", "-q", "--soft", tip, cwd=self.actdir)
+        try:
+            return self.act_run("push", "history-rehearsed.yml", payload, self.runs - 1)
+        finally:
+            git("reset", "-q", "--soft", before, cwd=self.actdir)
+
+    def artifact(self, run_id: int, name: str, into: Path) -> Path:
+        """Unzip artifact ``name`` of run ``run_id`` into ``into``."""
+        art = next(a for a in self.state.artifacts if a["run_id"] == run_id and a["name"] == name)
+        zipfile.ZipFile(io.BytesIO(art["zip"])).extractall(into)
+        return into
 
     # what a reader and the ruleset see -----------------------------------------------------
 

@@ -12,7 +12,8 @@ with ``--local-repository``. What each approximates:
   ``if-no-files-found``: error, warn or ignore.
 - ``download``: the REST calls download-artifact makes with ``run-id`` and ``github-token``:
   list the run's artifacts, keep those matching ``name`` or ``pattern``, unzip each into
-  ``path/NAME`` (or into ``path`` with ``merge-multiple`` or ``name``).
+  ``path/NAME`` (or into ``path`` with ``merge-multiple`` or ``name``); without ``run-id``, this
+  run's own artifacts with the job's token (the real action uses the runtime's).
 - ``app-token``: create-github-app-token's two calls (the installation of the repository, then an
   installation token), the private key standing for the JWT it signs; outputs ``token``,
   ``app-slug`` and ``installation-id``.
@@ -98,6 +99,8 @@ def upload() -> None:
 
 def download() -> None:
     repo, token = os.environ["GITHUB_REPOSITORY"], inp("github-token")
+    if not inp("run-id"):  # this run's artifacts: the real action reads them with the runtime's token
+        token = os.environ.get("REHEARSE_RUNTIME_TOKEN", "")
     run_id = inp("run-id") or os.environ.get("GITHUB_RUN_ID", "")
     dest = Path(os.environ["GITHUB_WORKSPACE"]) / inp("path", ".")
     listed = api("GET", f"/repos/{repo}/actions/runs/{run_id}/artifacts", token)["artifacts"]

@@ -1,16 +1,17 @@
-"""``python3 -m nox -s pr_verdict -- ...`` as the rehearsal runs it: the wiring, not the judge.
+"""``python3 -m nox -s NAME -- ...`` as the rehearsal runs it: the wiring, not the judge.
 
-The rehearsal checks how the jobs connect, so the GPU session is stubbed to a second: the verdict
-is the one the head commit asks for in its ``REHEARSE`` file (pass, regression, crash: no verdict
-and exit 1; fail-after-pass: a pass verdict, then exit 1), written in the gate's format with the
-merge-base of ``--base`` and ``--head``. Every other session fails: a rehearsed job that calls
-one is a job this stub does not cover.
+``pr_verdict`` (GPU) is stubbed to a second: the verdict the head commit asks for in its
+``REHEARSE`` file (pass, regression, crash: none and exit 1; fail-after-pass: pass, then exit 1)
+in the gate's format. ``bisect`` (GPU) is the real search (rmsnorm_suite.bisection of the
+checkout), each probe this pr_verdict. ``changepoints`` (CPU) is the real `nox -s changepoints`, with
+``--no-venv --no-install`` in ``$REHEARSE_PYTHON``. Any other NAME fails: not covered.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,8 +27,41 @@ def row(check: str, verdict: str, ratio: float) -> dict:
             "confidence": 0.95}  # fmt: skip
 
 
+def changepoints(argv: list[str]) -> int:
+    """The real `nox -s changepoints` (the checkout's noxfile), no virtualenv and nothing installed."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the real nox, not this stub
+    python = os.environ.get("REHEARSE_PYTHON") or sys.executable
+    return subprocess.run([python, "-m", "nox", "--no-venv", "--no-install", *argv], env=env).returncode
+
+
+def bisect(argv: list[str]) -> int:
+    """The real search over the checkout; each probe is ``-s pr_verdict`` (this stub), base=good."""
+    sys.path.insert(0, str(Path("src").resolve()))
+    from rmsnorm_suite import bisection
+
+    parser = argparse.ArgumentParser(prog="nox -s bisect --")
+    bisection.configure(parser, "bisect")
+    args = parser.parse_args(argv[3:] if argv[2:3] == ["--"] else argv[2:])
+
+    def judge(base: str, head: str) -> bool:
+        folder = Path(args.out) / "probes" / head[:12]
+        subprocess.run([sys.executable, "-m", "nox", "-s", "pr_verdict", "--", "--base", base, "--head", head,
+                        "--out", str(folder), "--deadline-s", f"{args.deadline_s or 900:g}"])  # fmt: skip
+        try:
+            status = json.loads((folder / "verdict.json").read_text(encoding="utf-8"))["status"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise bisection.JudgeError(f"no verdict for {head[:12]}: {exc}") from None
+        return status == "regression"
+
+    return bisection.run(args, judge)
+
+
 def main() -> int:
     argv = sys.argv[1:]
+    if argv[:2] == ["-s", "changepoints"]:
+        return changepoints(argv)
+    if argv[:2] == ["-s", "bisect"]:
+        return bisect(argv)
     if argv[:2] != ["-s", "pr_verdict"]:
         print(f"rehearsal nox stub: no stand-in for {' '.join(argv[:2])}", file=sys.stderr)
         return 3

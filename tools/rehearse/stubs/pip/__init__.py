@@ -1,0 +1,1 @@
+"""The rehearsal's stand-in for pip (__main__.py)."""
