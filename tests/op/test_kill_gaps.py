@@ -313,6 +313,36 @@ def test_per_head_rows_of_a_fused_projection_are_all_normalised(device):
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_a_residual_beside_per_head_rows_is_added(device):
+    """x as heads of a fused qkv projection with a residual: the per-head launch (which has no
+    residual) is for calls without one; h and y are x + residual's (`residual is None and ...
+    and x.numel()` -> `... or x.numel()` sent the call there and dropped the residual)."""
+    t, heads, d = 5, 2, 64
+    qkv, _, _, _ = inputs(t, 3 * heads * d, F32, device)
+    x = qkv[:, : heads * d].view(t, heads, d)
+    assert launch.strided_heads(x, d) is not None  # the layout the per-head launch reads
+    _, w, dy, res = inputs(t * heads, d, F32, device, seed=1)
+    dh = torch.flip(dy, dims=[0]).contiguous()
+    check_residual_call(x, res.view(t, heads, d), w, dy.view(t, heads, d), dh.view(t, heads, d))
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_qk_norm_fake_outputs_agree_with_the_real_ones(device):
+    """torch.library.opcheck of qk_norm's forward op on q and k of three dims: the fake's rstd
+    has the heads' shape without the last dim (`q.shape[:-1]` -> `q.shape[:+1]` gave (T,) for
+    (T, H); 2-D inputs cannot tell the two apart)."""
+    t, heads, d = 5, 2, 32
+    qkv, _, _, _ = inputs(t, 3 * heads * d, F32, device)
+    q = qkv[:, : heads * d].view(t, heads, d)
+    k = qkv[:, heads * d : 2 * heads * d].view(t, heads, d)
+    w = torch.rand(d, device=qkv.device, dtype=F32) + 0.5
+    args = (q, k, w, w, EPS, 0.0, 0, F32, F32)
+    result = torch.library.opcheck(ops.qk_forward_op, args, raise_exception=False)
+    failed = {test: v for test, v in result.items() if v != "SUCCESS"}
+    assert not failed, failed
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
 def test_a_per_head_gradient_at_y_with_one_at_h(device):
     """A residual call whose y gets a per-head view of a fused tensor as its gradient and whose
     h gets one too: dx (and the residual's gradient) is the norm's backward plus dh. The per-head
