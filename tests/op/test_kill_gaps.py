@@ -96,17 +96,26 @@ def test_normalized_shape_of_several_dims_on_a_kernel_device(device, normalized_
         ({"offset": -0.5}, ValueError, "offset needs a weight"),
         ({"offset": math.inf, "weight": "w"}, ValueError, "offset must be finite"),
         ({"normalized_shape": 8, "weight": "w[:4]"}, ValueError, "weight must have shape"),
+        ({"residual": "r8x4"}, ValueError, "residual must have x's shape"),
     ],
-    ids=["offset-without-weight", "negative-offset-without-weight", "infinite-offset", "short-weight"],
+    ids=[
+        "offset-without-weight",
+        "negative-offset-without-weight",
+        "infinite-offset",
+        "short-weight",
+        "residual-of-x's-numel",
+    ],  # fmt: skip
 )
 def test_bad_input_on_a_kernel_device(device, kwargs, error, message):
     """Inputs the contract refuses are refused on a kernel device too, where rms_norm first asks
     whether its fast path (which validates nothing itself) may take the call: an offset without
     a weight is for the slow path's validation (`weight is None and offset == 0.0` -> `!=` sent
-    it down the fast path, which normalised without the offset)."""
+    it down the fast path, which normalised without the offset); a residual of x's number of
+    elements in another shape is refused (a numel check read it as x's rows: wrong numbers)."""
     x = torch.randn(4, 8, device=device)
     w = torch.rand(8, device=device) + 0.5
-    kwargs = {k: {"w": w, "w[:4]": w[:4]}.get(v, v) if isinstance(v, str) else v for k, v in kwargs.items()}
+    given = {"w": w, "w[:4]": w[:4], "r8x4": torch.randn(8, 4, device=device)}
+    kwargs = {k: given.get(v, v) if isinstance(v, str) else v for k, v in kwargs.items()}
     with pytest.raises(error, match=message):
         rmsnorm_kernel.rms_norm(x, **kwargs)
 
