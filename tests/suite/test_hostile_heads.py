@@ -206,7 +206,7 @@ def test_sandbox_hides_the_judge(tmp_path):
         f"seen['secret'] = os.path.exists({str(secret)!r})\n"
         "seen['handed'] = open('/judge/h/f.txt').read()\n"
         "def writes(p):\n    try:\n        open(p, 'w').write('x'); return True\n    except OSError:\n        return False\n"
-        "seen['writes'] = {p: writes(p) for p in ['/judge/h/f.txt', '/usr/x', '/state/x', '/tmp/x']}\n"
+        "seen['writes'] = {p: writes(p) for p in ['/judge/h/f.txt', '/usr/x', '/state/x', '/tmp/rmsnorm-write-probe']}\n"
         "try:\n    socket.create_connection(('127.0.0.1', 22), timeout=1); seen['net'] = True\n"
         "except OSError:\n    seen['net'] = False\n"
         "subprocess.Popen(['sleep', '300', 'rmsnorm-sandbox-survivor'], start_new_session=True)\n"
@@ -219,7 +219,7 @@ def test_sandbox_hides_the_judge(tmp_path):
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout)
     assert seen["pid"] != 1 and seen["handed"] == "handed" and not seen["secret"] and not seen["net"]
-    assert seen["writes"] == {"/judge/h/f.txt": False, "/usr/x": False, "/state/x": True, "/tmp/x": True}
+    assert seen["writes"] == {"/judge/h/f.txt": False, "/usr/x": False, "/state/x": True, "/tmp/rmsnorm-write-probe": True}
     assert "RMSNORM_SECRET_TOKEN" not in seen["env"] and "GITHUB_TOKEN" not in seen["env"]
     if os.geteuid() == 0:
         assert seen["uid"] == sandbox.NOBODY
