@@ -219,7 +219,12 @@ def test_sandbox_hides_the_judge(tmp_path):
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout)
     assert seen["pid"] != 1 and seen["handed"] == "handed" and not seen["secret"] and not seen["net"]
-    assert seen["writes"] == {"/judge/h/f.txt": False, "/usr/x": False, "/state/x": True, "/tmp/rmsnorm-write-probe": True}
+    assert seen["writes"] == {
+        "/judge/h/f.txt": False,
+        "/usr/x": False,
+        "/state/x": True,
+        "/tmp/rmsnorm-write-probe": True,
+    }
     assert "RMSNORM_SECRET_TOKEN" not in seen["env"] and "GITHUB_TOKEN" not in seen["env"]
     if os.geteuid() == 0:
         assert seen["uid"] == sandbox.NOBODY
