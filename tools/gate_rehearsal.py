@@ -288,6 +288,7 @@ def catalogue(args, repo: Path, base: str) -> list[str]:
         data = pr_verdict(args, repo, base, head, name, gpu_tests=gpu_tests)
         time.sleep(1)
         left = subprocess.run(["pgrep", "-f", token], capture_output=True, text=True).stdout.split()
+        before = len(problems)
         if data.get("status") not in ("regression", "error"):
             problems.append(f"{name}: {data.get('summary')}")
         watch = next((r for r in data.get("rows", []) if r["check"] == "stopwatch"), {})
@@ -299,6 +300,9 @@ def catalogue(args, repo: Path, base: str) -> list[str]:
             (OUT / name / "verdict.json").read_text() if (OUT / name / "verdict.json").is_file() else ""
         ):
             problems.append(f"{name}: the verdict file was rewritten")
+        # said per head, so that a run cut short still leaves each finished head's outcome
+        print(f"   {name}: survivors {left or 'none'}, marker {(OUT / f'{name}.marker').exists()}, "
+              f"{'as expected' if len(problems) == before else 'NOT AS EXPECTED'}", flush=True)  # fmt: skip
     return problems
 
 
