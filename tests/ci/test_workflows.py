@@ -395,29 +395,90 @@ def test_history_keeps_every_commit_and_only_a_push_job_writes():
     assert check < next(i for i, r in enumerate(publish) if "nox -s history" in r)
 
 
-def test_publish_records_the_merged_verdicts_accepted_rows_before_the_check():
-    """The merged pull request's verdict run (found and verified by merged_verdict.py), its verdict
-    artifacts from that run, and record-accepted into the results branch's accepted.json, which
-    check_asv_results.py then re-checks with the rest; read-only tokens, nothing written elsewhere."""
-    job = WORKFLOWS["history.yml"]["jobs"]["publish"]
+def test_the_merged_verdict_job_alone_reads_other_runs_and_runs_no_installed_code():
+    """merged_verdict.py (standard library only) finds and verifies the merged pull request's
+    verdict run, and that run's verdict-* artifacts are handed on as this run's merged-verdicts:
+    the read tokens it needs, checkout and the two artifact actions, no Python set up, no pip, no
+    nox; publish gets plain data only (three outputs and the files)."""
+    job = WORKFLOWS["history.yml"]["jobs"]["merged-verdict"]
     assert job["permissions"] == {"contents": "read", "actions": "read", "pull-requests": "read"}
-    steps = job["steps"]
-    find = next(i for i, s in enumerate(steps) if "merged_verdict.py" in s.get("run", ""))
-    assert steps[find]["id"] == "merged" and '--sha "$GITHUB_SHA"' in steps[find]["run"]
-    download, record = steps[find + 1], steps[find + 2]
-    assert download["uses"].startswith("actions/download-artifact@") and download["with"] == {
+    assert job["runs-on"] == "ubuntu-latest" and "needs" not in job
+    used = [s["uses"].split("@")[0] for s in job["steps"] if "uses" in s]
+    assert used == ["actions/checkout", "actions/download-artifact", "actions/upload-artifact"]
+    checkout = job["steps"][0]["with"]
+    assert checkout == {"persist-credentials": False, "sparse-checkout": ".github/scripts"}
+    runs = [s["run"] for s in job["steps"] if "run" in s]
+    assert runs == ['python3 .github/scripts/merged_verdict.py --repo "$REPOSITORY" --sha "$GITHUB_SHA"']
+    find = next(s for s in job["steps"] if "run" in s)
+    assert find["id"] == "merged" and find["env"]["GH_TOKEN"] == "${{ github.token }}"
+    download, upload = job["steps"][2], job["steps"][3]
+    assert download["with"] == {
         "pattern": "verdict-*", "path": "merged-verdicts", "run-id": "${{ steps.merged.outputs.run-id }}",
         "github-token": "${{ github.token }}"}  # fmt: skip
-    assert download["if"] == record["if"] == "steps.merged.outputs.run-id != ''"
+    assert upload["with"] == {"name": "merged-verdicts", "path": "merged-verdicts",
+                              "if-no-files-found": "warn", "retention-days": 7}  # fmt: skip
+    assert download["if"] == upload["if"] == "steps.merged.outputs.run-id != ''"
+    assert job["outputs"] == {
+        key: f"${{{{ steps.merged.outputs.{key} }}}}" for key in ("run-id", "pull", "head")
+    }
+
+
+def test_publish_records_the_merged_verdicts_accepted_rows_before_the_check():
+    """publish reads the merged-verdict job's outputs and files as data: it downloads this run's
+    merged-verdicts and runs record-accepted (which checks every file) into the results branch's
+    accepted.json, which check_asv_results.py then re-checks with the rest. It holds only
+    `contents: read`: it installs packages and runs nox."""
+    jobs = WORKFLOWS["history.yml"]["jobs"]
+    job = jobs["publish"]
+    assert job["permissions"] == {"contents": "read"}
+    assert job["needs"] == ["benchmark", "merged-verdict"]
+    text = yaml.safe_dump(job)
+    assert "merged_verdict.py" not in text and "github.token" not in text and "run-id:" not in text
+    steps = job["steps"]
+    download = next(i for i, s in enumerate(steps) if s.get("with", {}).get("path") == "merged-verdicts")
+    record = steps[download + 1]
+    # a plain pattern from this run: no artifact (a verdict run that uploaded none) is no error
+    assert steps[download]["uses"].startswith("actions/download-artifact@") and steps[download]["with"] == {
+        "pattern": "merged-verdicts", "path": "merged-verdicts", "merge-multiple": True}  # fmt: skip
+    assert steps[download]["if"] == record["if"] == "needs.merged-verdict.outputs.run-id != ''"
     assert "history.py record-accepted --verdicts merged-verdicts" in record["run"]
     assert '--commit "$GITHUB_SHA"' in record["run"] and "--into .asv/results/accepted.json" in record["run"]
-    # only the verdicts of the merged pull request's last head (merged_verdict.py's output)
-    assert (
-        '--head "$MERGED_HEAD"' in record["run"]
-        and record["env"]["MERGED_HEAD"] == "${{ steps.merged.outputs.head }}"
-    )
+    # only the verdicts of the merged pull request's last head (merged_verdict.py's output),
+    # passed through the environment, never into the script's text
+    assert '--pull "$PULL"' in record["run"] and '--head "$MERGED_HEAD"' in record["run"]
+    assert record["env"] == {
+        "PULL": "${{ needs.merged-verdict.outputs.pull }}",
+        "MERGED_HEAD": "${{ needs.merged-verdict.outputs.head }}",
+    }
     check = next(i for i, s in enumerate(steps) if "check_asv_results.py" in s.get("run", ""))
-    assert find < check and steps[check - 1] is record
+    assert download < check and steps[check - 1] is record
+
+
+def test_a_job_that_installs_packages_or_runs_nox_reads_nothing_but_contents():
+    """Code a job installs (pip, setup-python, a nox session's packages) runs with the job's
+    token: such a job holds `contents: read` at most, its own or the workflow's."""
+    installing = 0
+    for wf_name, wf in WORKFLOWS.items():
+        for job_id, job in wf["jobs"].items():
+            runs = " ".join(s.get("run", "") for s in job.get("steps", []))
+            used = [s.get("uses", "").split("@")[0] for s in job.get("steps", [])]
+            if not (re.search(r"\bpip install\b|\bnox\b", runs) or "actions/setup-python" in used):
+                continue
+            installing += 1
+            held = job["permissions"] if "permissions" in job else wf.get("permissions") or {}
+            granted = {scope: level for scope, level in (held or {}).items() if level != "none"}
+            assert granted in ({}, {"contents": "read"}), f"{wf_name}/{job_id} holds {granted}"
+    assert installing >= 5
+
+
+def test_only_the_merged_verdict_job_of_the_history_reads_runs_or_pull_requests():
+    held = {
+        (job_id, scope)
+        for job_id, job in WORKFLOWS["history.yml"]["jobs"].items()
+        for scope, level in (job.get("permissions") or {}).items()
+        if scope in ("actions", "pull-requests") and level != "none"
+    }
+    assert held == {("merged-verdict", "actions"), ("merged-verdict", "pull-requests")}
 
 
 def test_drift_judges_main_and_reports_in_the_summary():
