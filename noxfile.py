@@ -44,6 +44,7 @@ WORKFLOWS = ".github/workflows"
 ARC_VALUES = "deploy/arc"  # runner scale sets: *.yaml values checked against values.schema.json
 HISTORY_PAGE_TEST = "tests/suite/test_asv_page.py"  # headless Chromium; skips, with the reason, without it
 HISTORY_SCRIPT = "src/rmsnorm_suite/history.py"  # the results branch and the page's local scripts
+ACCEPTED_PAGE_SCRIPT = "src/rmsnorm_suite/acceptedpage.py"  # accepted.json's rows on the asv page
 HISTORY_DEMO_CONFIG = ".asv/demo/asv.conf.json"  # written by HISTORY_SCRIPT's `demo` step
 PYTEST_FLAGS = ("-ra", "--strict-markers", "--strict-config", "--tb=short", "--durations=15")
 
@@ -515,11 +516,17 @@ def history(session: nox.Session) -> None:
         # at once, saying how to get them (src/rmsnorm_suite/history.py).
         session.run(sys.executable, str(ROOT / HISTORY_SCRIPT), "results", external=True)
     install(session)
-    config, site = [], ".asv/html"
+    config, site, ledger = [], ".asv/html", ".asv/results/accepted.json"
     if demo:
         run(session, "python", str(ROOT / HISTORY_SCRIPT), "demo")
-        config, site = ["--config", HISTORY_DEMO_CONFIG], ".asv/demo/html"
+        config, site, ledger = (
+            ["--config", HISTORY_DEMO_CONFIG],
+            ".asv/demo/html",
+            ".asv/demo/results/accepted.json",
+        )
     run(session, "asv", *config, "publish", *publish_args)
+    # the rows merged pull requests' verdicts accepted (asv does not read accepted.json): accepted.html
+    run(session, "python", str(ROOT / ACCEPTED_PAGE_SCRIPT), "--site", site, "--ledger", ledger)
     # local copies of the page's CDN scripts (bash tools/fetch_asv_js.sh), used when present
     if "RMSNORM_ASV_JS" not in os.environ and (ROOT / ".asv" / "js").is_dir():
         session.env["RMSNORM_ASV_JS"] = str(ROOT / ".asv" / "js")

@@ -43,7 +43,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "gate": (
         "rmsnorm_suite.thresholds", "rmsnorm_suite.gatereport", "rmsnorm_suite.gate",
         "rmsnorm_suite.accept", "rmsnorm_suite.power", "rmsnorm_suite.changepoint",
-        "rmsnorm_suite.plots", "rmsnorm_suite.staging", "rmsnorm_suite.sandbox", "rmsnorm_suite.exchange", "rmsnorm_suite.rounds",
+        "rmsnorm_suite.plots", "rmsnorm_suite.acceptedpage", "rmsnorm_suite.staging", "rmsnorm_suite.sandbox", "rmsnorm_suite.exchange", "rmsnorm_suite.rounds",
     ),
     "commands": (
         "rmsnorm_suite.bench", "rmsnorm_suite.pullrequest", "rmsnorm_suite.verdict",

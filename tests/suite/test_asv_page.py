@@ -163,3 +163,14 @@ def test_every_graph_has_data_points():
     if not (HTML / "index.html").is_file():
         cannot_run("no published asv page (.asv/html/index.html): run `nox -s history` (asv publish) first")
     assert_every_graph_has_data(HTML)
+
+
+def test_the_accepted_rows_are_linked_from_the_page():
+    """asv does not read accepted.json: `nox -s history` writes its rows to accepted.html
+    (src/rmsnorm_suite/acceptedpage.py) and links it from the navigation bar; a page without it fails here."""
+    if not (HTML / "index.html").is_file():
+        cannot_run("no published asv page (.asv/html/index.html): run `nox -s history` (asv publish) first")
+    if not (HTML / "accepted.html").is_file() and not REQUIRED:
+        pytest.skip("no accepted.html: the page was published without `nox -s history`")
+    assert "<h1>Accepted regressions</h1>" in (HTML / "accepted.html").read_text(encoding="utf-8")
+    assert 'href="accepted.html"' in (HTML / "index.html").read_text(encoding="utf-8")

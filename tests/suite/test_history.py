@@ -4,13 +4,14 @@ it, and a clear "no results yet" (exit 1) when it has not or cannot be reached."
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from rmsnorm_suite import history
+from rmsnorm_suite import acceptedpage, history
 from tests.suite._fixtures import assert_every_graph_has_data
 
 
@@ -156,3 +157,73 @@ def test_the_demo_figures_are_seeded_and_plausible():
     assert figures(46) == figures(46) and figures(46) != figures(47)
     small, large, _, bf16_error, _, fp32_error = figures(46)
     assert 0 < small < large and fp32_error < bf16_error
+
+
+def _asv_site(tmp_path: Path) -> Path:
+    """A published page's folder holding asv's own index.html (its navigation bar), nothing else."""
+    asv = pytest.importorskip("asv")
+    site = tmp_path / "html"
+    site.mkdir()
+    (site / "index.html").write_bytes((Path(asv.__file__).parent / "www" / "index.html").read_bytes())
+    return site
+
+
+def _verdict(check: str, factor: float, reason: str, who: str) -> dict:
+    grant = {"check": check, "factor": factor, "reason": reason, "approved_by": who}
+    return {"rows": [{"check": check, "verdict": "accepted"}], "acceptance": {"granted": [grant]}}
+
+
+def test_the_page_lists_the_accepted_rows_newest_first_and_links_them(tmp_path):
+    """Two merged pull requests' accepted rows, recorded as the publish job records them, are on
+    accepted.html newest first (commit, pull request, row, factor, approver, reason), linked once."""
+    site, results = _asv_site(tmp_path), tmp_path / "results"
+    ledger = results / "accepted.json"
+    old, new = "1" * 40, "2" * 40
+    for commit, pull, verdict in (
+        (old, 3, _verdict("device 4096x4096-bfloat16 forward", 1.08, "fused the epilogue", "alice")),
+        (new, 5, _verdict("device 32768x4096-float16 backward", 1.15, "two-pass dw", "bob")),
+    ):
+        (tmp_path / f"v{pull}.json").write_text(json.dumps(verdict))
+        history.record_accepted(ledger, [tmp_path / f"v{pull}.json"], commit, pull=pull)
+    argv = ["--site", str(site), "--ledger", str(ledger)]
+    assert acceptedpage.main(argv) == 0 and acceptedpage.main(argv) == 0  # a second run links it once
+    page = (site / "accepted.html").read_text()
+    rows = [re.findall(r"<td>([^<]*)</td>", r) for r in re.findall(r"<tr>(.*?)</tr>", page)[1:]]
+    assert rows == [
+        [new, "#5", "device 32768x4096-float16 backward", "x1.15", "bob", "two-pass dw"],
+        [old, "#3", "device 4096x4096-bfloat16 forward", "x1.08", "alice", "fused the epilogue"],
+    ]
+    index = (site / "index.html").read_text()
+    assert index.count('href="accepted.html"') == 1
+    assert index.index('id="nav-li-regressions"') < index.index('id="nav-li-accepted"')
+
+
+def test_a_hostile_reason_is_inert_on_the_page(tmp_path):
+    """accepted.json's strings come from a pull request (the reason) and are escaped, whatever
+    wrote the file: no tag, attribute or script of theirs reaches the page."""
+    site, ledger = _asv_site(tmp_path), tmp_path / "accepted.json"
+    reason = "</td><script>alert(\"x\")</script><img src=x onerror='alert(1)'>"
+    row = {"commit": "3" * 40, "check": 'device <b>1x1</b> "forward"', "factor": 1.1, "reason": reason,
+           "approved_by": "<i>m</i>", "pull": "<script>"}  # fmt: skip
+    ledger.write_text(json.dumps({"accepted": [row]}))
+    assert acceptedpage.write(site, ledger) == 1
+    page = (site / "accepted.html").read_text()
+    assert "<script" not in page.lower() and "<img" not in page and "<b>" not in page and "<i>" not in page
+    assert "&lt;/td&gt;&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in page
+    assert "onerror=&#x27;alert(1)&#x27;" in page and "#&lt;script&gt;" in page
+    assert page.count("<td>") == 6  # the row's six cells, none closed early by the reason
+    assert "default-src 'none'" in page  # and the browser runs no script there regardless
+
+
+@pytest.mark.parametrize("ledger", [None, "", '{"accepted": []}', "{", '{"accepted": 3}'])
+def test_no_accepted_rows_says_none(tmp_path, ledger):
+    """An absent, empty or odd accepted.json: the page says none were accepted; one that does not
+    read (not JSON), that it could not be read."""
+    site, path = _asv_site(tmp_path), tmp_path / "accepted.json"
+    if ledger is not None:
+        path.write_text(ledger)
+    assert acceptedpage.write(site, path) == 0
+    page = (site / "accepted.html").read_text()
+    said = "None listed: accepted.json could not be read." if ledger == "{" else "None: no regression"
+    assert said in page and "<td>" not in page
+    assert 'href="accepted.html"' in (site / "index.html").read_text()
