@@ -227,3 +227,56 @@ def test_no_accepted_rows_says_none(tmp_path, ledger):
     said = "None listed: accepted.json could not be read." if ledger == "{" else "None: no regression"
     assert said in page and "<td>" not in page
     assert 'href="accepted.html"' in (site / "index.html").read_text()
+
+
+def _record(tmp_path: Path, verdict: dict) -> tuple[int, list]:
+    """record-accepted as the publish job runs it, on one verdict-h200/verdict.json."""
+    head = "a" * 40
+    (tmp_path / "v" / "verdict-h200").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "v" / "verdict-h200" / "verdict.json").write_text(json.dumps({**verdict, "head_sha": head}))
+    ledger = tmp_path / "accepted.json"
+    argv = ["record-accepted", "--verdicts", str(tmp_path / "v"), "--commit", "c" * 40, "--head", head]
+    status = history.main([*argv, "--pull", "7", "--into", str(ledger)])
+    return status, json.loads(ledger.read_text())["accepted"] if ledger.is_file() else []
+
+
+def test_a_huge_integer_factor_neither_stops_the_publish_job_nor_the_page(tmp_path):
+    """A verdict is the pull request run's artifact: a factor written as a 400-digit integer made
+    math.isfinite raise OverflowError, which stopped record-accepted and so the publish job. It is
+    passed over; a ledger row with one gives an empty factor cell."""
+    assert _record(tmp_path, _verdict("device 1x1-a forward", 10**400, "r", "m")) == (0, [])
+    site, ledger = _asv_site(tmp_path), tmp_path / "ledger.json"
+    ledger.write_text(json.dumps({"accepted": [{"commit": "3" * 40, "check": "c", "factor": 10**400}]}))
+    assert acceptedpage.write(site, ledger) == 1
+
+
+@pytest.mark.parametrize(
+    "check",
+    ["::add-mask::x device forward", "device " + "1" * 1000 + "x1-a forward", "device 1x1-a forward;rm"],
+)
+def test_a_recorded_check_is_a_check_name(tmp_path, check):
+    """record-accepted prints each check at the start of a log line (after spaces, which the
+    runner skips: a workflow command), and check_asv_results.py refuses a string over 1000
+    characters in accepted.json (the publish job fails). Only a check name as the comment's
+    validator allows it (post_verdict_comment.CHECK) is recorded."""
+    assert _record(tmp_path, _verdict(check, 1.1, "r", "m")) == (0, [])
+    assert _record(tmp_path, _verdict("device 1x1-a forward", 1.1, "r", "m"))[1][0]["check"] == (
+        "device 1x1-a forward"
+    )
+
+
+def test_a_verdict_records_no_more_than_the_gate_grants(tmp_path):
+    """The trusted [accept] table (regression.toml) grants at most max_rows rows up to max_factor:
+    a verdict listing more (thousands of rows would grow accepted.json towards the 20 MB that
+    check_asv_results.py refuses, failing every later publish), or a larger factor, is not believed
+    past that bound."""
+    import tomllib
+
+    bound = tomllib.loads((Path(history.__file__).parent / "regression.toml").read_text())["accept"]
+    rows = [{"check": f"device {n}x1-a forward", "verdict": "accepted"} for n in range(1, 200)]
+    grants = [{"check": r["check"], "factor": 1.1, "reason": "r" * 200, "approved_by": "m"} for r in rows]
+    _, added = _record(tmp_path, {"rows": rows, "acceptance": {"granted": grants}})
+    assert len(added) == bound["max_rows"]
+    (tmp_path / "accepted.json").unlink()
+    over = _verdict("device 1x1-a forward", bound["max_factor"] + 1, "r", "m")
+    assert _record(tmp_path, over) == (0, [])
