@@ -33,8 +33,13 @@ _HEAD = (
 
 
 def _factor(value) -> str:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    return f"x{value:g}" if ok else ""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return ""
+    try:
+        value = float(value)  # a JSON integer too large for a float: OverflowError
+    except OverflowError:
+        return ""
+    return f"x{value:g}" if math.isfinite(value) else ""
 
 
 def write(site: Path, ledger: Path) -> int:

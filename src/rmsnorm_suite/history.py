@@ -18,7 +18,6 @@ import datetime
 import io
 import itertools
 import json
-import math
 import os
 import random
 import re
@@ -349,6 +348,17 @@ def accepted_regressions(root: Path, rev: str = "HEAD") -> list[dict]:
 
 
 MAX_VERDICT_BYTES = 5_000_000  # a verdict.json is a few kB; a larger one is not read
+# A row's check as post_verdict_comment.py's CHECK allows it: it starts a line of the log
+# (no workflow command) and stays far under check_asv_results.py's 1000 characters.
+CHECK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9 _.,:()/+-]{0,119}")
+
+
+def _accept_bounds() -> tuple[int, float]:
+    """[accept]'s max_rows and max_factor (regression.toml beside this file): what the gate grants."""
+    import tomllib
+
+    table = tomllib.loads((Path(__file__).with_name("regression.toml")).read_text(encoding="utf-8"))["accept"]
+    return int(table["max_rows"]), float(table["max_factor"])
 
 
 def _text(value, limit: int) -> str:
@@ -369,8 +379,11 @@ def verdict_acceptances(verdict) -> list[dict]:
         if isinstance(g, dict) and isinstance(g.get("check"), str)
     }
     rows = verdict.get("rows")
-    out = []
+    max_rows, max_factor = _accept_bounds()
+    out: list[dict] = []
     for row in rows if isinstance(rows, list) else []:
+        if len(out) >= max_rows:  # the gate grants no more: a verdict that lists more is not believed past it
+            break
         if (
             not isinstance(row, dict)
             or row.get("verdict") != "accepted"
@@ -381,11 +394,15 @@ def verdict_acceptances(verdict) -> list[dict]:
         if not g or not isinstance(g.get("approved_by"), str) or not g["approved_by"].strip():
             continue
         factor = g.get("factor")
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor):
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)):
+            continue
+        try:
+            factor = float(factor)  # a JSON integer of 400 digits: OverflowError
+        except OverflowError:
             continue
         check = str(row["check"])
         parts = check.split()
-        if len(parts) != 3 or UNSAFE.search(check) or not 1.0 < factor:
+        if len(parts) != 3 or not CHECK_NAME.fullmatch(check) or not 1.0 < factor <= max_factor:
             continue
         out.append({"check": check, "factor": float(factor), "reason": _text(g.get("reason"), 200),
                     "approved_by": _text(g["approved_by"], 100)})  # fmt: skip
