@@ -8,8 +8,8 @@ with ``--local-repository``. What each approximates:
   ``ref`` or the default branch; ``fetch-depth`` 0 (all history and tags) or 1, ``path``,
   ``sparse-checkout`` (non-cone). No credentials are ever written (persist-credentials ignored).
 - ``upload``: the files of ``path`` (lines; a folder is taken whole, hidden files only with
-  ``include-hidden-files``), zipped relative to their common folder, posted to the fake API;
-  ``if-no-files-found``: error, warn or ignore.
+  ``include-hidden-files``), zipped relative to the paths' common folder (a folder's own, for
+  one), posted to the fake API; ``if-no-files-found``: error, warn or ignore.
 - ``download``: the REST calls download-artifact makes with ``run-id`` and ``github-token``:
   list the run's artifacts, keep those matching ``name`` or ``pattern``, unzip each into
   ``path/NAME`` (or into ``path`` with ``merge-multiple`` or ``name``); without ``run-id``, this
@@ -73,10 +73,12 @@ def upload() -> None:
     workspace = Path(os.environ["GITHUB_WORKSPACE"])
     hidden = inp("include-hidden-files") == "true"
     files: list[Path] = []
+    roots: list[str] = []  # the real action zips relative to the search paths' common folder
     for line in inp("path").splitlines():
         if not line.strip():
             continue
         p = workspace / line.strip()
+        roots.append(str(p if p.is_dir() else p.parent))
         if p.is_file():
             files.append(p)
         elif p.is_dir():
@@ -88,7 +90,7 @@ def upload() -> None:
         print(f"{'::error::' if mode == 'error' else '::warning::' if mode == 'warn' else ''}"
               f"no files found for the artifact {name}")  # fmt: skip
         sys.exit(1 if mode == "error" else 0)
-    root = Path(os.path.commonpath([str(f.parent) for f in files]))
+    root = Path(os.path.commonpath(roots))
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
         for f in files:
