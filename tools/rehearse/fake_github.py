@@ -1,9 +1,9 @@
 """A small fake of the GitHub REST API for the offline rehearsal of the PR flow (``nox -s rehearse``).
 
 It serves, over HTTP on 127.0.0.1, what the rehearsed jobs and their stand-in actions call: the
-repository, workflow runs and their artifacts, compare, pull requests, issue comments, commit
-statuses, check runs and the App installation token; and it records every write. The test
-registers the runs (act does not report them) and evaluates the ruleset the project ships
+repository, workflow runs (by id, and a workflow's runs list) and their artifacts, compare,
+pull requests (by number, and those of a commit), issue comments, commit statuses, check runs and
+the App installation token; and it records every write. The test registers the runs (act does not report them) and evaluates the ruleset the project ships
 (``.github/rulesets/main.json``) against the checks and statuses received.
 
 Where it approximates GitHub (docs/ci.md, "The offline rehearsal" lists these too):
@@ -149,6 +149,18 @@ class Handler(BaseHTTPRequestHandler):
         if method == "GET" and (m := re.fullmatch(rf"{repo}/actions/runs/(\d+)", path)):
             run = s.runs.get(int(m[1]))
             return self.reply(200, run) if run else self.reply(404, {"message": "Not Found"})
+        if method == "GET" and (m := re.fullmatch(rf"{repo}/actions/workflows/([\w.-]+)/runs", path)):
+            event, status = query.get("event", [""])[0], query.get("status", [""])[0]
+            per_page, page = int(query.get("per_page", ["30"])[0]), int(query.get("page", ["1"])[0])
+            runs = sorted((r for r in s.runs.values() if r["path"].split("@", 1)[0] == f".github/workflows/{m[1]}"
+                           and (not event or r["event"] == event)
+                           and (not status or status in (r["status"], r["conclusion"]))),
+                          key=lambda r: -r["id"])  # fmt: skip
+            listed = runs[(page - 1) * per_page : page * per_page]
+            return self.reply(200, {"total_count": len(runs), "workflow_runs": listed})
+        if method == "GET" and (m := re.fullmatch(rf"{repo}/commits/([0-9a-f]{{40}})/pulls", path)):
+            merged = [p for p in s.pulls.values() if m[1] in (p.get("merge_commit_sha"), p["head"]["sha"])]
+            return self.reply(200, merged)
         if method == "GET" and (m := re.fullmatch(rf"{repo}/actions/runs/(\d+)/artifacts", path)):
             arts = [a for a in s.artifacts if a["run_id"] == int(m[1])]
             listed = [{"id": a["id"], "name": a["name"], "expired": False, "size_in_bytes": len(a["zip"]),
