@@ -1,12 +1,13 @@
-"""The PR flow, and history.yml's changepoints and bisect jobs, rehearsed with act, offline
-(``nox -s rehearse``; tools/rehearse/ builds the stage).
+"""The PR flow, and history.yml's merged-verdict, publish, changepoints and bisect jobs,
+rehearsed with act, offline (``nox -s rehearse``; tools/rehearse/ builds the stage).
 
 Each scenario opens a pull request in a local copy of GitHub (a bare repository and a fake API),
 runs this tree's gpu.yml on it as ``pull_request_target`` in act's host mode, then pr-comment.yml
 on that run's ``workflow_run`` event, and checks what the fake API received: the comment, the
 check run, and whether the ruleset the project ships (.github/rulesets/main.json) lets the head
-merge. The history scenario pushes a synthetic, seeded history onto main and runs the two jobs
-on it. The nox session a GPU job calls is stubbed (tools/rehearse/stubs/nox): this checks the
+merge. The history scenario pushes a synthetic, seeded history onto main, its tip merging a pull
+request whose verdict accepted a row, and runs four jobs on it: merged-verdict, publish (to its
+check), changepoints and bisect. The nox session a GPU job calls is stubbed (tools/rehearse/stubs/nox): this checks the
 wiring, not the judge. Skipped where act is not installed, except under ``nox -s rehearse``
 (``RMSNORM_REHEARSE=1``), where that fails.
 """
@@ -35,6 +36,8 @@ from rehearse import (  # noqa: E402
     BISECTED_STEP,
     FIRST_BAD,
     JOB_TOKEN,
+    MERGED_CHECK,
+    MERGED_PULL,
     NO_RESULTS,
     WRITER_TOKEN,
     Rehearsal,
@@ -141,8 +144,12 @@ def test_a_spoofed_status_or_check_does_not_satisfy_the_ruleset(stage):
 
 @pytest.fixture(scope="module")
 def history_stage(tmp_path_factory):
+    """The synthetic history pushed and history.yml run on it once: (stage, shas, run id)."""
     rehearsal = Rehearsal(tmp_path_factory.mktemp("rehearse-history"))
-    yield rehearsal
+    shas = rehearsal.history()
+    run_id = rehearsal.runs
+    status, log = rehearsal.history_run()
+    yield rehearsal, shas, run_id, status, log
     rehearsal.close()
 
 
@@ -152,9 +159,7 @@ def test_history_marks_the_approved_step_accepted_and_bisects_the_other(history_
     accepted and names the other's four-commit range; bisect (the real search, each probe the stub
     pr_verdict on CPU) narrows it to the first commit whose stub verdict regresses. The drift issue
     then lists both, oldest first, and the bisection's commit."""
-    shas = history_stage.history()
-    run_id = history_stage.runs
-    status, log = history_stage.history_run()
+    history_stage, shas, run_id, status, log = history_stage
     assert status == 0, log[-5000:]
     found = history_stage.artifact(run_id, "changepoints", tmp_path / "steps" / "changepoints")
     steps = json.loads((found / "steps.json").read_text())["steps"]
@@ -184,3 +189,27 @@ def test_history_marks_the_approved_step_accepted_and_bisects_the_other(history_
     rows = [line for line in lines if line.startswith("| ") and "kernel" in line]
     assert len(rows) == 2 and "accepted: " in rows[0] and rows[1].endswith("| slowdown |")
     assert f"first bad commit `{shas[FIRST_BAD][:12]}`" in "\n".join(lines)
+
+
+def test_history_records_the_merged_pull_requests_accepted_row(history_stage, tmp_path):
+    """The same run's merged-verdict job finds the pull request the tip merged and its passing
+    verdict run through the API, and hands its verdict to publish, whose record-accepted adds the
+    accepted row to the results branch's accepted.json under the tip before the check passes; the
+    checked results (the ones changepoints read) hold it, and the tip's new results file."""
+    history_stage, shas, run_id, status, log = history_stage
+    assert status == 0, log[-5000:]
+    tip = history_stage.state.pulls[MERGED_PULL]["merge_commit_sha"]
+    assert tip == shas[-1]
+    calls = history_stage.state.log
+    assert f"GET /repos/{history_stage.state.repo}/commits/{tip}/pulls" in calls
+    assert f"GET /repos/{history_stage.state.repo}/actions/workflows/gpu.yml/runs" in calls
+    assert "1 accepted rows of 1 verdicts recorded in .asv/results/accepted.json" in log
+    handed = history_stage.artifact(run_id, "merged-verdicts", tmp_path / "handed")
+    assert json.loads((handed / "verdict-h200" / "verdict.json").read_text())["head_sha"] == tip
+    checked = history_stage.artifact(run_id, "asv-results-checked", tmp_path / "checked")
+    assert (checked / "h200" / f"{tip[:8]}-existing.json").is_file()  # the check copied it in
+    accepted = json.loads((checked / "accepted.json").read_text())["accepted"]
+    assert len(accepted) == 2, accepted  # the seeded row, and the one record-accepted added
+    assert accepted[1] == {"commit": tip, "check": MERGED_CHECK, "factor": 1.1,
+                           "reason": "a second pass for accuracy", "approved_by": "maintainer",
+                           "pull": MERGED_PULL, "head": tip}  # fmt: skip

@@ -1,5 +1,6 @@
 """The PR flow rehearsed offline with act: gpu.yml on a pull request, then pr-comment.yml on its run;
-and history.yml's changepoints and bisect jobs on a push to main with a synthetic, seeded history.
+and history.yml's merged-verdict, publish (to its check), changepoints and bisect jobs on a push
+to main with a synthetic, seeded history.
 
 ``Rehearsal`` builds GitHub's side locally: a bare repository holding this tree as ``main`` and
 the pull requests' heads as ``refs/pull/N/head``; the fake API (fake_github.py); and, for act,
@@ -8,8 +9,9 @@ removed). Each ``uses:`` is mapped to its stand-in (standins.py) with ``--local-
 every job runs in act's host mode (``-P LABEL=-self-hosted``), and ``python3 -m nox`` is the stub
 under stubs/. act does not chain runs, so the rehearsal does what GitHub does between them:
 it records the GPU run (its workflow path, event, commit, evaluated title and conclusion) in the
-fake API and sends pr-comment.yml the ``workflow_run`` event. For history.yml it keeps the two
-rehearsed jobs (``needs`` on the others dropped) and gives the run the checked results artifact.
+fake API and sends pr-comment.yml the ``workflow_run`` event. For history.yml it keeps the four
+rehearsed jobs (``needs`` on the others dropped), records the merged pull request and its verdict
+run, pushes the results branch and gives the run the benchmark job's results artifact.
 """
 
 from __future__ import annotations
@@ -37,7 +39,13 @@ REPO = "rehearse/rmsnorm-kernel"
 APP_ID, APP_SLUG, APP_KEY = 4242, "rmsnorm-verdict", "rehearsal-private-key"
 JOB_TOKEN, WRITER_TOKEN = "ghs_job_token", "ghp_writer_token"
 LABELS = {"h200-untrusted", "h200-trusted", "ubuntu-latest"}  # every runs-on of the rehearsed workflows
-HISTORY_JOBS = {"changepoints": None, "bisect": ["changepoints"]}  # history.yml's rehearsed jobs: needs
+# history.yml's rehearsed jobs and their needs among them (the others' jobs are left out)
+HISTORY_JOBS = {"merged-verdict": None, "publish": ["merged-verdict"], "changepoints": ["publish"],
+                "bisect": ["changepoints"]}  # fmt: skip
+# publish's steps kept: up to the check, and the upload of the checked results changepoints reads
+# (the page, `nox -s history` and its upload for deploy, is left out, as the push and deploy jobs are)
+PUBLISH_UNTIL, PUBLISH_KEEP = "Check the new results", "Keep the checked results"
+MERGED_PULL, MERGED_CHECK = 9, "device 32768x4096-bfloat16 forward"  # the merged PR, its accepted row
 # The synthetic history's two series (asv's names), the commit of each one's +8% step, and, for
 # the second, the commits with no results (its step's range then holds four commits to bisect).
 SERIES = ("bench_rmsnorm.Forward.track_gpu_median_ms", "bench_rmsnorm.ForwardBackward.track_gpu_median_ms")
@@ -240,9 +248,11 @@ class Rehearsal:
 
     def history(self, commits: int = 24, seed: int = 49) -> list[str]:
         """Push ``commits`` commits onto main (each the nox stub's ``REHEARSE``: ``regression`` from
-        FIRST_BAD on) and give the next run its ``asv-results-checked`` artifact: per commit, both
-        series (0.3% noise, seeded), each with a +8% step (SERIES), and the results branch's
-        accepted.json approving the first series' step; main's new commits, oldest first."""
+        FIRST_BAD on), the last one merging pull request MERGED_PULL, whose passing gpu.yml run
+        accepted one row; per commit, both series (0.3% noise, seeded), each with a +8% step
+        (SERIES): the last commit's as the next run's ``asv-results-h200`` artifact (the benchmark
+        job's), the others on the results branch with its accepted.json approving the first
+        series' step; main's new commits, oldest first."""
         shas = []
         for i in range(commits):
             (self.work / "REHEARSE").write_text("regression\n" if i >= FIRST_BAD else "pass\n")
@@ -276,25 +286,67 @@ class Rehearsal:
                                                "device 32768x4096-bfloat16 forward", "factor": 1.12,
                                                "reason": "two passes for accuracy", "approved_by": "maintainer",
                                                "pull": 7}]}  # fmt: skip
-        buffer = io.BytesIO()
-        with zipfile.ZipFile(buffer, "w") as archive:
-            for name, data in files.items():
-                archive.writestr(name, json.dumps(data))
-        self.state.artifacts.append({"id": 1000 + len(self.state.artifacts), "run_id": self.runs,
-                                     "name": "asv-results-checked", "zip": buffer.getvalue()})  # fmt: skip
+        tip = f"h200/{shas[-1][:8]}-existing.json"
+        incoming = {"h200/machine.json": files["h200/machine.json"], tip: files.pop(tip)}
+        branch = self.tmp / "results-branch"
+        branch.mkdir()
+        git("init", "-q", cwd=branch)
+        for name, data in files.items():
+            (branch / name).parent.mkdir(parents=True, exist_ok=True)
+            (branch / name).write_text(json.dumps(data))
+        git("add", "-A", cwd=branch)
+        git("commit", "-qm", "asv results", cwd=branch)
+        git("push", "-q", str(self.origin), "HEAD:refs/heads/asv-results", cwd=branch)
+        self.merged_pull(MERGED_PULL, shas[-1])  # a run before the next one
+        self.add_artifact(self.runs, "asv-results-h200", incoming)
         return shas
 
+    def add_artifact(self, run_id: int, name: str, files: dict[str, Any]) -> None:
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w") as archive:
+            for path, data in files.items():
+                archive.writestr(path, json.dumps(data))
+        self.state.artifacts.append({"id": 1000 + len(self.state.artifacts), "run_id": run_id,
+                                     "name": name, "zip": buffer.getvalue()})  # fmt: skip
+
+    def merged_pull(self, number: int, commit: str) -> dict[str, Any]:
+        """Pull request ``number``, merged as main's ``commit`` (its head, fast-forwarded), and its
+        passing gpu.yml run, whose ``verdict-h200`` accepted MERGED_CHECK with a maintainer's
+        approval; the run."""
+        self.state.pulls[number] = {
+            "number": number, "state": "closed", "merged_at": "2026-01-01T00:00:00Z", "merge_commit_sha": commit,
+            "head": {"sha": commit, "ref": f"pr-{number}", "repo": {"full_name": REPO}},
+            "base": {"sha": self.main, "ref": "main", "repo": {"full_name": REPO}},
+        }  # fmt: skip
+        run = self.record_run(".github/workflows/gpu.yml", "pull_request_target", self.main,
+                              f"GPU verdict #{number} at {commit}", "success",
+                              [{"number": number, "head": {"sha": commit}}])  # fmt: skip
+        self.runs += 1
+        grant = {"check": MERGED_CHECK, "factor": 1.1, "reason": "a second pass for accuracy",
+                 "approved_by": "maintainer"}  # fmt: skip
+        verdict = {"status": "pass", "head_sha": commit, "acceptance": {"granted": [grant]},
+                   "rows": [{"check": MERGED_CHECK, "verdict": "accepted", "ratio": 1.08}]}  # fmt: skip
+        self.add_artifact(run["id"], "verdict-h200", {"verdict.json": verdict,
+                                                      "pr.json": {"number": number, "head_sha": commit}})  # fmt: skip
+        return run
+
     def history_run(self) -> tuple[int, str]:
-        """history.yml's changepoints and bisect jobs on a push of main's tip: (exit status, log).
-        The other jobs are left out of act's copy, with the ``needs`` on them (the checked results
-        that ``publish`` uploads are given to the run by ``history``)."""
+        """history.yml's merged-verdict, publish, changepoints and bisect jobs on a push of main's
+        tip: (exit status, log). The other jobs are left out of act's copy, with the ``needs`` on
+        them (the benchmark job's results are given to the run by ``history``), and so are
+        publish's steps after the check but the upload of the checked results."""
         data = yaml.safe_load((self.actdir / ".github/workflows/history.yml").read_text())
         data["on"] = data.pop(True)  # YAML 1.1 reads the key `on` as true
         data["jobs"] = {name: data["jobs"][name] for name in HISTORY_JOBS}
         for name, needs in HISTORY_JOBS.items():
-            data["jobs"][name].pop("needs")
+            data["jobs"][name].pop("needs", None)
             if needs:
                 data["jobs"][name]["needs"] = needs
+        steps = data["jobs"]["publish"]["steps"]
+        until = next(i for i, s in enumerate(steps) if s.get("name", "").startswith(PUBLISH_UNTIL))
+        data["jobs"]["publish"]["steps"] = steps[: until + 1] + [
+            s for s in steps[until + 1 :] if s.get("name", "").startswith(PUBLISH_KEEP)
+        ]
         (self.actdir / ".github/workflows/history-rehearsed.yml").write_text(
             yaml.safe_dump(data, sort_keys=False)
         )
