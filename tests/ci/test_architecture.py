@@ -224,24 +224,34 @@ def test_a_test_module_import_is_found(tmp_path):
 
 
 def _op_patches(paths) -> list[str]:
-    """``module.name = ...`` (or augmented) where ``module`` was imported from rmsnorm_kernel."""
+    """``module.name = ...`` (or augmented, or deeper: ``a.b.c = ...``) where ``module`` was
+    imported from rmsnorm_kernel."""
     found = []
     for path in paths:
         tree = ast.parse(path.read_text())
-        op_names = {
-            (alias.asname or alias.name).split(".")[0]
-            for node in ast.walk(tree)
-            if isinstance(node, (ast.Import, ast.ImportFrom))
-            and (getattr(node, "module", None) or "").startswith("rmsnorm_kernel")
-            or isinstance(node, ast.Import)
-            and any(a.name.startswith("rmsnorm_kernel") for a in node.names)
-            for alias in node.names
-        }
+        op_names = set()
         for node in ast.walk(tree):
-            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
-            for t in targets if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) else []:
-                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id in op_names:
-                    found.append(f"{path.name}:{node.lineno} {t.value.id}.{t.attr}")
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rmsnorm_kernel"):
+                op_names.update(a.asname or a.name for a in node.names)
+            elif isinstance(node, ast.Import):
+                op_names.update(
+                    (a.asname or a.name).split(".")[0]
+                    for a in node.names
+                    if a.name.startswith("rmsnorm_kernel")
+                )
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            else:
+                continue
+            for target in targets:
+                root = target
+                while isinstance(root, ast.Attribute):
+                    root = root.value
+                if root is not target and isinstance(root, ast.Name) and root.id in op_names:
+                    found.append(f"{path.name}:{node.lineno} {ast.unparse(target)}")
     return found
 
 
@@ -255,4 +265,4 @@ def test_a_patch_of_the_op_is_found(tmp_path):
     bad = tmp_path / "sweep.py"
     bad.write_text("from rmsnorm_kernel import launch\nimport rmsnorm_kernel.ops\nlaunch._wide_fused = 1\n"
                    "rmsnorm_kernel.ops.X += 1\nother = 2\n")  # fmt: skip
-    assert _op_patches([bad]) == ["sweep.py:3 launch._wide_fused"]
+    assert _op_patches([bad]) == ["sweep.py:3 launch._wide_fused", "sweep.py:4 rmsnorm_kernel.ops.X"]
