@@ -19,7 +19,7 @@ from rmsnorm_kernel.contract import (
     CASTING_CODES,
     KERNEL_DTYPES,
     OUT_DTYPE_RULES,
-    Refused,
+    PROMOTING_CASTINGS,
     UnsupportedInput,
     default_eps,
     default_out_dtype,
@@ -115,13 +115,10 @@ class RMSNorm(nn.RMSNorm):
 
     def __prepare_scriptable__(self):
         """What torch.jit.script compiles in place of this module: TorchScript cannot compile the
-        op's Python, and torch.nn.RMSNorm (sharing this weight Parameter) computes the same where
-        the options are torch's. Other options are refused, saying why."""
+        op's Python. torch.nn.RMSNorm (sharing this weight Parameter) where the options are
+        torch's; else _ScriptableRMSNorm, composite.py's formula in torch ops."""
         if self.offset or self.casting != "default" or self.out_dtype is not None:
-            raise Refused(
-                f"torch.jit.script: {self.extra_repr()} has options torch.nn.RMSNorm lacks, and TorchScript "
-                "cannot compile the kernels' Python; trace the model, or torch.compile it, instead"
-            )
+            return _ScriptableRMSNorm(self).train(self.training)
         same = nn.RMSNorm(self.normalized_shape, self.eps, self.elementwise_affine, device="meta")
         same.weight = self.weight
         return same.train(self.training)
@@ -137,6 +134,45 @@ class RMSNorm(nn.RMSNorm):
         if not self.allow_fallback:
             extra += ", allow_fallback=False"
         return extra
+
+
+class _ScriptableRMSNorm(nn.Module):
+    """RMSNorm with an offset, a casting or an out_dtype in torch ops TorchScript compiles, the
+    weight Parameter shared: the composite's formula (reference.py), y only, as nn.RMSNorm's
+    forward takes x only. out_dtype: 0 the casting's own, 1 x's ("input"), 2 "promoted", 3 fixed."""
+
+    def __init__(self, norm: RMSNorm) -> None:
+        super().__init__()
+        self.weight = norm.weight
+        self.normalized_shape = list(norm.normalized_shape)
+        self.eps_float32 = default_eps(torch.float32) if norm.eps is None else norm.eps
+        self.eps_float64 = default_eps(torch.float64) if norm.eps is None else norm.eps
+        self.offset = norm.offset
+        self.round_first = norm.casting in PROMOTING_CASTINGS  # Llama's x * r in x's dtype
+        rule = norm.out_dtype
+        self.rule = 0 if rule is None else 1 if rule == "input" else 2 if rule == "promoted" else 3
+        self.out_dtype = rule if isinstance(rule, torch.dtype) else torch.float32
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k = len(self.normalized_shape)
+        if x.dim() < k or list(x.shape[x.dim() - k :]) != self.normalized_shape:
+            raise RuntimeError(f"normalized_shape {self.normalized_shape} must match the trailing dims of x")
+        wide = x.dtype == torch.float64
+        cdt = torch.float64 if wide else torch.float32
+        xf = x.flatten(x.dim() - k).to(cdt)  # the normalised dims as one, as composite.py's
+        r = torch.rsqrt(xf.square().mean(-1, keepdim=True) + (self.eps_float64 if wide else self.eps_float32))
+        y = xf * r
+        if self.round_first:
+            y = y.to(x.dtype).to(cdt)
+        out = x.dtype
+        weight = self.weight
+        if weight is not None:
+            y = y * (self.offset + weight.reshape(-1).to(cdt))
+            if self.rule == 2 or (self.rule == 0 and self.round_first):
+                out = torch.promote_types(x.dtype, weight.dtype)
+        if self.rule == 3:
+            out = self.out_dtype
+        return y.to(out).view(x.shape)
 
 
 class LastDimRMSNorm(nn.Module):

@@ -711,11 +711,54 @@ def test_script_of_a_weightless_swap():
         torch.testing.assert_close(scripted(x), F.rms_norm(x, (width,), None, 1e-5), rtol=0, atol=0)
 
 
-def test_script_refuses_options_torch_lacks():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with pytest.raises(NotImplementedError, match="TorchScript"):
-            torch.jit.script(rmsnorm_kernel.RMSNorm(8, offset=1.0, casting="gemma"))
+# Options torch.nn.RMSNorm lacks, and out_dtype's forms: scripted, the module computes
+# composite.py's formula in torch ops, so on CPU (the eager module's fallback is that formula)
+# the bits are the eager module's, in every dtype of x and weight.
+SCRIPT_OPTIONS = [
+    {"offset": 1.0, "casting": "gemma"},
+    {"casting": "llama"},
+    {"casting": "llama", "out_dtype": "promoted"},
+    {"out_dtype": "input"},
+    {"out_dtype": torch.float32},
+]
+
+
+@pytest.mark.parametrize("options", SCRIPT_OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
+@pytest.mark.parametrize("shape", [(8,), (2, 4)])
+def test_script_of_options_torch_lacks(options, shape):
+    torch.manual_seed(0)
+    for x_dtype, w_dtype in ((BF16, F32), (F16, F16), (F32, BF16), (torch.float64, F32)):
+        norm = rmsnorm_kernel.RMSNorm(shape, eps=1e-5, dtype=w_dtype, **options)
+        with torch.no_grad():
+            norm.weight.copy_(randn(*shape))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            scripted = torch.jit.script(torch.nn.Sequential(norm))
+        x = (randn(3, *shape) * 3).to(x_dtype)
+        expected = norm(x)
+        got = scripted(x)
+        assert got.dtype == expected.dtype and torch.equal(got, expected), (options, x_dtype, w_dtype)
+        with pytest.raises((RuntimeError, torch.jit.Error), match="normalized_shape"):
+            scripted(randn(3, 5).to(x_dtype))
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_script_of_options_against_the_kernels(device):
+    """Where the kernels run, the eager module launches them: the scripted one agrees within the
+    suite's fp32 tolerance, weightless too."""
+    torch.manual_seed(0)
+    x = randn(5, 16, device=device)
+    for norm in (
+        rmsnorm_kernel.RMSNorm(16, offset=1.0, casting="gemma", device=device),
+        rmsnorm_kernel.RMSNorm(16, casting="llama", elementwise_affine=False, device=device),
+    ):
+        if norm.weight is not None:
+            with torch.no_grad():
+                norm.weight.copy_(randn(16, device=device))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            scripted = torch.jit.script(norm)
+        assert_close(scripted(x), norm(x), F32, what=str(norm))
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
