@@ -6,6 +6,7 @@ the autograd device thread and without it), and a cProfile of the op's forward+b
     python tools/host_profile.py          the above
     python tools/host_profile.py parts    the launch-bound backward's host path, piece by piece
     python tools/host_profile.py floor    whole calls beside the cheapest Python autograd node
+    python tools/host_profile.py qk       qk_norm on the views of a fused qkv, piece by piece
 
 What ``parts`` and ``floor`` time: the docstrings of the functions of those names.
 """
@@ -264,6 +265,48 @@ def parts(reps=500):
                 )
 
 
+def qk(calls=300):
+    """qk_norm's host cost on q and k views of a bf16 qkv (32 q and 8 k heads of 128, the feature
+    benchmark's): per-call wall time of the forward and the forward+backward beside two
+    F.rms_norm calls, at 1 and 256 tokens; the launches that missed the raw-argument cache while
+    timed; then a cProfile of the forward+backward, where its host time goes."""
+    from rmsnorm_suite import inference
+
+    hq, hk, d = 32, 8, 128
+    launchers = {name: obj for name, obj in vars(launch).items() if isinstance(obj, launch.Launcher)}
+    for tokens in (1, 256):
+        qkv = torch.randn(tokens, (hq + 2 * hk) * d, device="cuda", dtype=torch.bfloat16)
+        leaf = qkv.clone().requires_grad_()
+        wq, wk = (torch.rand(d, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(2))
+        gq = torch.randn(tokens, hq, d, device="cuda", dtype=torch.bfloat16)
+        gk = torch.randn(tokens, hk, d, device="cuda", dtype=torch.bfloat16)
+
+        def ours(t):
+            return rmsnorm_kernel.qk_norm(*inference.qkv_views(t, hq, hk, d), wq, wk, 1e-6)
+
+        def torchs(t):
+            q, k = inference.qkv_views(t, hq, hk, d)
+            return F.rms_norm(q, (d,), wq, 1e-6), F.rms_norm(k, (d,), wk, 1e-6)
+
+        cases = {
+            "qk_norm fwd": lambda: ours(qkv),
+            "two F.rms_norm fwd": lambda: torchs(qkv),
+            "qk_norm fwd+bwd": lambda: torch.autograd.backward(ours(leaf), (gq, gk)),
+            "two F.rms_norm fwd+bwd": lambda: torch.autograd.backward(torchs(leaf), (gq, gk)),
+        }
+        before = {k: v.slow_launches for k, v in launchers.items()}
+        for name, fn in cases.items():
+            print(f"{tokens} tokens: {name:>22}: {per_call_us(fn, calls):7.1f} us per call (host)")
+        print("  slow launches while timed:", {k: v.slow_launches - before[k] for k, v in launchers.items()})
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(calls):
+            torch.autograd.backward(ours(leaf), (gq, gk))
+        torch.cuda.synchronize()
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(15)
+
+
 def main():
     launchers = {name: obj for name, obj in vars(launch).items() if isinstance(obj, launch.Launcher)}
     for m, n, dtype in [(1, 4096, torch.bfloat16), (128, 257, torch.float32)]:
@@ -306,5 +349,7 @@ if __name__ == "__main__":
         floor()
     elif sys.argv[1:] == ["parts"]:
         parts()
+    elif sys.argv[1:] == ["qk"]:
+        qk()
     else:
         main()
