@@ -94,6 +94,19 @@ def rms_norm(
     )
     # (a quantised call a __torch_function__ subclass or Proxy sees, which no fast path takes, goes below)
     if quantised and (torch.compiler.is_compiling() or not has_torch_function((x, weight, residual))):
+        # The common quantised call (no residual; a float scale, or none) skips the validators
+        # as the plain one does: _takes_fast_path's tests and quant.takes_fast_scale's.
+        if (
+            quant.takes_fast_scale(out_dtype, scale, scale_ub)
+            and _takes_fast_path(
+                x, normalized_shape, weight, eps, residual, residual_dtype, offset, casting, None
+            )
+            and not (
+                torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
+            )
+        ):
+            e = _DEFAULT_EPS if eps is None else eps
+            return quant.forward_rows(x, weight, e, offset, casting, out_dtype, scale, scale_ub)
         return quant.rms_norm_quant(
             x, normalized_shape, weight, eps, residual=residual, residual_dtype=residual_dtype, offset=offset,
             casting=casting, out_dtype=out_dtype, scale=scale, scale_ub=scale_ub, allow_fallback=allow_fallback,

@@ -257,6 +257,7 @@ class QuantPlan(NamedTuple):
 
 # torch's float32 reciprocal of QMAX, by which it multiplies on CUDA for ``amax / QMAX``.
 QMAX_INV = {dtype: float(np.float32(1.0) / np.float32(q)) for dtype, q in contract.QMAX.items()}
+_MIN_SCALE = {dtype: contract.min_scale(dtype) for dtype in contract.QUANT_DTYPES}
 
 
 @functools.cache
@@ -336,7 +337,7 @@ def forward(x2, weight, res2, eps, offset, casting, out_dtype, residual_dtype, s
         float(scale) if not (dynamic or scale_ptr) else 1.0,
         QMAX_INV[out_dtype],
         float(scale_ub) if scale_ub is not None else 1.0,
-        contract.min_scale(out_dtype),
+        _MIN_SCALE[out_dtype],
     )  # fmt: skip
     if plan.looped:
         _quant_looped((m, 1, 1), (*pointers, *scalars), plan.num_warps, plan.constexprs)
@@ -344,6 +345,32 @@ def forward(x2, weight, res2, eps, offset, casting, out_dtype, residual_dtype, s
         grid = ((m + plan.grid_rows - 1) // plan.grid_rows, 1, 1)
         _quant_tile(grid, (*pointers, m, n, *scalars), plan.num_warps, plan.constexprs)
     return y, scales, h
+
+
+def takes_fast_scale(out_dtype, scale, scale_ub) -> bool:
+    """Whether ops.rms_norm's fast path may take these quantisation arguments (the rest are
+    ops._takes_fast_path's): a quantised out_dtype, and a finite positive float scale or none,
+    with a finite positive float bound only without one. Anything else goes to rms_norm_quant,
+    which raises the errors."""
+    return (
+        (out_dtype is torch.float8_e4m3fn or out_dtype is torch.int8)
+        and (scale is None or (type(scale) is float and 0.0 < scale < math.inf))
+        and (scale_ub is None or (scale is None and type(scale_ub) is float and 0.0 < scale_ub < math.inf))
+    )
+
+
+def forward_rows(x: Tensor, weight, eps: float, offset: float, casting: str, out_dtype, scale, scale_ub):
+    """The fast path's run (ops.rms_norm's tests passed: x contiguous, a contiguous (N,) weight
+    or none, no residual): rms_norm_quant's result for the same call."""
+    n = x.shape[-1]
+    m = x.numel() // n
+    y, scales, _ = forward(
+        x.view(m, n), weight, None, eps, offset, contract.CASTING_CODES[casting], out_dtype, x.dtype, scale,
+        scale_ub, (m, n),
+    )  # fmt: skip
+    if scales is None:
+        return y.view(x.shape)
+    return y.view(x.shape), scales.view(*x.shape[:-1], 1)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -190,6 +190,57 @@ def test_refusals_come_before_any_launch(monkeypatch, kwargs, error, words):
         rmsnorm_kernel.rms_norm(torch.randn(2, 16), **kwargs)
 
 
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_refusals_where_the_fast_path_runs(monkeypatch, device):
+    """Where the kernels run, the common call's fast path is there: each refusal still raises
+    its error, before any launch."""
+
+    def no_launch(*args):
+        raise AssertionError("launched")
+
+    monkeypatch.setattr(quant, "_quant_tile", no_launch)
+    monkeypatch.setattr(quant, "_quant_looped", no_launch)
+    for kwargs, error, words in REFUSALS:
+        with pytest.raises(error, match=words):
+            rmsnorm_kernel.rms_norm(torch.randn(2, 16, device=device), **kwargs)
+
+
+# The common call's forms (shape of x, out_dtype, scale, scale_ub), each taken by the fast path.
+FAST_CALLS = [
+    ((7, 64), FP8, 0.02, None),
+    ((7, 64), I8, None, None),
+    ((2, 3, 64), FP8, None, 0.004),
+    ((64,), I8, 0.5, None),
+    ((0, 64), FP8, None, None),
+    ((3, 5000), I8, None, None),
+]
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+@pytest.mark.parametrize(("shape", "out_dtype", "scale", "scale_ub"), FAST_CALLS)
+def test_the_common_call_takes_the_fast_path(monkeypatch, device, shape, out_dtype, scale, scale_ub):
+    """No residual and a float scale or none: ops.rms_norm runs quant.forward_rows without
+    rms_norm_quant's validation; the result is the general path's, bit for bit."""
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn(*shape, generator=g) * 3).to(torch.bfloat16).to(device)
+    w = (1 + 0.2 * torch.randn(shape[-1], generator=g)).to(torch.bfloat16).to(device)
+    general = quant.rms_norm_quant
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the general path ran")
+
+    monkeypatch.setattr(quant, "rms_norm_quant", refused)
+    fast = rmsnorm_kernel.rms_norm(x, weight=w, out_dtype=out_dtype, scale=scale, scale_ub=scale_ub)
+    monkeypatch.setattr(quant, "rms_norm_quant", general)
+    monkeypatch.setattr(quant, "takes_fast_scale", lambda *args: False)
+    slow = rmsnorm_kernel.rms_norm(x, weight=w, out_dtype=out_dtype, scale=scale, scale_ub=scale_ub)
+    fast, slow = (fast, slow) if isinstance(fast, tuple) else ((fast,), (slow,))
+    assert len(fast) == len(slow) == (1 if scale is not None else 2)
+    for a, b in zip(fast, slow):
+        assert a.shape == b.shape and a.dtype == b.dtype and a.stride() == b.stride()
+        assert _same_bits(a, b) if a.dtype == FP8 else torch.equal(a, b)
+
+
 def test_forward_only():
     """An input that requires grad under grad mode is refused (RuntimeError, as torch raises for a
     graph it cannot differentiate); under no_grad the same call runs."""
