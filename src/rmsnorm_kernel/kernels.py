@@ -843,7 +843,9 @@ def reduce_columns(
 #
 # The heads of q and k sliced out of a fused qkv projection, x of shape (..., H, N): row
 # ``token * H + head`` lies at ``token * stride_t + head * stride_h`` (unit stride along the row),
-# which no single row stride reaches. These kernels read such rows in place; the kernels above
+# which no single row stride reaches. Where the leading dims flatten to two strides rather than
+# one (Gemma3's q transposed to (batch, heads, tokens, D), every other batch), token is
+# ``outer * INNER + inner`` at ``outer * stride_o + inner * stride_t``; with one, INNER is 1. These kernels read such rows in place; the kernels above
 # are untouched. The math is forward_tile's and backward_tile's, op for op, with their launch
 # plans (BLOCK_N, ROWS, warps), so a row's y, r and dx have the bits the contiguous path gives
 # (r always by _rsqrt_rn, as there with batch invariance on). y, r and dx are fresh and
@@ -859,16 +861,19 @@ def reduce_columns(
 
 
 @triton.jit
-def _head_offsets(rows, HEADS, stride_t, stride_h):
-    """Element offsets of rows ``token * HEADS + head`` (64-bit): token * stride_t + head * stride_h."""
+def _head_offsets(rows, HEADS, INNER, stride_o, stride_t, stride_h):
+    """Element offsets of rows ``token * HEADS + head`` (64-bit), token = outer * INNER + inner:
+    outer * stride_o + inner * stride_t + head * stride_h."""
     token = rows // HEADS
     head = rows - token * HEADS
-    return token.to(tl.int64) * stride_t + head.to(tl.int64) * stride_h
+    outer = token // INNER
+    inner = token - outer * INNER
+    return outer.to(tl.int64) * stride_o + inner.to(tl.int64) * stride_t + head.to(tl.int64) * stride_h
 
 
 @triton.jit
 def _heads_forward_block(
-    X, W, Y, RSTD, block, M, HEADS, stride_t, stride_h, stride_w, N, eps, offset,
+    X, W, Y, RSTD, block, M, HEADS, INNER, stride_o, stride_t, stride_h, stride_w, N, eps, offset,
     HAS_WEIGHT: tl.constexpr, W_HEADS: tl.constexpr, CASTING: tl.constexpr, BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr, STORE_RSTD: tl.constexpr,
 ):  # fmt: skip
@@ -877,7 +882,7 @@ def _heads_forward_block(
     cols = tl.arange(0, BLOCK_N)
     row_ok = rows < M
     mask = row_ok[:, None] & (cols < N)[None, :]
-    x_offs = _head_offsets(rows, HEADS, stride_t, stride_h)
+    x_offs = _head_offsets(rows, HEADS, INNER, stride_o, stride_t, stride_h)
     x = tl.load(X + x_offs[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if HAS_WEIGHT:
         if W_HEADS:  # each row's own head's weight row
@@ -913,11 +918,15 @@ def heads_forward(
     RSTD1,
     M0,
     HEADS0,
+    INNER0,  # tokens of the inner leading dims (1 where they flatten to one stride)
+    stride_o0,
     stride_t0,
     stride_h0,
     stride_w0,  # W0's head stride (W_HEADS0)
     M1,
     HEADS1,
+    INNER1,
+    stride_o1,
     stride_t1,
     stride_h1,
     stride_w1,
@@ -937,26 +946,28 @@ def heads_forward(
     pid = tl.program_id(0)
     if TWO:
         if pid < blocks0:
-            _heads_forward_block(X0, W0, Y0, RSTD0, pid, M0, HEADS0, stride_t0, stride_h0, stride_w0, N, eps, offset,
-                                 HAS_WEIGHT, W_HEADS0, CASTING, BLOCK_N, ROWS, STORE_RSTD)  # fmt: skip
+            _heads_forward_block(X0, W0, Y0, RSTD0, pid, M0, HEADS0, INNER0, stride_o0, stride_t0, stride_h0,
+                                 stride_w0, N, eps, offset, HAS_WEIGHT, W_HEADS0, CASTING, BLOCK_N, ROWS,
+                                 STORE_RSTD)  # fmt: skip
         else:
-            _heads_forward_block(X1, W1, Y1, RSTD1, pid - blocks0, M1, HEADS1, stride_t1, stride_h1, stride_w1, N,
-                                 eps, offset, HAS_WEIGHT, W_HEADS1, CASTING, BLOCK_N, ROWS, STORE_RSTD)  # fmt: skip
+            _heads_forward_block(X1, W1, Y1, RSTD1, pid - blocks0, M1, HEADS1, INNER1, stride_o1, stride_t1,
+                                 stride_h1, stride_w1, N, eps, offset, HAS_WEIGHT, W_HEADS1, CASTING, BLOCK_N, ROWS,
+                                 STORE_RSTD)  # fmt: skip
     else:
-        _heads_forward_block(X0, W0, Y0, RSTD0, pid, M0, HEADS0, stride_t0, stride_h0, stride_w0, N, eps, offset,
-                             HAS_WEIGHT, W_HEADS0, CASTING, BLOCK_N, ROWS, STORE_RSTD)  # fmt: skip
+        _heads_forward_block(X0, W0, Y0, RSTD0, pid, M0, HEADS0, INNER0, stride_o0, stride_t0, stride_h0, stride_w0,
+                             N, eps, offset, HAS_WEIGHT, W_HEADS0, CASTING, BLOCK_N, ROWS, STORE_RSTD)  # fmt: skip
 
 
 @triton.jit
 def _heads_backward_rows(
-    X, DY, RSTD, DX, rows, row_ok, scale, dw_acc, HEADS, sx_t, sx_h, sdy_t, sdy_h, N,
-    HAS_WEIGHT: tl.constexpr, COMPUTE_DW: tl.constexpr, CASTING: tl.constexpr, BLOCK_N: tl.constexpr,
+    X, DY, RSTD, DX, rows, row_ok, scale, dw_acc, HEADS, x_inner, sx_o, sx_t, sx_h, dy_inner, sdy_o, sdy_t, sdy_h,
+    N, HAS_WEIGHT: tl.constexpr, COMPUTE_DW: tl.constexpr, CASTING: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """backward_tile's step over one block of rows: dx stored, the block's dy * xn added to dw_acc."""
     cols = tl.arange(0, BLOCK_N)
     mask = row_ok[:, None] & (cols < N)[None, :]
-    x_offs = _head_offsets(rows, HEADS, sx_t, sx_h)
-    dy_offs = _head_offsets(rows, HEADS, sdy_t, sdy_h)
+    x_offs = _head_offsets(rows, HEADS, x_inner, sx_o, sx_t, sx_h)
+    dy_offs = _head_offsets(rows, HEADS, dy_inner, sdy_o, sdy_t, sdy_h)
     x_raw = tl.load(X + x_offs[:, None] + cols[None, :], mask=mask, other=0.0)
     dy = tl.load(DY + dy_offs[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
@@ -977,8 +988,8 @@ def _heads_backward_rows(
 
 @triton.jit
 def _heads_backward_program(
-    X, W, DY, RSTD, DX, DW_PARTIAL, p, programs, M, HEADS, sx_t, sx_h, sdy_t, sdy_h, stride_w, N, offset,
-    HAS_WEIGHT: tl.constexpr, W_HEADS: tl.constexpr, COMPUTE_DW: tl.constexpr, CASTING: tl.constexpr,
+    X, W, DY, RSTD, DX, DW_PARTIAL, p, programs, M, HEADS, x_inner, sx_o, sx_t, sx_h, dy_inner, sdy_o, sdy_t, sdy_h,
+    stride_w, N, offset, HAS_WEIGHT: tl.constexpr, W_HEADS: tl.constexpr, COMPUTE_DW: tl.constexpr, CASTING: tl.constexpr,
     BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
 ):  # fmt: skip
     """backward_tile's program ``p`` of ``programs`` (persistent over row blocks, its dw share
@@ -995,8 +1006,8 @@ def _heads_backward_program(
         for first in range(p // HEADS * ROWS, tokens, programs // HEADS * ROWS):
             token = first + tl.arange(0, ROWS)
             dw_acc = _heads_backward_rows(X, DY, RSTD, DX, token * HEADS + head, token < tokens, scale, dw_acc,
-                                          HEADS, sx_t, sx_h, sdy_t, sdy_h, N, HAS_WEIGHT, COMPUTE_DW, CASTING,
-                                          BLOCK_N)  # fmt: skip
+                                          HEADS, x_inner, sx_o, sx_t, sx_h, dy_inner, sdy_o, sdy_t, sdy_h, N,
+                                          HAS_WEIGHT, COMPUTE_DW, CASTING, BLOCK_N)  # fmt: skip
     else:
         if HAS_WEIGHT:
             scale = offset + tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
@@ -1004,8 +1015,9 @@ def _heads_backward_program(
             scale = offset  # (unused without a weight)
         for first in range(p * ROWS, M, programs * ROWS):
             rows = first + tl.arange(0, ROWS)
-            dw_acc = _heads_backward_rows(X, DY, RSTD, DX, rows, rows < M, scale, dw_acc, HEADS, sx_t, sx_h, sdy_t,
-                                          sdy_h, N, HAS_WEIGHT, COMPUTE_DW, CASTING, BLOCK_N)  # fmt: skip
+            dw_acc = _heads_backward_rows(X, DY, RSTD, DX, rows, rows < M, scale, dw_acc, HEADS, x_inner, sx_o, sx_t,
+                                          sx_h, dy_inner, sdy_o, sdy_t, sdy_h, N, HAS_WEIGHT, COMPUTE_DW, CASTING,
+                                          BLOCK_N)  # fmt: skip
     if COMPUTE_DW:
         dw_row = tl.sum(dw_acc, axis=0).to(DW_PARTIAL.dtype.element_ty)
         tl.store(DW_PARTIAL + p.to(tl.int64) * N + cols, dw_row, mask=col_ok)
@@ -1027,15 +1039,23 @@ def heads_backward(
     P1,
     M0,
     HEADS0,
+    x_inner0,  # as heads_forward's INNER, for x and for dy
+    sx_o0,
     sx_t0,
     sx_h0,
+    dy_inner0,
+    sdy_o0,
     sdy_t0,
     sdy_h0,
     sw0,  # W0's head stride (W_HEADS0)
     M1,
     HEADS1,
+    x_inner1,
+    sx_o1,
     sx_t1,
     sx_h1,
+    dy_inner1,
+    sdy_o1,
     sdy_t1,
     sdy_h1,
     sw1,
@@ -1055,14 +1075,14 @@ def heads_backward(
     pid = tl.program_id(0)
     if TWO:
         if pid < programs0:
-            _heads_backward_program(X0, W0, DY0, RSTD0, DX0, P0, pid, programs0, M0, HEADS0, sx_t0, sx_h0,
-                                    sdy_t0, sdy_h0, sw0, N, offset, HAS_WEIGHT, W_HEADS0, COMPUTE_DW, CASTING,
-                                    BLOCK_N, ROWS)  # fmt: skip
+            _heads_backward_program(X0, W0, DY0, RSTD0, DX0, P0, pid, programs0, M0, HEADS0, x_inner0, sx_o0, sx_t0,
+                                    sx_h0, dy_inner0, sdy_o0, sdy_t0, sdy_h0, sw0, N, offset, HAS_WEIGHT, W_HEADS0,
+                                    COMPUTE_DW, CASTING, BLOCK_N, ROWS)  # fmt: skip
         else:
-            _heads_backward_program(X1, W1, DY1, RSTD1, DX1, P1, pid - programs0, programs1, M1, HEADS1, sx_t1,
-                                    sx_h1, sdy_t1, sdy_h1, sw1, N, offset, HAS_WEIGHT, W_HEADS1, COMPUTE_DW,
-                                    CASTING, BLOCK_N, ROWS)  # fmt: skip
+            _heads_backward_program(X1, W1, DY1, RSTD1, DX1, P1, pid - programs0, programs1, M1, HEADS1, x_inner1,
+                                    sx_o1, sx_t1, sx_h1, dy_inner1, sdy_o1, sdy_t1, sdy_h1, sw1, N, offset,
+                                    HAS_WEIGHT, W_HEADS1, COMPUTE_DW, CASTING, BLOCK_N, ROWS)  # fmt: skip
     else:
-        _heads_backward_program(X0, W0, DY0, RSTD0, DX0, P0, pid, programs0, M0, HEADS0, sx_t0, sx_h0, sdy_t0,
-                                sdy_h0, sw0, N, offset, HAS_WEIGHT, W_HEADS0, COMPUTE_DW, CASTING, BLOCK_N,
-                                ROWS)  # fmt: skip
+        _heads_backward_program(X0, W0, DY0, RSTD0, DX0, P0, pid, programs0, M0, HEADS0, x_inner0, sx_o0, sx_t0, sx_h0,
+                                dy_inner0, sdy_o0, sdy_t0, sdy_h0, sw0, N, offset, HAS_WEIGHT, W_HEADS0, COMPUTE_DW,
+                                CASTING, BLOCK_N, ROWS)  # fmt: skip

@@ -788,14 +788,18 @@ _heads_backward = Launcher(kernels.heads_backward, 12)
 
 class HeadRows(NamedTuple):
     """A tensor of shape (..., H, N) with unit stride along its rows, read as M = T * H rows (T
-    the leading dims flattened): row ``token * H + head`` at ``token * stride_t + head * stride_h``
-    elements from the tensor's first element. The kernels take the tensor itself: no copy."""
+    the leading dims flattened): row ``token * H + head`` at ``outer * stride_o + inner * stride_t
+    + head * stride_h`` elements from the tensor's first element, token = outer * inner_tokens +
+    inner (inner_tokens 1 where the leading dims flatten to one stride). The kernels take the
+    tensor itself: no copy."""
 
     t: Tensor
     m: int
     heads: int
     stride_t: int
     stride_h: int
+    inner_tokens: int
+    stride_o: int
 
 
 def _flat_stride(sizes, strides) -> int | None:
@@ -813,17 +817,34 @@ def _flat_stride(sizes, strides) -> int | None:
     return stride
 
 
+def _two_runs(sizes, strides) -> tuple[int, int, int] | None:
+    """Dims (sizes, strides) as at most two runs that each flatten to one stride, the inner one
+    ``inner`` elements long: (inner, outer stride, inner stride); with one run, (1, its stride,
+    its stride). None where it takes three or more."""
+    dims = [(size, s) for size, s in zip(sizes, strides) if size != 1]
+    for split in range(len(dims) + 1):
+        outer, inner = dims[:split], dims[split:]
+        stride_o = _flat_stride([d[0] for d in outer], [d[1] for d in outer])
+        stride_t = _flat_stride([d[0] for d in inner], [d[1] for d in inner])
+        if stride_o is not None and stride_t is not None:
+            if not outer:
+                return 1, stride_t, stride_t
+            return math.prod(d[0] for d in inner), stride_o, stride_t
+    return None
+
+
 def head_rows(t: Tensor, n: int) -> HeadRows | None:
     """``t`` (..., H, n) as HeadRows, or None where its rows are not at unit stride or its leading
-    dims (all but the last two) do not flatten to one stride."""
+    dims (all but the last two) do not flatten to two strides at most (_two_runs)."""
     if t.dim() == 0 or t.shape[-1] != n or (n > 1 and t.stride(-1) != 1):
         return None
     shape, strides = t.shape, t.stride()
     heads, stride_h = (shape[-2], strides[-2]) if t.dim() >= 2 else (1, 0)
-    stride_t = _flat_stride(shape[:-2], strides[:-2])
-    if stride_t is None:
+    runs = _two_runs(shape[:-2], strides[:-2])
+    if runs is None:
         return None
-    return HeadRows(t, math.prod(shape[:-1]), heads, stride_t, stride_h)
+    inner, stride_o, stride_t = runs
+    return HeadRows(t, math.prod(shape[:-1]), heads, stride_t, stride_h, inner, stride_o)
 
 
 def strided_heads(t: Tensor, n: int) -> HeadRows | None:
@@ -872,12 +893,20 @@ def forward_heads(
     for i, ((rows, w, _dtype, _shape), (y, rstd)) in enumerate(live):
         per_head[i], stride_w = _weight_head_stride(w)
         tensors += [rows.t, w if w is not None else rows.t, y, rstd if rstd is not None else y]
-        scalars += [rows.m, rows.heads, rows.stride_t, rows.stride_h, stride_w]
+        scalars += [
+            rows.m,
+            rows.heads,
+            rows.inner_tokens,
+            rows.stride_o,
+            rows.stride_t,
+            rows.stride_h,
+            stride_w,
+        ]
         blocks.append((rows.m + rows_per - 1) // rows_per)
     two = len(live) == 2
     if not two:  # tensor 1's parameters get tensor 0's (unused)
         tensors += tensors[:4]
-        scalars += [0, 1, 0, 0, 0]
+        scalars += [0, 1, 1, 0, 0, 0, 0]
     args = (*tensors, *scalars, blocks[0], n, eps, offset)
     constexprs = (has_weight, *per_head, casting, block_n, rows_per, want_rstd, two)
     _heads_forward((sum(blocks), 1, 1), args, num_warps, constexprs)
@@ -924,12 +953,13 @@ def backward_heads(groups: list, offset: float, casting: int, tuning: Tuning = T
     for i, ((x, dy, w, rstd, *_), dx, _dw, progs, partial) in enumerate(live):
         per_head[i], stride_w = _weight_head_stride(w)
         tensors += [x.t, w if w is not None else x.t, dy.t, rstd, dx, partial]
-        x_scalars += [x.m, x.heads, x.stride_t, x.stride_h, dy.stride_t, dy.stride_h, stride_w]
+        x_scalars += [x.m, x.heads, x.inner_tokens, x.stride_o, x.stride_t, x.stride_h, dy.inner_tokens, dy.stride_o,
+                      dy.stride_t, dy.stride_h, stride_w]  # fmt: skip
         programs.append(progs)
     two = len(live) == 2
     if not two:
         tensors += tensors[:6]
-        x_scalars += [0, 1, 0, 0, 0, 0, 0]
+        x_scalars += [0, 1, 1, 0, 0, 0, 1, 0, 0, 0, 0]
         programs.append(0)
     has_weight = live[0][0][2] is not None
     args = (*tensors, *x_scalars, *programs, n, offset)

@@ -784,6 +784,8 @@ HEAD_LAYOUTS = {
     "size-1 dims between": lambda: torch.randn(2, 1, 3, 1, 3, 8),
     "fused qkv, one token": lambda: torch.randn(2, 1, 40)[..., :24].view(2, 1, 3, 8),
     "every other token": lambda: torch.randn(4, 6, 3, 8)[:, ::2],
+    "every other batch": lambda: torch.randn(4, 6, 3, 8)[::2],  # two strides
+    "heads before tokens": lambda: torch.randn(2, 5, 3, 8).transpose(1, 2),  # Gemma3's q: two strides
     "one head": lambda: torch.randn(5, 1, 8),
     "2-D": lambda: torch.randn(3, 8),
     "1-D": lambda: torch.randn(8),
@@ -792,15 +794,26 @@ HEAD_LAYOUTS = {
 
 @pytest.mark.parametrize("layout", list(HEAD_LAYOUTS))
 def test_head_rows_reach_each_row_in_place(layout):
-    """head_rows' (token stride, head stride) reach row token * H + head of t (..., H, n) in t's
-    own memory: read through them, the rows are t's, at every layout it takes in place, size-1
-    dims (one token a sequence, as in decoding) included."""
+    """head_rows' strides (outer, token, head) reach row token * H + head of t (..., H, n) in t's
+    own memory, token = outer * inner_tokens + inner: read through them, the rows are t's, at
+    every layout it takes in place, size-1 dims (one token a sequence, as in decoding) included."""
     t = HEAD_LAYOUTS[layout]()
     rows = launch.head_rows(t, 8)
     assert rows is not None and rows.t is t and rows.m == t.numel() // 8
     tokens = rows.m // rows.heads
-    read = torch.as_strided(t, (tokens, rows.heads, 8), (rows.stride_t, rows.stride_h, 1), t.storage_offset())
-    assert torch.equal(read, t.reshape(tokens, rows.heads, 8))
+    outer = tokens // rows.inner_tokens
+    read = torch.as_strided(
+        t, (outer, rows.inner_tokens, rows.heads, 8), (rows.stride_o, rows.stride_t, rows.stride_h, 1),
+        t.storage_offset(),
+    )  # fmt: skip
+    assert torch.equal(read.reshape(tokens, rows.heads, 8), t.reshape(tokens, rows.heads, 8))
+
+
+def test_head_rows_of_three_strides_is_none():
+    """Leading dims that flatten to no fewer than three strides have no head rows (copied)."""
+    t = torch.randn(2, 2, 6, 3, 8)[:, :, ::2].transpose(0, 1)
+    assert launch.head_rows(t, 8) is None
+    assert launch.head_rows(t.contiguous(), 8) is not None
 
 
 def _run(**attrs) -> SimpleNamespace:

@@ -101,30 +101,34 @@ def test_views_of_fused_qkv_match_torch_forward_and_backward(device, kind, dtype
 
 def _leading_layouts(device):
     """(name, qkv (..., T, W) view, whether its q and k heads are read in place): the leading
-    dims of q flatten to one stride, or (transposed batch and tokens, every other batch of
-    tokens) they do not, and q is copied first, as before."""
+    dims of q flatten to one stride, or to two (transposed batch and tokens, every other batch
+    of tokens: Gemma3's transposed q is one of these), or (two batch dims, transposed, and every
+    other token) to three, and q is copied first."""
     base = _fused(6, 4, 2, 16, torch.float32, device, seed=11, lead=(4,))  # (B=4, T=6, W)
     wide = torch.cat([base, base[..., :32]], dim=-1)  # a row stride beyond the fused width
     return [
         ("batch, tokens", base, True),
         ("every other token", base[:, ::2], True),
-        ("every other batch", base[::2], False),  # batch and token strides do not flatten
+        ("every other batch", base[::2], True),  # two strides: batch, then tokens
         ("wider rows", wide[..., : base.shape[-1]], True),
-        ("transposed", base.transpose(0, 1), False),
+        ("transposed", base.transpose(0, 1), True),  # two strides: tokens, then batch
+        ("three strides", base.view(2, 2, 6, -1)[:, :, ::2].transpose(0, 1), False),
     ]
 
 
 @pytest.mark.parametrize("device", DEVICE)
 @pytest.mark.parametrize("kind", ["rms_norm", "qk_norm"])
 @pytest.mark.parametrize(
-    "layout", range(5), ids=["batch-tokens", "tokens-step", "batch-step", "wide", "transposed"]
+    "layout",
+    range(6),
+    ids=["batch-tokens", "tokens-step", "batch-step", "wide", "transposed", "three-strides"],
 )
 def test_non_contiguous_leading_strides(device, kind, layout):
     name, qkv, in_place = _leading_layouts(device)[layout]
     d, hq, hk = 16, 4, 2
     qkv = qkv.detach().requires_grad_()  # a leaf with the view's strides
     wq, wk = (w.requires_grad_() for w in _weights(d, torch.float32, device, seed=5))
-    q, k = _views(qkv, hq, hk, d) if in_place else _unflattened(qkv, hq, hk, d)
+    q, k = _unflattened(qkv, hq, hk, d)
     assert (launch.strided_heads(q, d) is not None) == in_place, name
     yq, yk = _both(kind, q, k, wq, wk)
     g = torch.Generator().manual_seed(9)
@@ -228,6 +232,44 @@ def test_no_copy_the_kernels_read_the_qkv_memory(device, kind, monkeypatch):
         ]
         assert all(t.untyped_storage().data_ptr() == storage for t in got)
     assert as_rows_calls == [] and all(r.calls == [] for r in row_kernels.values())
+
+
+@pytest.mark.parametrize("device", DEVICE)
+@pytest.mark.parametrize(
+    "dtype,offset,casting",
+    [(torch.float32, 0.0, "default"), (torch.bfloat16, 1.0, "gemma")],
+    ids=["fp32", "bf16-gemma"],
+)
+def test_gemma3_transposed_heads_are_read_in_place(device, dtype, offset, casting, monkeypatch):
+    """Gemma3 normalises q after transposing it to (batch, heads, tokens, D): a view whose leading
+    dims flatten to two strides. rms_norm reads it where it lies (as_rows never runs, the row
+    kernels are not launched) forward and backward, and y and dx are the bits of rms_norm on a
+    contiguous copy."""
+    b, t, h, d = 3, 5, 4, 16
+    g = torch.Generator().manual_seed(3)
+    proj = torch.randn(b, t, h * d, generator=g).to(dtype).to(device).requires_grad_()
+    w = (1 + 0.2 * torch.randn(d, generator=g)).to(dtype).to(device).requires_grad_()
+    q = proj.view(b, t, h, d).transpose(1, 2)
+    gy = torch.randn(b, h, t, d, generator=g).to(dtype).to(device)
+    xc = q.detach().contiguous().requires_grad_()
+    wc = w.detach().clone().requires_grad_()
+    yc = rmsnorm_kernel.rms_norm(xc, (d,), wc, EPS, offset=offset, casting=casting)
+    dxc, dwc = torch.autograd.grad(yc, (xc, wc), gy)
+
+    as_rows_calls = []
+    real_as_rows = launch.as_rows
+    monkeypatch.setattr(launch, "as_rows", lambda x, n: as_rows_calls.append(x) or real_as_rows(x, n))
+    row_kernels = {name: _Recorder(getattr(launch, name)) for name in ("_forward_tile", "_backward_tile")}
+    for name, recorder in row_kernels.items():
+        monkeypatch.setattr(launch, name, recorder)
+    y = rmsnorm_kernel.rms_norm(q, (d,), w, EPS, offset=offset, casting=casting)
+    dq, dw = torch.autograd.grad(y, (q, w), gy)
+    assert as_rows_calls == [] and all(r.calls == [] for r in row_kernels.values())
+    assert y.is_contiguous() and torch.equal(y, yc) and torch.equal(dq, dxc)
+    if INTERPRET:
+        assert torch.equal(dw, dwc)
+    else:
+        _close(dw, dwc, GRAD_TOL[dtype])
 
 
 @pytest.mark.parametrize("device", DEVICE)
