@@ -502,3 +502,30 @@ def test_a_batched_gradient_at_h_alone(device, host_path, monkeypatch):
     for i in range(2):
         (want,) = torch.autograd.grad((z, h), xg, (ones[i], dhs[i]), retain_graph=True)
         close(batched[i], want, F32, f"dx[{i}]")
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_the_custom_ops_autograd_with_a_residual(device):
+    """The custom op's registered autograd (the road of traced calls and Python dispatch modes)
+    saves h with a residual, and the residual's dtype: dx, dw and dresidual equal the eager
+    road's. (`has_residual = residual is None` in ops._setup_context saved x and lost dresidual.)"""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Passing(TorchDispatchMode):  # sees each aten op; rms_norm then takes ops.forward_op
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    g = torch.Generator().manual_seed(7)
+    x, res, gy, gh = (torch.randn(6, 96, generator=g).to(device) for _ in range(4))
+    w = (1 + 0.2 * torch.randn(96, generator=g)).to(device)
+    grads = []
+    for mode in (None, Passing):
+        xg, wg, rg = (t.detach().requires_grad_() for t in (x, w, res))
+        if mode is None:
+            y, h = rmsnorm_kernel.rms_norm(xg, weight=wg, eps=EPS, residual=rg)
+        else:
+            with mode():
+                y, h = rmsnorm_kernel.rms_norm(xg, weight=wg, eps=EPS, residual=rg)
+        grads.append(torch.autograd.grad((y * gy).sum() + (h * gh).sum(), (xg, wg, rg)))
+    for name, eager, traced in zip(("dx", "dw", "dresidual"), *grads):
+        assert torch.equal(eager, traced), name
