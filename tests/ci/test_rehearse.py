@@ -1,15 +1,15 @@
-"""The PR flow, and history.yml's merged-verdict, publish, changepoints and bisect jobs,
-rehearsed with act, offline (``nox -s rehearse``; tools/rehearse/ builds the stage).
+"""The PR flow, and history.yml's merged-verdict, publish, push, deploy, changepoints and bisect
+jobs, rehearsed with act, offline (``nox -s rehearse``; tools/rehearse/ builds the stage).
 
 Each scenario opens a pull request in a local copy of GitHub (a bare repository and a fake API),
 runs this tree's gpu.yml on it as ``pull_request_target`` in act's host mode, then pr-comment.yml
 on that run's ``workflow_run`` event, and checks what the fake API received: the comment, the
 check run, and whether the ruleset the project ships (.github/rulesets/main.json) lets the head
 merge. The history scenario pushes a synthetic, seeded history onto main, its tip merging a pull
-request whose verdict accepted a row, and runs four jobs on it: merged-verdict, publish (to its
-check), changepoints and bisect. The nox session a GPU job calls is stubbed (tools/rehearse/stubs/nox): this checks the
-wiring, not the judge. Skipped where act is not installed, except under ``nox -s rehearse``
-(``RMSNORM_REHEARSE=1``), where that fails.
+request whose verdict accepted a row, and runs six jobs on it. The nox session a GPU job calls is
+stubbed (tools/rehearse/stubs/nox): this checks the wiring, not the judge. Skipped where act (or,
+for history.yml, asv) is not installed, except under ``nox -s rehearse`` (``RMSNORM_REHEARSE=1``),
+where that fails.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -39,6 +40,8 @@ from rehearse import (  # noqa: E402
     MERGED_CHECK,
     MERGED_PULL,
     NO_RESULTS,
+    SERIES,
+    TAGS,
     WRITER_TOKEN,
     Rehearsal,
     act_binary,
@@ -145,6 +148,10 @@ def test_a_spoofed_status_or_check_does_not_satisfy_the_ruleset(stage):
 @pytest.fixture(scope="module")
 def history_stage(tmp_path_factory):
     """The synthetic history pushed and history.yml run on it once: (stage, shas, run id)."""
+    if importlib.util.find_spec("asv") is None:  # publish's `nox -s history` runs asv in this Python
+        if REQUIRED:
+            pytest.fail("the history rehearsal needs asv in the Python running it", pytrace=False)
+        pytest.skip("the history rehearsal needs asv (publish's `nox -s history`)")
     rehearsal = Rehearsal(tmp_path_factory.mktemp("rehearse-history"))
     shas = rehearsal.history()
     run_id = rehearsal.runs
@@ -213,3 +220,54 @@ def test_history_records_the_merged_pull_requests_accepted_row(history_stage, tm
     assert accepted[1] == {"commit": tip, "check": MERGED_CHECK, "factor": 1.1,
                            "reason": "a second pass for accuracy", "approved_by": "maintainer",
                            "pull": MERGED_PULL, "head": tip}  # fmt: skip
+
+
+def test_history_appends_the_checked_results_to_the_results_branch(history_stage, tmp_path):
+    """The push job commits the checked results (the tip's file, accepted.json with the merged
+    pull request's row) onto the results branch of GitHub's copy, one commit on the one before,
+    and the branch as pushed passes the check the next run makes of it."""
+    history_stage, shas, run_id, status, log = history_stage
+    assert status == 0, log[-5000:]
+    commits = history_stage.results_branch(tmp_path / "branch")
+    assert [c.split(" ", 1)[1] for c in commits] == [f"asv results of {shas[-1]}", "asv results"], commits
+    assert commits[1].split()[0] == history_stage.results_before
+    assert (tmp_path / "branch" / "h200" / f"{shas[-1][:8]}-existing.json").is_file()
+    accepted = json.loads((tmp_path / "branch" / "accepted.json").read_text())["accepted"]
+    pulls = [(r["commit"], r.get("pull")) for r in accepted]
+    assert pulls == [(shas[ACCEPTED_STEP], 7), (shas[-1], MERGED_PULL)]  # the seeded row, the merged one
+    script = ROOT / ".github" / "scripts" / "check_asv_results.py"
+    spec = importlib.util.spec_from_file_location("check_rehearsed", script)
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    files, problems = check.check_tree(tmp_path / "branch", skip_git=True)
+    # every commit's results, machine.json, benchmarks.json and accepted.json; nothing else
+    assert (problems, len(files)) == ([], len(shas) + 3)
+
+
+def test_history_deploys_the_published_page(history_stage, tmp_path):
+    """publish's real `nox -s history` (asv publish, accepted.html, the page test's file checks)
+    builds the page from the checked results; upload-pages-artifact's stand-in tars it as
+    github-pages and deploy hands that artifact to Pages: the deployed site has index.html, a
+    graph of each series with data, accepted.html listing the merged pull request's row and
+    linked from the page, and only the release tag (publish's tags step dropped the other)."""
+    history_stage, shas, run_id, status, log = history_stage
+    assert status == 0, log[-5000:]
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", log)  # pytest's and nox's colours
+    assert "2 passed, 3 deselected" in plain  # the page test's file checks ran; the rendering ones not
+    deployment = history_stage.deployed_site(tmp_path / "site")
+    assert (deployment["run_id"], deployment["pages_build_version"]) == (run_id, shas[-1])
+    site = tmp_path / "site"
+    assert (site / "index.html").is_file(), sorted(p.name for p in site.iterdir())
+    index = (site / "index.html").read_text()
+    assert 'href="accepted.html"' in index
+    sys.path.insert(0, str(ROOT / "src"))
+    from rmsnorm_suite.history import blank_graphs
+
+    for name in SERIES:
+        assert list((site / "graphs").rglob(f"{name}.json")), f"no graph of {name}"
+    assert blank_graphs(site) == []
+    accepted = (site / "accepted.html").read_text()
+    assert "<h1>Accepted regressions</h1>" in accepted
+    assert f"<td>{shas[-1]}</td><td>#{MERGED_PULL}</td><td>{MERGED_CHECK}</td>" in accepted
+    tags = json.loads((site / "index.json").read_text())["tags"]
+    assert sorted(tags) == [t for t in TAGS.values() if t.startswith("v")], tags

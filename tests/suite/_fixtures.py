@@ -1,6 +1,6 @@
 """Helpers the suite's test modules share: stand-in ops, git repositories of heads, pr-verdict
-with CPU tolerances, the base's rounds shared across verdicts, synthetic result sets for the gate,
-and the asv page's data check. Fixtures built on them live in tests/suite/conftest.py."""
+with CPU tolerances, the base's rounds shared across verdicts, synthetic result sets for the gate.
+Fixtures built on them live in tests/suite/conftest.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import types
 from pathlib import Path
 
 from rmsnorm_suite import cases, cli, gate, pullrequest, thresholds
-from rmsnorm_suite.history import blank_graphs
 from rmsnorm_suite.thresholds import default_thresholds
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -287,17 +286,3 @@ def make_run(
 
 LARGE = "32768x4096-bfloat16"
 SMALL = "128x257-float32"
-
-
-# ---------------------------------------------------------------------------------------------
-# The published asv page
-# ---------------------------------------------------------------------------------------------
-
-
-def assert_every_graph_has_data(html: Path) -> None:
-    """The page at ``html`` has graphs, and each has a data point (a graph whose every recorded
-    value is null draws empty axes, which the rendering checks would pass)."""
-    graphs = list((html / "graphs").rglob("*.json"))
-    assert graphs, "the published page has no graphs"
-    blank = blank_graphs(html)
-    assert not blank, f"{len(blank)} of {len(graphs)} graphs have no data point: {blank[:5]}"

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from rmsnorm_suite.history import localise
-from tests.suite._fixtures import assert_every_graph_has_data
+from tests.suite._page_check import assert_every_graph_has_data
 
 ROOT = Path(__file__).resolve().parents[2]
 # the published page: .asv/html, or the folder `nox -s history` names (.asv/demo/html for --demo)

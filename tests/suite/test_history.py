@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rmsnorm_suite import acceptedpage, history
-from tests.suite._fixtures import assert_every_graph_has_data
+from tests.suite._page_check import assert_every_graph_has_data
 
 
 def git(cwd: Path, *args: str) -> str:

@@ -2,8 +2,9 @@
 
 It serves, over HTTP on 127.0.0.1, what the rehearsed jobs and their stand-in actions call: the
 repository, workflow runs (by id, and a workflow's runs list) and their artifacts, compare,
-pull requests (by number, and those of a commit), issue comments, commit statuses, check runs and
-the App installation token; and it records every write. The test registers the runs (act does not report them) and evaluates the ruleset the project ships
+pull requests (by number, and those of a commit), issue comments, commit statuses, check runs,
+Pages deployments and the App installation token; and it records every write. The test registers
+the runs (act does not report them) and evaluates the ruleset the project ships
 (``.github/rulesets/main.json``) against the checks and statuses received.
 
 Where it approximates GitHub (docs/ci.md, "The offline rehearsal" lists these too):
@@ -13,16 +14,21 @@ Where it approximates GitHub (docs/ci.md, "The offline rehearsal" lists these to
 - ``compare`` answers from the local bare repository with ``git merge-base``;
 - artifacts are uploaded to a private endpoint (the real service is not the REST API) and
   downloaded through the REST endpoints download-artifact uses;
-- the ruleset evaluation covers only ``required_status_checks`` (context and integration id).
+- the ruleset evaluation covers only ``required_status_checks`` (context and integration id);
+- a Pages deployment checks its artifact (this run's, one ``artifact.tar`` of files and folders
+  only, as Pages requires), succeeds at once and serves nothing; no OIDC token is checked.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import subprocess
+import tarfile
 import threading
 import urllib.parse
+import zipfile
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -52,6 +58,7 @@ class State:
     comments: list[dict[str, Any]] = field(default_factory=list)
     checks: list[dict[str, Any]] = field(default_factory=list)
     statuses: list[dict[str, Any]] = field(default_factory=list)
+    deployments: list[dict[str, Any]] = field(default_factory=list)  # Pages: {id, artifact_id, ...}
     uploading_run: int = 0  # the run the act invocation under way stands for
     log: list[str] = field(default_factory=list)
 
@@ -195,6 +202,21 @@ class Handler(BaseHTTPRequestHandler):
                 return self.reply(404 if comment is None else 403, {})
             comment["body"] = self.payload()["body"]
             return self.reply(200, comment)
+        if method == "POST" and path == f"{repo}/pages/deployments":
+            body = self.payload()
+            art = next((a for a in s.artifacts if a["id"] == body.get("artifact_id")), None)
+            refused = pages_refusal(art, s.uploading_run)
+            if refused:
+                return self.reply(400, {"message": refused})
+            owner, name = s.repo.split("/")
+            made = {"id": len(s.deployments) + 1, "artifact_id": art["id"], "status": "succeed",
+                    "pages_build_version": body.get("pages_build_version"), "run_id": s.uploading_run,
+                    "page_url": f"https://{owner}.github.io/{name}/"}  # fmt: skip
+            s.deployments.append(made)
+            return self.reply(200, {**made, "status_url": f"{repo}/pages/deployments/{made['id']}"})
+        if method == "GET" and (m := re.fullmatch(rf"{repo}/pages/deployments/(\d+)", path)):
+            made = next((d for d in s.deployments if d["id"] == int(m[1])), None)
+            return self.reply(200, {"status": made["status"]}) if made else self.reply(404, {})
         if method == "POST" and path == f"{repo}/check-runs":
             if actor.app_id is None:  # GitHub: only apps create check runs
                 return self.reply(403, {"message": "You must authenticate via a GitHub App."})
@@ -206,6 +228,22 @@ class Handler(BaseHTTPRequestHandler):
             s.statuses.append(status)
             return self.reply(201, status)
         return self.reply(404, {"message": f"the fake has no {method} {path}"})
+
+
+def pages_refusal(art: dict[str, Any] | None, run_id: int) -> str:
+    """Why Pages would refuse ``art`` as this run's site ("" when it would not): an artifact of
+    another run, or not one tar (artifact.tar) of plain files and folders."""
+    if art is None or art["run_id"] != run_id:
+        return "no such artifact in this workflow run"
+    try:
+        with zipfile.ZipFile(io.BytesIO(art["zip"])) as archive:
+            if archive.namelist() != ["artifact.tar"]:
+                return f"the artifact holds {archive.namelist()}, not one artifact.tar"
+            with tarfile.open(fileobj=io.BytesIO(archive.read("artifact.tar"))) as tar:
+                odd = [m.name for m in tar.getmembers() if not (m.isfile() or m.isdir())]
+    except (zipfile.BadZipFile, tarfile.TarError) as exc:
+        return f"the artifact does not read: {exc}"
+    return f"the tar holds links or special files: {odd[:3]}" if odd else ""
 
 
 def serve(state: State) -> tuple[ThreadingHTTPServer, str]:

@@ -1,5 +1,5 @@
 """The PR flow rehearsed offline with act: gpu.yml on a pull request, then pr-comment.yml on its run;
-and history.yml's merged-verdict, publish (to its check), changepoints and bisect jobs on a push
+and history.yml's merged-verdict, publish, push, deploy, changepoints and bisect jobs on a push
 to main with a synthetic, seeded history.
 
 ``Rehearsal`` builds GitHub's side locally: a bare repository holding this tree as ``main`` and
@@ -9,9 +9,9 @@ removed). Each ``uses:`` is mapped to its stand-in (standins.py) with ``--local-
 every job runs in act's host mode (``-P LABEL=-self-hosted``), and ``python3 -m nox`` is the stub
 under stubs/. act does not chain runs, so the rehearsal does what GitHub does between them:
 it records the GPU run (its workflow path, event, commit, evaluated title and conclusion) in the
-fake API and sends pr-comment.yml the ``workflow_run`` event. For history.yml it keeps the four
+fake API and sends pr-comment.yml the ``workflow_run`` event. For history.yml it keeps the six
 rehearsed jobs (``needs`` on the others dropped), records the merged pull request and its verdict
-run, pushes the results branch and gives the run the benchmark job's results artifact.
+run, pushes the results branch and two tags and gives the run the benchmark job's results artifact.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -40,17 +41,20 @@ APP_ID, APP_SLUG, APP_KEY = 4242, "rmsnorm-verdict", "rehearsal-private-key"
 JOB_TOKEN, WRITER_TOKEN = "ghs_job_token", "ghp_writer_token"
 LABELS = {"h200-untrusted", "h200-trusted", "ubuntu-latest"}  # every runs-on of the rehearsed workflows
 # history.yml's rehearsed jobs and their needs among them (the others' jobs are left out)
-HISTORY_JOBS = {"merged-verdict": None, "publish": ["merged-verdict"], "changepoints": ["publish"],
-                "bisect": ["changepoints"]}  # fmt: skip
-# publish's steps kept: up to the check, and the upload of the checked results changepoints reads
-# (the page, `nox -s history` and its upload for deploy, is left out, as the push and deploy jobs are)
-PUBLISH_UNTIL, PUBLISH_KEEP = "Check the new results", "Keep the checked results"
+HISTORY_JOBS = {"merged-verdict": None, "publish": ["merged-verdict"], "push": ["publish"],
+                "deploy": ["publish"], "changepoints": ["publish"], "bisect": ["changepoints"]}  # fmt: skip
 MERGED_PULL, MERGED_CHECK = 9, "device 32768x4096-bfloat16 forward"  # the merged PR, its accepted row
 # The synthetic history's two series (asv's names), the commit of each one's +8% step, and, for
 # the second, the commits with no results (its step's range then holds four commits to bisect).
 SERIES = ("bench_rmsnorm.Forward.track_gpu_median_ms", "bench_rmsnorm.ForwardBackward.track_gpu_median_ms")
 PARAMS = [["'32768x4096-bfloat16'"], ["'kernel'"]]
 ACCEPTED_STEP, BISECTED_STEP, NO_RESULTS, FIRST_BAD = 8, 18, (15, 16, 17), 16
+# Tags on main (commit index: name): publish's tags step keeps the release, drops the other.
+TAGS = {2: "v0.1.0", 5: "nightly-2026-01-01"}
+# what asv publish reads of a results file beside the figures (changepoints reads the figures only)
+ASV_RUN = {"params": {"machine": "h200", "python": "3.12"}, "requirements": {}, "python": "3.12",
+           "env_name": "existing-py_python3"}  # fmt: skip
+SAFE = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # tarfile's filter, where it has it
 IDENT = [
     "-c",
     "user.name=rehearsal",
@@ -266,9 +270,15 @@ class Rehearsal:
                 cwd=self.work,
             )
             shas.append(git("rev-parse", "HEAD", cwd=self.work))
-        git("push", "-q", str(self.origin), "HEAD:refs/heads/main", cwd=self.work)
+        for index, name in TAGS.items():
+            git("tag", name, shas[index], cwd=self.work)
+        tags = [f"refs/tags/{name}" for name in TAGS.values()]
+        git("push", "-q", str(self.origin), "HEAD:refs/heads/main", *tags, cwd=self.work)
         rng, files = random.Random(seed), {}
         files["h200/machine.json"] = {"machine": "h200", "version": 1}
+        described = {"type": "track", "unit": "ms", "param_names": ["shape", "provider"], "params": PARAMS,
+                     "timeout": 600, "version": "rehearsal", "code": "synthetic"}  # fmt: skip
+        files["benchmarks.json"] = {"version": 2, **{name: {"name": name, **described} for name in SERIES}}
         for i, sha in enumerate(shas):
             values = [
                 0.5 * (1.08 if i >= ACCEPTED_STEP else 1.0),
@@ -281,13 +291,14 @@ class Rehearsal:
             }
             files[f"h200/{sha[:8]}-existing.json"] = {"commit_hash": sha, "date": 1_700_000_000 + i,
                                                       "result_columns": ["result", "params"],
-                                                      "results": results, "version": 2}  # fmt: skip
+                                                      "results": results, "version": 2, **ASV_RUN}  # fmt: skip
         files["accepted.json"] = {"accepted": [{"commit": shas[ACCEPTED_STEP], "check":
                                                "device 32768x4096-bfloat16 forward", "factor": 1.12,
                                                "reason": "two passes for accuracy", "approved_by": "maintainer",
                                                "pull": 7}]}  # fmt: skip
         tip = f"h200/{shas[-1][:8]}-existing.json"
-        incoming = {"h200/machine.json": files["h200/machine.json"], tip: files.pop(tip)}
+        incoming = {name: files[name] for name in ("benchmarks.json", "h200/machine.json")}
+        incoming[tip] = files.pop(tip)
         branch = self.tmp / "results-branch"
         branch.mkdir()
         git("init", "-q", cwd=branch)
@@ -297,6 +308,7 @@ class Rehearsal:
         git("add", "-A", cwd=branch)
         git("commit", "-qm", "asv results", cwd=branch)
         git("push", "-q", str(self.origin), "HEAD:refs/heads/asv-results", cwd=branch)
+        self.results_before = git("rev-parse", "HEAD", cwd=branch)
         self.merged_pull(MERGED_PULL, shas[-1])  # a run before the next one
         self.add_artifact(self.runs, "asv-results-h200", incoming)
         return shas
@@ -331,10 +343,9 @@ class Rehearsal:
         return run
 
     def history_run(self) -> tuple[int, str]:
-        """history.yml's merged-verdict, publish, changepoints and bisect jobs on a push of main's
-        tip: (exit status, log). The other jobs are left out of act's copy, with the ``needs`` on
-        them (the benchmark job's results are given to the run by ``history``), and so are
-        publish's steps after the check but the upload of the checked results."""
+        """history.yml's jobs of HISTORY_JOBS on a push of main's tip: (exit status, log). The
+        other jobs are left out of act's copy, with the ``needs`` on them (the benchmark job's
+        results are given to the run by ``history``)."""
         data = yaml.safe_load((self.actdir / ".github/workflows/history.yml").read_text())
         data["on"] = data.pop(True)  # YAML 1.1 reads the key `on` as true
         data["jobs"] = {name: data["jobs"][name] for name in HISTORY_JOBS}
@@ -342,11 +353,6 @@ class Rehearsal:
             data["jobs"][name].pop("needs", None)
             if needs:
                 data["jobs"][name]["needs"] = needs
-        steps = data["jobs"]["publish"]["steps"]
-        until = next(i for i, s in enumerate(steps) if s.get("name", "").startswith(PUBLISH_UNTIL))
-        data["jobs"]["publish"]["steps"] = steps[: until + 1] + [
-            s for s in steps[until + 1 :] if s.get("name", "").startswith(PUBLISH_KEEP)
-        ]
         (self.actdir / ".github/workflows/history-rehearsed.yml").write_text(
             yaml.safe_dump(data, sort_keys=False)
         )
@@ -368,6 +374,26 @@ class Rehearsal:
         art = next(a for a in self.state.artifacts if a["run_id"] == run_id and a["name"] == name)
         zipfile.ZipFile(io.BytesIO(art["zip"])).extractall(into)
         return into
+
+    def deployed_site(self, into: Path) -> dict[str, Any]:
+        """Unpack the site of the one Pages deployment into ``into`` (its artifact.tar); the
+        deployment as the fake recorded it."""
+        (deployment,) = self.state.deployments
+        art = next(a for a in self.state.artifacts if a["id"] == deployment["artifact_id"])
+        site = zipfile.ZipFile(io.BytesIO(art["zip"])).read("artifact.tar")
+        with tarfile.open(fileobj=io.BytesIO(site)) as tar:
+            tar.extractall(into, **SAFE)
+        return deployment
+
+    def results_branch(self, into: Path) -> list[str]:
+        """The results branch of GitHub's copy, its tree written into ``into``; its commits, newest
+        first, as ``SHA subject``."""
+        into.mkdir(parents=True)
+        archive = subprocess.run(["git", "archive", "--format=tar", "asv-results"], cwd=self.origin,
+                                 capture_output=True, check=True).stdout  # fmt: skip
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(into, **SAFE)
+        return git("log", "--format=%H %s", "asv-results", cwd=self.origin).splitlines()
 
     # what a reader and the ruleset see -----------------------------------------------------
 

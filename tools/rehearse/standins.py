@@ -14,6 +14,8 @@ with ``--local-repository``. What each approximates:
   list the run's artifacts, keep those matching ``name`` or ``pattern``, unzip each into
   ``path/NAME`` (or into ``path`` with ``merge-multiple`` or ``name``); without ``run-id``, this
   run's own artifacts with the job's token (the real action uses the runtime's).
+- ``pages-archive`` (upload-pages-artifact's tar, then ``upload``) and ``deploy-pages``: their
+  functions, and docs/ci.md ("The offline rehearsal"), say what they do and approximate.
 - ``app-token``: create-github-app-token's two calls (the installation of the repository, then an
   installation token), the private key standing for the JWT it signs; outputs ``token``,
   ``app-slug`` and ``installation-id``.
@@ -29,6 +31,9 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
+import time
+import urllib.error
 import urllib.request
 import zipfile
 from pathlib import Path
@@ -95,8 +100,34 @@ def upload() -> None:
     with zipfile.ZipFile(buffer, "w") as archive:
         for f in files:
             archive.write(f, f.relative_to(root).as_posix())
-    api("POST", f"/_rehearse/upload?name={name}", "", raw=buffer.getvalue())
+    made = api("POST", f"/_rehearse/upload?name={name}", "", raw=buffer.getvalue())
+    output(f"artifact-id={made['id']}")
     print(f"uploaded {len(files)} files as {name}")
+
+
+def output(line: str) -> None:
+    with open(os.environ["GITHUB_OUTPUT"], "a", encoding="utf-8") as out:
+        out.write(line + "\n")
+
+
+def pages_archive() -> None:
+    """upload-pages-artifact's archive step: ``path`` as ``$RUNNER_TEMP/artifact.tar``, links
+    stored as the files they name, every hidden name (``.git``, ``.github``, ``.*``) left out."""
+    site = Path(os.environ["GITHUB_WORKSPACE"]) / inp("path", "_site/")
+    if not site.is_dir():
+        sys.exit(f"::error::tar: {inp('path', '_site/')}: no such folder")
+    archive = Path(os.environ["RUNNER_TEMP"]) / "artifact.tar"
+    count = 0
+    # dereference: a symbolic or hard link goes in as the file it names (Pages refuses links)
+    with tarfile.open(archive, "w", dereference=True) as tar:
+        tar.add(site, arcname=".", recursive=False)
+        for folder, dirs, names in os.walk(site, followlinks=True):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            for name in [*dirs, *sorted(n for n in names if not n.startswith("."))]:
+                path = Path(folder) / name
+                tar.add(path, arcname="./" + path.relative_to(site).as_posix(), recursive=False)
+                count += path.is_file()
+    print(f"archived {count} files of {inp('path', '_site/')} in {archive}")
 
 
 def download() -> None:
@@ -121,6 +152,32 @@ def download() -> None:
     print(f"downloaded {len(chosen)} artifacts into {dest}")
 
 
+def deploy_pages() -> None:
+    """deploy-pages: this run's one artifact named ``artifact_name`` handed to the fake's Pages
+    endpoint with ``token``, its status polled; ``page_url``. No OIDC token (act has none)."""
+    repo, token, sha = os.environ["GITHUB_REPOSITORY"], inp("token"), os.environ["GITHUB_SHA"]
+    name = inp("artifact_name", "github-pages")
+    listed = api("GET", f"/repos/{repo}/actions/runs/{os.environ['GITHUB_RUN_ID']}/artifacts", token)
+    named = [a for a in listed["artifacts"] if a["name"] == name]
+    if len(named) != 1:
+        sys.exit(f"::error::{len(named)} artifacts named {name} in this run, where one is deployed")
+    payload = {"artifact_id": named[0]["id"], "pages_build_version": sha, "oidc_token": ""}
+    try:
+        made = api("POST", f"/repos/{repo}/pages/deployments", token, payload)
+    except urllib.error.HTTPError as exc:
+        sys.exit(f"::error::Failed to create deployment (status: {exc.code}): {exc.read().decode()}")
+    output(f"page_url={made['page_url']}")
+    for _ in range(20):
+        status = api("GET", f"/repos/{repo}/pages/deployments/{made['id']}", token)["status"]
+        if status == "succeed":
+            print(f"deployed artifact {named[0]['id']} ({name}) at {sha[:12]}: {made['page_url']}")
+            return
+        if status in ("deployment_failed", "deployment_content_failed", "deployment_cancelled"):
+            sys.exit(f"::error::the deployment ended {status}")
+        time.sleep(0.2)
+    sys.exit("::error::the deployment did not report success")
+
+
 def app_token() -> None:
     repo = os.environ["GITHUB_REPOSITORY"]
     key = inp("private-key")  # stands for the JWT the action signs with it
@@ -129,11 +186,11 @@ def app_token() -> None:
                    for k, v in os.environ.items() if k.startswith("INPUT_PERMISSION_") and v}  # fmt: skip
     minted = api("POST", f"/app/installations/{installation['id']}/access_tokens", key,
                  {"repositories": [repo.split("/")[1]], "permissions": permissions})  # fmt: skip
-    with open(os.environ["GITHUB_OUTPUT"], "a", encoding="utf-8") as out:
-        out.write(f"token={minted['token']}\napp-slug={installation['app_slug']}\n")
-        out.write(f"installation-id={installation['id']}\n")
+    output(f"token={minted['token']}\napp-slug={installation['app_slug']}")
+    output(f"installation-id={installation['id']}")
     print(f"::add-mask::{minted['token']}")
 
 
 if __name__ == "__main__":
-    {"checkout": checkout, "upload": upload, "download": download, "app-token": app_token}[sys.argv[1]]()
+    {"checkout": checkout, "upload": upload, "download": download, "app-token": app_token,
+     "pages-archive": pages_archive, "deploy-pages": deploy_pages}[sys.argv[1]]()  # fmt: skip

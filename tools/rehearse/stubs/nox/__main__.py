@@ -3,8 +3,9 @@
 ``pr_verdict`` (GPU) is stubbed to a second: the verdict the head commit asks for in its
 ``REHEARSE`` file (pass, regression, crash: none and exit 1; fail-after-pass: pass, then exit 1)
 in the gate's format. ``bisect`` (GPU) is the real search (rmsnorm_suite.bisection of the
-checkout), each probe this pr_verdict. ``changepoints`` (CPU) is the real `nox -s changepoints`, with
-``--no-venv --no-install`` in ``$REHEARSE_PYTHON``. Any other NAME fails: not covered.
+checkout), each probe this pr_verdict. ``changepoints`` and ``history`` (CPU) are the real sessions,
+with ``--no-venv --no-install`` in ``$REHEARSE_PYTHON``; history's page test without the three
+tests that render the page in Chromium (PAGE_RENDERING). Any other NAME fails: not covered.
 """
 
 from __future__ import annotations
@@ -27,9 +28,21 @@ def row(check: str, verdict: str, ratio: float) -> dict:
             "confidence": 0.95}  # fmt: skip
 
 
-def changepoints(argv: list[str]) -> int:
-    """The real `nox -s changepoints` (the checkout's noxfile), no virtualenv and nothing installed."""
+# The page test's tests that open the page in headless Chromium: asv's page loads its scripts
+# from public CDNs, which an offline run cannot reach (local copies come from npm through
+# tools/fetch_asv_js.sh). The page test's other tests (graphs with data, accepted.html linked) run.
+PAGE_TEST = "tests/suite/test_asv_page.py"
+PAGE_RENDERING = ("test_benchmarks_are_listed", "test_a_graph_renders", "test_one_shape_per_graph_by_link")
+
+
+def real_session(argv: list[str]) -> int:
+    """The real session (the checkout's noxfile), no virtualenv and nothing installed."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the real nox, not this stub
+    if argv[:2] == ["-s", "history"]:
+        # no tests/conftest.py (it imports torch, which the rehearsal's Python need not have; the
+        # page test uses none of its fixtures), and the rendering tests deselected, by name
+        deselect = " ".join(f"--deselect {PAGE_TEST}::{name}" for name in PAGE_RENDERING)
+        env["PYTEST_ADDOPTS"] = f"--noconftest -p no:cacheprovider {deselect}"
     python = os.environ.get("REHEARSE_PYTHON") or sys.executable
     return subprocess.run([python, "-m", "nox", "--no-venv", "--no-install", *argv], env=env).returncode
 
@@ -58,8 +71,8 @@ def bisect(argv: list[str]) -> int:
 
 def main() -> int:
     argv = sys.argv[1:]
-    if argv[:2] == ["-s", "changepoints"]:
-        return changepoints(argv)
+    if argv[:2] in (["-s", "changepoints"], ["-s", "history"]):
+        return real_session(argv)
     if argv[:2] == ["-s", "bisect"]:
         return bisect(argv)
     if argv[:2] != ["-s", "pr_verdict"]:
