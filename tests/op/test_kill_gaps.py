@@ -529,3 +529,18 @@ def test_the_custom_ops_autograd_with_a_residual(device):
         grads.append(torch.autograd.grad((y * gy).sum() + (h * gh).sum(), (xg, wg, rg)))
     for name, eager, traced in zip(("dx", "dw", "dresidual"), *grads):
         assert torch.equal(eager, traced), name
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_a_quantised_call_is_told_apart(device):
+    """What makes a call quantised (ops.rms_norm's `quantised`): a quantised out_dtype alone (per
+    row scales come back), a scale alone, a scale_ub alone. A scale or bound beside a float
+    out_dtype, or none, is refused, never dropped. (`or` -> `and` there sent each of these
+    calls to the plain road, which raised for fp8 or ran without the scale.)"""
+    x = torch.randn(4, 32, device=device)
+    with torch.no_grad():
+        y_q, scales = rmsnorm_kernel.rms_norm(x, out_dtype=torch.float8_e4m3fn)
+        assert y_q.dtype == torch.float8_e4m3fn and scales.shape == (4, 1)
+        for kwargs in ({"scale": 0.5}, {"scale_ub": 0.5}, {"out_dtype": torch.float16, "scale": 0.5}):
+            with pytest.raises(ValueError, match="quantised out_dtype"):
+                rmsnorm_kernel.rms_norm(x, **kwargs)
