@@ -544,3 +544,16 @@ def test_a_quantised_call_is_told_apart(device):
         for kwargs in ({"scale": 0.5}, {"scale_ub": 0.5}, {"out_dtype": torch.float16, "scale": 0.5}):
             with pytest.raises(ValueError, match="quantised out_dtype"):
                 rmsnorm_kernel.rms_norm(x, **kwargs)
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_a_quantised_call_with_a_weight_that_requires_grad(device):
+    """Quantised outputs are forward only: a weight that requires grad under grad mode is refused
+    on the common call's fast path too (`weight is not None` -> `is None` in its grad test ran
+    the call and returned y_q with no gradient to anyone)."""
+    x, w = torch.randn(4, 32, device=device), torch.ones(32, device=device, requires_grad=True)
+    with pytest.raises(ops.contract.ForwardOnly, match="forward only"):
+        rmsnorm_kernel.rms_norm(x, weight=w, out_dtype=torch.float8_e4m3fn)
+    with torch.no_grad():
+        y_q, _ = rmsnorm_kernel.rms_norm(x, weight=w, out_dtype=torch.float8_e4m3fn)
+    assert y_q.dtype == torch.float8_e4m3fn
