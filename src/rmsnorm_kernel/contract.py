@@ -98,6 +98,12 @@ class UnsupportedInput(ValueError, NotImplementedError):
     integer or bool weight). ``rms_norm(..., allow_fallback=True)`` runs torch ops instead."""
 
 
+class TorchOnly(UnsupportedInput):
+    """Input torch's own rms_norm computes and the kernels cannot (complex x or weight, a jagged
+    nested x): ``allow_fallback=True`` calls ``torch.nn.functional.rms_norm`` itself where the call
+    asks for nothing torch lacks; docs/features.md says what torch returns."""
+
+
 class ForwardOnly(RuntimeError):
     """A quantised output asked for where autograd would record the call (an input that requires
     grad, under grad mode): quantised outputs are forward only. torch raises RuntimeError for a
@@ -105,8 +111,9 @@ class ForwardOnly(RuntimeError):
 
 
 class Refused(TypeError, NotImplementedError):
-    """Input torch computes and this op does not, at all (complex x or weight, nested or sparse
-    tensors); the message says why. docs/features.md lists them beside torch's behaviour."""
+    """Input this op does not compute at all (sparse tensors, a nested weight or residual; complex
+    or nested input with options torch lacks); the message says why. docs/features.md lists them
+    beside torch's behaviour."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -162,17 +169,23 @@ def normalized_size(x: Tensor, normalized_shape, weight: Tensor | None) -> tuple
 
 
 def _check_dense(t: Tensor, name: str) -> None:
-    """The kernels read strided memory and compute real numbers: a nested or sparse tensor, or a
-    complex one, is refused by name (docs/features.md: what torch does with them)."""
+    """The kernels read strided memory and compute real numbers: a jagged nested x, or a complex
+    tensor, is TorchOnly (torch's rms_norm computes it); any other nested or sparse tensor is
+    refused by name (docs/features.md: what torch does with them)."""
+    if name == "x" and t.is_nested and t.layout == torch.jagged:
+        raise TorchOnly(
+            "x is a jagged nested tensor: the kernels read strided rows "
+            "(pass allow_fallback=True to run torch's rms_norm on it)"
+        )
     if t.is_nested or t.layout != torch.strided:
         got = "a nested tensor" if t.is_nested else f"layout {t.layout}"
         raise Refused(
             f"{name} must be a dense tensor (layout torch.strided), got {got}: the kernels read strided rows"
         )
     if t.is_complex():
-        raise Refused(
-            f"{name} is {dtype_name(t.dtype)}: the kernels compute real numbers (torch returns complex "
-            "values for complex x and drops the imaginary part of a complex weight)"
+        raise TorchOnly(
+            f"{name} is {dtype_name(t.dtype)}: the kernels compute real numbers (pass allow_fallback=True to "
+            "run torch's rms_norm: complex values for complex x, a complex weight's imaginary part dropped)"
         )
 
 
@@ -180,6 +193,22 @@ def real_number(v) -> bool:
     """Whether torch's argument parser reads ``v`` as a float: a real number (bools included) or a
     NumPy scalar (np.bool_ is not a numbers.Real). rms_norm's eps and RMSNorm's share this rule."""
     return isinstance(v, numbers.Real) or (type(v).__module__ == "numpy" and hasattr(v, "__float__"))
+
+
+def check_options(weight, eps, offset, casting: str) -> None:
+    """eps, offset and casting (validate's checks of them, which TorchOnly input gets too)."""
+    # Any real eps, as torch takes it (0 and negative values, bools and NumPy scalars included).
+    if not (real_number(eps) or isinstance(eps, (torch.SymFloat, torch.SymInt))):
+        raise TypeError(f"eps must be a real number or None, got {type(eps).__name__}")
+    if isinstance(offset, bool) or not isinstance(offset, (numbers.Real, torch.SymFloat, torch.SymInt)):
+        raise TypeError(f"offset must be a real number, got {type(offset).__name__}")
+    # (A traced offset may be symbolic, which math.isfinite cannot take: eager calls check it.)
+    if not torch.compiler.is_compiling() and not math.isfinite(offset):
+        raise ValueError(f"offset must be finite, got {offset!r}")
+    if offset != 0.0 and weight is None:
+        raise ValueError("offset needs a weight: y = x * r * (offset + weight)")
+    if not isinstance(casting, str) or casting not in CASTING_CODES:
+        raise ValueError(f"casting must be one of {sorted(CASTING_CODES)}, got {casting!r}")
 
 
 def validate(
@@ -228,18 +257,7 @@ def validate(
         if value is not None and value not in KERNEL_DTYPES:
             rules = " or the rule 'input' or 'promoted'" if name == "out_dtype" else ""
             raise TypeError(f"{name} must be float32, float16, bfloat16{rules} or None, got {value!r}")
-    # Any real eps, as torch takes it (0 and negative values, bools and NumPy scalars included).
-    if not (real_number(eps) or isinstance(eps, (torch.SymFloat, torch.SymInt))):
-        raise TypeError(f"eps must be a real number or None, got {type(eps).__name__}")
-    if isinstance(offset, bool) or not isinstance(offset, (numbers.Real, torch.SymFloat, torch.SymInt)):
-        raise TypeError(f"offset must be a real number, got {type(offset).__name__}")
-    # (A traced offset may be symbolic, which math.isfinite cannot take: eager calls check it.)
-    if not torch.compiler.is_compiling() and not math.isfinite(offset):
-        raise ValueError(f"offset must be finite, got {offset!r}")
-    if offset != 0.0 and weight is None:
-        raise ValueError("offset needs a weight: y = x * r * (offset + weight)")
-    if not isinstance(casting, str) or casting not in CASTING_CODES:
-        raise ValueError(f"casting must be one of {sorted(CASTING_CODES)}, got {casting!r}")
+    check_options(weight, eps, offset, casting)
     if x.dim() == 0:
         raise InvalidArgument("x must have at least one dimension")
     # Valid, but possibly not runnable by the kernels.

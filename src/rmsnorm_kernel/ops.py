@@ -158,6 +158,7 @@ def rms_norm(
     n, shape = _normalized_size(x, normalized_shape, weight)
     if isinstance(eps, Tensor) and eps.dim() == 0 and not eps.requires_grad and not eps.is_complex():
         eps = float(eps)  # as torch's argument parser reads a 0-dim tensor given for a float
+    given_eps = eps  # (torch's own rms_norm takes it as given: _torchs_own)
     if eps is None:
         eps = default_eps(x.dtype) if isinstance(x, torch.Tensor) else _DEFAULT_EPS
     if type(out_dtype) is str and out_dtype in contract.OUT_DTYPE_RULES and isinstance(x, Tensor):
@@ -166,9 +167,13 @@ def rms_norm(
     try:
         validate(x, weight, residual, eps, offset, casting, out_dtype, residual_dtype, n)
         unsupported = False
-    except contract.UnsupportedInput:
+    except contract.UnsupportedInput as exc:
         if not (allow_fallback or transformed):
             raise
+        if isinstance(exc, contract.TorchOnly):
+            return _torchs_own(
+                x, shape, weight, given_eps, residual, residual_dtype, offset, casting, out_dtype, exc
+            )
         unsupported = True
     eps, offset = float(eps), float(offset)
     if residual_dtype is None and residual is not None:
@@ -309,9 +314,9 @@ def _resolve_neg(t: Tensor | None) -> Tensor | None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _fallback(x, shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype):
-    """The composite for input the kernels do not run (allow_fallback=True): counted and warned
-    about once per process, outside a torch.compile trace (which records torch ops only)."""
+def _note_fallback(x: Tensor) -> None:
+    """A call the kernels do not run (allow_fallback=True): counted, and warned about once per
+    process, outside a torch.compile trace (which records torch ops only)."""
     global _warned_fallback
     if not torch.compiler.is_compiling():
         _COUNTS["fallback"] += 1
@@ -321,9 +326,34 @@ def _fallback(x, shape, weight, eps, residual, residual_dtype, offset, casting, 
                 f"rmsnorm_kernel: input on {x.device} with dtype {x.dtype} is not run by the kernels; "
                 "using the reference implementation (allow_fallback=True). CALLS['fallback'] counts these.",
                 RuntimeWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
+
+
+def _fallback(x, shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype):
+    """The composite for input the kernels do not run (allow_fallback=True)."""
+    _note_fallback(x)
     return composite.rms_norm(x, shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype)
+
+
+def _torchs_own(x, shape, weight, eps, residual, residual_dtype, offset, casting, out_dtype, why):
+    """Input only torch computes (contract.TorchOnly: complex, jagged nested): torch's own
+    F.rms_norm, counted as a fallback, where the call asks for nothing torch lacks; else Refused."""
+    contract.check_options(weight, _DEFAULT_EPS if eps is None else eps, offset, casting)
+    lacks = [name for name, asked in (
+        ("a residual", residual is not None or residual_dtype is not None),
+        ("an offset", offset != 0),
+        ("Llama's casting", casting in contract.PROMOTING_CASTINGS),
+        ("an out_dtype", out_dtype is not None and out_dtype != getattr(x, "dtype", None)),
+    ) if asked]  # fmt: skip
+    if lacks:
+        what = str(why).split(":")[0]  # "x is complex64", "x is a jagged nested tensor"
+        raise contract.Refused(
+            f"{what}: torch's rms_norm computes it, but the call asks for {' and '.join(lacks)}, which torch's "
+            "rms_norm lacks, and the kernels compute real numbers from strided rows"
+        )
+    _note_fallback(x)
+    return torch.nn.functional.rms_norm(x, shape, weight, eps)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -450,7 +450,9 @@ def rms_norm_quant(
     try:
         contract.validate(x, weight, residual, eps, offset, casting, None, residual_dtype, n)
         unsupported = False
-    except contract.UnsupportedInput:
+    except contract.UnsupportedInput as exc:
+        if isinstance(exc, contract.TorchOnly):  # torch's rms_norm has no quantised output either
+            raise contract.Refused(f"{str(exc).split(':')[0]}: the quantised output is of real rows") from exc
         if not (allow_fallback or transformed):
             raise
         unsupported = True

@@ -435,7 +435,8 @@ def test_grad_output_expanded(device):
 
 # (case, make: () -> (x, normalized_shape, weight), error, argument named, torch rejects it too).
 # Where torch rejects it too, ours is also an instance of torch's class. What torch computes and
-# the op refuses (complex, nested) is refused by name, as docs/features.md lists.
+# the op refuses (sparse) is refused by name, as docs/features.md lists; what only torch's own
+# rms_norm computes (complex, jagged nested) is test_what_only_torch_computes's.
 BAD_INPUT = [
     ("integer x", lambda: (torch.ones(2, 4, dtype=torch.int32), (4,), None), TypeError, "x", True),
     (
@@ -460,37 +461,11 @@ BAD_INPUT = [
         True,
     ),
     (
-        "complex weight",
-        lambda: (torch.randn(2, 4), (4,), torch.ones(4, dtype=torch.complex64)),
-        TypeError,
-        "weight is complex64",
-        False,
-    ),
-    (
-        "complex x",
-        lambda: (torch.randn(2, 4, dtype=torch.complex64), (4,), None),
-        TypeError,
-        "x is complex64",
-        False,
-    ),
-    (
         "normalized_shape not trailing",
         lambda: (torch.randn(2, 4), (2,), None),
         ValueError,
         "normalized_shape",
         True,
-    ),
-    # torch takes a jagged nested tensor; the kernels read strided memory, so it is refused by name
-    (
-        "nested (jagged) x",
-        lambda: (
-            torch.nested.nested_tensor([torch.randn(2, 4), torch.randn(3, 4)], layout=torch.jagged),
-            (4,),
-            None,
-        ),
-        TypeError,
-        "x must be a dense tensor",
-        False,
     ),
     ("sparse x", lambda: (torch.randn(2, 4).to_sparse(), (4,), None), TypeError, "x must be a dense", True),
     (
@@ -530,6 +505,63 @@ def test_bad_input_rejected_before_launch(case, make, error, name, torch_rejects
         f"{case}: {type(raised.value).__name__} does not subclass {torch_error.__name__}, torch's class here"
     )
     assert ops.CALLS == before
+
+
+# Input only torch's own rms_norm computes: (case, make () -> (x, weight)).
+TORCH_ONLY = [
+    ("complex x", lambda: (torch.randn(3, 8, dtype=torch.complex64), None)),
+    ("complex128 x and weight", lambda: (torch.randn(3, 8, dtype=torch.complex128), torch.randn(8, dtype=torch.complex128))),
+    ("complex weight", lambda: (torch.randn(3, 8), torch.randn(8, dtype=torch.complex64))),
+    ("jagged nested x", lambda: (torch.nested.nested_tensor([torch.randn(2, 8), torch.randn(5, 8)], layout=torch.jagged), torch.randn(8))),
+]  # fmt: skip
+
+
+def _same(a, b):
+    if a.is_nested:
+        return all(torch.equal(p, q) for p, q in zip(a.unbind(), b.unbind()))
+    return a.dtype == b.dtype and torch.equal(a, b)
+
+
+@pytest.mark.parametrize(("case", "make"), TORCH_ONLY, ids=[c[0] for c in TORCH_ONLY])
+def test_what_only_torch_computes(case, make):
+    """Complex x or weight and a jagged nested x: refused (TorchOnly: NotImplementedError, the
+    argument named) without allow_fallback, nothing launched; with it (the module's default),
+    torch's own F.rms_norm: its values, dtype and gradients, counted as a fallback. Options torch
+    lacks (an offset, Llama's casting, a residual, an out_dtype, a quantised output) are Refused."""
+    x, w = make()
+    before = dict(ops.CALLS)
+    with pytest.raises(contract.TorchOnly, match="allow_fallback") as raised:
+        rmsnorm_kernel.rms_norm(x, (8,), w, 1e-6)
+    assert isinstance(raised.value, NotImplementedError) and ops.CALLS == before
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's own, for a complex weight; the fallback's once
+        expected = F.rms_norm(x, (8,), w, 1e-6)
+        assert _same(rmsnorm_kernel.rms_norm(x, (8,), w, 1e-6, allow_fallback=True), expected)
+        norm = rmsnorm_kernel.RMSNorm(
+            8, eps=1e-6, elementwise_affine=w is not None, dtype=getattr(w, "dtype", None)
+        )
+        if w is not None:
+            with torch.no_grad():
+                norm.weight.copy_(w)
+        assert _same(norm(x), expected)
+        assert ops.CALLS["fallback"] == before["fallback"] + 2
+        if not x.is_nested:
+            xg, xt = x.clone().requires_grad_(), x.clone().requires_grad_()
+            torch.autograd.backward(norm(xg).abs().sum())
+            torch.autograd.backward(F.rms_norm(xt, (8,), norm.weight, 1e-6).abs().sum())
+            assert torch.equal(xg.grad, xt.grad)
+    ones = torch.ones(8, dtype=getattr(w, "dtype", torch.float32))
+    for options in (
+        {"offset": 1.0, "weight": ones},
+        {"casting": "llama"},
+        {"residual": x},
+        {"out_dtype": torch.float32 if x.dtype != torch.float32 else torch.float16},
+        {"out_dtype": torch.float8_e4m3fn},
+    ):
+        with pytest.raises(contract.Refused):
+            rmsnorm_kernel.rms_norm(x, (8,), options.pop("weight", w), 1e-6, allow_fallback=True, **options)
+    with pytest.raises(ValueError, match="casting"):
+        rmsnorm_kernel.rms_norm(x, (8,), w, 1e-6, allow_fallback=True, casting="nope")
 
 
 @pytest.mark.parametrize(
