@@ -5,6 +5,7 @@ docs/mutation.md has the survivors and maintainer/mutation/equivalent.toml the o
 equivalent.
 """
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -557,3 +558,52 @@ def test_a_quantised_call_with_a_weight_that_requires_grad(device):
     with torch.no_grad():
         y_q, _ = rmsnorm_kernel.rms_norm(x, weight=w, out_dtype=torch.float8_e4m3fn)
     assert y_q.dtype == torch.float8_e4m3fn
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_eps_as_a_tensor(device):
+    """A 0-dim tensor eps is read as a float, as torch's argument parser reads it; a 1-dim one is
+    refused, as torch refuses it (`eps.dim() == 0` -> `< 0` refused the first, `!= 0` took the
+    second)."""
+    x, w = torch.randn(4, 32, device=device), torch.rand(32, device=device)
+    expected = rmsnorm_kernel.rms_norm(x, (32,), w, 1e-3)
+    assert torch.equal(
+        rmsnorm_kernel.rms_norm(x, (32,), w, torch.tensor(1e-3, dtype=torch.float64)), expected
+    )
+    with pytest.raises(TypeError, match="eps"):
+        rmsnorm_kernel.rms_norm(x, (32,), w, torch.tensor([1e-3]))
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_complex_x_takes_torchs_own_rms_norm(device):
+    """Complex x with allow_fallback: torch's F.rms_norm itself, without a residual or any option
+    torch lacks (`residual is not None` -> `is None` in ops._torchs_own refused every such call)."""
+    x = torch.randn(3, 16, dtype=torch.complex64, device=device)
+    with pytest.warns(RuntimeWarning) if not ops._warned_fallback else contextlib.nullcontext():
+        got = rmsnorm_kernel.rms_norm(x, (16,), None, 1e-6, allow_fallback=True)
+    assert torch.equal(got, F.rms_norm(x, (16,), None, 1e-6))
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_qk_norm_of_the_widest_tile_is_one_launch(device, monkeypatch):
+    """q and k rows as wide as a tile (launch.FORWARD_MAX_TILE) still take one launch each way
+    (`0 < n <= FORWARD_MAX_TILE` -> `<` sent them to two rms_norm calls)."""
+    n = launch.FORWARD_MAX_TILE
+    calls = {"forward": 0, "backward": 0}
+    real_forward, real_backward = launch.forward_heads, launch.backward_heads
+
+    def counted(name, real):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(launch, "forward_heads", counted("forward", real_forward))
+    monkeypatch.setattr(launch, "backward_heads", counted("backward", real_backward))
+    q = torch.randn(1, 2, n, device=device, requires_grad=True)
+    k = torch.randn(1, 1, n, device=device, requires_grad=True)
+    yq, yk = rmsnorm_kernel.qk_norm(q, k, eps=1e-6)
+    (yq.sum() + yk.sum()).backward()
+    assert calls == {"forward": 1, "backward": 1}
+    close(yq, F.rms_norm(q.detach().double(), (n,), None, 1e-6), F32, "yq")

@@ -901,3 +901,38 @@ def test_a_passed_launch_tuning_serves_that_call_only(compiled_mode, monkeypatch
         assert (num_warps, grid[0]) == (warps, programs), tuning
         block_c = launch._reduce_columns.last[3][1]
         assert block_c == (16 if tuning is other else 32), tuning
+
+
+def test_launch_tuning_is_frozen():
+    """launch.Tuning is frozen: a sweep passes dataclasses.replace(TUNING, ...), never an
+    assignment into the table every launch reads."""
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        launch.TUNING.REDUCE_ROWS = 1  # type: ignore[misc]
+
+
+def test_heads_backward_launches_no_dw_reduction_it_does_not_need(monkeypatch):
+    """With weights that need no gradient, backward_heads computes no dw: COMPUTE_DW is off in its
+    launch and no reduction is launched (`need and w is not None` -> `or` computed and reduced dw
+    only to drop it)."""
+    launched = []
+    for name in ("_heads_backward", "_reduce_columns"):
+        real = getattr(launch, name)
+        monkeypatch.setattr(
+            launch,
+            name,
+            lambda grid, args, warps, constexprs, _n=name, _r=real: launched.append((_n, constexprs)),
+        )
+    x, dy = torch.randn(37, 2, 16), torch.randn(37, 2, 16)
+    rstd = torch.ones(37 * 2)
+    group = (
+        launch.head_rows(x, 16),
+        launch.head_rows(dy, 16),
+        torch.ones(16),
+        rstd,
+        torch.float32,
+        False,
+        x.shape,
+    )
+    ((dx, dw),) = launch.backward_heads([group], 0.0, 0)
+    assert dw is None and [name for name, _ in launched] == ["_heads_backward"]
+    assert launched[0][1][3] is False  # (has_weight, per head 0, per head 1, COMPUTE_DW, ...)
