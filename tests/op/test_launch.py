@@ -936,3 +936,14 @@ def test_heads_backward_launches_no_dw_reduction_it_does_not_need(monkeypatch):
     ((dx, dw),) = launch.backward_heads([group], 0.0, 0)
     assert dw is None and [name for name, _ in launched] == ["_heads_backward"]
     assert launched[0][1][3] is False  # (has_weight, per head 0, per head 1, COMPUTE_DW, ...)
+
+
+def test_launch_key_tells_32_bit_scalars_from_64_bit_ones():
+    """Triton compiles an int scalar past 32 bits as int64: the launch key must tell 4096 from
+    2**31 + 4096 (same value mod 16, neither 1), or a kernel compiled for one would take the
+    other (`2**31` -> `2+31` in _spec_key keyed every int from 33 up alike)."""
+    t = torch.empty(16)
+    key = launch._spec_key((t,), [t.data_ptr()], (4096,))
+    assert key != launch._spec_key((t,), [t.data_ptr()], (2**31 + 4096,))
+    assert key != launch._spec_key((t,), [t.data_ptr()], (-(2**31) - 4096,))
+    assert key == launch._spec_key((t,), [t.data_ptr()], (48,))
