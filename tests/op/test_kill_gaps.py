@@ -572,6 +572,11 @@ def test_eps_as_a_tensor(device):
     )
     with pytest.raises(TypeError, match="eps"):
         rmsnorm_kernel.rms_norm(x, (32,), w, torch.tensor([1e-3]))
+    # qk_norm reads it so too (`== 0` -> `== -1` there refused it)
+    q, k = x.view(4, 2, 16), x.view(4, 2, 16)[:, :1]
+    want = rmsnorm_kernel.qk_norm(q, k, eps=1e-3)
+    got = rmsnorm_kernel.qk_norm(q, k, eps=torch.tensor(1e-3, dtype=torch.float64))
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
@@ -582,6 +587,12 @@ def test_complex_x_takes_torchs_own_rms_norm(device):
     with pytest.warns(RuntimeWarning) if not ops._warned_fallback else contextlib.nullcontext():
         got = rmsnorm_kernel.rms_norm(x, (16,), None, 1e-6, allow_fallback=True)
     assert torch.equal(got, F.rms_norm(x, (16,), None, 1e-6))
+    # an out_dtype of x's own dtype is torch's output; any other is refused, not an error of
+    # comparing dtypes (`!=` -> `<=` there raised TypeError on both)
+    same = rmsnorm_kernel.rms_norm(x, (16,), None, 1e-6, allow_fallback=True, out_dtype=torch.complex64)
+    assert torch.equal(same, got)
+    with pytest.raises(ops.contract.Refused, match="out_dtype"):
+        rmsnorm_kernel.rms_norm(x, (16,), None, 1e-6, allow_fallback=True, out_dtype=torch.float32)
 
 
 @pytest.mark.parametrize("device", KERNEL_DEVICES)
