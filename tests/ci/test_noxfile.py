@@ -285,6 +285,30 @@ def test_one_constraints_file_pins_transformers_within_the_models_extra():
     assert f'TABLE_VERSION = "{pins["transformers"]}"' in swap, "the swap sweep's table is of another release"
 
 
+def test_rehearse_takes_asv_from_the_bench_extra_with_the_constraints(noxfile_module):
+    """The rehearse session installs asv as pyproject's `bench` extra declares it (no second copy
+    of its floor in the noxfile), under the constraints file, and neither torch nor the package
+    (which would bring torch)."""
+    from packaging.requirements import Requirement
+
+    packages = list(noxfile_module.REHEARSE_PACKAGES)
+    assert packages[packages.index("-c") + 1] == "requirements/constraints.txt", packages
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    bench = re.findall(r'"([^"]+)"', re.search(r"^bench = \[(.*)\]$", pyproject, re.M).group(1))
+    assert [r for r in packages if r.startswith("asv")] == [r for r in bench if r.startswith("asv")]
+    for node in ast.walk(ast.parse(NOXFILE.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "REHEARSE_PACKAGES":
+            written = [e.value for e in node.value.elts if isinstance(e, ast.Constant)]  # literal items
+            assert not [w for w in written if isinstance(w, str) and w.startswith("asv")], written
+    names = set()
+    for before, item in zip(["", *packages], packages):
+        if item.startswith("-") or before in ("-c", "-r"):
+            continue  # an option, or the file it names
+        assert re.match(r"[A-Za-z0-9]", item), f"{item}: a path (the package, with torch), not a requirement"
+        names.add(Requirement(item).name)
+    assert not names & {"torch", "triton", "rmsnorm-kernel"}, packages
+
+
 class _Session:
     """What warn_untested_torch and pytest_workers use of a nox session."""
 

@@ -15,8 +15,9 @@ Where it approximates GitHub (docs/ci.md, "The offline rehearsal" lists these to
 - artifacts are uploaded to a private endpoint (the real service is not the REST API) and
   downloaded through the REST endpoints download-artifact uses;
 - the ruleset evaluation covers only ``required_status_checks`` (context and integration id);
-- a Pages deployment checks its artifact (this run's, one ``artifact.tar`` of files and folders
-  only, as Pages requires), succeeds at once and serves nothing; no OIDC token is checked.
+- a Pages deployment needs the job token (where GitHub checks an OIDC token, which act cannot
+  mint), ``pages_build_version`` and this run's ``github-pages`` artifact, one ``artifact.tar``
+  of files and folders only, as Pages requires; it succeeds at once and serves nothing.
 """
 
 from __future__ import annotations
@@ -203,14 +204,15 @@ class Handler(BaseHTTPRequestHandler):
             comment["body"] = self.payload()["body"]
             return self.reply(200, comment)
         if method == "POST" and path == f"{repo}/pages/deployments":
-            body = self.payload()
+            body = self.payload() or {}
             art = next((a for a in s.artifacts if a["id"] == body.get("artifact_id")), None)
-            refused = pages_refusal(art, s.uploading_run)
+            code, refused = pages_refusal(actor, body, art, s.uploading_run)
             if refused:
-                return self.reply(400, {"message": refused})
+                return self.reply(code, {"message": refused})
             owner, name = s.repo.split("/")
+            # the run the artifact belongs to, as uploaded: a test can tell another run's apart
             made = {"id": len(s.deployments) + 1, "artifact_id": art["id"], "status": "succeed",
-                    "pages_build_version": body.get("pages_build_version"), "run_id": s.uploading_run,
+                    "pages_build_version": body["pages_build_version"], "run_id": art["run_id"],
                     "page_url": f"https://{owner}.github.io/{name}/"}  # fmt: skip
             s.deployments.append(made)
             return self.reply(200, {**made, "status_url": f"{repo}/pages/deployments/{made['id']}"})
@@ -230,20 +232,30 @@ class Handler(BaseHTTPRequestHandler):
         return self.reply(404, {"message": f"the fake has no {method} {path}"})
 
 
-def pages_refusal(art: dict[str, Any] | None, run_id: int) -> str:
-    """Why Pages would refuse ``art`` as this run's site ("" when it would not): an artifact of
-    another run, or not one tar (artifact.tar) of plain files and folders."""
+def pages_refusal(
+    actor: Actor, body: dict[str, Any], art: dict[str, Any] | None, run_id: int
+) -> tuple[int, str]:
+    """Why Pages would refuse to deploy ``art`` for run ``run_id``: (HTTP status, message), or
+    (0, "") when it would not. Refused: a caller other than the job token (GitHub asks for the
+    job's OIDC token instead), no ``pages_build_version``, an artifact of another run or not
+    named ``github-pages``, or one that is not one tar (artifact.tar) of plain files and folders."""
+    if actor.app_id != ACTIONS_APP_ID:
+        return 403, f"{actor.login} is not a workflow job: only a job's token deploys Pages"
+    if not body.get("pages_build_version"):
+        return 400, "pages_build_version is missing"
     if art is None or art["run_id"] != run_id:
-        return "no such artifact in this workflow run"
+        return 400, "no such artifact in this workflow run"
+    if art["name"] != "github-pages":
+        return 400, f"the artifact is named {art['name']!r}, not 'github-pages'"
     try:
         with zipfile.ZipFile(io.BytesIO(art["zip"])) as archive:
             if archive.namelist() != ["artifact.tar"]:
-                return f"the artifact holds {archive.namelist()}, not one artifact.tar"
+                return 400, f"the artifact holds {archive.namelist()}, not one artifact.tar"
             with tarfile.open(fileobj=io.BytesIO(archive.read("artifact.tar"))) as tar:
                 odd = [m.name for m in tar.getmembers() if not (m.isfile() or m.isdir())]
     except (zipfile.BadZipFile, tarfile.TarError) as exc:
-        return f"the artifact does not read: {exc}"
-    return f"the tar holds links or special files: {odd[:3]}" if odd else ""
+        return 400, f"the artifact does not read: {exc}"
+    return (400, f"the tar holds links or special files: {odd[:3]}") if odd else (0, "")
 
 
 def serve(state: State) -> tuple[ThreadingHTTPServer, str]:

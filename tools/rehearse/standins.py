@@ -154,7 +154,8 @@ def download() -> None:
 
 def deploy_pages() -> None:
     """deploy-pages: this run's one artifact named ``artifact_name`` handed to the fake's Pages
-    endpoint with ``token``, its status polled; ``page_url``. No OIDC token (act has none)."""
+    endpoint with ``token``, its status polled; ``page_url``. No OIDC token (act has none): the
+    fake checks that ``token`` is the job's instead."""
     repo, token, sha = os.environ["GITHUB_REPOSITORY"], inp("token"), os.environ["GITHUB_SHA"]
     name = inp("artifact_name", "github-pages")
     listed = api("GET", f"/repos/{repo}/actions/runs/{os.environ['GITHUB_RUN_ID']}/artifacts", token)
