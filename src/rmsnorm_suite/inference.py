@@ -411,13 +411,16 @@ def _quant_case(impl, device, row, gen, eps) -> tuple[float, ...]:
 
 
 # ---------------------------------------------------------------------------------------------
-# QK-norm: rows (tokens low, tokens high, hq, hk, d, dtype)
+# QK-norm: rows (tokens low, tokens high, hq, hk, d, dtype), then optionally a batch: q and k
+# of a (batch, tokens, W) qkv with their heads before the tokens, as Gemma3 normalises them
+# (leading dims of two strides)
 # ---------------------------------------------------------------------------------------------
 
 
 def _qk_label(row) -> str:
-    lo, hi, hq, hk, d, dtype = row
-    return f"qkv {lo}..{hi}x({hq}+{hk}+{hk})x{d}-{cases.dtype_name(dtype)}"
+    lo, hi, hq, hk, d, dtype, *batch = row
+    heads_first = f", {batch[0]} batches, heads before tokens" if batch else ""
+    return f"qkv {lo}..{hi}x({hq}+{hk}+{hk})x{d}-{cases.dtype_name(dtype)}{heads_first}"
 
 
 def _qk_needs(row) -> tuple[str, ...]:
@@ -430,6 +433,12 @@ def qkv_views(qkv: torch.Tensor, hq: int, hk: int, d: int) -> tuple[torch.Tensor
     return qkv[:, : hq * d].view(t, hq, d), qkv[:, hq * d : (hq + hk) * d].view(t, hk, d)
 
 
+def heads_first_views(qkv: torch.Tensor, hq: int, hk: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k of a (batch, tokens, (hq + 2 hk) d) qkv as (batch, heads, tokens, d) views."""
+    q, k = qkv[..., : hq * d], qkv[..., hq * d : (hq + hk) * d]
+    return q.unflatten(-1, (hq, d)).transpose(1, 2), k.unflatten(-1, (hk, d)).transpose(1, 2)
+
+
 def qk_norm_check(impl: InferenceImpl, device, rows, seed: int = 0, eps=EPS) -> Finding:
     """``qk_bits``: elements of yq, yk, dq and dk whose bits differ from two rms_norm calls on
     contiguous copies of the heads; ``qk_tolerance``: the worst |err| / (atol + rtol |ref|) of y
@@ -439,11 +448,11 @@ def qk_norm_check(impl: InferenceImpl, device, rows, seed: int = 0, eps=EPS) -> 
 
 
 def _qk_case(impl, device, row, gen, eps) -> tuple[float, float]:
-    lo, hi, hq, hk, d, dtype = row
+    lo, hi, hq, hk, d, dtype, *batch = row
     tokens = _size(lo, hi, gen)
-    qkv = _draw((tokens, (hq + 2 * hk) * d), dtype, device, gen).requires_grad_()
+    qkv = _draw((*batch, tokens, (hq + 2 * hk) * d), dtype, device, gen).requires_grad_()
     wq, wk = ((1 + 0.1 * _RANDN(d, generator=gen)).to(dtype).to(device) for _ in "qk")
-    q, k = qkv_views(qkv, hq, hk, d)
+    q, k = (heads_first_views if batch else qkv_views)(qkv, hq, hk, d)
     gq, gk = (_draw(t.shape, dtype, device, gen) for t in (q, k))
     yq, yk, dq, dk, dwq, dwk = _per_head(impl, q, k, wq, wk, gq, gk, eps, dtype)
     (yqc, dqc, dwqc), (ykc, dkc, dwkc) = _copies(impl, ((q, wq, gq), (k, wk, gk)), eps, dtype)
@@ -498,12 +507,20 @@ def _fraction(value, ref, tol: cases.Tolerance) -> float:
 CPU_CASES = (
     ("batch", ((257, 264, 1024, F32, False), (257, 264, 257, BF16, True))),
     ("quant", ((16, 24, 257, BF16, FP8, False), (16, 24, 64, BF16, I8, True))),
-    ("qk", ((3, 5, 4, 2, 64, F32), (2, 3, 4, 1, 16, BF16))),
+    ("qk", ((3, 5, 4, 2, 64, F32), (2, 3, 4, 1, 16, BF16), (3, 5, 4, 2, 16, F32, 2))),
 )
 CUDA_CASES = (
     ("batch", tuple((512, 2048, n, d, r) for n in (4096, 5000) for d in (F32, BF16) for r in (False, True))),
     ("quant", tuple((256, 1024, 4096, BF16, o, r) for o in (FP8, I8) for r in (False, True))),
-    ("qk", ((256, 1024, 32, 8, 128, BF16), (1, 1, 32, 8, 128, BF16), (17, 40, 4, 2, 64, F32))),
+    (
+        "qk",
+        (
+            (256, 1024, 32, 8, 128, BF16),
+            (1, 1, 32, 8, 128, BF16),
+            (17, 40, 4, 2, 64, F32),
+            (64, 256, 8, 4, 128, BF16, 4),
+        ),
+    ),
 )
 CASES = (("cpu", CPU_CASES), ("cuda", CUDA_CASES))
 # The host stand-in of pr-verdict's worker (CPU tensors, any op): small, fp32.

@@ -92,7 +92,21 @@ BROKEN = {
     "qk": dataclasses.replace(
         torch_impl, name="weights swapped", qk=lambda q, k, wq, wk, eps: _qk(q, k, wk, wq, eps)
     ),
+    "qk-one-stride": dataclasses.replace(
+        torch_impl,
+        name="one stride read",
+        qk=lambda q, k, wq, wk, eps: _qk(_one_stride(q), _one_stride(k), wq, wk, eps),
+    ),
 }
+
+
+def _one_stride(t):
+    """A (batch, heads, tokens, d) view read as if its leading dims flattened to one stride (the
+    heads' stride), as a kernel blind to the outer stride would read it; other views as they are."""
+    if t.dim() != 4 or t.is_contiguous():
+        return t
+    strides = (t.shape[1] * t.stride(1), *t.stride()[1:])
+    return torch.as_strided(t, t.shape, strides, t.storage_offset())
 
 
 def test_limits_are_declared():
@@ -116,6 +130,7 @@ def test_an_honest_torch_implementation_passes(which):
         ("quant-scale", "quant", "quant_scales"),
         ("quant-fp32", "quant", "quant_fp32"),
         ("qk", "qk", "qk_bits"),
+        ("qk-one-stride", "qk", "qk_tolerance"),
     ],
 )
 def test_a_broken_implementation_fails(name, which, figure):
