@@ -527,7 +527,7 @@ CASES = (("cpu", CPU_CASES), ("cuda", CUDA_CASES))
 HOST_CASES = (
     ("batch", ((257, 300, 64, F32, False), (257, 300, 64, F32, True))),
     ("quant", ((8, 16, 64, F32, FP8, False),)),
-    ("qk", ((3, 5, 4, 2, 16, F32),)),
+    ("qk", ((3, 5, 4, 2, 16, F32), (3, 5, 4, 2, 16, F32, 2))),
 )
 CHECKS = (("batch", batch_invariance), ("quant", quantised_output), ("qk", qk_norm_check))
 

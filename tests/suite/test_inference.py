@@ -109,6 +109,18 @@ def _one_stride(t):
     return torch.as_strided(t, t.shape, strides, t.storage_offset())
 
 
+def test_the_one_stride_reader_fails_the_heads_first_case_alone():
+    """The heads-first case (Gemma3's layout) is what catches an op that reads such views as one
+    stride: without it the same op passes, with it both QK figures fail, in every table."""
+    broken = BROKEN["qk-one-stride"]
+    for table in (inference.CPU_CASES, inference.HOST_CASES):
+        rows = dict(table)["qk"]
+        without = inference.run(broken, "cpu", "qk", (("qk", tuple(r for r in rows if len(r) == 6)),))
+        assert inference.judge(without, LIMITS)[0]
+        found = inference.run(broken, "cpu", "qk", table)
+        assert found.figures["qk_bits"] > 0 and found.figures["qk_tolerance"] > LIMITS["qk_tolerance"]
+
+
 def test_limits_are_declared():
     assert set(LIMITS) == {k for keys in FIGURES.values() for k in keys}
     assert LIMITS["batch_invariance"] == 0 and LIMITS["quant_bits"] == 0 and LIMITS["qk_bits"] == 0
