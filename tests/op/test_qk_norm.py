@@ -197,6 +197,18 @@ class _Recorder:
         return self.launcher(grid, args, num_warps, constexprs)
 
 
+def _watch_the_row_path(monkeypatch):
+    """(tensors launch.as_rows was handed, Recorders of the row kernels): what a copy to contiguous
+    rows leaves behind; both stay empty where per-head views are read in place."""
+    as_rows_calls = []
+    real_as_rows = launch.as_rows
+    monkeypatch.setattr(launch, "as_rows", lambda t, n: as_rows_calls.append(t) or real_as_rows(t, n))
+    row_kernels = {name: _Recorder(getattr(launch, name)) for name in ("_forward_tile", "_backward_tile")}
+    for name, recorder in row_kernels.items():
+        monkeypatch.setattr(launch, name, recorder)
+    return as_rows_calls, row_kernels
+
+
 @pytest.mark.parametrize("device", DEVICE)
 @pytest.mark.parametrize("kind", ["rms_norm", "qk_norm"])
 def test_no_copy_the_kernels_read_the_qkv_memory(device, kind, monkeypatch):
@@ -210,12 +222,7 @@ def test_no_copy_the_kernels_read_the_qkv_memory(device, kind, monkeypatch):
     fwd, bwd = _Recorder(launch._heads_forward), _Recorder(launch._heads_backward)
     monkeypatch.setattr(launch, "_heads_forward", fwd)
     monkeypatch.setattr(launch, "_heads_backward", bwd)
-    as_rows_calls = []
-    real_as_rows = launch.as_rows
-    monkeypatch.setattr(launch, "as_rows", lambda t, n: as_rows_calls.append(t) or real_as_rows(t, n))
-    row_kernels = {name: _Recorder(getattr(launch, name)) for name in ("_forward_tile", "_backward_tile")}
-    for name, recorder in row_kernels.items():
-        monkeypatch.setattr(launch, name, recorder)
+    as_rows_calls, row_kernels = _watch_the_row_path(monkeypatch)
 
     yq, yk = _both(kind, q, k, wq, wk)
     (yq.sum() + yk.sum()).backward()
@@ -256,12 +263,7 @@ def test_gemma3_transposed_heads_are_read_in_place(device, dtype, offset, castin
     yc = rmsnorm_kernel.rms_norm(xc, (d,), wc, EPS, offset=offset, casting=casting)
     dxc, dwc = torch.autograd.grad(yc, (xc, wc), gy)
 
-    as_rows_calls = []
-    real_as_rows = launch.as_rows
-    monkeypatch.setattr(launch, "as_rows", lambda x, n: as_rows_calls.append(x) or real_as_rows(x, n))
-    row_kernels = {name: _Recorder(getattr(launch, name)) for name in ("_forward_tile", "_backward_tile")}
-    for name, recorder in row_kernels.items():
-        monkeypatch.setattr(launch, name, recorder)
+    as_rows_calls, row_kernels = _watch_the_row_path(monkeypatch)
     y = rmsnorm_kernel.rms_norm(q, (d,), w, EPS, offset=offset, casting=casting)
     dq, dw = torch.autograd.grad(y, (q, w), gy)
     assert as_rows_calls == [] and all(r.calls == [] for r in row_kernels.values())
