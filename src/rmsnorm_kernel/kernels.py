@@ -117,9 +117,31 @@ def _interpreter_casts_fp8_as_the_gpu() -> None:
     builder._rmsnorm_kernel_fp8 = True
 
 
+def _interpreter_indexes_with_any_numpy() -> None:
+    """Make the Triton interpreter's scalar tensors usable as loop bounds under numpy 2.4.
+
+    Triton 3.6's interpreter turns a scalar into an int with ``int(data)``, where ``data`` is a
+    1-element array; numpy 2.4 refuses that for arrays of one or more dims, so every kernel with a
+    loop over its program's rows stops with a TypeError. ``.item()`` is what numpy asks for.
+    """
+    from triton.runtime import interpreter
+
+    if getattr(interpreter, "_rmsnorm_kernel_index", False):
+        return
+    original = interpreter._patch_lang_tensor
+
+    def patch_lang_tensor(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
+
+    interpreter._patch_lang_tensor = patch_lang_tensor  # looked up by name at each launch
+    interpreter._rmsnorm_kernel_index = True
+
+
 if INTERPRET:
     _interpreter_rounds_bf16_to_nearest_even()
     _interpreter_casts_fp8_as_the_gpu()
+    _interpreter_indexes_with_any_numpy()
 
 
 @triton.jit

@@ -363,3 +363,42 @@ def test_wide_backward_one_launch_and_two_launches(monkeypatch, m, n, dtype, wit
     for dx, dw in ((dx1, dw1), (dx2, dw2)):
         assert_close(dx, dx_ref, dtype)
         assert_close(dw, dw_ref, dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# The interpreter's mends (kernels.py, at import under TRITON_INTERPRET=1)
+# ---------------------------------------------------------------------------------------------
+
+
+class _OneElementArray:
+    """numpy 2.4's 1-element array of one dim: int() refused, item() given."""
+
+    def __int__(self):
+        raise TypeError("only 0-dimensional arrays can be converted to Python scalars")
+
+    def item(self):
+        return 7
+
+
+@pytest.mark.interpret
+@requires_interpret
+def test_interpreter_scalars_index_under_numpy_2_4():
+    """A scalar of a kernel (a 1-element array under the interpreter) is a loop bound; Triton
+    3.6's interpreter calls int() on its array, which numpy 2.4 refuses (every row loop stopped
+    with a TypeError on a machine with numpy 2.4). The mend asks for .item()."""
+    import operator
+    from types import SimpleNamespace
+
+    from triton.runtime import interpreter
+
+    class Scalar:
+        pass
+
+    scope = interpreter._LangPatchScope()
+    interpreter._patch_lang_tensor(Scalar, scope)
+    try:
+        value = Scalar()
+        value.handle = SimpleNamespace(data=_OneElementArray())
+        assert operator.index(value) == 7
+    finally:
+        scope.restore()
