@@ -137,8 +137,8 @@ def test_nox_lists_the_same_sessions_as_parsed():
 @pytest.mark.skipif(not HAS_NOX, reason="nox is not installed in this environment")
 def test_tests_session_collects_the_cpu_tests_then_the_interpreter_tests():
     """Plain `nox` (and .ci/run) has no interpret session: `tests` must run both sets of tests.
-    It collects one file that holds both kinds (collecting the whole tree twice took 23 s)."""
-    both = str(Path("tests", "op", "test_qk_norm.py"))
+    It collects one file that holds both kinds, not the whole tree twice."""
+    both = str(Path("tests", "op", "test_qk_norm.py"))  # _nox runs in ROOT
     result = _nox("--no-venv", "-s", "tests", "--", both, "--collect-only", "-q")
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
@@ -152,8 +152,7 @@ def test_tests_session_collects_the_cpu_tests_then_the_interpreter_tests():
 def test_an_empty_pytest_run_is_accepted_only_beside_another_run():
     """`-k` may leave one of `tests`' two runs empty; `interpret` runs once, so empty fails it.
     The runs collect this file alone (the test it names is here): what is judged is the exit
-    status of a run with nothing selected, not the whole tree's collection, which the test above
-    makes."""
+    status of a run with nothing selected, not what a run collects, which the test above checks."""
     here = str(Path(__file__).relative_to(ROOT))
     narrowed = ("--", here, "-k", "test_plain_nox_runs_the_cpu_test_sessions", "--collect-only", "-q")
     tests = _nox("--no-venv", "-s", "tests", *narrowed)
