@@ -68,6 +68,23 @@ def test_an_answer_must_echo_go_and_hold_finite_figures():
             stopwatch.read_answer(json.dumps(bad), block, 5)
 
 
+def test_a_float16_projection_of_large_outputs_stays_finite():
+    # y near float16's top: its GEMV against an unscaled vector overflows 65504
+    block = stopwatch.Block("wide", "small", "forward", (4, 257), "float16", 5)
+    watch = stopwatch.Stopwatch(lambda x, w: torch.full_like(x, 3e4), [block], seed=5, device="cpu")
+    _, _, _, u, v, _ = watch.inputs[block.key]
+    assert abs(3e4 * float(v.sum())) > 65504  # each row's y . v, in float16, overflows unscaled
+    sums = watch.block(0, 11)
+    assert all(torch.tensor(sums).isfinite()), sums
+    exact = 5 * float(u.double().sum() * 3e4 * v.double().sum())  # 5 calls of the same y
+    assert sums[0] == pytest.approx(exact, rel=2e-3)
+
+
+def test_a_non_finite_answer_names_its_block():
+    with pytest.raises(ValueError, match="a forward_backward holds a projection"):
+        stopwatch.read_answer(json.dumps({"go": 5, "sums": [1, 2, float("nan"), 4]}), HOST_BLOCKS[1], 5)
+
+
 BLOCKS = [
     stopwatch.Block("big", "large", "forward", (8, 8), "bfloat16", 10),
     stopwatch.Block("tiny", "small", "forward", (8, 8), "bfloat16", 10),
