@@ -838,13 +838,19 @@ def head_rows(t: Tensor, n: int) -> HeadRows | None:
     dims (all but the last two) do not flatten to two strides at most (_two_runs)."""
     if t.dim() == 0 or t.shape[-1] != n or (n > 1 and t.stride(-1) != 1):
         return None
-    shape, strides = t.shape, t.stride()
-    heads, stride_h = (shape[-2], strides[-2]) if t.dim() >= 2 else (1, 0)
+    layout = _head_layout(t.shape, t.stride())
+    return None if layout is None else HeadRows(t, *layout)
+
+
+@functools.lru_cache(maxsize=256)
+def _head_layout(shape: tuple, strides: tuple) -> tuple | None:
+    """HeadRows' figures after ``t`` for a layout (a decode step meets the same few every call)."""
+    heads, stride_h = (shape[-2], strides[-2]) if len(shape) >= 2 else (1, 0)
     runs = _two_runs(shape[:-2], strides[:-2])
     if runs is None:
         return None
     inner, stride_o, stride_t = runs
-    return HeadRows(t, math.prod(shape[:-1]), heads, stride_t, stride_h, inner, stride_o)
+    return math.prod(shape[:-1]), heads, stride_t, stride_h, inner, stride_o
 
 
 def strided_heads(t: Tensor, n: int) -> HeadRows | None:

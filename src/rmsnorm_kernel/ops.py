@@ -763,8 +763,8 @@ def qk_norm(
         t is not None and t.requires_grad for t in (q, k, q_weight, k_weight)
     ):
         yq, yk = _QKFunction.apply(q, k, q_weight, k_weight, options)
-    else:  # nothing to differentiate: the launch alone, as rms_norm's eager path
-        yq, _rq, yk, _rk = _qk_forward_impl(q, k, q_weight, k_weight, *options)
+    else:  # nothing to differentiate: the launch alone, as rms_norm's eager path, without r
+        yq, _rq, yk, _rk = _qk_launch(q, k, q_weight, k_weight, *options, want_rstd=False)
     return yq, yk
 
 
@@ -805,12 +805,17 @@ def _qk_forward_impl(
     k_out_dtype: torch.dtype,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(yq, rq, yk, rk): y contiguous in the input's shape, r fp32 without the last dim."""
+    return _qk_launch(q, k, q_weight, k_weight, eps, offset, casting, q_out_dtype, k_out_dtype)
+
+
+def _qk_launch(q, k, q_weight, k_weight, eps, offset, casting, q_out_dtype, k_out_dtype, want_rstd=True):
+    """_qk_forward_impl's launch; without ``want_rstd`` (no backward follows) rq and rk are None."""
     n = q.shape[-1]
     groups = [
         (launch.head_rows_or_copy(q, n), _head_weight(q_weight, n), q_out_dtype, q.shape),
         (launch.head_rows_or_copy(k, n), _head_weight(k_weight, n), k_out_dtype, k.shape),
     ]
-    (yq, rq), (yk, rk) = launch.forward_heads(groups, eps, offset, casting)
+    (yq, rq), (yk, rk) = launch.forward_heads(groups, eps, offset, casting, want_rstd)
     _COUNTS["forward"] += 1
     return yq, rq, yk, rk
 
