@@ -324,7 +324,7 @@ def validate_quant(x: Tensor, out_dtype, scale, scale_ub) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# QK-norm: q and k normalised per head in one call (ops.qk_norm)
+# QK-norm: q and k normalised per head in one call (qknorm.qk_norm)
 # ---------------------------------------------------------------------------------------------
 
 

@@ -32,7 +32,7 @@ import threading
 
 import torch
 
-from rmsnorm_kernel import host, ops  # noqa: F401 - ops defines the operators ruled here
+from rmsnorm_kernel import host, ops, qknorm  # noqa: F401 - ops and qknorm define the operators ruled here
 
 DTENSOR_MODULE = "torch.distributed.tensor"
 

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import rmsnorm_kernel
-from rmsnorm_kernel import host, launch, ops
+from rmsnorm_kernel import host, launch, ops, qknorm
 from rmsnorm_kernel.reference import rms_norm_backward_reference, rms_norm_reference
 
 from ..conftest import KERNEL_DEVICES
@@ -347,7 +347,7 @@ def test_qk_norm_fake_outputs_agree_with_the_real_ones(device):
     k = qkv[:, heads * d : 2 * heads * d].view(t, heads, d)
     w = torch.rand(d, device=qkv.device, dtype=F32) + 0.5
     args = (q, k, w, w, EPS, 0.0, 0, F32, F32)
-    result = torch.library.opcheck(ops.qk_forward_op, args, raise_exception=False)
+    result = torch.library.opcheck(qknorm.qk_forward_op, args, raise_exception=False)
     failed = {test: v for test, v in result.items() if v != "SUCCESS"}
     assert not failed, failed
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import rmsnorm_kernel
-from rmsnorm_kernel import contract, launch, ops
+from rmsnorm_kernel import contract, launch, ops, qknorm
 from rmsnorm_kernel.contract import InvalidArgument
 
 from ..conftest import INTERPRET, KERNEL_DEVICES
@@ -641,8 +641,8 @@ def test_eager_calls_skip_the_dispatcher(device, grad, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the custom op was called from an eager call")
 
-    monkeypatch.setattr(ops, "qk_forward_op", refuse)
-    monkeypatch.setattr(ops, "qk_backward_op", refuse)
+    monkeypatch.setattr(qknorm, "qk_forward_op", refuse)
+    monkeypatch.setattr(qknorm, "qk_backward_op", refuse)
     yq, yk = rmsnorm_kernel.qk_norm(*_views(qkv, hq, hk, d), wq, wk, EPS)
     for got, expected in zip((yq, yk), want):
         _close(got, expected, TOL[torch.float32])
