@@ -416,6 +416,9 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / f"{RESULT}.json").write_text(json.dumps(results, indent=1) + "\n")
         (args.out / f"{RESULT}.md").write_text(markdown(results))
         print(markdown(results))
+    # every rank leaves together: a rank that tore its group down while rank 0 still wrote
+    # aborted at exit once on two CPU ranks ("terminate called without an active exception")
+    dist.barrier()
     dist.destroy_process_group()
     return 0 if results["ok"] else 1
 
