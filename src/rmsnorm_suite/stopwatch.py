@@ -104,7 +104,7 @@ class Stopwatch:
         w = torch.rand(n, generator=gen, device=self.device, dtype=f32).add_(0.5).to(dtype)
         u = torch.randn(m, generator=gen, device=self.device, dtype=f32)
         v = torch.randn(n, generator=gen, device=self.device, dtype=f32)
-        return xs, dys, w, u, v, (v * PROJECTION_SCALE).to(dtype)
+        return xs, dys, w, u, v, _scaled(v, dtype)
 
     def block(self, i: int, seed: int) -> list[float]:
         """Block ``i``'s calls on windows at offsets drawn from the go ``seed``: per output the
@@ -135,7 +135,7 @@ class Stopwatch:
                 self.fn(x, wg).backward(dys[b : b + m * n].view(m, n))
                 outs = [_plain(x.grad), _plain(wg.grad)]
             # one read of each output, in its own dtype (a GEMV accumulates in fp32)
-            low = v_low if outs[0].dtype == v_low.dtype else (v * PROJECTION_SCALE).to(outs[0].dtype)
+            low = v_low if outs[0].dtype == v_low.dtype else _scaled(v, outs[0].dtype)
             acc[0] += u @ (outs[0] @ low).to(f32) / PROJECTION_SCALE
             if len(outs) == 2:
                 acc[1] += outs[1].to(f32) @ v  # dw: n elements
@@ -153,6 +153,11 @@ def _buffer(gen: Any, size: int, dtype: Any, device: str) -> Any:
     scale = torch.randn(size // 64, 1, generator=gen, device=device, dtype=torch.float32).mul_(1.5).exp_()
     values = torch.randn(size // 64, 64, generator=gen, device=device, dtype=torch.float32)
     return values.mul_(scale).view(-1).to(dtype)
+
+
+def _scaled(v: Any, dtype: Any) -> Any:
+    """The projection's vector in an output's dtype: v x PROJECTION_SCALE."""
+    return (v * PROJECTION_SCALE).to(dtype)
 
 
 def _plain(t: Any) -> Any:
